@@ -1,0 +1,176 @@
+"""Parallelism and precision settings shared by every gigatron module.
+
+Mirrors `megatron.core.model_parallel_config.ModelParallelConfig`: same field names, defaults and
+post-init rules. Fields that exist in Megatron only for Transformer Engine / apex / userbuffer
+kernels are accepted at their default and rejected with a clear error otherwise, so a setting is
+never silently ignored.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+# Megatron fields gigatron accepts only at their default value: name -> why.
+_UNSUPPORTED_FIELDS: dict[str, str] = {
+    "tp_comm_overlap": "userbuffer TP communication overlap needs Transformer Engine",
+    "cpu_offloading": "activation CPU offloading is not implemented",
+    "use_ring_exchange_p2p": "ring-exchange p2p needs a custom PyTorch build",
+    "defer_embedding_wgrad_compute": "deferred embedding wgrad needs gradient_accumulation_fusion",
+    "hybrid_context_parallel": "hybrid (dynamic) context parallel is not implemented",
+}
+
+
+@dataclass(kw_only=True)
+class ModelParallelConfig:
+    """Parallel layout, initialisation, precision and pipeline hooks (Megatron's names)."""
+
+    # ---- parallel sizes ----
+    tensor_model_parallel_size: int = 1
+    """Number of ranks a layer's weights are split over (TP)."""
+    pipeline_model_parallel_size: int = 1
+    """Number of pipeline stages (PP)."""
+    virtual_pipeline_model_parallel_size: int | None = None
+    """Model chunks per pipeline rank for the interleaved schedule (None = no interleaving)."""
+    sequence_parallel: bool = False
+    """Split LayerNorm/dropout activations along the sequence over the TP group."""
+    context_parallel_size: int = 1
+    """Number of ranks a sequence is split over for attention (CP)."""
+    hierarchical_context_parallel_sizes: list[int] | None = None
+    """Sizes of the hierarchical CP groups for cp_comm_type 'a2a+p2p'."""
+    hybrid_context_parallel: bool = False
+    """Per-sample dynamic CP group sizes (not supported)."""
+    expert_model_parallel_size: int = 1
+    """Number of ranks experts are distributed over (EP)."""
+    expert_tensor_parallel_size: int | None = None
+    """TP size inside each expert (None = tensor_model_parallel_size)."""
+    moe_extended_tp: bool = False
+    """Deprecated Megatron switch; kept for signature compatibility."""
+
+    # ---- initialisation ----
+    perform_initialization: bool = True
+    """Run init_method on weights at construction (False leaves them uninitialised)."""
+    use_cpu_initialization: bool = False
+    """Build full weights on CPU and split them: identical full weights at every TP size."""
+
+    # ---- precision ----
+    fp16: bool = False
+    """Train with fp16 parameters."""
+    bf16: bool = False
+    """Train with bf16 parameters."""
+    params_dtype: torch.dtype = torch.float32
+    """dtype parameters are allocated in."""
+    timers: Any = None
+    """Timers object used by the schedules (None disables timing)."""
+    finalize_model_grads_func: Callable | None = None
+    """Called by the schedules after the last backward to reduce gradients."""
+    grad_scale_func: Callable | None = None
+    """Scales the loss before backward (loss scaling for fp16)."""
+    no_sync_func: Callable | None = None
+    """Context manager factory that disables gradient sync (gradient accumulation)."""
+    grad_sync_func: Callable | None = None
+    """Launches gradient sync of a model chunk (overlap with pipeline backward)."""
+    param_sync_func: Callable | None = None
+    """Launches parameter all-gather of a model chunk (overlap_param_gather)."""
+    deterministic_mode: bool = False
+    """Prefer deterministic kernels."""
+    enable_autocast: bool = False
+    """Run forward steps under torch.autocast."""
+    autocast_dtype: torch.dtype | None = None
+    """dtype for autocast (None = params_dtype)."""
+    num_microbatches_with_partial_activation_checkpoints: int | None = None
+    """Microbatches that recompute activations when recompute_num_layers is partial."""
+
+    # ---- kernels and overlap ----
+    gradient_accumulation_fusion: bool = False
+    """Accumulate weight grads straight into main_grad (apex kernel in Megatron; plain torch here)."""
+    async_tensor_model_parallel_allreduce: bool = False
+    """Deprecated Megatron switch; accepted and unused."""
+    tp_comm_overlap: bool = False
+    """Userbuffer overlap of TP communication with GEMMs (Transformer Engine only)."""
+    cross_entropy_loss_fusion: bool = False
+    """Use the fused vocab-parallel cross entropy."""
+    cross_entropy_fusion_impl: str = "native"
+    """Fused cross-entropy implementation: 'native' or 'te'."""
+
+    # ---- pipeline ----
+    pipeline_dtype: torch.dtype | None = None
+    """dtype of tensors sent between pipeline stages (required when PP > 1)."""
+    variable_seq_lengths: bool = False
+    """Exchange tensor shapes before each p2p send (sequence length varies per microbatch)."""
+    overlap_p2p_comm: bool = False
+    """Overlap p2p communication with compute (interleaved schedule)."""
+    batch_p2p_comm: bool = True
+    """Batch the sends and receives of one step into one batch_isend_irecv."""
+    batch_p2p_sync: bool = True
+    """Synchronise after batched p2p (a workaround in Megatron; harmless here)."""
+    use_ring_exchange_p2p: bool = False
+    """Use ring-exchange p2p (custom PyTorch build only)."""
+    deallocate_pipeline_outputs: bool = False
+    """Free the data of sent pipeline outputs once sent (keeps only the autograd graph)."""
+    defer_embedding_wgrad_compute: bool = False
+    """Defer the embedding weight-gradient GEMM to the pipeline flush."""
+    wgrad_deferral_limit: int = 0
+    """Microbatches whose embedding wgrad may be deferred."""
+    microbatch_group_size_per_vp_stage: int | None = None
+    """Microbatches run on one virtual stage before switching (None = PP size)."""
+    cpu_offloading: bool = False
+    """Offload activations to CPU (not supported)."""
+    barrier_with_L1_time: bool = True
+    """Barrier before timers record, for accurate timings."""
+
+    def __post_init__(self) -> None:
+        for name, why in _UNSUPPORTED_FIELDS.items():
+            default = next(f.default for f in fields(ModelParallelConfig) if f.name == name)
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not supported by gigatron ({why}); "
+                    f"leave it at its default {default!r}"
+                )
+        for name in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+            "expert_model_parallel_size",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 1")
+        if self.sequence_parallel and self.tensor_model_parallel_size <= 1:
+            raise ValueError(
+                "sequence_parallel=True requires tensor_model_parallel_size > 1 "
+                f"(got {self.tensor_model_parallel_size})"
+            )
+        if self.pipeline_model_parallel_size > 1 and self.pipeline_dtype is None:
+            raise ValueError(
+                "pipeline_dtype must be set when pipeline_model_parallel_size "
+                f"({self.pipeline_model_parallel_size}) > 1"
+            )
+        if (
+            self.virtual_pipeline_model_parallel_size is not None
+            and self.pipeline_model_parallel_size <= 1
+        ):
+            raise ValueError(
+                "virtual_pipeline_model_parallel_size "
+                f"({self.virtual_pipeline_model_parallel_size}) requires "
+                f"pipeline_model_parallel_size > 1 (got {self.pipeline_model_parallel_size})"
+            )
+        if self.overlap_p2p_comm and self.batch_p2p_comm:
+            raise ValueError("overlap_p2p_comm and batch_p2p_comm cannot both be True")
+        if self.autocast_dtype is None:
+            self.autocast_dtype = self.params_dtype
+        if self.expert_tensor_parallel_size is None:
+            self.expert_tensor_parallel_size = self.tensor_model_parallel_size
+        if (
+            self.expert_model_parallel_size > 1
+            and self.tensor_model_parallel_size > 1
+            and not self.sequence_parallel
+        ):
+            warnings.warn(
+                "expert_model_parallel_size > 1 with tensor_model_parallel_size > 1 needs "
+                "sequence_parallel=True to train MoE layers",
+                stacklevel=2,
+            )
