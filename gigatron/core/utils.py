@@ -1,0 +1,44 @@
+"""Small shared helpers, mirroring the parts of `megatron.core.utils` users call."""
+
+from __future__ import annotations
+
+import torch
+
+
+def ensure_divisibility(numerator: int, denominator: int) -> None:
+    """Raise ValueError unless `denominator` divides `numerator`."""
+    if denominator == 0 or numerator % denominator != 0:
+        raise ValueError(f"{numerator} is not divisible by {denominator}")
+
+
+def divide(numerator: int, denominator: int) -> int:
+    """`numerator // denominator`, checking that the division is exact."""
+    ensure_divisibility(numerator, denominator)
+    return numerator // denominator
+
+
+def get_attr_wrapped_model(model, attr: str, allow_none: bool = True, return_model_obj: bool = False):
+    """Find `attr` on `model` or on the modules it wraps (`.module` chains: DDP, Float16Module)."""
+    if isinstance(model, list):
+        raise RuntimeError("get_attr_wrapped_model given a list of models")
+    while not hasattr(model, attr) or (not allow_none and getattr(model, attr) is None):
+        if not hasattr(model, "module"):
+            raise RuntimeError(f"couldn't find attribute {attr!r} on the model or its wrappers")
+        model = model.module
+    return model if return_model_obj else getattr(model, attr)
+
+
+def get_model_config(model):
+    """The `TransformerConfig` / `ModelParallelConfig` of a (possibly wrapped) model."""
+    return get_attr_wrapped_model(model, "config", allow_none=False)
+
+
+def make_viewless_tensor(inp: torch.Tensor, requires_grad: bool, keep_graph: bool) -> torch.Tensor:
+    """Return a tensor that is not a view (so its `.data` can be freed safely). No copy of data."""
+    if inp._base is None:
+        return inp
+    if keep_graph:
+        return inp.view_as(inp)  # still a view for autograd, but a distinct tensor object
+    out = torch.empty((1,), dtype=inp.dtype, device=inp.device, requires_grad=requires_grad)
+    out.data = inp.data
+    return out

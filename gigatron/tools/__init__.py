@@ -1,0 +1,1 @@
+"""Command-line tools (`gigatron preprocess`, `gigatron merge`, ...), one module each."""

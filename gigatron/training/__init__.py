@@ -1,0 +1,1 @@
+"""gigatron.training: the parts of `megatron.training` that users script against."""
