@@ -10,7 +10,10 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("gigatron.training.pretrain_gpt", "train a GPT model (Megatron's pretrain_gpt.py flags)"),
+    "train": (
+        "gigatron.training.pretrain_gpt",
+        "train a GPT model (Megatron's pretrain_gpt.py flags)",
+    ),
     "preprocess": ("gigatron.tools.preprocess_data", "tokenize JSON lines / text into .bin/.idx"),
     "merge": ("gigatron.tools.merge_datasets", "merge several .bin/.idx prefixes into one"),
     "train-tokenizer": ("gigatron.tools.train_tokenizer", "train a BPE tokenizer on a corpus"),

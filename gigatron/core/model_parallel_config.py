@@ -87,7 +87,7 @@ class ModelParallelConfig:
 
     # ---- kernels and overlap ----
     gradient_accumulation_fusion: bool = False
-    """Accumulate weight grads straight into main_grad (apex kernel in Megatron; plain torch here)."""
+    """Accumulate weight grads straight into main_grad (plain torch here, apex in Megatron)."""
     async_tensor_model_parallel_allreduce: bool = False
     """Deprecated Megatron switch; accepted and unused."""
     tp_comm_overlap: bool = False

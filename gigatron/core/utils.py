@@ -17,7 +17,9 @@ def divide(numerator: int, denominator: int) -> int:
     return numerator // denominator
 
 
-def get_attr_wrapped_model(model, attr: str, allow_none: bool = True, return_model_obj: bool = False):
+def get_attr_wrapped_model(
+    model, attr: str, allow_none: bool = True, return_model_obj: bool = False
+):
     """Find `attr` on `model` or on the modules it wraps (`.module` chains: DDP, Float16Module)."""
     if isinstance(model, list):
         raise RuntimeError("get_attr_wrapped_model given a list of models")

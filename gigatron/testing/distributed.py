@@ -140,9 +140,7 @@ def run_distributed(
                     else:
                         continue
                 if status == "error":
-                    raise DistributedTestError(
-                        f"rank {rank} of {world_size} failed:\n{value}"
-                    )
+                    raise DistributedTestError(f"rank {rank} of {world_size} failed:\n{value}")
                 values[rank] = value
         finally:
             for p in procs:

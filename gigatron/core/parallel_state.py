@@ -1,0 +1,351 @@
+"""Process groups of every parallel axis, and Megatron's getters over them.
+
+Mirrors `megatron.core.parallel_state`: `initialize_model_parallel(...)` builds TP, PP, CP, DP,
+DP×CP, model-parallel, embedding, expert (EP, expert-TP, expert-DP) and combined groups from the
+pure layout in `_rank_grid`; the getters below read them. All state lives in one immutable
+`_ParallelState` (plus Megatron's "fake init" overrides and the virtual-pipeline rank, which
+Megatron lets callers set).
+
+Works with any torch.distributed backend: gloo on CPU, NCCL on GPU. The layout is validated
+(ValueError with the numbers) before any group is created.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core._rank_grid import (
+    RankGenerator,
+    default_embedding_ranks,
+    default_position_embedding_ranks,
+    dense_and_expert_generators,
+)
+
+__all__ = [name for name in dir() if not name.startswith("_")]  # extended at the end
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """One group this rank belongs to: the process group and its global ranks."""
+
+    group: object
+    ranks: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def rank_of(self, global_rank: int) -> int:
+        return self.ranks.index(global_rank)
+
+
+@dataclass(frozen=True)
+class _ParallelState:
+    """Everything `initialize_model_parallel` decided, for this rank."""
+
+    tp: _Axis
+    pp: _Axis
+    cp: _Axis
+    dp: _Axis
+    dp_cp: _Axis
+    mp: _Axis
+    tp_cp: _Axis
+    tp_dp: _Axis
+    tp_dp_cp: _Axis
+    embd: _Axis | None
+    pos_embd: _Axis | None
+    embedding_ranks: tuple[int, ...]
+    position_embedding_ranks: tuple[int, ...]
+    ep: _Axis
+    expt_tp: _Axis
+    tp_ep: _Axis
+    tp_ep_pp: _Axis
+    expt_dp: _Axis
+    dp_gloo: object
+    dp_cp_gloo: object
+    expt_dp_gloo: object
+    dense: RankGenerator = field(repr=False)
+    expert: RankGenerator = field(repr=False)
+
+
+_STATE: _ParallelState | None = None
+# Megatron's "fake initialisation" overrides, used by tests and tools that need sizes and ranks
+# without process groups.
+_OVERRIDES: dict[str, int | None] = {}
+_VIRTUAL_PP_RANK: int | None = None
+_VIRTUAL_PP_SIZE: int | None = None
+_GLOBAL_MEMORY_BUFFER = None
+
+
+def _new_group(ranks: list[int], timeout: timedelta, backend: str | None = None):
+    return dist.new_group(ranks, timeout=timeout, backend=backend)
+
+
+def _build(generator: RankGenerator, token: str, rank: int, timeout: timedelta) -> _Axis:
+    """Create every group of `token` (all ranks must call this) and keep the one holding `rank`."""
+    mine = None
+    for ranks in generator.get_ranks(token):
+        group = _new_group(ranks, timeout)
+        if rank in ranks:
+            mine = _Axis(group, tuple(ranks))
+    assert mine is not None, f"rank {rank} is in no {token} group"
+    return mine
+
+
+def _build_subset(groups_of_ranks: list[list[int]], rank: int, timeout: timedelta) -> _Axis | None:
+    mine = None
+    seen = set()
+    for ranks in groups_of_ranks:
+        key = tuple(ranks)
+        if key in seen:
+            continue
+        seen.add(key)
+        group = _new_group(ranks, timeout)
+        if rank in ranks:
+            mine = _Axis(group, key)
+    return mine
+
+
+def initialize_model_parallel(
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    virtual_pipeline_model_parallel_size: int | None = None,
+    pipeline_model_parallel_comm_backend: str | None = None,
+    use_sharp: bool = False,
+    context_parallel_size: int = 1,
+    hierarchical_context_parallel_sizes: list[int] | None = None,
+    hybrid_context_parallel: bool = False,
+    expert_model_parallel_size: int = 1,
+    gtp_remat_size: int = 1,
+    expert_gtp_remat_size: int = 1,
+    num_distributed_optimizer_instances: int = 1,
+    expert_tensor_parallel_size: int | None = None,
+    nccl_communicator_config_path: str | None = None,
+    distributed_timeout_minutes: int = 30,
+    order: str = "tp-cp-ep-dp-pp",
+    get_embedding_ranks=None,
+    get_position_embedding_ranks=None,
+    create_gloo_process_groups: bool = True,
+    high_priority_stream_groups: list[str] | None = None,
+    sharp_enabled_group: str | None = None,
+    rank_offset: int = 0,
+    local_world_size: int | None = None,
+) -> None:
+    """Create the process groups of a TP × CP × DP × PP layout (plus the EP × expert-TP grid).
+
+    `torch.distributed` must be initialised. The world is split by `order` (leftmost axis =
+    contiguous ranks). Raises ValueError, before creating any group, when the layout is
+    impossible; RuntimeError when already initialised.
+    """
+    global _STATE, _VIRTUAL_PP_RANK, _VIRTUAL_PP_SIZE, _GLOBAL_MEMORY_BUFFER
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed must be initialized (init_process_group) before "
+            "initialize_model_parallel"
+        )
+    if _STATE is not None:
+        raise RuntimeError(
+            "model parallel groups are already initialized; call destroy_model_parallel() first"
+        )
+    _reject_unsupported(
+        gtp_remat_size=(gtp_remat_size, 1),
+        expert_gtp_remat_size=(expert_gtp_remat_size, 1),
+        num_distributed_optimizer_instances=(num_distributed_optimizer_instances, 1),
+        hierarchical_context_parallel_sizes=(hierarchical_context_parallel_sizes, None),
+        hybrid_context_parallel=(hybrid_context_parallel, False),
+        pipeline_model_parallel_comm_backend=(
+            pipeline_model_parallel_comm_backend,
+            pipeline_model_parallel_comm_backend
+            if pipeline_model_parallel_comm_backend in (None, "nccl", "gloo")
+            else None,
+        ),
+    )
+    world_size = local_world_size if local_world_size is not None else dist.get_world_size()
+    tp, pp, cp = tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size
+    ep = expert_model_parallel_size
+    etp = tp if expert_tensor_parallel_size is None else expert_tensor_parallel_size
+    if virtual_pipeline_model_parallel_size is not None:
+        if pp <= 1:
+            raise ValueError(
+                "virtual_pipeline_model_parallel_size "
+                f"({virtual_pipeline_model_parallel_size}) requires "
+                f"pipeline_model_parallel_size > 1 (got {pp})"
+            )
+        if virtual_pipeline_model_parallel_size < 1:
+            raise ValueError(
+                "virtual_pipeline_model_parallel_size "
+                f"({virtual_pipeline_model_parallel_size}) must be >= 1"
+            )
+    dense, expert = dense_and_expert_generators(
+        world_size, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, order=order, rank_offset=rank_offset
+    )
+    if nccl_communicator_config_path is not None and dist.get_backend() == "nccl":
+        warnings.warn(
+            "nccl_communicator_config_path is not applied by gigatron; groups use NCCL defaults",
+            stacklevel=2,
+        )
+
+    rank = dist.get_rank()
+    timeout = timedelta(minutes=distributed_timeout_minutes)
+    # Same creation order on every rank (a torch.distributed requirement).
+    dp_cp = _build(dense, "dp-cp", rank, timeout)
+    dp = _build(dense, "dp", rank, timeout)
+    cp_axis = _build(dense, "cp", rank, timeout)
+    mp = _build(dense, "tp-pp", rank, timeout)
+    tp_axis = _build(dense, "tp", rank, timeout)
+    pp_axis = _build(dense, "pp", rank, timeout)
+    pp_groups = dense.get_ranks("pp")
+    embedding_of = get_embedding_ranks or default_embedding_ranks
+    pos_embedding_of = get_position_embedding_ranks or default_position_embedding_ranks
+    embd = _build_subset([embedding_of(list(g)) for g in pp_groups], rank, timeout)
+    pos_embd = _build_subset([pos_embedding_of(list(g)) for g in pp_groups], rank, timeout)
+    tp_dp_cp = _build(dense, "tp-dp-cp", rank, timeout)
+    tp_dp = _build(dense, "tp-dp", rank, timeout)
+    tp_cp = _build(dense, "tp-cp", rank, timeout)
+    ep_axis = _build(expert, "ep", rank, timeout)
+    expt_tp = _build(expert, "tp", rank, timeout)
+    tp_ep = _build(expert, "tp-ep", rank, timeout)
+    tp_ep_pp = _build(expert, "tp-ep-pp", rank, timeout)
+    expt_dp = _build(expert, "dp", rank, timeout)
+
+    if create_gloo_process_groups and dist.get_backend() != "gloo":
+        dp_gloo = _build_gloo(dense, "dp", rank, timeout)
+        dp_cp_gloo = _build_gloo(dense, "dp-cp", rank, timeout)
+        expt_dp_gloo = _build_gloo(expert, "dp", rank, timeout)
+    elif create_gloo_process_groups:
+        dp_gloo, dp_cp_gloo, expt_dp_gloo = dp.group, dp_cp.group, expt_dp.group
+    else:
+        dp_gloo = dp_cp_gloo = expt_dp_gloo = None
+
+    pp_ranks = list(pp_axis.ranks)
+    _STATE = _ParallelState(
+        tp=tp_axis,
+        pp=pp_axis,
+        cp=cp_axis,
+        dp=dp,
+        dp_cp=dp_cp,
+        mp=mp,
+        tp_cp=tp_cp,
+        tp_dp=tp_dp,
+        tp_dp_cp=tp_dp_cp,
+        embd=embd,
+        pos_embd=pos_embd,
+        embedding_ranks=tuple(embedding_of(pp_ranks)),
+        position_embedding_ranks=tuple(pos_embedding_of(pp_ranks)),
+        ep=ep_axis,
+        expt_tp=expt_tp,
+        tp_ep=tp_ep,
+        tp_ep_pp=tp_ep_pp,
+        expt_dp=expt_dp,
+        dp_gloo=dp_gloo,
+        dp_cp_gloo=dp_cp_gloo,
+        expt_dp_gloo=expt_dp_gloo,
+        dense=dense,
+        expert=expert,
+    )
+    if virtual_pipeline_model_parallel_size is not None:
+        _VIRTUAL_PP_RANK = 0
+        _VIRTUAL_PP_SIZE = virtual_pipeline_model_parallel_size
+    _GLOBAL_MEMORY_BUFFER = GlobalMemoryBuffer()
+
+
+def _build_gloo(generator: RankGenerator, token: str, rank: int, timeout: timedelta):
+    mine = None
+    for ranks in generator.get_ranks(token):
+        group = _new_group(ranks, timeout, backend="gloo")
+        if rank in ranks:
+            mine = group
+    return mine
+
+
+def _reject_unsupported(**settings) -> None:
+    for name, (value, default) in settings.items():
+        if value != default:
+            raise ValueError(
+                f"{name}={value!r} is not supported by gigatron's initialize_model_parallel "
+                f"(only {default!r})"
+            )
+
+
+def destroy_model_parallel() -> None:
+    """Forget every group and override. Does not destroy torch.distributed itself."""
+    global _STATE, _VIRTUAL_PP_RANK, _VIRTUAL_PP_SIZE, _GLOBAL_MEMORY_BUFFER
+    _STATE = None
+    _OVERRIDES.clear()
+    _VIRTUAL_PP_RANK = None
+    _VIRTUAL_PP_SIZE = None
+    _GLOBAL_MEMORY_BUFFER = None
+
+
+def model_parallel_is_initialized() -> bool:
+    """True once TP, PP and DP groups exist."""
+    return _STATE is not None
+
+
+def is_initialized() -> bool:
+    """True once the data-parallel group exists (Megatron's definition)."""
+    return _STATE is not None
+
+
+def is_unitialized() -> bool:
+    """Megatron's (misspelled) inverse of `is_initialized`."""
+    return _STATE is None
+
+
+def _state(check_initialized: bool = True) -> _ParallelState | None:
+    if _STATE is None and check_initialized:
+        raise RuntimeError(
+            "model parallel groups are not initialized; call "
+            "parallel_state.initialize_model_parallel(...) first"
+        )
+    return _STATE
+
+
+from gigatron.core._parallel_state_getters import *  # noqa: E402,F403
+from gigatron.core._parallel_state_getters import __all__ as _getters_all  # noqa: E402
+
+
+class GlobalMemoryBuffer:
+    """Reusable scratch tensors keyed by (name, dtype) for sequence-parallel gathers."""
+
+    def __init__(self) -> None:
+        self.buffer: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def get_tensor(self, tensor_shape, dtype: torch.dtype, name: str, mem_alloc_context=None):
+        numel = 1
+        for s in tensor_shape:
+            numel *= s
+        key = (name, dtype)
+        buf = self.buffer.get(key)
+        device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=dtype, device=device, requires_grad=False)
+            self.buffer[key] = buf
+        return buf[:numel].view(*tensor_shape)
+
+
+def get_global_memory_buffer() -> GlobalMemoryBuffer:
+    """The scratch buffer allocated by `initialize_model_parallel`."""
+    if _GLOBAL_MEMORY_BUFFER is None:
+        raise RuntimeError("global memory buffer is not initialized")
+    return _GLOBAL_MEMORY_BUFFER
+
+
+__all__ = [
+    "RankGenerator",
+    "initialize_model_parallel",
+    "destroy_model_parallel",
+    "model_parallel_is_initialized",
+    "is_initialized",
+    "is_unitialized",
+    "GlobalMemoryBuffer",
+    "get_global_memory_buffer",
+    "default_embedding_ranks",
+    "default_position_embedding_ranks",
+    *_getters_all,
+]
