@@ -187,3 +187,19 @@ def test_single_process_without_distributed():
     assert ps.get_pipeline_model_parallel_world_size() == 1
     with pytest.raises(RuntimeError, match="torch.distributed must be initialized"):
         ps.initialize_model_parallel()
+
+
+def _pg_collection():
+    from gigatron.core.process_groups_config import ProcessGroupCollection
+
+    ps.initialize_model_parallel(2, 2)
+    pgs = ProcessGroupCollection.use_mpu_process_groups()
+    assert pgs.tp is ps.get_tensor_model_parallel_group()
+    assert pgs.dp_cp is ps.get_data_parallel_group(with_context_parallel=True)
+    assert ProcessGroupCollection(tp=pgs.tp).pp is None
+    with pytest.raises(ValueError, match="unknown process group 'tpp'"):
+        ProcessGroupCollection(tpp=pgs.tp)
+
+
+def test_process_group_collection():
+    run_distributed(_pg_collection, 4)
