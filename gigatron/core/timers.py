@@ -1,0 +1,106 @@
+"""Named wall-clock timers, as `megatron.core.timers.Timers` offers to schedules and training.
+
+`timers("forward-compute", log_level=2).start()` / `.stop()`; `timers.log(names)` prints the
+max over ranks. Timers above `log_level` are no-ops. CUDA work is synchronised before reading
+the clock when a GPU is in use, so the numbers mean what they say.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+
+class _Timer:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.elapsed_ = 0.0
+        self.started = False
+        self._start = 0.0
+
+    def start(self, barrier: bool = False) -> None:
+        if self.started:
+            raise RuntimeError(f"timer {self.name!r} has already been started")
+        if barrier and dist.is_initialized():
+            dist.barrier()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        self._start = time.perf_counter()
+        self.started = True
+
+    def stop(self, barrier: bool = False) -> None:
+        if not self.started:
+            raise RuntimeError(f"timer {self.name!r} is not started")
+        if barrier and dist.is_initialized():
+            dist.barrier()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        self.elapsed_ += time.perf_counter() - self._start
+        self.started = False
+
+    def reset(self) -> None:
+        self.elapsed_ = 0.0
+        self.started = False
+
+    def elapsed(self, reset: bool = True, barrier: bool = False) -> float:
+        """Seconds accumulated (including a running interval); optionally reset."""
+        running = self.started
+        if running:
+            self.stop(barrier=barrier)
+        value = self.elapsed_
+        if reset:
+            self.reset()
+        if running:
+            self.start(barrier=barrier)
+        return value
+
+
+class _NullTimer:
+    def start(self, barrier: bool = False) -> None:
+        pass
+
+    def stop(self, barrier: bool = False) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def elapsed(self, reset: bool = True, barrier: bool = False) -> float:
+        return 0.0
+
+
+class Timers:
+    """A registry of timers with Megatron's call style."""
+
+    def __init__(self, log_level: int = 0, log_option: str = "minmax") -> None:
+        self._log_level = log_level
+        self._log_option = log_option
+        self._timers: dict[str, _Timer] = {}
+        self._null = _NullTimer()
+
+    def __call__(self, name: str, log_level: int | None = None):
+        if log_level is not None and log_level > self._log_level:
+            return self._null
+        if name not in self._timers:
+            self._timers[name] = _Timer(name)
+        return self._timers[name]
+
+    def get_all_timers_string(self, names=None, normalizer: float = 1.0, reset: bool = True) -> str:
+        names = list(self._timers) if names is None else [n for n in names if n in self._timers]
+        values = torch.tensor(
+            [self._timers[n].elapsed(reset=reset) * 1000.0 / normalizer for n in names],
+            dtype=torch.float64,
+        )
+        if dist.is_initialized() and len(names):
+            dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        parts = [f"{n}: {v:.2f}" for n, v in zip(names, values.tolist())]
+        return "(max over ranks, ms) " + " | ".join(parts)
+
+    def log(self, names=None, rank=None, normalizer: float = 1.0, reset: bool = True) -> None:
+        text = self.get_all_timers_string(names, normalizer, reset)
+        if rank is None:
+            rank = dist.get_world_size() - 1 if dist.is_initialized() else 0
+        if not dist.is_initialized() or dist.get_rank() == rank:
+            print(text, flush=True)

@@ -1,0 +1,370 @@
+"""Megatron's training flags (`pretrain_gpt.py --num-layers ...`): parse, read YAML, validate.
+
+Mirrors `megatron.training.arguments`: the same flag names, meanings and derived values
+(padded vocabulary, data-parallel size, default global batch, ffn/kv sizes). Differences: an
+unknown flag is an error naming the closest supported flag (Megatron only says "unrecognized"),
+and `--yaml-cfg FILE` may hold any flag as `key: value` (dashes or underscores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+
+import torch
+
+_NONE = None
+
+
+def _add(group, flag, type_=None, default=None, help_="", **kw):
+    if type_ is bool:
+        group.add_argument(flag, action="store_true", help=help_, **kw)
+    else:
+        group.add_argument(flag, type=type_, default=default, help=help_, **kw)
+
+
+def _model_args(p):
+    g = p.add_argument_group("model")
+    _add(g, "--num-layers", int, None, "number of transformer layers")
+    _add(g, "--hidden-size", int, None, "transformer hidden size")
+    _add(
+        g,
+        "--ffn-hidden-size",
+        int,
+        None,
+        "MLP hidden size (default 4 x hidden, or 8/3 with swiglu)",
+    )
+    _add(g, "--num-attention-heads", int, None, "number of attention heads")
+    _add(g, "--kv-channels", int, None, "head dimension (default hidden / heads)")
+    _add(g, "--group-query-attention", bool, help_="use grouped-query attention")
+    _add(g, "--num-query-groups", int, 1, "number of key/value groups with --group-query-attention")
+    _add(g, "--seq-length", int, None, "training sequence length")
+    _add(g, "--max-position-embeddings", int, None, "maximum positions (learned embeddings)")
+    _add(
+        g,
+        "--position-embedding-type",
+        str,
+        "learned_absolute",
+        "learned_absolute | rope | none",
+        choices=["learned_absolute", "rope", "none"],
+    )
+    _add(g, "--rotary-base", int, 10000, "RoPE base")
+    _add(g, "--rotary-percent", float, 1.0, "fraction of the head dimension rotated")
+    _add(g, "--rotary-interleaved", bool, help_="interleaved (GPT-J style) rotary")
+    _add(
+        g,
+        "--normalization",
+        str,
+        "LayerNorm",
+        "LayerNorm | RMSNorm",
+        choices=["LayerNorm", "RMSNorm"],
+    )
+    _add(g, "--norm-epsilon", float, 1e-5, "epsilon of the norms")
+    _add(g, "--swiglu", bool, help_="SwiGLU MLP")
+    _add(g, "--disable-bias-linear", bool, help_="no biases in linear layers")
+    _add(g, "--add-qkv-bias", bool, help_="bias in the QKV projection only")
+    _add(g, "--qk-layernorm", bool, help_="normalise queries and keys")
+    _add(g, "--untie-embeddings-and-output-weights", bool, help_="separate output layer weights")
+    _add(g, "--init-method-std", float, 0.02, "std of the normal weight init")
+    _add(g, "--hidden-dropout", float, 0.1, "dropout on hidden states")
+    _add(g, "--attention-dropout", float, 0.1, "dropout on attention probabilities")
+    _add(g, "--apply-residual-connection-post-layernorm", bool, help_="post-LN residual")
+    _add(g, "--make-vocab-size-divisible-by", int, 128, "pad vocab to a multiple of this x TP")
+    _add(
+        g,
+        "--transformer-impl",
+        str,
+        "local",
+        "local | transformer_engine (local only here)",
+        choices=["local", "transformer_engine"],
+    )
+    _add(g, "--use-flash-attn", bool, help_="fast attention path (SDPA flash/cuDNN on GPU)")
+    _add(g, "--num-experts", int, None, "number of MoE experts")
+    _add(g, "--moe-router-topk", int, 2, "experts per token")
+    _add(g, "--moe-ffn-hidden-size", int, None, "expert MLP hidden size")
+    _add(g, "--moe-aux-loss-coeff", float, 0.0, "load-balancing loss weight")
+    _add(g, "--moe-token-dispatcher-type", str, "allgather", "allgather | alltoall")
+    _add(g, "--moe-grouped-gemm", bool, help_="grouped GEMM experts")
+    _add(g, "--moe-shared-expert-intermediate-size", int, None, "shared expert size")
+
+
+def _parallel_args(p):
+    g = p.add_argument_group("parallelism")
+    _add(g, "--tensor-model-parallel-size", int, 1, "TP size")
+    _add(g, "--pipeline-model-parallel-size", int, 1, "PP size")
+    _add(g, "--num-layers-per-virtual-pipeline-stage", int, None, "layers per virtual stage")
+    _add(g, "--virtual-pipeline-model-parallel-size", int, None, "virtual stages per PP rank")
+    _add(g, "--context-parallel-size", int, 1, "CP size")
+    _add(g, "--cp-comm-type", str, "p2p", "p2p | all_gather | a2a")
+    _add(g, "--expert-model-parallel-size", int, 1, "EP size")
+    _add(g, "--expert-tensor-parallel-size", int, None, "TP size inside experts")
+    _add(g, "--sequence-parallel", bool, help_="sequence parallelism (needs TP > 1)")
+    _add(g, "--use-distributed-optimizer", bool, help_="shard optimizer state over DP")
+    _add(g, "--overlap-grad-reduce", bool, help_="reduce gradients during backward")
+    _add(g, "--overlap-param-gather", bool, help_="gather parameters during forward")
+    _add(g, "--distributed-backend", str, None, "nccl | gloo (default: nccl with GPUs, else gloo)")
+    _add(g, "--distributed-timeout-minutes", int, 10, "timeout of collectives")
+    _add(g, "--ddp-bucket-size", int, None, "gradient bucket size (elements)")
+    _add(g, "--accumulate-allreduce-grads-in-fp32", bool, help_="fp32 gradient buffers")
+
+
+def _training_args(p):
+    g = p.add_argument_group("training")
+    _add(g, "--micro-batch-size", int, None, "samples per microbatch per DP rank")
+    _add(g, "--global-batch-size", int, None, "samples per step (default micro x DP)")
+    _add(g, "--rampup-batch-size", str, None, "start increment samples", nargs=3)
+    _add(g, "--train-iters", int, None, "training iterations")
+    _add(g, "--train-samples", int, None, "training samples (instead of --train-iters)")
+    _add(g, "--lr", float, None, "peak learning rate")
+    _add(g, "--min-lr", float, 0.0, "minimum learning rate")
+    _add(
+        g,
+        "--lr-decay-style",
+        str,
+        "linear",
+        "constant | linear | cosine | inverse-square-root | WSD",
+        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
+    )
+    _add(g, "--lr-warmup-iters", int, 0, "warmup iterations")
+    _add(g, "--lr-warmup-fraction", float, None, "warmup as a fraction of decay iterations")
+    _add(g, "--lr-decay-iters", int, None, "decay iterations (default train iters)")
+    _add(g, "--lr-wsd-decay-iters", int, None, "WSD decay iterations")
+    _add(g, "--lr-wsd-decay-style", str, "exponential", "WSD decay shape")
+    _add(g, "--weight-decay", float, 0.01, "weight decay")
+    _add(g, "--clip-grad", float, 1.0, "gradient clipping by global norm (0 disables)")
+    _add(g, "--adam-beta1", float, 0.9, "Adam beta1")
+    _add(g, "--adam-beta2", float, 0.999, "Adam beta2")
+    _add(g, "--adam-eps", float, 1e-8, "Adam epsilon")
+    _add(g, "--optimizer", str, "adam", "adam | sgd", choices=["adam", "sgd"])
+    _add(g, "--sgd-momentum", float, 0.9, "SGD momentum")
+    _add(g, "--seed", int, 1234, "random seed")
+    _add(g, "--bf16", bool, help_="bf16 parameters with fp32 main weights")
+    _add(g, "--fp16", bool, help_="fp16 parameters with loss scaling")
+    _add(g, "--loss-scale", float, None, "static loss scale (default dynamic)")
+    _add(g, "--initial-loss-scale", float, 2.0**32, "initial dynamic loss scale")
+    _add(g, "--recompute-granularity", str, None, "full | selective", choices=["full", "selective"])
+    _add(g, "--recompute-method", str, None, "uniform | block", choices=["uniform", "block"])
+    _add(g, "--recompute-num-layers", int, None, "layers recomputed")
+    _add(g, "--calculate-per-token-loss", bool, help_="average the loss over all tokens of a step")
+    _add(
+        g,
+        "--skip-nan-steps",
+        bool,
+        help_="skip a step with a non-finite loss or grad (default: stop)",
+    )
+
+
+def _data_args(p):
+    g = p.add_argument_group("data")
+    _add(g, "--data-path", str, None, "weight prefix [weight prefix ...]", nargs="*")
+    _add(g, "--split", str, "969, 30, 1", "train, valid, test proportions")
+    _add(g, "--mock-data", bool, help_="random tokens instead of a corpus")
+    _add(g, "--data-cache-path", str, None, "where dataset indices are cached")
+    _add(g, "--num-workers", int, 2, "dataloader workers")
+    _add(
+        g,
+        "--tokenizer-type",
+        str,
+        None,
+        "NullTokenizer | GPT2BPETokenizer | HuggingFaceTokenizer ...",
+    )
+    _add(g, "--vocab-file", str, None, "tokenizer vocabulary file")
+    _add(g, "--merge-file", str, None, "BPE merges file")
+    _add(g, "--tokenizer-model", str, None, "tokenizer model file or directory")
+    _add(g, "--vocab-size", int, None, "vocabulary size (NullTokenizer)")
+    _add(g, "--reset-position-ids", bool, help_="reset position ids at end of document")
+    _add(g, "--reset-attention-mask", bool, help_="reset attention at end of document")
+    _add(g, "--eod-mask-loss", bool, help_="mask the loss on end-of-document tokens")
+
+
+def _checkpoint_logging_args(p):
+    g = p.add_argument_group("checkpoints")
+    _add(g, "--save", str, None, "checkpoint directory to save to")
+    _add(g, "--load", str, None, "checkpoint directory to load from")
+    _add(g, "--save-interval", int, None, "iterations between saves")
+    _add(g, "--async-save", bool, help_="write checkpoints in the background")
+    _add(g, "--no-load-optim", bool, help_="do not load optimizer state")
+    _add(g, "--no-load-rng", bool, help_="do not load RNG state")
+    _add(g, "--finetune", bool, help_="load weights only and reset the iteration")
+    _add(g, "--ckpt-format", str, "torch_dist", "torch_dist only", choices=["torch_dist"])
+    g = p.add_argument_group("logging")
+    _add(g, "--log-interval", int, 100, "iterations between log lines")
+    _add(g, "--eval-interval", int, 1000, "iterations between evaluations")
+    _add(g, "--eval-iters", int, 100, "iterations per evaluation")
+    _add(g, "--tensorboard-dir", str, None, "TensorBoard log directory")
+    _add(g, "--wandb-project", str, None, "Weights & Biases project")
+    _add(g, "--wandb-exp-name", str, None, "Weights & Biases run name")
+    _add(g, "--wandb-save-dir", str, None, "Weights & Biases directory")
+    _add(g, "--log-throughput", bool, help_="log throughput (always on in gigatron)")
+    _add(g, "--no-progress-bar", bool, help_="no progress bar")
+    g = p.add_argument_group("exit")
+    _add(g, "--exit-signal-handler", bool, help_="save and exit on SIGTERM")
+    _add(g, "--exit-duration-in-mins", float, None, "save and exit after this many minutes")
+    _add(g, "--exit-interval", int, None, "exit after this iteration")
+    _add(g, "--yaml-cfg", str, None, "YAML file holding any of these flags")
+
+
+def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="gigatron arguments", allow_abbrev=False)
+    for adder in (
+        _model_args,
+        _parallel_args,
+        _training_args,
+        _data_args,
+        _checkpoint_logging_args,
+    ):
+        adder(p)
+    if extra_args_provider is not None:
+        p = extra_args_provider(p)
+    return p
+
+
+def _known_flags(parser) -> list[str]:
+    return [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+
+
+def _reject_unknown(parser, unknown: list[str]) -> None:
+    flags = [u for u in unknown if u.startswith("--")]
+    if not flags and unknown:
+        parser.error(f"unexpected argument {unknown[0]!r}")
+    for flag in flags:
+        name = flag.split("=")[0]
+        close = difflib.get_close_matches(name, _known_flags(parser), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        parser.error(f"unknown flag {name}{hint}")
+
+
+def _apply_yaml(parser, args, argv) -> None:
+    try:
+        import yaml
+    except ImportError as e:  # pragma: no cover - pyyaml is in the test/train extras
+        raise RuntimeError("--yaml-cfg needs PyYAML: pip install pyyaml") from e
+    with open(args.yaml_cfg) as f:
+        values = yaml.safe_load(f) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{args.yaml_cfg}: expected a mapping of flag names to values")
+    given = {s.split("=")[0] for s in argv if s.startswith("--")}
+    dests = {a.dest: a for a in parser._actions}
+    for key, value in values.items():
+        dest = key.lstrip("-").replace("-", "_")
+        if dest not in dests:
+            close = difflib.get_close_matches(dest, list(dests), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ValueError(f"{args.yaml_cfg}: unknown setting {key!r}{hint}")
+        flag = "--" + dest.replace("_", "-")
+        if flag not in given:  # command-line flags win over the file
+            setattr(args, dest, value)
+
+
+def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None, args_defaults=None):
+    """Parse (and validate) Megatron-style flags; `argv` defaults to sys.argv[1:]."""
+    parser = build_parser(extra_args_provider)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not ignore_unknown_args:
+        _reject_unknown(parser, unknown)
+    if args.yaml_cfg:
+        _apply_yaml(parser, args, argv)
+    for key, value in (args_defaults or {}).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return args
+
+
+def validate_args(args, world_size: int | None = None):
+    """Fill derived values and check the combination, raising ValueError naming the flags."""
+    ws = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    args.world_size = ws
+    args.rank = int(os.environ.get("RANK", "0"))
+    for name in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "micro_batch_size",
+    ):
+        if getattr(args, name) is None:
+            raise ValueError(f"--{name.replace('_', '-')} is required")
+    tp, pp, cp = (
+        args.tensor_model_parallel_size,
+        args.pipeline_model_parallel_size,
+        args.context_parallel_size,
+    )
+    model_parallel = tp * pp * cp
+    if ws % model_parallel:
+        raise ValueError(
+            f"world size ({ws}) is not divisible by --tensor-model-parallel-size ({tp}) x "
+            f"--pipeline-model-parallel-size ({pp}) x --context-parallel-size ({cp})"
+        )
+    args.data_parallel_size = ws // model_parallel
+    if args.global_batch_size is None:
+        args.global_batch_size = args.micro_batch_size * args.data_parallel_size
+    if args.global_batch_size % (args.micro_batch_size * args.data_parallel_size):
+        raise ValueError(
+            f"--global-batch-size ({args.global_batch_size}) must be divisible by "
+            f"--micro-batch-size ({args.micro_batch_size}) x data-parallel size "
+            f"({args.data_parallel_size})"
+        )
+    if args.train_iters is None and args.train_samples is None:
+        raise ValueError("one of --train-iters or --train-samples is required")
+    if args.train_iters is not None and args.train_samples is not None:
+        raise ValueError("--train-iters and --train-samples are mutually exclusive")
+    if args.lr is None:
+        raise ValueError("--lr is required")
+    if args.fp16 and args.bf16:
+        raise ValueError("--fp16 and --bf16 are mutually exclusive")
+    if args.sequence_parallel and tp == 1:
+        args.sequence_parallel = False  # Megatron silently disables SP at TP=1
+    if args.max_position_embeddings is None:
+        args.max_position_embeddings = args.seq_length
+    if (
+        args.seq_length > args.max_position_embeddings
+        and args.position_embedding_type == "learned_absolute"
+    ):
+        raise ValueError(
+            f"--seq-length ({args.seq_length}) exceeds --max-position-embeddings "
+            f"({args.max_position_embeddings})"
+        )
+    if args.hidden_size % args.num_attention_heads and args.kv_channels is None:
+        raise ValueError(
+            f"--hidden-size ({args.hidden_size}) must be divisible by --num-attention-heads "
+            f"({args.num_attention_heads}) unless --kv-channels is set"
+        )
+    if args.kv_channels is None:
+        args.kv_channels = args.hidden_size // args.num_attention_heads
+    if args.ffn_hidden_size is None:
+        if args.swiglu:  # Megatron's 2/3 x 4h, rounded down to a multiple of 64
+            args.ffn_hidden_size = (
+                int((4 * args.hidden_size * 2 / 3) / 64) * 64 or 4 * args.hidden_size
+            )
+        else:
+            args.ffn_hidden_size = 4 * args.hidden_size
+    if not args.group_query_attention:
+        args.num_query_groups = args.num_attention_heads
+    if args.num_layers_per_virtual_pipeline_stage is not None:
+        per_stage = args.num_layers // pp
+        if per_stage % args.num_layers_per_virtual_pipeline_stage:
+            raise ValueError(
+                f"layers per pipeline stage ({per_stage}) must be divisible by "
+                f"--num-layers-per-virtual-pipeline-stage "
+                f"({args.num_layers_per_virtual_pipeline_stage})"
+            )
+        args.virtual_pipeline_model_parallel_size = (
+            per_stage // args.num_layers_per_virtual_pipeline_stage
+        )
+        if args.virtual_pipeline_model_parallel_size == 1:
+            args.virtual_pipeline_model_parallel_size = None
+    if args.lr_decay_iters is None and args.train_iters is not None:
+        args.lr_decay_iters = args.train_iters
+    args.params_dtype = (
+        torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+    )
+    if args.transformer_impl != "local":
+        args.transformer_impl = "local"  # no Transformer Engine: the local spec is the only one
+    if not args.mock_data and not args.data_path:
+        raise ValueError("give --data-path PREFIX (or --mock-data for random tokens)")
+    args.consumed_train_samples = 0
+    args.consumed_valid_samples = 0
+    return args
