@@ -12,7 +12,7 @@ def test_dense_gpt_equals_paper_formula():
     B, s, L, h, V = 16, 1024, 12, 768, 50304
     expected = 72.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
     args = SimpleNamespace(
-        num_layers=l,
+        num_layers=L,
         hidden_size=h,
         seq_length=s,
         padded_vocab_size=V,
