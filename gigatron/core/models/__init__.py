@@ -1,0 +1,1 @@
+"""gigatron.core.models: model families built from specs (mirrors megatron.core.models)."""

@@ -1,0 +1,1 @@
+"""Embeddings shared by the model families."""

@@ -1,0 +1,102 @@
+"""Word + learned position embeddings with dropout, output in the transformer's [s, b, h] layout.
+
+Mirrors `megatron.core.models.common.embeddings.language_model_embedding.LanguageModelEmbedding`.
+Under sequence parallelism the output is split along s over TP ranks (via reduce-scatter inside
+the vocab-parallel embedding when there are no position embeddings, else a scatter) and dropout
+runs in the TP RNG fork. gigatron addition: token ids outside [0, vocab_size) raise ValueError
+naming the id, instead of an out-of-bounds device assert.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gigatron.core.transformer.module import MegatronModule
+
+
+def check_token_ids(input_ids: Tensor, vocab_size: int) -> None:
+    """Raise ValueError naming the first id outside [0, vocab_size). One host sync per call."""
+    lo, hi = torch.aminmax(input_ids)
+    lo, hi = int(lo), int(hi)
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        pos = (input_ids == bad).nonzero()[0].tolist()
+        raise ValueError(
+            f"token id {bad} at input_ids{pos} is outside the vocabulary [0, {vocab_size}) "
+            "(gigatron/core/models/common/embeddings/language_model_embedding.py)"
+        )
+
+
+class LanguageModelEmbedding(MegatronModule):
+    """input_ids [b, s] (+ position_ids [b, s]) -> embeddings [s, b, h] ([s/tp, b, h] under SP)."""
+
+    def __init__(
+        self,
+        config,
+        vocab_size: int,
+        max_sequence_length: int,
+        position_embedding_type: str = "learned_absolute",
+        num_tokentypes: int = 0,
+        scatter_to_sequence_parallel: bool = True,
+        tp_group=None,
+    ):
+        super().__init__(config)
+        from gigatron.core import tensor_parallel
+
+        if num_tokentypes:
+            raise ValueError(f"num_tokentypes ({num_tokentypes}) > 0 is not supported by gigatron")
+        self.vocab_size = vocab_size
+        self.max_sequence_length = max_sequence_length
+        self.add_position_embedding = position_embedding_type == "learned_absolute"
+        self.num_tokentypes = num_tokentypes
+        self.scatter_to_sequence_parallel = scatter_to_sequence_parallel
+        self.reduce_scatter_embeddings = (
+            not self.add_position_embedding
+            and config.sequence_parallel
+            and scatter_to_sequence_parallel
+        )
+        self.word_embeddings = tensor_parallel.VocabParallelEmbedding(
+            num_embeddings=vocab_size,
+            embedding_dim=config.hidden_size,
+            init_method=config.embedding_init_method,
+            reduce_scatter_embeddings=self.reduce_scatter_embeddings,
+            config=config,
+        )
+        if self.add_position_embedding:
+            self.position_embeddings = torch.nn.Embedding(
+                max_sequence_length, config.hidden_size, dtype=config.params_dtype
+            )
+            if config.perform_initialization:
+                config.embedding_init_method(self.position_embeddings.weight)
+        self.embedding_dropout = torch.nn.Dropout(config.hidden_dropout)
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor | None, tokentype_ids=None) -> Tensor:
+        """input_ids [b, s], position_ids [b, s] (None = 0..s-1) -> [s(/tp), b, h]."""
+        from gigatron.core import tensor_parallel
+
+        check_token_ids(input_ids, self.vocab_size)
+        embeddings = self.word_embeddings(input_ids)  # [b, s, h] ([s/tp, b, h] if reduce-scatter)
+        if self.add_position_embedding:
+            if position_ids is None:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+            if int(position_ids.max()) >= self.max_sequence_length:
+                raise ValueError(
+                    f"position id {int(position_ids.max())} >= max_sequence_length "
+                    f"({self.max_sequence_length})"
+                )
+            embeddings = embeddings + self.position_embeddings(position_ids)
+        if not self.reduce_scatter_embeddings:
+            embeddings = embeddings.transpose(0, 1).contiguous()  # [s, b, h]
+        if self.config.fp32_residual_connection:
+            embeddings = embeddings.float()
+        if not self.config.sequence_parallel:
+            return self.embedding_dropout(embeddings)
+        if not self.reduce_scatter_embeddings and self.scatter_to_sequence_parallel:
+            embeddings = tensor_parallel.scatter_to_sequence_parallel_region(embeddings)
+            if self.config.clone_scatter_output_in_embedding:
+                embeddings = embeddings.clone()  # the scatter returns a view of the full tensor
+        if self.training and self.embedding_dropout.p > 0:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                embeddings = self.embedding_dropout(embeddings)
+        return embeddings

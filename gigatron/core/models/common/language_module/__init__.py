@@ -1,0 +1,1 @@
+"""LanguageModule: embedding/output tying and the LM loss shared by language models."""

@@ -1,0 +1,122 @@
+"""Layer specs for GPTModel (mirrors `megatron.core.models.gpt.gpt_layer_specs`).
+
+`get_gpt_layer_local_spec`: Megatron's local (no Transformer Engine) layer: norms, SelfAttention
+(causal) with column/row-parallel projections and DotProductAttention, MLP, bias-dropout-add.
+`get_gpt_layer_fast_spec` (gigatron): the same layer and parameter names with the SDPA core
+attention; numerically the same model, tested against the local spec.
+MoE arrives with the MoE issue.
+"""
+
+from __future__ import annotations
+
+from gigatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from gigatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from gigatron.core.transformer.dot_product_attention import DotProductAttention
+from gigatron.core.transformer.enums import AttnMaskType
+from gigatron.core.transformer.identity_op import IdentityOp
+from gigatron.core.transformer.mlp import MLP, MLPSubmodules
+from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
+from gigatron.core.transformer.spec_utils import ModuleSpec
+from gigatron.core.transformer.torch_norm import WrappedTorchNorm
+from gigatron.core.transformer.transformer_layer import (
+    TransformerLayer,
+    TransformerLayerSubmodules,
+)
+
+# Local-spec norms are stored under Transformer Engine's fused-layer names in checkpoints.
+LOCAL_SHARDED_KEYS_MAP = {
+    "input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+    "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_",
+}
+
+
+def _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization) -> None:
+    if num_experts is not None or moe_grouped_gemm:
+        raise ValueError(
+            f"num_experts={num_experts}, moe_grouped_gemm={moe_grouped_gemm}: MoE lands with the "
+            "MoE issue; gigatron's GPT specs are dense only for now"
+        )
+    if multi_latent_attention:
+        raise ValueError("multi_latent_attention=True is not supported by gigatron")
+    if normalization not in (None, "LayerNorm", "RMSNorm"):
+        raise ValueError(
+            f"normalization ({normalization!r}) must be None, 'LayerNorm' or 'RMSNorm'"
+        )
+
+
+def _layer_spec(core_attention, qk_layernorm: bool) -> ModuleSpec:
+    from gigatron.core import tensor_parallel
+
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=WrappedTorchNorm,
+            self_attention=ModuleSpec(
+                module=SelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=SelfAttentionSubmodules(
+                    linear_qkv=tensor_parallel.ColumnParallelLinear,
+                    core_attention=core_attention,
+                    linear_proj=tensor_parallel.RowParallelLinear,
+                    q_layernorm=WrappedTorchNorm if qk_layernorm else IdentityOp,
+                    k_layernorm=WrappedTorchNorm if qk_layernorm else IdentityOp,
+                ),
+            ),
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=WrappedTorchNorm,
+            mlp=get_mlp_module_spec(),
+            mlp_bda=get_bias_dropout_add,
+            sharded_state_dict_keys_map=dict(LOCAL_SHARDED_KEYS_MAP),
+        ),
+    )
+
+
+def get_mlp_module_spec(
+    use_te: bool = False, num_experts=None, moe_grouped_gemm: bool = False, **unused
+) -> ModuleSpec:
+    """Dense MLP spec with column/row-parallel fc1/fc2."""
+    from gigatron.core import tensor_parallel
+
+    _check(num_experts, moe_grouped_gemm, False, None)
+    return ModuleSpec(
+        module=MLP,
+        submodules=MLPSubmodules(
+            linear_fc1=tensor_parallel.ColumnParallelLinear,
+            linear_fc2=tensor_parallel.RowParallelLinear,
+        ),
+    )
+
+
+def get_gpt_layer_local_spec(
+    num_experts: int | None = None,
+    moe_grouped_gemm: bool = False,
+    qk_layernorm: bool = False,
+    multi_latent_attention: bool = False,
+    fp8: str | None = None,
+    normalization: str | None = None,
+    qk_l2_norm: bool = False,
+    use_kitchen: bool = False,
+    **unused,
+) -> ModuleSpec:
+    """Megatron's local GPT layer: DotProductAttention, plain norms (per config.normalization)."""
+    _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization)
+    if qk_l2_norm or use_kitchen or fp8 is not None:
+        raise ValueError("qk_l2_norm, use_kitchen and fp8 are not supported by gigatron's specs")
+    return _layer_spec(DotProductAttention, qk_layernorm)
+
+
+def get_gpt_layer_fast_spec(
+    num_experts: int | None = None,
+    moe_grouped_gemm: bool = False,
+    qk_layernorm: bool = False,
+    multi_latent_attention: bool = False,
+    fp8: str | None = None,
+    normalization: str | None = None,
+    qk_l2_norm: bool = False,
+    **unused,
+) -> ModuleSpec:
+    """Same layer as the local spec with SDPA core attention (flash/cuDNN/efficient on GPU)."""
+    _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization)
+    if qk_l2_norm or fp8 is not None:
+        raise ValueError("qk_l2_norm and fp8 are not supported by gigatron's specs")
+    return _layer_spec(SDPADotProductAttention, qk_layernorm)

@@ -1,0 +1,177 @@
+"""GPT: embedding -> TransformerBlock -> output layer (-> vocab-parallel cross entropy).
+
+Mirrors `megatron.core.models.gpt.gpt_model.GPTModel`: same constructor and forward. Logits come
+back as [b, s, V/tp] (full V with parallel_output=False), or, with labels, the unreduced fp32
+per-token loss [b, s]. Stages without pre_process take their input from `set_input_tensor`;
+stages without post_process return the decoder's hidden states [s, b, h].
+
+Shapes: b: micro-batch, s: seq, h: hidden, V: (padded) vocabulary, tp: tensor-parallel size.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from gigatron.core import parallel_state
+from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from gigatron.core.models.common.language_module.language_module import LanguageModule
+from gigatron.core.transformer.enums import ModelType
+from gigatron.core.transformer.transformer_block import TransformerBlock
+
+_POSITION_TYPES = ("learned_absolute", "rope", "none")
+
+
+class GPTModel(LanguageModule):
+    """Decoder-only transformer language model."""
+
+    def __init__(
+        self,
+        config,
+        transformer_layer_spec,
+        vocab_size: int,
+        max_sequence_length: int,
+        pre_process: bool = True,
+        post_process: bool = True,
+        fp16_lm_cross_entropy: bool = False,
+        parallel_output: bool = True,
+        share_embeddings_and_output_weights: bool = False,
+        position_embedding_type: str = "learned_absolute",
+        rotary_percent: float = 1.0,
+        rotary_base: int = 10000,
+        rope_scaling: bool = False,
+        rope_scaling_factor: float = 8.0,
+        scatter_embedding_sequence_parallel: bool = True,
+        seq_len_interpolation_factor: float | None = None,
+        mtp_block_spec=None,
+        pg_collection=None,
+        vp_stage: int | None = None,
+    ) -> None:
+        super().__init__(config)
+        from gigatron.core import tensor_parallel
+
+        if position_embedding_type not in _POSITION_TYPES:
+            raise ValueError(
+                f"position_embedding_type ({position_embedding_type!r}) must be one of "
+                f"{_POSITION_TYPES} in gigatron"
+            )
+        if mtp_block_spec is not None:
+            raise ValueError("mtp_block_spec (multi-token prediction) is not supported by gigatron")
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        if vocab_size % tp != 0:
+            raise ValueError(
+                f"vocab_size ({vocab_size}) must be divisible by "
+                f"tensor_model_parallel_size ({tp}); "
+                "pad it with gigatron.core.models.common.vocab_utils.vocab_size_with_padding"
+            )
+        self.transformer_layer_spec = transformer_layer_spec
+        self.vocab_size = vocab_size
+        self.max_sequence_length = max_sequence_length
+        self.pre_process, self.post_process = pre_process, post_process
+        self.fp16_lm_cross_entropy = fp16_lm_cross_entropy
+        self.parallel_output = parallel_output
+        self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
+        self.position_embedding_type = position_embedding_type
+        self.vp_stage = vp_stage
+        self.model_type = ModelType.encoder_or_decoder
+
+        if pre_process:
+            self.embedding = LanguageModelEmbedding(
+                config=config,
+                vocab_size=vocab_size,
+                max_sequence_length=max_sequence_length,
+                position_embedding_type=position_embedding_type,
+                scatter_to_sequence_parallel=scatter_embedding_sequence_parallel,
+            )
+        if position_embedding_type == "rope":
+            self.rotary_pos_emb = RotaryEmbedding(
+                kv_channels=config.kv_channels,
+                rotary_percent=rotary_percent,
+                rotary_interleaved=config.rotary_interleaved,
+                seq_len_interpolation_factor=seq_len_interpolation_factor,
+                rotary_base=rotary_base,
+                rope_scaling=rope_scaling,
+                rope_scaling_factor=rope_scaling_factor,
+                use_cpu_initialization=config.use_cpu_initialization,
+            )
+        self.decoder = TransformerBlock(
+            config=config,
+            spec=transformer_layer_spec,
+            pre_process=pre_process,
+            post_process=post_process,
+            vp_stage=vp_stage,
+        )
+        if post_process:
+            self.output_layer = tensor_parallel.ColumnParallelLinear(
+                config.hidden_size,
+                vocab_size,
+                config=config,
+                init_method=config.init_method,
+                bias=False,
+                skip_bias_add=False,
+                gather_output=not parallel_output,
+                skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights,
+            )
+        if pre_process or post_process:
+            self.setup_embeddings_and_output_layer()
+
+    def set_input_tensor(self, input_tensor) -> None:
+        """Pipeline input of this stage (a one-element list is accepted, as in Megatron)."""
+        if not isinstance(input_tensor, list):
+            input_tensor = [input_tensor]
+        if len(input_tensor) != 1:
+            raise ValueError(f"GPTModel expects one input tensor, got {len(input_tensor)}")
+        self.decoder.set_input_tensor(input_tensor[0])
+
+    def forward(
+        self,
+        input_ids: Tensor | None,
+        position_ids: Tensor | None,
+        attention_mask: Tensor | None,
+        decoder_input: Tensor | None = None,
+        labels: Tensor | None = None,
+        inference_context=None,
+        packed_seq_params=None,
+        extra_block_kwargs: dict | None = None,
+        runtime_gather_output: bool | None = None,
+        *,
+        inference_params=None,
+        loss_mask: Tensor | None = None,
+        padding_mask=None,
+    ) -> Tensor:
+        """input_ids/position_ids [b, s], attention_mask bool [b|1, 1, s, s] (True = masked) or
+        None (causal) -> logits [b, s, V/tp], or loss [b, s] fp32 when labels [b, s] are given,
+        or hidden states [s, b, h] on stages without post_process."""
+        if decoder_input is None and self.pre_process:
+            decoder_input = self.embedding(input_ids=input_ids, position_ids=position_ids)
+        rotary_pos_emb = None
+        if self.position_embedding_type == "rope":
+            seq_len = self.rotary_pos_emb.get_rotary_seq_len(
+                inference_context, self.decoder, decoder_input, self.config
+            )
+            rotary_pos_emb = self.rotary_pos_emb(seq_len)  # [s, 1, 1, rot_dim]
+        hidden_states = self.decoder(
+            hidden_states=decoder_input,
+            attention_mask=attention_mask,
+            rotary_pos_emb=rotary_pos_emb,
+            inference_context=inference_context,
+            packed_seq_params=packed_seq_params,
+            **(extra_block_kwargs or {}),
+        )  # [s(/tp), b, h]
+        if not self.post_process:
+            return hidden_states
+        output_weight = None
+        if self.share_embeddings_and_output_weights:
+            output_weight = self.shared_embedding_or_output_weight()
+        logits, _ = self.output_layer(
+            hidden_states, weight=output_weight, runtime_gather_output=runtime_gather_output
+        )  # [s, b, V/tp]
+        if labels is None:
+            return logits.transpose(0, 1).contiguous()  # [b, s, V/tp]
+        return self.compute_language_model_loss(labels, logits)  # [b, s]
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
+        """{Megatron checkpoint key: (tensor, tp axis or None)}; see `gpt/_checkpoint_keys.py`."""
+        from gigatron.core.models.gpt._checkpoint_keys import megatron_sharded_keys
+
+        return megatron_sharded_keys(self, prefix=prefix)

@@ -1,0 +1,157 @@
+"""Validation and derived defaults of TransformerConfig, grouped by topic.
+
+Each check raises ValueError naming the field, its value and the rule, before any collective runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+# field -> why gigatron rejects a non-default value
+UNSUPPORTED = {
+    "fp8": "FP8 needs Transformer Engine",
+    "fp8_param": "FP8 parameters need Transformer Engine",
+    "fp4": "FP4 needs Transformer Engine",
+    "multi_latent_attention": "multi-latent attention is not implemented",
+    "mtp_num_layers": "multi-token prediction is not implemented",
+    "window_size": "sliding-window attention is not implemented",
+    "softmax_type": "only the 'vanilla' softmax is implemented",
+    "qk_l2_norm": "q/k L2 norm is not implemented",
+    "attention_output_gate": "gated attention output is not implemented",
+    "experimental_attention_variant": "experimental attention variants are not implemented",
+    "enable_cuda_graph": "CUDA graphs are not implemented",
+    "cuda_graph_impl": "CUDA graphs are not implemented",
+    "cp_comm_type": "context-parallel attention is not implemented",
+    "use_kitchen": "kitchen quantisation is not implemented",
+    "init_model_with_meta_device": "meta-device initialisation is not implemented",
+    "use_te_rng_tracker": "the Transformer Engine RNG tracker is not available",
+    "moe_latent_size": "latent MoE is not implemented",
+    "activation_func_clamp_value": "activation clamping is not implemented",
+    "num_layers_in_first_pipeline_stage": "uneven pipeline splits are not implemented",
+    "num_layers_in_last_pipeline_stage": "uneven pipeline splits are not implemented",
+    "pipeline_model_parallel_layout": "explicit pipeline layouts are not implemented",
+    "account_for_embedding_in_pipeline_split": "uneven pipeline splits are not implemented",
+    "account_for_loss_in_pipeline_split": "uneven pipeline splits are not implemented",
+}
+
+SUPPORTED_RECOMPUTE_MODULES = ("core_attn", "mlp")
+
+
+def check_unsupported(cfg) -> None:
+    defaults = {f.name: f.default for f in fields(cfg)}
+    for name, why in UNSUPPORTED.items():
+        if getattr(cfg, name) != defaults[name]:
+            raise ValueError(
+                f"{name}={getattr(cfg, name)!r} is not supported by gigatron ({why}); "
+                f"leave it at its default {defaults[name]!r}"
+            )
+
+
+def check_architecture(cfg) -> None:
+    for name in ("num_layers", "hidden_size", "num_attention_heads"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} ({getattr(cfg, name)}) must be set to a positive value")
+    if cfg.fp16 and cfg.bf16:
+        raise ValueError("fp16=True and bf16=True are exclusive; set at most one")
+    tp = cfg.tensor_model_parallel_size
+    if cfg.num_attention_heads % tp != 0:
+        raise ValueError(
+            f"num_attention_heads ({cfg.num_attention_heads}) must be a multiple of "
+            f"tensor_model_parallel_size ({tp})"
+        )
+    ng = cfg.num_query_groups if cfg.num_query_groups is not None else cfg.num_attention_heads
+    if ng <= 0 or cfg.num_attention_heads % ng != 0:
+        raise ValueError(
+            f"num_query_groups ({ng}) must divide num_attention_heads ({cfg.num_attention_heads})"
+        )
+    if ng % tp != 0 and tp % ng != 0:
+        raise ValueError(
+            f"num_query_groups ({ng}) must be a multiple or divisor of "
+            f"tensor_model_parallel_size ({tp})"
+        )
+    if cfg.normalization not in ("LayerNorm", "RMSNorm"):
+        raise ValueError(f"normalization ({cfg.normalization!r}) must be 'LayerNorm' or 'RMSNorm'")
+    for name in ("hidden_dropout", "attention_dropout"):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ValueError(f"{name} ({getattr(cfg, name)}) must be in [0, 1]")
+    if cfg.transformer_impl not in ("local", "transformer_engine", "inference_optimized"):
+        raise ValueError(
+            f"transformer_impl ({cfg.transformer_impl!r}) must be 'local', "
+            "'transformer_engine' or 'inference_optimized'"
+        )
+    if cfg.num_moe_experts is not None and cfg.num_moe_experts <= 0:
+        raise ValueError(f"num_moe_experts ({cfg.num_moe_experts}) must be positive or None")
+
+
+def fill_defaults(cfg) -> None:
+    from gigatron.core.transformer.utils import init_method_normal, scaled_init_method_normal
+
+    if cfg.ffn_hidden_size is None:
+        cfg.ffn_hidden_size = 4 * cfg.hidden_size
+    if cfg.kv_channels is None:
+        cfg.kv_channels = cfg.hidden_size // cfg.num_attention_heads
+    if cfg.num_query_groups is None:
+        cfg.num_query_groups = cfg.num_attention_heads
+    if cfg.init_method is None:
+        cfg.init_method = init_method_normal(cfg.init_method_std)
+    if cfg.output_layer_init_method is None:
+        cfg.output_layer_init_method = scaled_init_method_normal(
+            cfg.init_method_std, cfg.num_layers
+        )
+    if cfg.embedding_init_method is None:
+        if cfg.embedding_init_method_std is None:
+            cfg.embedding_init_method = cfg.init_method
+        else:
+            cfg.embedding_init_method = init_method_normal(cfg.embedding_init_method_std)
+    if cfg.apply_query_key_layer_scaling:
+        cfg.attention_softmax_in_fp32 = True
+    if cfg.moe_ffn_hidden_size is None and cfg.num_moe_experts is not None:
+        cfg.moe_ffn_hidden_size = cfg.ffn_hidden_size
+
+
+def check_recompute(cfg) -> None:
+    gran, method, n = cfg.recompute_granularity, cfg.recompute_method, cfg.recompute_num_layers
+    if gran not in (None, "full", "selective"):
+        raise ValueError(f"recompute_granularity ({gran!r}) must be None, 'full' or 'selective'")
+    if method not in (None, "uniform", "block"):
+        raise ValueError(f"recompute_method ({method!r}) must be None, 'uniform' or 'block'")
+    if gran == "full":
+        if method is None:
+            raise ValueError(
+                "recompute_granularity='full' requires recompute_method (uniform|block)"
+            )
+        layers_per_stage = cfg.num_layers // cfg.pipeline_model_parallel_size
+        if n is None or not 1 <= n <= layers_per_stage:
+            raise ValueError(
+                f"recompute_num_layers ({n}) must be between 1 and the layers per pipeline stage "
+                f"({layers_per_stage}) when recompute_granularity='full'"
+            )
+    elif gran == "selective":
+        if n is not None:
+            raise ValueError(
+                f"recompute_num_layers ({n}) must be None when recompute_granularity='selective'"
+            )
+    elif method is not None:
+        raise ValueError(f"recompute_method ({method!r}) needs recompute_granularity to be set")
+    if cfg.recompute_modules is None:
+        cfg.recompute_modules = ["core_attn"]
+    for module in cfg.recompute_modules:
+        if module not in SUPPORTED_RECOMPUTE_MODULES:
+            raise ValueError(
+                f"recompute_modules entry {module!r} is not supported by gigatron "
+                f"(supported: {', '.join(SUPPORTED_RECOMPUTE_MODULES)})"
+            )
+
+
+def check_pipeline(cfg) -> None:
+    pp, vp = cfg.pipeline_model_parallel_size, cfg.virtual_pipeline_model_parallel_size
+    if cfg.num_layers % pp != 0:
+        raise ValueError(
+            f"num_layers ({cfg.num_layers}) must be divisible by "
+            f"pipeline_model_parallel_size ({pp})"
+        )
+    if vp is not None and (cfg.num_layers // pp) % vp != 0:
+        raise ValueError(
+            f"layers per pipeline stage ({cfg.num_layers // pp}) must be divisible by "
+            f"virtual_pipeline_model_parallel_size ({vp})"
+        )

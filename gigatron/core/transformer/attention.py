@@ -1,0 +1,244 @@
+"""Self- and cross-attention: projections, RoPE, core attention, output projection.
+
+Mirrors `megatron.core.transformer.attention` (Attention, SelfAttention, CrossAttention). The fused
+QKV weight is laid out per query group, as in Megatron: rows [q_1 .. q_{np/ng}, k, v] for group 1,
+then group 2, ... so a TP rank holding whole groups holds its heads' q, k and v in one contiguous
+row block of the column-parallel weight.
+
+Shapes: s: seq (sq queries, sk keys), b: micro-batch, h: hidden, np / ng: query heads / query
+groups on this rank, hn: head dim (kv_channels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gigatron.core import parallel_state
+from gigatron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
+from gigatron.core.transformer.enums import AttnMaskType
+from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
+from gigatron.core.utils import divide
+
+
+@dataclass
+class SelfAttentionSubmodules:
+    """Specs of the pieces of SelfAttention."""
+
+    linear_qkv: ModuleSpec | type = None
+    core_attention: ModuleSpec | type = None
+    linear_proj: ModuleSpec | type = None
+    q_layernorm: ModuleSpec | type = None
+    k_layernorm: ModuleSpec | type = None
+
+
+@dataclass
+class CrossAttentionSubmodules:
+    """Specs of the pieces of CrossAttention."""
+
+    linear_q: ModuleSpec | type = None
+    linear_kv: ModuleSpec | type = None
+    core_attention: ModuleSpec | type = None
+    linear_proj: ModuleSpec | type = None
+
+
+class Attention(MegatronModule):
+    """Shared part: head bookkeeping, core attention, output projection and forward."""
+
+    def __init__(
+        self,
+        config,
+        submodules,
+        layer_number: int,
+        attn_mask_type,
+        attention_type,
+        cp_comm_type=None,
+        pg_collection=None,
+    ):
+        super().__init__(config)
+        self.layer_number = layer_number
+        self.attn_mask_type = attn_mask_type
+        self.attention_type = attention_type
+        tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        if config.num_query_groups % tp_size != 0:
+            raise ValueError(
+                f"num_query_groups ({config.num_query_groups}) must be divisible by "
+                f"tensor_model_parallel_size ({tp_size}) in gigatron's attention "
+                "(gigatron/core/transformer/attention.py)"
+            )
+        self.query_projection_size = config.kv_channels * config.num_attention_heads
+        self.kv_projection_size = config.kv_channels * config.num_query_groups
+        self.hidden_size_per_attention_head = config.kv_channels
+        self.num_attention_heads_per_partition = divide(config.num_attention_heads, tp_size)
+        self.num_query_groups_per_partition = divide(config.num_query_groups, tp_size)
+        self.core_attention = build_module(
+            submodules.core_attention,
+            config=config,
+            layer_number=layer_number,
+            attn_mask_type=attn_mask_type,
+            attention_type=attention_type,
+            cp_comm_type=cp_comm_type,
+            softmax_scale=config.softmax_scale,
+        )
+        self.checkpoint_core_attention = (
+            config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules
+        )
+        self.linear_proj = build_module(
+            submodules.linear_proj,
+            self.query_projection_size,
+            config.hidden_size,
+            config=config,
+            init_method=config.output_layer_init_method,
+            bias=config.add_bias_linear,
+            input_is_parallel=True,
+            skip_bias_add=True,
+            is_expert=False,
+            tp_comm_buffer_name="proj",
+        )
+
+    def _core_attention(self, query, key, value, attention_mask, attn_mask_type) -> Tensor:
+        if not (self.checkpoint_core_attention and self.training):
+            return self.core_attention(
+                query, key, value, attention_mask, attn_mask_type=attn_mask_type
+            )
+        from gigatron.core import tensor_parallel
+
+        def run(q, k, v):
+            return self.core_attention(q, k, v, attention_mask, attn_mask_type=attn_mask_type)
+
+        # Recompute the [b, np, sq, sk] scores/probs in backward instead of storing them.
+        return tensor_parallel.checkpoint(run, False, query, key, value)
+
+    def forward(
+        self,
+        hidden_states: Tensor,
+        attention_mask: Tensor | None,
+        key_value_states: Tensor | None = None,
+        inference_context=None,
+        rotary_pos_emb: Tensor | tuple[Tensor, Tensor] | None = None,
+        rotary_pos_cos=None,
+        rotary_pos_sin=None,
+        rotary_pos_cos_sin=None,
+        attention_bias=None,
+        packed_seq_params=None,
+        sequence_len_offset=None,
+        *,
+        inference_params=None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """hidden_states [s(/tp under SP), b, h] -> (output [s(/tp), b, h], bias [h] or None)."""
+        if inference_context is not None or inference_params is not None:
+            raise ValueError("inference_context is not supported by gigatron's attention yet")
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("packed_seq_params / attention_bias are not supported by gigatron")
+        query, key, value = self.get_query_key_value_tensors(hidden_states, key_value_states)
+        if rotary_pos_emb is not None:
+            if not isinstance(rotary_pos_emb, tuple):
+                rotary_pos_emb = (rotary_pos_emb, rotary_pos_emb)
+            q_pos_emb, k_pos_emb = rotary_pos_emb
+            query = apply_rotary_pos_emb(query, q_pos_emb, config=self.config)
+            key = apply_rotary_pos_emb(key, k_pos_emb, config=self.config)
+        context = self._core_attention(query, key, value, attention_mask, self.attn_mask_type)
+        output, bias = self.linear_proj(context)  # [sq, b, np*hn] -> [sq(/tp), b, h]
+        return output, bias
+
+
+class SelfAttention(Attention):
+    """Attention whose queries, keys and values all come from `hidden_states`."""
+
+    def __init__(
+        self,
+        config,
+        submodules: SelfAttentionSubmodules,
+        layer_number: int,
+        attn_mask_type=AttnMaskType.padding,
+        cp_comm_type=None,
+        pg_collection=None,
+    ):
+        super().__init__(config, submodules, layer_number, attn_mask_type, "self", cp_comm_type)
+        self.linear_qkv = build_module(
+            submodules.linear_qkv,
+            config.hidden_size,
+            self.query_projection_size + 2 * self.kv_projection_size,
+            config=config,
+            init_method=config.init_method,
+            gather_output=False,
+            bias=config.add_bias_linear or config.add_qkv_bias,
+            skip_bias_add=False,
+            is_expert=False,
+            tp_comm_buffer_name="qkv",
+        )
+        self.q_layernorm = self._qk_norm(submodules.q_layernorm)
+        self.k_layernorm = self._qk_norm(submodules.k_layernorm)
+
+    def _qk_norm(self, spec):
+        if spec is None:
+            return None
+        return build_module(
+            spec,
+            hidden_size=self.hidden_size_per_attention_head,
+            config=self.config,
+            eps=self.config.layernorm_epsilon,
+        )
+
+    def get_query_key_value_tensors(self, hidden_states, key_value_states=None):
+        """[s, b, h] -> q [sq, b, np, hn], k [sq, b, ng, hn], v [sq, b, ng, hn]."""
+        mixed_qkv, _ = self.linear_qkv(hidden_states)  # [sq, b, ng*(np/ng+2)*hn]
+        ng, hn = self.num_query_groups_per_partition, self.hidden_size_per_attention_head
+        q_per_group = self.num_attention_heads_per_partition // ng
+        mixed_qkv = mixed_qkv.view(*mixed_qkv.shape[:2], ng, (q_per_group + 2) * hn)
+        query, key, value = torch.split(mixed_qkv, [q_per_group * hn, hn, hn], dim=3)
+        query = query.reshape(query.size(0), query.size(1), -1, hn)  # [sq, b, np, hn]
+        if self.q_layernorm is not None:
+            query = self.q_layernorm(query)
+        if self.k_layernorm is not None:
+            key = self.k_layernorm(key)
+        return query, key, value
+
+
+class CrossAttention(Attention):
+    """Attention with queries from `hidden_states` and keys/values from `key_value_states`."""
+
+    def __init__(
+        self,
+        config,
+        submodules: CrossAttentionSubmodules,
+        layer_number: int,
+        attn_mask_type=AttnMaskType.padding,
+        cp_comm_type=None,
+        pg_collection=None,
+    ):
+        super().__init__(config, submodules, layer_number, attn_mask_type, "cross", cp_comm_type)
+        if config.num_query_groups != config.num_attention_heads:
+            raise ValueError(
+                f"num_query_groups ({config.num_query_groups}) must equal num_attention_heads "
+                f"({config.num_attention_heads}) in cross attention (as in Megatron)"
+            )
+        common = dict(
+            config=config,
+            init_method=config.init_method,
+            gather_output=False,
+            bias=config.add_bias_linear,
+            skip_bias_add=False,
+            is_expert=False,
+        )
+        self.linear_q = build_module(
+            submodules.linear_q, config.hidden_size, self.query_projection_size, **common
+        )
+        self.linear_kv = build_module(
+            submodules.linear_kv, config.hidden_size, 2 * self.kv_projection_size, **common
+        )
+
+    def get_query_key_value_tensors(self, hidden_states, key_value_states):
+        """q from hidden_states [sq, b, h], k/v from key_value_states [sk, b, h]."""
+        if key_value_states is None:
+            raise ValueError("CrossAttention needs key_value_states (the encoder output)")
+        hn = self.hidden_size_per_attention_head
+        mixed_kv, _ = self.linear_kv(key_value_states)  # [sk, b, 2*ng*hn]
+        mixed_kv = mixed_kv.view(*mixed_kv.shape[:2], self.num_query_groups_per_partition, 2 * hn)
+        key, value = torch.split(mixed_kv, [hn, hn], dim=3)  # [sk, b, ng, hn] each
+        query, _ = self.linear_q(hidden_states)  # [sq, b, np*hn]
+        query = query.view(*query.shape[:2], self.num_attention_heads_per_partition, hn)
+        return query, key, value

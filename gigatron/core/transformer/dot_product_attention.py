@@ -1,0 +1,128 @@
+"""Core attention on plain PyTorch ops: the reference every fast path is tested against.
+
+Mirrors `megatron.core.transformer.dot_product_attention.DotProductAttention` (the local, non-TE
+path): GQA by repeating K/V heads, scores = softmax_scale * q.k^T, Megatron's scale-mask-softmax
+(bool mask, True = masked, filled with -10000; causal mask built when none is given; fp32 softmax
+for half inputs), dropout on the probabilities in the TP RNG fork, context = probs.v.
+
+Shapes: s: seq, b: micro-batch, np: query heads on this rank, ng: query groups on this rank,
+hn: head dim (kv_channels).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch import Tensor
+
+from gigatron.core import parallel_state
+from gigatron.core.transformer.enums import AttnMaskType
+from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.utils import attention_mask_func, get_default_causal_mask
+from gigatron.core.utils import divide
+
+
+class DotProductAttention(MegatronModule):
+    """Scaled dot-product attention over heads already split across TP ranks."""
+
+    def __init__(
+        self,
+        config,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str = "self",
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection=None,
+    ):
+        super().__init__(config)
+        if config.context_parallel_size != 1:
+            raise ValueError(
+                f"context_parallel_size ({config.context_parallel_size}) > 1 is not supported by "
+                "gigatron's DotProductAttention"
+            )
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.attention_type = attention_type
+        tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.hidden_size_per_partition = divide(
+            config.kv_channels * config.num_attention_heads, tp_size
+        )
+        self.num_attention_heads_per_partition = divide(config.num_attention_heads, tp_size)
+        self.num_query_groups_per_partition = divide(config.num_query_groups, tp_size)
+        coeff = None
+        if softmax_scale is None:
+            softmax_scale = config.softmax_scale
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(config.kv_channels)
+        if config.apply_query_key_layer_scaling:
+            # Scores are divided by layer_number before the softmax and multiplied back inside it
+            # (in fp32), which keeps fp16 scores from overflowing in deep models.
+            coeff = self.layer_number
+            softmax_scale /= coeff
+        self.softmax_scale, self.softmax_coeff = softmax_scale, coeff
+        self.attention_dropout_p = (
+            config.attention_dropout if attention_dropout is None else attention_dropout
+        )
+        self.attention_dropout = torch.nn.Dropout(self.attention_dropout_p)
+
+    def _dropout_rng(self):
+        """Dropout inside a TP region uses the model-parallel RNG (different per TP rank)."""
+        if self.config.sequence_parallel or not (self.training and self.attention_dropout_p > 0):
+            return contextlib.nullcontext()
+        from gigatron.core import tensor_parallel
+
+        return tensor_parallel.get_cuda_rng_tracker().fork()
+
+    def _check_unsupported(self, attention_bias, packed_seq_params) -> None:
+        if attention_bias is not None or packed_seq_params is not None:
+            raise ValueError(
+                "attention_bias and packed_seq_params are not supported by gigatron's "
+                "DotProductAttention"
+            )
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: Tensor | None = None,
+        packed_seq_params=None,
+    ) -> Tensor:
+        """q [sq, b, np, hn], k/v [sk, b, ng, hn], mask bool [b|1, 1, sq, sk] -> [sq, b, np*hn]."""
+        self._check_unsupported(attention_bias, packed_seq_params)
+        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        sq, b, np_, hn = query.shape
+        sk = key.shape[0]
+        if np_ != key.shape[2]:  # GQA: each K/V head serves np/ng consecutive query heads
+            key = key.repeat_interleave(np_ // key.shape[2], dim=2)  # [sk, b, np, hn]
+            value = value.repeat_interleave(np_ // value.shape[2], dim=2)
+        q = query.permute(1, 2, 0, 3).reshape(b * np_, sq, hn)  # [b*np, sq, hn]
+        k = key.permute(1, 2, 3, 0).reshape(b * np_, hn, sk)  # [b*np, hn, sk]
+        scores = torch.bmm(q, k).mul_(self.softmax_scale).view(b, np_, sq, sk)  # [b, np, sq, sk]
+        probs = self._scale_mask_softmax(scores, attention_mask, mask_type)
+        with self._dropout_rng():
+            probs = self.attention_dropout(probs)
+        v = value.permute(1, 2, 0, 3).reshape(b * np_, sk, hn)  # [b*np, sk, hn]
+        context = torch.bmm(probs.view(b * np_, sq, sk), v)  # [b*np, sq, hn]
+        context = context.view(b, np_, sq, hn).permute(2, 0, 1, 3)  # [sq, b, np, hn]
+        return context.reshape(sq, b, np_ * hn)  # [sq, b, np*hn]
+
+    def _scale_mask_softmax(self, scores: Tensor, mask: Tensor | None, mask_type) -> Tensor:
+        """Megatron's FusedScaleMaskSoftmax, torch path. scores [b, np, sq, sk]."""
+        in_half = scores.dtype in (torch.float16, torch.bfloat16)
+        upcast = in_half and self.config.attention_softmax_in_fp32
+        x = scores.float() if upcast else scores
+        if self.softmax_coeff is not None:
+            x = x * self.softmax_coeff
+        if mask is None and mask_type == AttnMaskType.causal and x.shape[2] > 1:
+            mask = get_default_causal_mask(x.shape[2], x.shape[3], device=x.device)
+        if mask is not None:
+            x = attention_mask_func(x, mask)
+        probs = torch.softmax(x, dim=-1)
+        return probs.to(scores.dtype) if upcast else probs

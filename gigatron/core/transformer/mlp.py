@@ -1,0 +1,91 @@
+"""Feed-forward block: fc1 (column-parallel) -> activation -> fc2 (row-parallel).
+
+Mirrors `megatron.core.transformer.mlp` (MLP, MLPSubmodules). With `gated_linear_unit` fc1 has
+2*ffn rows and each TP rank's shard is [gate_shard; up_shard] (stride 2 over the global
+[all gate; all up] weight), so the output is act(gate) * (up + glu_linear_offset): SwiGLU when
+the activation is silu.
+
+Shapes: s: seq, b: micro-batch, h: hidden, f: ffn hidden size, tp: tensor-parallel size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
+
+
+@dataclass
+class MLPSubmodules:
+    """Specs of fc1, fc2 and (optionally) an activation module."""
+
+    linear_fc1: ModuleSpec | type = None
+    linear_fc2: ModuleSpec | type = None
+    activation_func: ModuleSpec | type = None
+
+
+class MLP(MegatronModule):
+    """h -> f (x2 for GLU) -> h; returns (output, bias) with the fc2 bias not yet added."""
+
+    def __init__(
+        self,
+        config,
+        submodules: MLPSubmodules,
+        is_expert: bool = False,
+        input_size: int | None = None,
+        ffn_hidden_size: int | None = None,
+        tp_group=None,
+        name=None,
+        pg_collection=None,
+    ):
+        super().__init__(config)
+        self.input_size = config.hidden_size if input_size is None else input_size
+        ffn = config.ffn_hidden_size if ffn_hidden_size is None else ffn_hidden_size
+        glu = config.gated_linear_unit
+        extra = {} if tp_group is None else {"tp_group": tp_group}
+        self.linear_fc1 = build_module(
+            submodules.linear_fc1,
+            self.input_size,
+            2 * ffn if glu else ffn,
+            config=config,
+            init_method=config.init_method,
+            gather_output=False,
+            bias=config.add_bias_linear,
+            skip_bias_add=True,
+            is_expert=is_expert,
+            tp_comm_buffer_name="fc1",
+            stride=2 if glu else 1,
+            **extra,
+        )
+        self.activation_func = config.activation_func
+        self.linear_fc2 = build_module(
+            submodules.linear_fc2,
+            ffn,
+            config.hidden_size,
+            config=config,
+            init_method=config.output_layer_init_method,
+            bias=config.add_bias_linear,
+            input_is_parallel=True,
+            skip_bias_add=True,
+            is_expert=is_expert,
+            tp_comm_buffer_name="fc2",
+            **extra,
+        )
+
+    def forward(self, hidden_states: Tensor, per_token_scale=None, **kwargs):
+        """[s(/tp), b, h] -> (output [s(/tp), b, h], fc2 bias [h] or None)."""
+        x, bias = self.linear_fc1(hidden_states)  # [s, b, f/tp] (2f/tp for GLU)
+        if bias is not None:
+            x = x + bias
+        if self.config.gated_linear_unit:
+            gate, up = torch.chunk(x, 2, dim=-1)  # [s, b, f/tp] each
+            x = self.activation_func(gate) * (up + self.config.glu_linear_offset)
+        else:
+            x = self.activation_func(x)
+        if per_token_scale is not None:
+            x = (x * per_token_scale.unsqueeze(-1)).to(x.dtype)
+        return self.linear_fc2(x)  # ([s(/tp), b, h], bias)

@@ -1,0 +1,105 @@
+"""MegatronModule base class and the fp16/bf16 wrapper Float16Module.
+
+Mirrors `megatron.core.transformer.module`. Float16Module casts the wrapped model to half
+precision, converts floating inputs on the first pipeline stage and upcasts outputs to fp32 on the
+last stage.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gigatron.core import parallel_state
+
+
+def param_is_not_shared(param: torch.nn.Parameter) -> bool:
+    """False for parameters marked `shared` (e.g. the tied output weight of the last stage)."""
+    return not getattr(param, "shared", False)
+
+
+class MegatronModule(torch.nn.Module):
+    """nn.Module holding a `config`; base of every gigatron model module."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def state_dict_for_save_checkpoint(self, prefix: str = "", keep_vars: bool = False):
+        """The plain state dict (Megatron keeps this hook for legacy checkpoints)."""
+        return self.state_dict(prefix=prefix, keep_vars=keep_vars)
+
+    def set_is_first_microbatch(self):
+        """Mark the next forward as the first microbatch (used by FP8 weight caching; no-op)."""
+        for m in self.modules():
+            if hasattr(m, "is_first_microbatch"):
+                m.is_first_microbatch = True
+
+
+def _convert(val, conversion, from_types):
+    if isinstance(val, (tuple, list)):
+        out = [_convert(v, conversion, from_types) for v in val]
+        return tuple(out) if isinstance(val, tuple) else out
+    if isinstance(val, dict):
+        return {k: _convert(v, conversion, from_types) for k, v in val.items()}
+    if isinstance(val, torch.Tensor) and val.dtype in from_types:
+        return conversion(val)
+    return val
+
+
+def fp32_to_float16(val, float16_convertor):
+    """Convert fp32 tensors inside (nested) tuples/lists/dicts with `float16_convertor`."""
+    return _convert(val, float16_convertor, (torch.float32,))
+
+
+def float16_to_fp32(val):
+    """Convert fp16/bf16 tensors inside (nested) tuples/lists/dicts to fp32."""
+    return _convert(val, lambda t: t.float(), (torch.float16, torch.bfloat16))
+
+
+class Float16Module(MegatronModule):
+    """Run `module` in fp16 (config.fp16) or bf16 (config.bf16)."""
+
+    def __init__(self, config, module: torch.nn.Module):
+        super().__init__(config)
+        self.fp16, self.bf16 = config.fp16, config.bf16
+        self.vp_size = config.virtual_pipeline_model_parallel_size
+        self.vp_stage = getattr(module, "vp_stage", None)
+        if self.fp16:
+            self.add_module("module", module.half())
+            self.float16_convertor = lambda t: t.half()
+        elif self.bf16:
+            self.add_module("module", module.bfloat16())
+            self.float16_convertor = lambda t: t.bfloat16()
+        else:
+            raise ValueError("Float16Module needs config.fp16=True or config.bf16=True")
+
+    def set_input_tensor(self, input_tensor):
+        return self.module.set_input_tensor(input_tensor)
+
+    def _is_first(self) -> bool:
+        first_chunk = self.vp_stage is None or self.vp_stage == 0
+        return first_chunk and parallel_state.is_pipeline_first_stage(ignore_virtual=True)
+
+    def _is_last(self) -> bool:
+        last_chunk = self.vp_stage is None or self.vp_stage == (self.vp_size or 1) - 1
+        return last_chunk and parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+
+    def forward(self, *inputs, fp32_output: bool = True, **kwargs):
+        if self._is_first():
+            inputs = fp32_to_float16(inputs, self.float16_convertor)
+        outputs = self.module(*inputs, **kwargs)
+        if self._is_last() and fp32_output:
+            outputs = float16_to_fp32(outputs)
+        return outputs
+
+    def state_dict(self, destination=None, prefix="", keep_vars=False):
+        return self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+
+    def state_dict_for_save_checkpoint(self, prefix="", keep_vars=False):
+        return self.module.state_dict_for_save_checkpoint(prefix=prefix, keep_vars=keep_vars)
+
+    def sharded_state_dict(self, prefix="", *args, **kwargs):
+        return self.module.sharded_state_dict(prefix, *args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict=True):
+        return self.module.load_state_dict(state_dict, strict=strict)

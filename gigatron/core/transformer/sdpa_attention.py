@@ -1,0 +1,69 @@
+"""Fast core attention on `torch.nn.functional.scaled_dot_product_attention`.
+
+The one adapter between gigatron's attention and PyTorch's fused kernels (flash / cuDNN /
+memory-efficient on GPU, a fused CPU kernel otherwise). Same constructor, inputs and numbers as
+`DotProductAttention` (tested against it): causal masks use `is_causal`, explicit bool masks
+(True = masked) become an additive -10000 bias, GQA uses `enable_gqa` instead of repeating K/V.
+Dropout draws from SDPA's own RNG stream, so with attention dropout on the two paths agree in
+distribution, not bit for bit. Used by `get_gpt_layer_fast_spec`; gigatron-specific (Megatron's
+counterpart is Transformer Engine's TEDotProductAttention).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gigatron.core.transformer.dot_product_attention import DotProductAttention
+from gigatron.core.transformer.enums import AttnMaskType
+
+
+class SDPADotProductAttention(DotProductAttention):
+    """DotProductAttention computed by one `scaled_dot_product_attention` call."""
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: Tensor | None = None,
+        packed_seq_params=None,
+    ) -> Tensor:
+        """q [sq, b, np, hn], k/v [sk, b, ng, hn], mask bool [b|1, 1, sq, sk] -> [sq, b, np*hn]."""
+        self._check_unsupported(attention_bias, packed_seq_params)
+        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        sq, b, np_, hn = query.shape
+        sk = key.shape[0]
+        q = query.permute(1, 2, 0, 3)  # [b, np, sq, hn]
+        k = key.permute(1, 2, 0, 3)  # [b, ng, sk, hn]
+        v = value.permute(1, 2, 0, 3)
+        is_causal, bias = False, None
+        if attention_mask is None and mask_type == AttnMaskType.causal and sq > 1:
+            if sq == sk:
+                is_causal = True
+            else:
+                attention_mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(
+                    1 + sk - sq
+                )
+        if attention_mask is not None:
+            bias = torch.zeros(attention_mask.shape, dtype=q.dtype, device=q.device)
+            bias = bias.masked_fill(attention_mask, -10000.0)
+        # The undivided scale: apply_query_key_layer_scaling only matters for fp16 overflow,
+        # which the fused kernels avoid by accumulating in fp32.
+        scale = self.softmax_scale * (self.softmax_coeff or 1)
+        dropout_p = self.attention_dropout_p if self.training else 0.0
+        with self._dropout_rng():
+            context = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=bias,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=scale,
+                enable_gqa=k.shape[1] != np_,
+            )  # [b, np, sq, hn]
+        return context.permute(2, 0, 1, 3).reshape(sq, b, np_ * hn)  # [sq, b, np*hn]

@@ -1,0 +1,189 @@
+"""A stack of transformer layers (one pipeline stage's share) plus the final layer norm.
+
+Mirrors `megatron.core.transformer.transformer_block` (TransformerBlock,
+TransformerBlockSubmodules). Handles the pipeline input tensor (`set_input_tensor` on stages
+without pre_process), the TP RNG fork for dropout under sequence parallelism, and full activation
+recompute ('uniform': checkpoint chunks of recompute_num_layers layers; 'block': checkpoint the
+first recompute_num_layers layers one by one).
+
+Shapes: s: seq (s/tp under sequence parallelism), b: micro-batch, h: hidden.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
+from gigatron.core.transformer.torch_norm import WrappedTorchNorm
+from gigatron.core.transformer.transformer_layer import (
+    TransformerLayer,
+    get_num_layers_to_build,
+)
+from gigatron.core.utils import make_viewless_tensor
+
+
+@dataclass
+class TransformerBlockSubmodules:
+    """Per-layer specs and the final norm spec."""
+
+    layer_specs: list[ModuleSpec] = field(default_factory=list)
+    layer_norm: ModuleSpec | type | None = None
+
+
+def _get_block_submodules(config, spec, vp_stage) -> TransformerBlockSubmodules:
+    if isinstance(spec, TransformerBlockSubmodules):
+        return spec
+    if isinstance(spec, ModuleSpec):
+        if isinstance(spec.module, type) and issubclass(spec.module, TransformerBlock):
+            return spec.submodules
+        if isinstance(spec.module, type) and issubclass(spec.module, TransformerLayer):
+            num_layers = get_num_layers_to_build(config, vp_stage)
+            return TransformerBlockSubmodules([spec] * num_layers, WrappedTorchNorm)
+    raise ValueError(f"TransformerBlock spec must be a layer or block ModuleSpec, got {spec!r}")
+
+
+class TransformerBlock(MegatronModule):
+    """Layers of this stage; forward(hidden [s, b, h], attention_mask, ...) -> [s, b, h]."""
+
+    def __init__(
+        self,
+        config,
+        spec,
+        post_layer_norm: bool = True,
+        pre_process: bool = True,
+        post_process: bool = True,
+        pg_collection=None,
+        vp_stage: int | None = None,
+    ):
+        super().__init__(config)
+        self.submodules = _get_block_submodules(config, spec, vp_stage)
+        self.post_layer_norm, self.pre_process, self.post_process = (
+            post_layer_norm,
+            pre_process,
+            post_process,
+        )
+        self.vp_stage = vp_stage
+        self.input_tensor = None
+        self.layers = self._build_layers(vp_stage)
+        self.num_layers_per_pipeline_rank = len(self.layers)
+        self.final_layernorm = None
+        if post_process and post_layer_norm:
+            self.final_layernorm = build_module(
+                self.submodules.layer_norm or WrappedTorchNorm,
+                config=config,
+                hidden_size=config.hidden_size,
+                eps=config.layernorm_epsilon,
+            )
+
+    def _build_layers(self, vp_stage):
+        import torch
+
+        return torch.nn.ModuleList(
+            build_module(spec, config=self.config, layer_number=i + 1, vp_stage=vp_stage)
+            for i, spec in enumerate(self.submodules.layer_specs)
+        )
+
+    def _get_layer(self, layer_number: int):
+        return self.layers[layer_number]
+
+    def set_input_tensor(self, input_tensor: Tensor) -> None:
+        """Set the activation received from the previous pipeline stage."""
+        self.input_tensor = input_tensor
+
+    def _rng_context(self):
+        cfg = self.config
+        dropout_on = self.training and (cfg.hidden_dropout > 0 or cfg.attention_dropout > 0)
+        if cfg.sequence_parallel and dropout_on:
+            from gigatron.core import tensor_parallel
+
+            # Under SP each TP rank holds different tokens, so dropout masks must differ.
+            return tensor_parallel.get_cuda_rng_tracker().fork()
+        return contextlib.nullcontext()
+
+    def _run_layers(self, start, end, hidden_states, context, **kw):
+        for index in range(start, end):
+            hidden_states, context = self.layers[index](hidden_states, context=context, **kw)
+        return hidden_states, context
+
+    def _checkpointed_forward(self, hidden_states, context, **kw):
+        from gigatron.core import tensor_parallel
+
+        cfg, n = self.config, len(self.layers)
+
+        def chunk(start, end):
+            def run(h, *ctx):
+                h, _ = self._run_layers(start, end, h, ctx[0] if ctx else None, **kw)
+                return h
+
+            return run
+
+        extra = (context,) if context is not None else ()
+        dsa = cfg.distribute_saved_activations and not cfg.sequence_parallel
+        if cfg.recompute_method == "uniform":
+            for start in range(0, n, cfg.recompute_num_layers):
+                end = min(n, start + cfg.recompute_num_layers)
+                hidden_states = tensor_parallel.checkpoint(
+                    chunk(start, end), dsa, hidden_states, *extra
+                )
+        else:  # block
+            for index in range(n):
+                if index < cfg.recompute_num_layers:
+                    hidden_states = tensor_parallel.checkpoint(
+                        chunk(index, index + 1), dsa, hidden_states, *extra
+                    )
+                else:
+                    hidden_states = chunk(index, index + 1)(hidden_states, *extra)
+        return hidden_states
+
+    def forward(
+        self,
+        hidden_states: Tensor | None,
+        attention_mask: Tensor | None,
+        context: Tensor | None = None,
+        context_mask: Tensor | None = None,
+        rotary_pos_emb: Tensor | None = None,
+        rotary_pos_cos=None,
+        rotary_pos_sin=None,
+        rotary_pos_cos_sin=None,
+        attention_bias=None,
+        inference_context=None,
+        packed_seq_params=None,
+        sequence_len_offset=None,
+        padding_mask=None,
+        extract_layer_indices=None,
+        *,
+        inference_params=None,
+        dynamic_inference_decode_only=None,
+    ) -> Tensor:
+        """hidden_states [s, b, h] -> [s, b, h]; without pre_process the input comes from
+        set_input_tensor."""
+        if extract_layer_indices is not None:
+            raise ValueError(
+                "extract_layer_indices is not supported by gigatron's TransformerBlock"
+            )
+        if not self.pre_process:
+            hidden_states = self.input_tensor
+        hidden_states = make_viewless_tensor(hidden_states, requires_grad=True, keep_graph=True)
+        kw = dict(
+            attention_mask=attention_mask,
+            context_mask=context_mask,
+            rotary_pos_emb=rotary_pos_emb,
+            attention_bias=attention_bias,
+            packed_seq_params=packed_seq_params,
+            inference_context=inference_context,
+        )
+        with self._rng_context():
+            if self.config.recompute_granularity == "full" and self.training:
+                hidden_states = self._checkpointed_forward(hidden_states, context, **kw)
+            else:
+                hidden_states, _ = self._run_layers(
+                    0, len(self.layers), hidden_states, context, **kw
+                )
+        if self.final_layernorm is not None:
+            hidden_states = self.final_layernorm(hidden_states)
+            hidden_states = make_viewless_tensor(hidden_states, requires_grad=True, keep_graph=True)
+        return hidden_states

@@ -1,0 +1,258 @@
+"""TransformerConfig: the architecture, initialisation, recompute and MoE settings of a model.
+
+Mirrors `megatron.core.transformer.transformer_config.TransformerConfig` (field names, defaults and
+post-init rules). Validation lives in `_config_checks.py`. Fields that exist in Megatron only for
+kernels gigatron lacks (FP8/FP4, CUDA graphs, MLA, ...) are accepted at their default and rejected
+otherwise; pure speed hints for fused kernels (`masked_softmax_fusion`, `bias_dropout_fusion`, ...)
+are accepted and run on the plain path, which computes the same numbers. An unknown keyword raises
+`TypeError` naming the closest valid field.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch.nn.functional as F
+
+from gigatron.core.model_parallel_config import ModelParallelConfig
+from gigatron.core.transformer import _config_checks
+from gigatron.core.transformer.enums import AttnBackend
+
+
+@dataclass(kw_only=True)
+class TransformerConfig(ModelParallelConfig):
+    """Transformer settings (Megatron's names and defaults; dropout is on by default)."""
+
+    # ---- architecture ----
+    num_layers: int = 0
+    """Number of transformer layers (all pipeline stages together)."""
+    hidden_size: int = 0
+    """Transformer hidden size h."""
+    num_attention_heads: int = 0
+    """Number of query heads."""
+    num_query_groups: int | None = None
+    """Number of key/value heads (GQA); None = num_attention_heads (MHA), 1 = MQA."""
+    ffn_hidden_size: int | None = None
+    """MLP hidden size; None = 4 * hidden_size."""
+    kv_channels: int | None = None
+    """Head dimension; None = hidden_size // num_attention_heads."""
+    hidden_dropout: float = 0.1
+    """Dropout after the attention and MLP blocks (and on embeddings)."""
+    attention_dropout: float = 0.1
+    """Dropout on the attention probabilities."""
+    fp32_residual_connection: bool = False
+    """Keep the residual stream in fp32."""
+    apply_residual_connection_post_layernorm: bool = False
+    """Residual taken after the layer norm instead of before (BERT style)."""
+    layernorm_epsilon: float = 1e-5
+    """Epsilon of LayerNorm / RMSNorm."""
+    layernorm_zero_centered_gamma: bool = False
+    """Store the norm weight as (gamma - 1), initialised to zero."""
+    add_bias_linear: bool = True
+    """Bias on every linear layer (attention and MLP)."""
+    add_qkv_bias: bool = False
+    """Bias on the fused QKV projection only (Qwen style); add_bias_linear implies it."""
+    gated_linear_unit: bool = False
+    """GLU MLP: fc1 produces [gate; up] and the output is act(gate) * up."""
+    activation_func: Callable = F.gelu
+    """MLP activation (F.silu with gated_linear_unit = SwiGLU)."""
+    glu_linear_offset: float = 0.0
+    """Offset added to the linear half of a GLU: act(gate) * (up + offset)."""
+    normalization: str = "LayerNorm"
+    """'LayerNorm' or 'RMSNorm'."""
+    qk_layernorm: bool = False
+    """Normalise queries and keys per head before attention."""
+    softmax_scale: float | None = None
+    """Attention softmax scale; None = 1/sqrt(kv_channels)."""
+    attention_backend: AttnBackend = AttnBackend.auto
+    """Core attention implementation picked by the specs (local = DotProductAttention)."""
+    rotary_interleaved: bool = False
+    """Rotate interleaved (even, odd) pairs instead of the two halves of the head dimension."""
+    test_mode: bool = False
+    """Megatron's test switch (unused)."""
+    calculate_per_token_loss: bool = False
+    """Schedules divide by the token count instead of the microbatch count."""
+    transformer_impl: str = "transformer_engine"
+    """'local', 'transformer_engine' (gigatron: the fast spec) or 'inference_optimized'."""
+
+    # ---- initialisation ----
+    init_method: Callable | None = None
+    """Init of ordinary weights; None = N(0, init_method_std)."""
+    output_layer_init_method: Callable | None = None
+    """Init of linear_proj / linear_fc2; None = N(0, init_method_std / sqrt(2 * num_layers))."""
+    init_method_std: float = 0.02
+    """Standard deviation of the default init methods."""
+    embedding_init_method: Callable | None = None
+    """Init of embeddings; None = N(0, embedding_init_method_std or init_method_std)."""
+    embedding_init_method_std: float | None = None
+    """Standard deviation of the default embedding init (None = init_method_std)."""
+
+    # ---- numerics and fusion hints ----
+    apply_query_key_layer_scaling: bool = False
+    """Scale q.k by 1/layer_number and undo it inside the fp32 softmax."""
+    attention_softmax_in_fp32: bool = True
+    """Compute the attention softmax in fp32."""
+    bias_activation_fusion: bool = False
+    """Fused bias + activation (speed hint; same numbers on the plain path)."""
+    masked_softmax_fusion: bool = False
+    """Fused scale-mask-softmax (speed hint)."""
+    persist_layer_norm: bool = False
+    """Persistent LayerNorm kernel (speed hint)."""
+    memory_efficient_layer_norm: bool = False
+    """Memory-efficient LayerNorm kernel (speed hint)."""
+    bias_dropout_fusion: bool = False
+    """Fused bias + dropout + add (speed hint)."""
+    apply_rope_fusion: bool = False
+    """Fused RoPE kernel (speed hint)."""
+
+    # ---- activation recompute ----
+    recompute_granularity: str | None = None
+    """None, 'full' (whole layers) or 'selective' (the modules in recompute_modules)."""
+    recompute_method: str | None = None
+    """'uniform' (chunks of recompute_num_layers) or 'block' (first N layers); full only."""
+    recompute_num_layers: int | None = None
+    """Layers per recompute chunk (uniform) or recomputed layers per stage (block)."""
+    distribute_saved_activations: bool = False
+    """Store recompute inputs split across TP ranks."""
+    recompute_modules: list[str] | None = None
+    """Modules recomputed under 'selective'; None = ['core_attn']. gigatron: core_attn, mlp."""
+
+    # ---- pipeline split ----
+    num_layers_in_first_pipeline_stage: int | None = None
+    """Layers on the first stage when the split is uneven (not supported)."""
+    num_layers_in_last_pipeline_stage: int | None = None
+    """Layers on the last stage when the split is uneven (not supported)."""
+    pipeline_model_parallel_layout: object | None = None
+    """Explicit per-stage layer layout (not supported)."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the embedding as a layer when splitting (not supported)."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the loss as a layer when splitting (not supported)."""
+
+    # ---- MoE (used by the MoE issue) ----
+    num_moe_experts: int | None = None
+    """Number of experts; None = dense model."""
+    moe_layer_freq: int | list[int] = 1
+    """MoE on every k-th layer (int) or per-layer 0/1 pattern (list)."""
+    moe_ffn_hidden_size: int | None = None
+    """Expert MLP hidden size; None = ffn_hidden_size."""
+    moe_shared_expert_intermediate_size: int | None = None
+    """Hidden size of the shared experts (None = no shared experts)."""
+    moe_shared_expert_overlap: bool = False
+    """Overlap shared-expert compute with dispatch."""
+    moe_router_load_balancing_type: str | list[str] = "aux_loss"
+    """'aux_loss', 'seq_aux_loss', 'global_aux_loss', 'sinkhorn' or 'none'."""
+    moe_router_topk: int = 2
+    """Experts per token."""
+    moe_router_pre_softmax: bool = False
+    """Softmax over all experts before top-k (default: softmax over the k selected)."""
+    moe_router_num_groups: int | None = None
+    """Expert groups for group-limited routing."""
+    moe_router_group_topk: int | None = None
+    """Groups selected per token for group-limited routing."""
+    moe_router_topk_scaling_factor: float | None = None
+    """Scale applied to the top-k routing weights."""
+    moe_router_score_function: str = "softmax"
+    """'softmax', 'sigmoid' or 'sqrtsoftplus'."""
+    moe_router_dtype: str | None = None
+    """Router compute dtype: None, 'fp32' or 'fp64'."""
+    moe_router_enable_expert_bias: bool = False
+    """Aux-loss-free expert bias (sigmoid scores)."""
+    moe_router_bias_update_rate: float = 1e-3
+    """Update rate of the expert bias."""
+    moe_grouped_gemm: bool = False
+    """Run local experts as one grouped GEMM."""
+    moe_aux_loss_coeff: float | list[float] = 0.0
+    """Load-balancing loss coefficient."""
+    moe_z_loss_coeff: float | None = None
+    """Router z-loss coefficient."""
+    moe_input_jitter_eps: float | None = None
+    """Multiplicative input jitter for the router."""
+    moe_token_dispatcher_type: str = "allgather"
+    """'allgather', 'alltoall' or 'flex'."""
+    moe_expert_capacity_factor: float | None = None
+    """Capacity factor (None = dropless)."""
+    moe_pad_expert_input_to_capacity: bool = False
+    """Pad each expert's input to its capacity."""
+    moe_token_drop_policy: str = "probs"
+    """'probs' or 'position': which tokens are dropped over capacity."""
+    moe_permute_fusion: bool = False
+    """Fused permutation kernels (speed hint)."""
+    moe_router_fusion: bool = False
+    """Fused router kernels (speed hint)."""
+    moe_layer_recompute: bool = False
+    """Recompute whole MoE layers."""
+    moe_per_layer_logging: bool = False
+    """Log MoE statistics per layer."""
+
+    # ---- Megatron features gigatron does not implement (must stay at the default) ----
+    fp8: str | None = None
+    """FP8 training recipe (Transformer Engine only)."""
+    fp8_param: bool = False
+    """Keep parameters in FP8 (Transformer Engine only)."""
+    fp4: str | None = None
+    """FP4 training (Transformer Engine only)."""
+    multi_latent_attention: bool = False
+    """DeepSeek multi-latent attention (not implemented)."""
+    mtp_num_layers: int | None = None
+    """Multi-token-prediction layers (not implemented)."""
+    window_size: tuple[int, int] | None = None
+    """Sliding-window attention (not implemented)."""
+    softmax_type: str = "vanilla"
+    """'vanilla' only ('off-by-one' / 'learnable' not implemented)."""
+    qk_l2_norm: bool = False
+    """L2-normalise q and k (not implemented)."""
+    attention_output_gate: bool = False
+    """Gated attention output (not implemented)."""
+    experimental_attention_variant: str | None = None
+    """Gated delta net / DSA attention variants (not implemented)."""
+    enable_cuda_graph: bool = False
+    """CUDA graphs (not implemented)."""
+    cuda_graph_impl: str = "none"
+    """CUDA graph implementation (only 'none')."""
+    cp_comm_type: str | list[str] | None = None
+    """Context-parallel communication type (context parallel attention is not implemented)."""
+    use_kitchen: bool = False
+    """NVIDIA kitchen quantisation (not implemented)."""
+    init_model_with_meta_device: bool = False
+    """Build parameters on the meta device (not implemented)."""
+    use_te_rng_tracker: bool = False
+    """Transformer Engine RNG tracker (not available)."""
+    moe_latent_size: int | None = None
+    """Latent MoE projection (not implemented)."""
+    activation_func_clamp_value: float | None = None
+    """Clamp of the activation input (not implemented)."""
+    clone_scatter_output_in_embedding: bool = True
+    """Clone the SP-scattered embedding output so its buffer can be freed."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _config_checks.check_unsupported(self)
+        _config_checks.check_architecture(self)
+        _config_checks.fill_defaults(self)
+        _config_checks.check_recompute(self)
+        _config_checks.check_pipeline(self)
+
+
+def _add_unknown_name_hint(cls):
+    """Make unknown keywords raise TypeError naming the closest valid field."""
+    dataclass_init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        valid = {f.name for f in fields(type(self)) if f.init}
+        for name in kwargs:
+            if name not in valid:
+                close = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.5)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise TypeError(f"{type(self).__name__} has no field {name!r}{hint}")
+        dataclass_init(self, *args, **kwargs)
+
+    __init__.__doc__ = dataclass_init.__doc__
+    __init__.__signature__ = __import__("inspect").signature(dataclass_init)
+    cls.__init__ = __init__
+    return cls
+
+
+TransformerConfig = _add_unknown_name_hint(TransformerConfig)

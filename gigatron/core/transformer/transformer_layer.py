@@ -1,0 +1,197 @@
+"""One pre-norm transformer layer: x + attn(norm(x)), then (cross-attn), then x + mlp(norm(x)).
+
+Mirrors `megatron.core.transformer.transformer_layer` (TransformerLayer,
+TransformerLayerSubmodules, get_transformer_layer_offset, get_num_layers_to_build). Residual adds
+go through the bias-dropout-add (bda) functions: `residual + dropout(out + bias)`.
+`layer_number` is 1-based and global: the local number plus this pipeline stage's (and virtual
+chunk's) offset.
+
+Shapes: s: seq (s/tp under sequence parallelism), b: micro-batch, h: hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from gigatron.core import parallel_state
+from gigatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
+from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
+from gigatron.core.utils import make_viewless_tensor
+
+
+def _vp_stage_or_default(config, vp_stage):
+    if config.virtual_pipeline_model_parallel_size is None:
+        return None
+    if vp_stage is None:
+        vp_stage = parallel_state.get_virtual_pipeline_model_parallel_rank()
+    if vp_stage is None:
+        raise ValueError(
+            "vp_stage must be given when virtual_pipeline_model_parallel_size "
+            f"({config.virtual_pipeline_model_parallel_size}) is set"
+        )
+    return vp_stage
+
+
+def get_num_layers_to_build(config, vp_stage: int | None = None, pp_rank: int | None = None) -> int:
+    """Layers held by one pipeline stage (one virtual chunk of it under VPP)."""
+    per_stage = config.num_layers // config.pipeline_model_parallel_size
+    vp_size = config.virtual_pipeline_model_parallel_size
+    return per_stage if vp_size is None else per_stage // vp_size
+
+
+def get_transformer_layer_offset(config, vp_stage: int | None = None, pp_rank: int | None = None):
+    """Global index of this stage's (chunk's) first layer.
+
+    Interleaved (VPP) layout: chunk v of stage p holds layers
+    v * (L / vp) + p * (L / pp / vp) ... so consecutive stages take consecutive chunks.
+    """
+    pp_size = config.pipeline_model_parallel_size
+    if pp_size == 1:
+        return 0
+    if pp_rank is None:
+        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    per_stage = config.num_layers // pp_size
+    vp_size = config.virtual_pipeline_model_parallel_size
+    if vp_size is None:
+        return pp_rank * per_stage
+    vp_stage = _vp_stage_or_default(config, vp_stage)
+    per_chunk = per_stage // vp_size
+    return vp_stage * (config.num_layers // vp_size) + pp_rank * per_chunk
+
+
+@dataclass
+class TransformerLayerSubmodules:
+    """Specs of a layer's pieces; absent pieces are identities."""
+
+    input_layernorm: ModuleSpec | type = IdentityOp
+    self_attention: ModuleSpec | type = IdentityOp
+    self_attn_bda: ModuleSpec | type = IdentityFuncOp
+    pre_cross_attn_layernorm: ModuleSpec | type = IdentityOp
+    cross_attention: ModuleSpec | type = IdentityOp
+    cross_attn_bda: ModuleSpec | type = IdentityFuncOp
+    pre_mlp_layernorm: ModuleSpec | type = IdentityOp
+    mlp: ModuleSpec | type = IdentityOp
+    mlp_bda: ModuleSpec | type = IdentityFuncOp
+    sharded_state_dict_keys_map: dict[str, str] = field(default_factory=dict)
+
+
+class TransformerLayer(MegatronModule):
+    """A single transformer layer built from `submodules`."""
+
+    def __init__(
+        self,
+        config,
+        submodules: TransformerLayerSubmodules,
+        layer_number: int = 1,
+        hidden_dropout: float | None = None,
+        pg_collection=None,
+        vp_stage: int | None = None,
+        is_mtp_layer: bool = False,
+        add_layer_offset: bool = True,
+        pp_layer_offset: int | None = None,
+        name=None,
+    ):
+        super().__init__(config)
+        self.submodules_config = submodules
+        if add_layer_offset:
+            offset = pp_layer_offset
+            if offset is None:
+                offset = get_transformer_layer_offset(config, vp_stage)
+            layer_number += offset
+        self.layer_number = layer_number
+        self.vp_stage = vp_stage
+        self.hidden_dropout = config.hidden_dropout if hidden_dropout is None else hidden_dropout
+        norm_kwargs = dict(
+            config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon
+        )
+        self.input_layernorm = build_module(submodules.input_layernorm, **norm_kwargs)
+        self.self_attention = build_module(
+            submodules.self_attention, config=config, layer_number=layer_number
+        )
+        self.self_attn_bda = build_module(submodules.self_attn_bda)
+        self.pre_cross_attn_layernorm = build_module(
+            submodules.pre_cross_attn_layernorm, **norm_kwargs
+        )
+        self.cross_attention = build_module(
+            submodules.cross_attention, config=config, layer_number=layer_number
+        )
+        self.cross_attn_bda = build_module(submodules.cross_attn_bda, config=config)
+        self.pre_mlp_layernorm = build_module(submodules.pre_mlp_layernorm, **norm_kwargs)
+        self.mlp = build_module(submodules.mlp, config=config)
+        self.mlp_bda = build_module(submodules.mlp_bda)
+        self.recompute_mlp = (
+            config.recompute_granularity == "selective" and "mlp" in config.recompute_modules
+        )
+
+    def _bda(self, bda, out_with_bias, residual: Tensor) -> Tensor:
+        return bda(self.training, self.config.bias_dropout_fusion)(
+            out_with_bias, residual, self.hidden_dropout
+        )
+
+    def _mlp(self, x: Tensor):
+        if not (self.recompute_mlp and self.training):
+            return self.mlp(x)
+        from gigatron.core import tensor_parallel
+
+        def run(inp):
+            out, bias = self.mlp(inp)
+            return out if bias is None else (out, bias)
+
+        result = tensor_parallel.checkpoint(run, False, x)
+        return (result, None) if not isinstance(result, tuple) else tuple(result)
+
+    def forward(
+        self,
+        hidden_states: Tensor,
+        attention_mask: Tensor | None = None,
+        context: Tensor | None = None,
+        context_mask: Tensor | None = None,
+        rotary_pos_emb: Tensor | None = None,
+        rotary_pos_cos=None,
+        rotary_pos_sin=None,
+        rotary_pos_cos_sin=None,
+        attention_bias=None,
+        inference_context=None,
+        packed_seq_params=None,
+        sequence_len_offset=None,
+        padding_mask=None,
+        *,
+        inference_params=None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """hidden_states [s, b, h] -> (hidden_states [s, b, h], context)."""
+        residual = hidden_states
+        normed = self.input_layernorm(hidden_states)
+        if self.config.apply_residual_connection_post_layernorm:
+            residual = normed
+        attn_out = self.self_attention(
+            normed,
+            attention_mask=attention_mask,
+            rotary_pos_emb=rotary_pos_emb,
+            attention_bias=attention_bias,
+            packed_seq_params=packed_seq_params,
+            inference_context=inference_context,
+        )
+        hidden_states = self._bda(self.self_attn_bda, attn_out, residual)
+
+        residual = hidden_states
+        normed = self.pre_cross_attn_layernorm(hidden_states)
+        cross_out = self.cross_attention(
+            normed, attention_mask=context_mask, key_value_states=context
+        )
+        if isinstance(cross_out, dict) and "context" in cross_out:
+            context = cross_out["context"]
+        hidden_states = self._bda(self.cross_attn_bda, cross_out, residual)
+
+        residual = hidden_states
+        normed = self.pre_mlp_layernorm(hidden_states)
+        if self.config.apply_residual_connection_post_layernorm:
+            residual = normed
+        mlp_out = self._mlp(normed)
+        hidden_states = self._bda(self.mlp_bda, mlp_out, residual)
+        output = make_viewless_tensor(
+            hidden_states, requires_grad=hidden_states.requires_grad, keep_graph=True
+        )
+        return output, context

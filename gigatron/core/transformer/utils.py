@@ -1,0 +1,42 @@
+"""Initialisers and small helpers shared by the transformer modules.
+
+Mirrors the parts of `megatron.core.utils` / `megatron.core.transformer.utils` the model code uses:
+`init_method_normal`, `scaled_init_method_normal`, `attention_mask_func`, `get_default_causal_mask`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+
+def _normal_(tensor: torch.Tensor, *, std: float) -> torch.Tensor:
+    return torch.nn.init.normal_(tensor, mean=0.0, std=std)
+
+
+def init_method_normal(sigma: float):
+    """Init method drawing from N(0, sigma)."""
+    return functools.partial(_normal_, std=sigma)
+
+
+def scaled_init_method_normal(sigma: float, num_layers: int, multiplier: float = 2.0):
+    """Init method drawing from N(0, sigma / sqrt(multiplier * num_layers)) (output layers)."""
+    return functools.partial(_normal_, std=sigma / math.sqrt(multiplier * num_layers))
+
+
+def attention_mask_func(attention_scores: torch.Tensor, attention_mask: torch.Tensor):
+    """Megatron's mask function: positions where the bool mask is True get -10000."""
+    return attention_scores.masked_fill(attention_mask, -10000.0)
+
+
+@functools.lru_cache(maxsize=32)
+def _causal_mask_cpu(sq: int, sk: int) -> torch.Tensor:
+    return torch.ones(sq, sk, dtype=torch.bool).triu(diagonal=1 + sk - sq)
+
+
+def get_default_causal_mask(sq: int, sk: int | None = None, device=None) -> torch.Tensor:
+    """Bool causal mask [sq, sk], True above the diagonal (masked out)."""
+    mask = _causal_mask_cpu(sq, sq if sk is None else sk)
+    return mask if device is None else mask.to(device)
