@@ -1,0 +1,170 @@
+"""The raw collectives behind the autograd mappings (no autograd here).
+
+Each helper takes an explicit process group and returns a new tensor; none of them modifies its
+input. At group size 1 they return the input unchanged and issue no communication. Layout rules
+follow `megatron.core.tensor_parallel.mappings`: "first dim" is the sequence dim of `[s, b, h]`,
+"last dim" is the hidden dim; last-dim gathers are dim-0 collectives followed by a concatenation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core.tensor_parallel._groups import group_rank, group_size
+
+
+def _all_gather_into(out: torch.Tensor, inp: torch.Tensor, group) -> None:
+    """All-gather `inp` along dim 0 into `out` (torch >= 2.12 name, else the older alias)."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, inp, group=group)
+
+
+def _reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group, async_op: bool = False):
+    """Sum `inp` over ranks and keep this rank's dim-0 chunk in `out`."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(out, inp, group=group, async_op=async_op)
+
+
+def _check_divisible(what: str, size: int, world_size: int, fn: str) -> None:
+    if size % world_size != 0:
+        raise ValueError(
+            f"{fn}: {what} ({size}) must be divisible by the tensor-parallel group size "
+            f"({world_size})"
+        )
+
+
+def _reduce(x: torch.Tensor, group) -> torch.Tensor:
+    """All-reduce (sum) a copy of `x`; the caller's tensor is left untouched."""
+    if group_size(group) == 1:
+        return x
+    out = x.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(out, group=group)
+    return out
+
+
+def _split_along_last_dim(x: torch.Tensor, group) -> torch.Tensor:
+    """`[..., h] -> [..., h/tp]`: keep this rank's slice of the last dim (no communication)."""
+    world_size = group_size(group)
+    if world_size == 1:
+        return x
+    _check_divisible("last dim", x.size(-1), world_size, "split along last dim")
+    per_rank = x.size(-1) // world_size
+    rank = group_rank(group)
+    return x[..., rank * per_rank : (rank + 1) * per_rank].contiguous()
+
+
+def _split_along_first_dim(x: torch.Tensor, group) -> torch.Tensor:
+    """`[s, ...] -> [s/tp, ...]`: keep this rank's slice of dim 0 (no communication)."""
+    world_size = group_size(group)
+    if world_size == 1:
+        return x
+    _check_divisible("dim 0", x.size(0), world_size, "split along first dim")
+    per_rank = x.size(0) // world_size
+    rank = group_rank(group)
+    return x[rank * per_rank : (rank + 1) * per_rank].contiguous()
+
+
+def _gather_along_first_dim(x: torch.Tensor, group, output_split_sizes=None) -> torch.Tensor:
+    """`[s/tp, ...] -> [s, ...]`: all-gather along dim 0, rank order.
+
+    With `output_split_sizes` (rank i contributes `output_split_sizes[i]` rows) the chunks may
+    differ in size; they are padded to the largest for the single all-gather, then trimmed.
+    """
+    world_size = group_size(group)
+    if world_size == 1:
+        return x
+    x = x.contiguous()
+    if output_split_sizes is None:
+        out = torch.empty((x.size(0) * world_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        _all_gather_into(out, x, group)
+        return out
+    sizes = list(output_split_sizes)
+    if len(sizes) != world_size or sizes[group_rank(group)] != x.size(0):
+        raise ValueError(
+            f"output_split_sizes ({sizes}) must have one entry per rank ({world_size}) and "
+            f"this rank's entry must equal dim 0 of the input ({x.size(0)})"
+        )
+    longest = max(sizes)
+    padded = x.new_zeros((longest, *x.shape[1:]))
+    padded[: x.size(0)] = x
+    out = torch.empty((longest * world_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    _all_gather_into(out, padded, group)
+    return torch.cat([out[i * longest : i * longest + n] for i, n in enumerate(sizes)], dim=0)
+
+
+def _gather_along_last_dim(x: torch.Tensor, group) -> torch.Tensor:
+    """`[..., h/tp] -> [..., h]`: dim-0 all-gather, then the chunks concatenated on the last dim."""
+    world_size = group_size(group)
+    if world_size == 1:
+        return x
+    gathered = _gather_along_first_dim(x, group)
+    return torch.cat(gathered.chunk(world_size, dim=0), dim=-1).contiguous()
+
+
+def _reduce_scatter_along_first_dim(x: torch.Tensor, group, input_split_sizes=None):
+    """`[s, ...] -> [s/tp, ...]`: sum over ranks, keep this rank's dim-0 chunk.
+
+    With `input_split_sizes` rank i keeps `input_split_sizes[i]` rows (uneven chunks).
+    """
+    world_size = group_size(group)
+    if world_size == 1:
+        return x
+    x = x.contiguous()
+    if input_split_sizes is None:
+        _check_divisible("dim 0", x.size(0), world_size, "reduce-scatter along first dim")
+        out = torch.empty((x.size(0) // world_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        _reduce_scatter_into(out, x, group)
+        return out
+    sizes = list(input_split_sizes)
+    if len(sizes) != world_size or sum(sizes) != x.size(0):
+        raise ValueError(
+            f"input_split_sizes ({sizes}) must have one entry per rank ({world_size}) and sum "
+            f"to dim 0 of the input ({x.size(0)})"
+        )
+    # Uneven chunks: pad every chunk to the longest, reduce-scatter once, trim ours.
+    longest = max(sizes)
+    padded = x.new_zeros((longest * world_size, *x.shape[1:]))
+    for i, chunk in enumerate(x.split(sizes, dim=0)):
+        padded[i * longest : i * longest + chunk.size(0)] = chunk
+    out = torch.empty((longest, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    _reduce_scatter_into(out, padded, group)
+    return out[: sizes[group_rank(group)]].contiguous()
+
+
+def _reduce_scatter_along_last_dim(x: torch.Tensor, group) -> torch.Tensor:
+    """`[..., h] -> [..., h/tp]`: sum over ranks, keep this rank's last-dim slice."""
+    world_size = group_size(group)
+    if world_size == 1:
+        return x
+    _check_divisible("last dim", x.size(-1), world_size, "reduce-scatter along last dim")
+    out_shape = (*x.shape[:-1], x.size(-1) // world_size)
+    rows = x.reshape(-1, x.size(-1))
+    # Stack the last-dim chunks along dim 0 so chunk i lands on rank i.
+    stacked = torch.cat(torch.split(rows, x.size(-1) // world_size, dim=1), dim=0)
+    return _reduce_scatter_along_first_dim(stacked, group).reshape(out_shape)
+
+
+def _all_to_all(x: torch.Tensor, group, output_split_sizes=None, input_split_sizes=None):
+    """All-to-all along dim 0: chunk i of `x` goes to rank i; received chunks stack in rank order.
+
+    Without split sizes the chunks are equal (`x.size(0)` must divide); with them, `x` is split
+    by `input_split_sizes` and `output_split_sizes[i]` rows arrive from rank i.
+    """
+    world_size = group_size(group)
+    if world_size == 1:
+        return x
+    x = x.contiguous()
+    if output_split_sizes is None:
+        _check_divisible("dim 0", x.size(0), world_size, "all_to_all")
+        out = torch.empty_like(x)
+    else:
+        out = x.new_empty((sum(output_split_sizes), *x.shape[1:]))
+    dist.all_to_all_single(
+        out,
+        x,
+        output_split_sizes=output_split_sizes,
+        input_split_sizes=input_split_sizes,
+        group=group,
+    )
+    return out

@@ -1,0 +1,148 @@
+"""The matmul of the parallel linear layers, with its communication folded into autograd.
+
+Mirrors `LinearWithGradAccumulationAndAsyncCommunication` and
+`linear_with_grad_accumulation_and_async_allreduce` of `megatron.core.tensor_parallel.layers`,
+in plain PyTorch (no apex kernel; gradient-accumulation "fusion" is a plain `main_grad.add_`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core.tensor_parallel._collectives import (
+    _gather_along_first_dim,
+    _reduce_scatter_into,
+)
+from gigatron.core.tensor_parallel._groups import (
+    get_tensor_model_parallel_group_if_none,
+    group_size,
+)
+
+
+class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
+    """`y = x W^T + b` with the TP communication of a column-parallel input.
+
+    forward:  x [s/tp, b, h] -(SP: all-gather dim 0)-> [s, b, h] @ W^T [h, o/tp] -> [s, b, o/tp]
+    backward: dgrad [s, b, h] -> all-reduce (allreduce_dgrad) or reduce-scatter dim 0 (SP), started
+              asynchronously and overlapped with the weight-gradient matmul. Under SP the input
+              is all-gathered again in backward instead of being kept (saves activation memory).
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        input_,
+        weight,
+        bias,
+        gradient_accumulation_fusion,
+        allreduce_dgrad,
+        sequence_parallel,
+        tp_group,
+    ):
+        ctx.save_for_backward(input_, weight)
+        ctx.use_bias = bias is not None
+        ctx.gradient_accumulation_fusion = gradient_accumulation_fusion
+        ctx.allreduce_dgrad = allreduce_dgrad
+        ctx.sequence_parallel = sequence_parallel
+        ctx.tp_group = tp_group
+        total_input = _gather_along_first_dim(input_, tp_group) if sequence_parallel else input_
+        output = torch.matmul(total_input, weight.t())
+        if bias is not None:
+            output = output + bias
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input_, weight = ctx.saved_tensors
+        group = ctx.tp_group
+        total_input = _gather_along_first_dim(input_, group) if ctx.sequence_parallel else input_
+        grad_input = grad_output.matmul(weight)  # [s, b, h]
+
+        handle = None
+        if ctx.sequence_parallel:
+            tp_size = group_size(group)
+            sub_grad_input = grad_input.new_empty(
+                (grad_input.size(0) // tp_size, *grad_input.shape[1:])
+            )
+            handle = _reduce_scatter_into(sub_grad_input, grad_input, group, async_op=True)
+        elif ctx.allreduce_dgrad:
+            # grad_input is a fresh tensor we own, so reducing in place is safe.
+            handle = dist.all_reduce(grad_input, group=group, async_op=True)
+
+        grad_output_2d = grad_output.reshape(-1, grad_output.size(-1))  # [s*b, o/tp]
+        total_input_2d = total_input.reshape(-1, total_input.size(-1))  # [s*b, h]
+        grad_weight = _weight_grad(ctx, weight, grad_output_2d, total_input_2d)
+        grad_bias = grad_output_2d.sum(dim=0) if ctx.use_bias else None
+
+        if handle is not None:
+            handle.wait()
+        if ctx.sequence_parallel:
+            grad_input = sub_grad_input
+        return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+def _weight_grad(ctx, weight, grad_output_2d, total_input_2d):
+    """dW = dY^T X; with gradient_accumulation_fusion and `weight.main_grad`, add it there."""
+    if not (ctx.gradient_accumulation_fusion and hasattr(weight, "main_grad")):
+        return grad_output_2d.t().matmul(total_input_2d)
+    main_grad = weight.main_grad
+    main_grad.add_(grad_output_2d.t().matmul(total_input_2d).to(main_grad.dtype))
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return None
+    # DDP's hook reads this flag and skips copying .grad into main_grad (it is already there);
+    # autograd still needs a tensor of the right shape for .grad (Megatron's convention).
+    weight.grad_added_to_main_grad = True
+    if getattr(weight, "zero_out_wgrad", False):
+        return torch.zeros(main_grad.shape, dtype=weight.dtype, device=weight.device)
+    return torch.empty(main_grad.shape, dtype=weight.dtype, device=weight.device)
+
+
+def linear_with_grad_accumulation_and_async_allreduce(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    gradient_accumulation_fusion: bool,
+    allreduce_dgrad: bool,
+    sequence_parallel: bool,
+    grad_output_buffer: list | None = None,
+    wgrad_deferral_limit: int | None = 0,
+    async_grad_allreduce: bool | None = None,
+    tp_group=None,
+) -> torch.Tensor:
+    """Linear layer whose input-gradient communication runs inside autograd.
+
+    `allreduce_dgrad`: all-reduce the input gradient over `tp_group` (column-parallel input that
+    every rank used in full). `sequence_parallel`: the input is `[s/tp, b, h]`; it is all-gathered
+    along dim 0 and its gradient reduce-scattered. `gradient_accumulation_fusion`: add the weight
+    gradient into `weight.main_grad` when the weight has one. `async_grad_allreduce` is
+    Megatron's deprecated alias of `allreduce_dgrad`. Deferred embedding wgrad
+    (`grad_output_buffer`) is not supported.
+    """
+    if async_grad_allreduce is not None:
+        warnings.warn(
+            "async_grad_allreduce is deprecated; use allreduce_dgrad",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        allreduce_dgrad = async_grad_allreduce
+    if grad_output_buffer is not None:
+        raise ValueError(
+            "grad_output_buffer is not supported by gigatron (deferred embedding wgrad compute)"
+        )
+    if allreduce_dgrad and sequence_parallel:
+        raise ValueError("allreduce_dgrad and sequence_parallel cannot both be True")
+    tp_group = get_tensor_model_parallel_group_if_none(tp_group)
+    if group_size(tp_group) == 1:
+        allreduce_dgrad = sequence_parallel = False
+    return LinearWithGradAccumulationAndAsyncCommunication.apply(
+        input,
+        weight,
+        bias,
+        gradient_accumulation_fusion,
+        allreduce_dgrad,
+        sequence_parallel,
+        tp_group,
+    )
