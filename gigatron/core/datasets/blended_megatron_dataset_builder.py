@@ -1,0 +1,238 @@
+"""Build the train / valid / test datasets from a config: splits, per-corpus sizes, blending.
+
+Mirrors `megatron.core.datasets.blended_megatron_dataset_builder`. `build()` must run on every
+rank: rank 0 builds (and caches) first, the others load after a barrier. Datasets are built one
+after another (Megatron can use threads; the result is the same).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy
+import torch
+
+from gigatron.core.datasets.blended_dataset import BlendedDataset
+from gigatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
+from gigatron.core.datasets.megatron_dataset import MegatronDataset
+from gigatron.core.datasets.utils import Split, normalize
+
+MidLevelDataset = MegatronDataset
+TopLevelDataset = BlendedDataset | MegatronDataset
+
+
+def _dist_rank() -> int | None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return None
+
+
+class BlendedMegatronDatasetBuilder:
+    """Builder of BlendedDataset and MegatronDataset splits.
+
+    Args:
+        cls: the mid-level dataset class (e.g. GPTDataset, MockGPTDataset).
+        sizes: samples wanted per split [train, valid, test]; None = one epoch.
+        is_built_on_rank: True where this rank needs the datasets.
+        config: the dataset config.
+    """
+
+    def __init__(
+        self,
+        cls: type[MidLevelDataset],
+        sizes: list[int | None],
+        is_built_on_rank: Callable[[], bool],
+        config: BlendedMegatronDatasetConfig,
+    ) -> None:
+        self.cls = cls
+        self.sizes = list(sizes)
+        self.is_built_on_rank = is_built_on_rank
+        self.config = config
+        if len(self.sizes) != len(Split):
+            raise ValueError(f"sizes ({sizes}) must have {len(Split)} entries (train, valid, test)")
+        if config.mock:
+            return
+        for split in Split:
+            if config.blend_per_split is None:
+                weights = config.blend[1]
+            elif config.blend_per_split[split.value] is None:
+                continue
+            else:
+                weights = config.blend_per_split[split.value][1]
+            if self.sizes[split.value] is None and weights is not None:
+                raise ValueError(
+                    f"the {split.name} size is None (one epoch) but the blend has weights; "
+                    "weights need a requested size"
+                )
+
+    def build(self) -> list[TopLevelDataset | None]:
+        """[train, valid, test]; an entry is None when the split is empty or not on this rank."""
+        datasets = self._build_blended_dataset_splits()
+        for dataset in datasets:
+            if isinstance(dataset, BlendedDataset) and len(dataset) > 0:
+                assert dataset.size is None or dataset.size == len(dataset)
+        return datasets
+
+    def _build_blended_dataset_splits(self) -> list[Any]:
+        if self.config.mock:
+            return self._build_megatron_dataset_splits(None, self.config.split_matrix, self.sizes)
+        if self.config.blend:
+            prefixes, weights = self.config.blend
+            return self._build_blends(prefixes, weights, self.config.split_matrix, self.sizes)
+        datasets: list[Any] = [None] * len(Split)
+        for i in range(len(Split)):
+            blend = self.config.blend_per_split[i]
+            if blend is None:
+                continue
+            split_spoof: list[Any] = [None] * len(Split)
+            split_spoof[i] = (0.0, 1.0)
+            sizes_spoof: list[Any] = [0] * len(Split)
+            sizes_spoof[i] = self.sizes[i]
+            prefixes, weights = blend
+            if (
+                self.config.multiple_validation_sets
+                and i == Split.valid.value
+                and len(prefixes) > 1
+            ):
+                datasets[i] = [
+                    self._build_megatron_dataset_splits(p, split_spoof, sizes_spoof)[i]
+                    for p in prefixes
+                ]
+                continue
+            datasets[i] = self._build_blends(prefixes, weights, split_spoof, sizes_spoof)[i]
+        return datasets
+
+    def _build_blends(
+        self,
+        prefixes: list[str],
+        weights: list[float] | None,
+        split: list[Any],
+        sizes: list[int | None],
+    ) -> list[Any]:
+        """Mid-level datasets per prefix, blended per split (or one prefix as is)."""
+        if weights is not None:
+            weights = normalize(weights)
+        if len(prefixes) == 1 and (weights is None or self.config.blend_per_split is not None):
+            return self._build_megatron_dataset_splits(prefixes[0], split, sizes)
+        if weights is None:
+            sizes_buffer = [[None] * len(Split) for _ in prefixes]
+        else:
+            sizes_target = _get_size_per_split_per_dataset(weights, sizes)
+            sizes_buffer = _get_size_per_split_per_dataset(
+                weights, sizes, surplus=self.config.mid_level_dataset_surplus
+            )
+        megatron_datasets = self._build_megatron_datasets_serial(prefixes, split, sizes_buffer)
+        blended: list[Any] = [None] * len(Split)
+        for i in range(len(Split)):
+            if split[i] is None:
+                continue
+            weights_i = weights
+            if weights_i is not None and sizes[i] is not None:
+                size_i = sum(list(zip(*sizes_target))[i])
+            elif weights_i is None:
+                try:
+                    weights_i = [len(d) for d in megatron_datasets[i]]
+                except TypeError:
+                    weights_i = [0 for _ in prefixes]
+                size_i = None if sizes[i] is None else min(sizes[i], sum(weights_i))
+            else:
+                raise ValueError("blend weights need a requested size for every split")
+            blended[i] = self.build_generic_dataset(
+                BlendedDataset,
+                self.is_built_on_rank,
+                True,
+                megatron_datasets[i],
+                weights_i,
+                size_i,
+                self.config,
+            )
+        return blended
+
+    def _build_megatron_datasets_serial(
+        self, prefixes: list[str], split: list[Any], sizes_per_dataset: list[list[Any]]
+    ) -> list[list[Any]]:
+        """For each split, the list of mid-level datasets (one per prefix)."""
+        out: list[list[Any]] = [[] for _ in range(len(Split))]
+        rank = _dist_rank()
+        order = [True] if rank is None else ([True, False] if rank == 0 else [False, True])
+        for build_here in order:
+            if build_here:
+                for prefix, sizes in zip(prefixes, sizes_per_dataset):
+                    per_split = self._build_megatron_dataset_splits(prefix, split, sizes, False)
+                    for j, dataset in enumerate(per_split):
+                        out[j].append(dataset)
+            else:
+                torch.distributed.barrier()
+        return out
+
+    def _build_megatron_dataset_splits(
+        self,
+        dataset_path: str | None,
+        split: list[Any],
+        sizes: list[int | None],
+        synchronize_ranks: bool = True,
+    ) -> list[MidLevelDataset | None]:
+        """Mid-level datasets for each split of one low-level dataset."""
+        low_level = self.cls.build_low_level_dataset(dataset_path, self.config)
+        num_elements = self.cls.numel_low_level_dataset(low_level)
+        datasets: list[MidLevelDataset | None] = []
+        for i, split_name in enumerate(Split):
+            if split[i] is None:
+                datasets.append(None)
+                continue
+            beg = int(round(split[i][0] * float(num_elements)))
+            end = int(round(split[i][1] * float(num_elements)))
+            indices = numpy.arange(beg, end, dtype=numpy.int32)
+            datasets.append(
+                self.build_generic_dataset(
+                    self.cls,
+                    self.is_built_on_rank,
+                    synchronize_ranks,
+                    low_level,
+                    dataset_path,
+                    indices,
+                    sizes[i],
+                    split_name,
+                    self.config,
+                )
+            )
+        return datasets
+
+    @staticmethod
+    def build_generic_dataset(
+        cls: type | Callable,
+        is_built_on_rank: Callable[[], bool],
+        synchronize_ranks: bool,
+        *args: Any,
+    ) -> Any:
+        """`cls(*args)` on rank 0 first, then (after a barrier) on the other ranks that want it."""
+        rank = _dist_rank()
+        if rank is None:
+            return cls(*args)
+        dataset = None
+        if rank == 0 and is_built_on_rank():
+            try:
+                dataset = cls(*args)
+            except OSError as err:
+                raise OSError(
+                    "failed to write dataset indices to the cache directory; set "
+                    "path_to_cache in the dataset config to a writable directory"
+                ) from err
+        if synchronize_ranks:
+            torch.distributed.barrier()
+        if rank != 0 and is_built_on_rank():
+            dataset = cls(*args)
+        return dataset
+
+
+def _get_size_per_split_per_dataset(
+    normalized_weights: list[float], target_size_per_split: list[int | None], surplus: float = 0.0
+) -> list[list[int]]:
+    """ceil(ceil(size * weight) * (1 + surplus)) samples per dataset per split."""
+    assert numpy.isclose(sum(normalized_weights), 1.0)
+    return [
+        [int(math.ceil(math.ceil(size * weight) * (1 + surplus))) for size in target_size_per_split]
+        for weight in normalized_weights
+    ]

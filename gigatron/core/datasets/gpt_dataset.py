@@ -1,0 +1,401 @@
+"""GPT pretraining samples: fixed-length token windows over shuffled, concatenated documents.
+
+Mirrors `megatron.core.datasets.gpt_dataset`. Three cached indices decide every sample, built
+from one `numpy.random.RandomState(random_seed)` used in this order:
+  1. document index: the split's sequence ids tiled over the epochs, shuffled (the last epoch
+     shuffled on its own when it would contribute < 80% of an epoch's samples);
+  2. sample index `[num_samples + 1, 2]`: (document-index position, token offset) of each sample
+     start (helpers.build_sample_idx); consecutive samples overlap by one token;
+  3. shuffle index: a permutation of the samples (two ranges when the last epoch is separate).
+Same seed and files give the same samples and the same cache file names as Megatron.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy
+import torch
+
+from gigatron.core.datasets import helpers
+from gigatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
+from gigatron.core.datasets.indexed_dataset import IndexedDataset
+from gigatron.core.datasets.megatron_dataset import MegatronDataset
+from gigatron.core.datasets.utils import Split, log_single_rank
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GPTDatasetConfig(BlendedMegatronDatasetConfig):
+    """Configuration object for GPT datasets."""
+
+    reset_position_ids: bool | None = None
+    """Restart position ids after each EOD token."""
+
+    reset_attention_mask: bool | None = None
+    """Stop attention across EOD tokens (block-diagonal causal mask)."""
+
+    eod_mask_loss: bool | None = None
+    """Zero the loss mask at EOD tokens."""
+
+    create_attention_mask: bool = True
+    """Return `attention_mask` (bool `[1, s, s]`, True = masked) in each sample."""
+
+    drop_last_partial_validation_sequence: bool = True
+    """Drop the last partial sample of the validation split."""
+
+    add_extra_token_to_sequence: bool = True
+    """Read seq_len + 1 tokens per sample so tokens and labels both have seq_len entries."""
+
+    object_storage_cache_path: str | None = None
+    """Not supported by gigatron (must stay None)."""
+
+    data_parallel_size: int = 1
+    """Data-parallel size (kept for compatibility)."""
+
+    sequence_parallel_size: int = 0
+    """Sequence-parallel size (kept for compatibility)."""
+
+    hybrid_context_parallel: bool = False
+    """Not supported by gigatron (must stay False)."""
+
+    sequences_per_dataset: dict[str, int] | None = None
+    """Not supported by gigatron (must stay None)."""
+
+    context_parallel_size: int | None = None
+    """Context-parallel size (kept for compatibility)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tokenizer is None:
+            raise ValueError("GPTDatasetConfig.tokenizer must be set (it provides eod and pad)")
+        for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
+            if getattr(self, name) is None:
+                raise ValueError(f"GPTDatasetConfig.{name} must be set to True or False")
+        unsupported = {
+            "object_storage_cache_path": (self.object_storage_cache_path, None),
+            "hybrid_context_parallel": (self.hybrid_context_parallel, False),
+            "sequences_per_dataset": (self.sequences_per_dataset, None),
+        }
+        for name, (value, default) in unsupported.items():
+            if value != default:
+                raise ValueError(f"{name} ({value}) is not supported by gigatron; leave it unset")
+        vocab_size = self.tokenizer.vocab_size
+        self.token_dtype_code = None if vocab_size is None else (4 if vocab_size > 65536 else 8)
+
+
+class GPTDataset(MegatronDataset):
+    """GPT samples over an IndexedDataset split. See the module docstring for the indices.
+
+    `[idx]` returns Megatron's dict: tokens, labels (int64 `[s]`), loss_mask (float `[s]`),
+    position_ids (int64 `[s]`) and, with create_attention_mask, attention_mask (bool `[1, s, s]`).
+    """
+
+    def __init__(
+        self,
+        indexed_dataset: IndexedDataset,
+        dataset_path: str | None,
+        indexed_indices: numpy.ndarray,
+        num_samples: int | None,
+        index_split: Split,
+        config: GPTDatasetConfig,
+    ) -> None:
+        super().__init__(
+            indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config
+        )
+        self.masks_and_position_ids_are_cacheable = not any(
+            [config.reset_position_ids, config.reset_attention_mask, config.eod_mask_loss]
+        )
+        self._cached_masks: tuple | None = None
+        self.document_index, self.sample_index, self.shuffle_index = (
+            self._build_document_sample_shuffle_indices()
+        )
+
+    @staticmethod
+    def numel_low_level_dataset(low_level_dataset: IndexedDataset) -> int:
+        """GPT splits by sequence (not by document)."""
+        return low_level_dataset.sequence_lengths.shape[0]
+
+    @staticmethod
+    def build_low_level_dataset(dataset_path: str, config: GPTDatasetConfig) -> IndexedDataset:
+        return IndexedDataset(dataset_path, multimodal=False, mmap=config.mmap_bin_files)
+
+    def __len__(self) -> int:
+        return self.sample_index.shape[0] - 1
+
+    def __getitem__(self, idx: int | None) -> dict[str, torch.Tensor]:
+        """Sample `idx` (None: a fully loss-masked padding sample)."""
+        text = torch.from_numpy(self._query_document_sample_shuffle_indices(idx or 0)).long()
+        extra = self.config.add_extra_token_to_sequence
+        if extra:
+            tokens, labels = text[:-1].contiguous(), text[1:].contiguous()
+        else:
+            tokens = text
+            labels = torch.roll(text, shifts=-1, dims=0)
+            labels[-1] = self._pad_token_id
+
+        if self.masks_and_position_ids_are_cacheable and self._cached_masks is not None:
+            attention_mask, loss_mask, position_ids = self._cached_masks
+            loss_mask = loss_mask.clone()
+        else:
+            attention_mask, loss_mask, position_ids = _get_ltor_masks_and_position_ids(
+                tokens,
+                self.config.tokenizer.eod,
+                self.config.reset_position_ids,
+                self.config.reset_attention_mask,
+                self.config.eod_mask_loss,
+                self.config.create_attention_mask,
+            )
+            if self.masks_and_position_ids_are_cacheable:
+                self._cached_masks = (attention_mask, loss_mask.clone(), position_ids)
+
+        loss_mask[labels == self._pad_token_id] = 0.0
+        tokens[tokens == self._pad_token_id] = 0
+        labels[labels == self._pad_token_id] = 0
+        if idx is None:
+            loss_mask = torch.zeros_like(loss_mask)
+
+        sample = {"tokens": tokens, "labels": labels}
+        if self.config.create_attention_mask:
+            sample["attention_mask"] = attention_mask
+        sample["loss_mask"] = loss_mask
+        sample["position_ids"] = position_ids
+        return sample
+
+    def _query_document_sample_shuffle_indices(self, idx: int) -> numpy.ndarray:
+        """int64 `[seq_len + extra]` tokens of sample `idx` (padded with the pad id at the end)."""
+        extra = int(self.config.add_extra_token_to_sequence)
+        idx = self.shuffle_index[idx]
+        beg, beg_offset = (int(x) for x in self.sample_index[idx])
+        end, end_offset = (int(x) for x in self.sample_index[idx + 1])
+        parts = []
+        if beg == end:
+            doc = self.document_index[beg]
+            parts.append(
+                self.dataset.get(doc, offset=beg_offset, length=end_offset - beg_offset + extra)
+            )
+        else:
+            for i in range(beg, end + 1):
+                offset = beg_offset if i == beg else 0
+                length = end_offset + extra if i == end else None
+                parts.append(self.dataset.get(self.document_index[i], offset=offset, length=length))
+        num_tokens = sum(len(p) for p in parts)
+        want = self.config.sequence_length + extra
+        if num_tokens < want:
+            parts.append(numpy.full(want - num_tokens, self._pad_token_id, dtype=numpy.int64))
+        return numpy.concatenate(parts, dtype=numpy.int64)
+
+    def _cache_dir(self) -> str | None:
+        if self.config.path_to_cache is not None:
+            return self.config.path_to_cache
+        if self.config.mock:
+            return None
+        return os.path.join(self.dataset.path_prefix, "cache", f"{type(self).__name__}_indices")
+
+    def _build_document_sample_shuffle_indices(self) -> tuple[Any, Any, Any]:
+        """Build the three indices (rank 0 or no distributed), or load them from the cache."""
+        path_to_cache = self._cache_dir()
+        paths = {}
+        if path_to_cache:
+            base = f"{self.unique_description_hash}-{type(self).__name__}-{self.index_split.name}"
+            for affix in ("description.txt", "document_index.npy", "sample_index.npy"):
+                paths[affix] = os.path.join(path_to_cache, f"{base}-{affix}")
+            paths["shuffle_index.npy"] = os.path.join(path_to_cache, f"{base}-shuffle_index.npy")
+        cache_hit = bool(paths) and all(os.path.isfile(p) for p in paths.values())
+        dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if not path_to_cache or (
+            not cache_hit and (not dist_on or torch.distributed.get_rank() == 0)
+        ):
+            indices = self._build_indices()
+            if path_to_cache:
+                os.makedirs(path_to_cache, exist_ok=True)
+                with open(paths["description.txt"], "w") as writer:
+                    writer.write(self.unique_description)
+                for name, array in zip(
+                    ("document_index", "sample_index", "shuffle_index"), indices
+                ):
+                    numpy.save(paths[f"{name}.npy"], array, allow_pickle=True)
+            return indices
+        log_single_rank(
+            logger, logging.INFO, f"Load the {type(self).__name__} {self.index_split.name} indices"
+        )
+        return tuple(
+            numpy.load(paths[f"{name}.npy"], allow_pickle=True, mmap_mode="r")
+            for name in ("document_index", "sample_index", "shuffle_index")
+        )
+
+    def _build_indices(self) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+        seq_len = self.config.sequence_length
+        extra = int(self.config.add_extra_token_to_sequence)
+        tokens_per_epoch = self._get_num_tokens_per_epoch()
+        num_epochs = self._get_num_epochs(tokens_per_epoch)
+
+        separate_final_epoch = False
+        if num_epochs > 1:
+            samples_sans_final = ((num_epochs - 1) * tokens_per_epoch - extra) // seq_len
+            samples_from_final = self.num_samples - samples_sans_final
+            samples_per_epoch = (tokens_per_epoch - extra) // seq_len
+            assert 0 <= samples_from_final <= samples_per_epoch + 1
+            separate_final_epoch = samples_from_final < int(0.80 * samples_per_epoch)
+
+        rng = numpy.random.RandomState(self.config.random_seed)
+        document_index = _build_document_index(self.indices, num_epochs, rng, separate_final_epoch)
+        drop_last = True
+        if self.index_split == Split.valid:
+            drop_last = self.config.drop_last_partial_validation_sequence
+        sample_index = helpers.build_sample_idx(
+            numpy.asarray(self.dataset.sequence_lengths),
+            document_index,
+            seq_len,
+            num_epochs,
+            tokens_per_epoch,
+            drop_last,
+            bool(extra),
+        )
+        num_built = sample_index.shape[0] - 1
+        first_range = samples_sans_final if separate_final_epoch else num_built
+        shuffle_index = _build_shuffle_index(first_range, num_built, rng)
+        return document_index, sample_index, shuffle_index
+
+    def _get_num_tokens_per_epoch(self) -> int:
+        return int(numpy.sum(self.dataset.sequence_lengths[self.indices], dtype=numpy.int64))
+
+    def _get_num_epochs(self, num_tokens_per_epoch: int) -> int:
+        """Smallest e with e * tokens_per_epoch >= num_samples * seq_len + extra."""
+        if self.num_samples is None:
+            return 1
+        requested = self.num_samples * self.config.sequence_length + int(
+            self.config.add_extra_token_to_sequence
+        )
+        if num_tokens_per_epoch <= 0:
+            raise ValueError(
+                f"empty corpus: the {self.index_split.name} split of {self.dataset_path} has no "
+                f"tokens ({len(self.indices)} sequences) but {self.num_samples} samples were "
+                "requested"
+            )
+        return max(1, -(-requested // num_tokens_per_epoch))
+
+
+def _build_document_index(
+    documents: numpy.ndarray,
+    num_epochs: int,
+    rng: numpy.random.RandomState,
+    separate_final_epoch: bool,
+) -> numpy.ndarray:
+    """int32 `[num_epochs * len(documents)]`: documents tiled per epoch, shuffled."""
+    if not separate_final_epoch or num_epochs == 1:
+        document_index = numpy.tile(numpy.asarray(documents, dtype=numpy.int32), num_epochs)
+        rng.shuffle(document_index)
+        return document_index
+    first = _build_document_index(documents, num_epochs - 1, rng, False)
+    last = _build_document_index(documents, 1, rng, False)
+    return numpy.concatenate((first, last))
+
+
+def _build_shuffle_index(
+    num_samples: int, total_size: int, rng: numpy.random.RandomState
+) -> numpy.ndarray:
+    """Shuffled `arange(num_samples)`, then shuffled `arange(num_samples, total_size)`."""
+    dtype = numpy.uint32 if total_size < numpy.iinfo(numpy.uint32).max - 1 else numpy.int64
+    first = numpy.arange(num_samples, dtype=dtype)
+    rng.shuffle(first)
+    if num_samples == total_size:
+        return first
+    last = numpy.arange(num_samples, total_size, dtype=dtype)
+    rng.shuffle(last)
+    return numpy.concatenate((first, last))
+
+
+def _get_ltor_masks_and_position_ids(
+    data: torch.Tensor,
+    eod_token: int,
+    reset_position_ids: bool,
+    reset_attention_mask: bool,
+    eod_mask_loss: bool,
+    create_attention_mask: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Causal mask (bool `[1, s, s]`, True = masked), loss mask `[s]`, position ids `[s]`.
+
+    With resets, a document starts after each EOD: attention does not cross it and position
+    ids restart at 0 (the EOD itself belongs to the document it ends).
+    """
+    s = data.numel()
+    loss_mask = torch.ones(s, dtype=torch.float)
+    is_eod = data == eod_token
+    if eod_mask_loss:
+        loss_mask[is_eod] = 0.0
+    positions = torch.arange(s, dtype=torch.long)
+    # doc[q] = number of EODs strictly before q: the document id of each position.
+    doc = torch.cumsum(is_eod.long(), 0) - is_eod.long()
+    position_ids = positions.clone()
+    if reset_position_ids:
+        starts = torch.zeros(s, dtype=torch.long)
+        starts[1:] = torch.where(is_eod[:-1], positions[1:], 0)
+        position_ids = positions - torch.cummax(starts, 0).values
+    attention_mask = None
+    if create_attention_mask:
+        allowed = torch.ones(s, s, dtype=torch.bool).tril()
+        if reset_attention_mask:
+            allowed &= doc[:, None] == doc[None, :]
+        attention_mask = (~allowed).unsqueeze(0)
+    return attention_mask, loss_mask, position_ids
+
+
+class MockGPTLowLevelDataset:
+    """100,000 synthetic sequences: `(arange(len - 1) + 1) % vocab_size` then EOD."""
+
+    seed: int = 0
+    size: int = 100000
+    max_sequence_length: int = 4096
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.vocab_size = tokenizer.vocab_size
+        self.eod_token = tokenizer.eod
+        rng = numpy.random.default_rng(seed=self.seed)
+        self.sequence_lengths = rng.integers(
+            low=1, high=self.max_sequence_length, size=self.size, dtype=numpy.int32
+        )
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, idx: int) -> numpy.ndarray:
+        length = self.sequence_lengths[idx]
+        body = (numpy.arange(length - 1) + 1) % self.vocab_size
+        return numpy.int64(numpy.concatenate([body, [self.eod_token]]))
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> numpy.ndarray:
+        if length is None:
+            length = self.sequence_lengths[idx] - offset
+        return self[idx][offset : offset + length]
+
+
+class MockGPTDataset(GPTDataset):
+    """GPTDataset over MockGPTLowLevelDataset (used when the config has no blend)."""
+
+    def __init__(
+        self,
+        dataset: MockGPTLowLevelDataset,
+        dataset_path: str | None,
+        indices: numpy.ndarray,
+        num_samples: int | None,
+        index_split: Split,
+        config: GPTDatasetConfig,
+    ) -> None:
+        if not config.mock:
+            raise ValueError("MockGPTDataset needs a config without blend (config.mock is True)")
+        super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
+
+    @staticmethod
+    def numel_low_level_dataset(low_level_dataset: MockGPTLowLevelDataset) -> int:
+        return len(low_level_dataset)
+
+    @staticmethod
+    def build_low_level_dataset(
+        dataset_path: str | None, config: GPTDatasetConfig
+    ) -> MockGPTLowLevelDataset:
+        return MockGPTLowLevelDataset(config.tokenizer)
