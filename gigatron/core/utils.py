@@ -44,3 +44,37 @@ def make_viewless_tensor(inp: torch.Tensor, requires_grad: bool, keep_graph: boo
     out = torch.empty((1,), dtype=inp.dtype, device=inp.device, requires_grad=requires_grad)
     out.data = inp.data
     return out
+
+
+def get_batch_on_this_cp_rank(batch: dict, cp_group=None) -> dict:
+    """Keep this context-parallel rank's part of every sequence (load-balanced for causal masks).
+
+    Each tensor is cut along its sequence dim (dim 1; dim 2 for `attention_mask` [b, 1, s, s]) into
+    2·cp chunks and rank r keeps chunks r and 2·cp−1−r, so every rank gets the same causal work.
+    `cu_seqlens*`/`max_seqlen` entries and None values pass through untouched.
+    """
+    import torch.distributed as dist
+
+    from gigatron.core import parallel_state as ps
+
+    cp = ps.get_context_parallel_world_size() if cp_group is None else dist.get_world_size(cp_group)
+    if cp <= 1:
+        return batch
+    rank = ps.get_context_parallel_rank() if cp_group is None else dist.get_rank(cp_group)
+    out = {}
+    for key, value in batch.items():
+        if value is None or key.startswith("cu_seqlens") or key == "max_seqlen":
+            out[key] = value
+            continue
+        dim = 2 if key == "attention_mask" else 1
+        seq = value.shape[dim]
+        if seq % (2 * cp):
+            raise ValueError(
+                f"sequence length of {key!r} ({seq}) must be divisible by 2 x "
+                f"context_parallel_size ({2 * cp})"
+            )
+        chunks = value.view(*value.shape[:dim], 2 * cp, seq // (2 * cp), *value.shape[dim + 1 :])
+        index = torch.tensor([rank, 2 * cp - 1 - rank], device=value.device)
+        kept = chunks.index_select(dim, index)
+        out[key] = kept.view(*value.shape[:dim], -1, *value.shape[dim + 1 :])
+    return out

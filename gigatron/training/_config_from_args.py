@@ -1,0 +1,135 @@
+"""Build core configs (TransformerConfig, DDP, optimizer) from Megatron-style training args."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def core_transformer_config_from_args(args, config_class=None):
+    """`TransformerConfig` for the model the flags describe (Megatron's helper of the same name)."""
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    config_class = config_class or TransformerConfig
+    kw = dict(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups,
+        ffn_hidden_size=args.ffn_hidden_size,
+        kv_channels=args.kv_channels,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        apply_residual_connection_post_layernorm=args.apply_residual_connection_post_layernorm,
+        layernorm_epsilon=args.norm_epsilon,
+        add_bias_linear=not args.disable_bias_linear,
+        add_qkv_bias=args.add_qkv_bias,
+        gated_linear_unit=args.swiglu,
+        activation_func=F.silu if args.swiglu else F.gelu,
+        normalization=args.normalization,
+        qk_layernorm=args.qk_layernorm,
+        rotary_interleaved=args.rotary_interleaved,
+        init_method_std=args.init_method_std,
+        calculate_per_token_loss=args.calculate_per_token_loss,
+        recompute_granularity=args.recompute_granularity,
+        recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+        sequence_parallel=args.sequence_parallel,
+        fp16=args.fp16,
+        bf16=args.bf16,
+        params_dtype=args.params_dtype,
+        pipeline_dtype=args.params_dtype,
+        use_cpu_initialization=True,
+        transformer_impl="local",
+    )
+    if args.num_experts:
+        kw.update(
+            num_moe_experts=args.num_experts,
+            moe_router_topk=args.moe_router_topk,
+            moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+            moe_aux_loss_coeff=args.moe_aux_loss_coeff,
+            moe_token_dispatcher_type=args.moe_token_dispatcher_type,
+            moe_grouped_gemm=args.moe_grouped_gemm,
+            moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+        )
+    if args.context_parallel_size > 1:
+        kw["cp_comm_type"] = args.cp_comm_type
+    return config_class(**kw)
+
+
+def ddp_config_from_args(args):
+    from gigatron.core.distributed import DistributedDataParallelConfig
+
+    kw = dict(
+        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32 or args.bf16,
+        overlap_grad_reduce=args.overlap_grad_reduce,
+        overlap_param_gather=args.overlap_param_gather,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+    )
+    if args.ddp_bucket_size is not None:
+        kw["bucket_size"] = args.ddp_bucket_size
+    return DistributedDataParallelConfig(**kw)
+
+
+def optimizer_config_from_args(args):
+    from gigatron.core.optimizer import OptimizerConfig
+
+    return OptimizerConfig(
+        optimizer=args.optimizer,
+        lr=args.lr,
+        min_lr=args.min_lr,
+        weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
+        adam_eps=args.adam_eps,
+        sgd_momentum=args.sgd_momentum,
+        fp16=args.fp16,
+        bf16=args.bf16,
+        params_dtype=args.params_dtype,
+        loss_scale=args.loss_scale,
+        initial_loss_scale=args.initial_loss_scale,
+        clip_grad=args.clip_grad,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+    )
+
+
+def scheduler_from_args(args, optimizer):
+    from gigatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    if args.train_iters is not None:
+        decay_steps = (args.lr_decay_iters or args.train_iters) * args.global_batch_size
+        warmup_steps = (
+            args.lr_warmup_fraction * decay_steps
+            if args.lr_warmup_fraction is not None
+            else args.lr_warmup_iters * args.global_batch_size
+        )
+        wsd_steps = (args.lr_wsd_decay_iters or 0) * args.global_batch_size
+    else:
+        decay_steps = args.train_samples
+        warmup_steps = (args.lr_warmup_fraction or 0.0) * decay_steps
+        wsd_steps = 0
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if warmup_steps else args.lr,
+        max_lr=args.lr,
+        min_lr=args.min_lr,
+        lr_warmup_steps=warmup_steps,
+        lr_decay_steps=decay_steps,
+        lr_decay_style=args.lr_decay_style,
+        start_wd=args.weight_decay,
+        end_wd=args.weight_decay,
+        wd_incr_steps=decay_steps,
+        wd_incr_style="constant",
+        wsd_decay_steps=wsd_steps or None,
+        lr_wsd_decay_style=args.lr_wsd_decay_style,
+    )
+
+
+def model_dtype(args) -> torch.dtype:
+    return args.params_dtype

@@ -1,0 +1,124 @@
+"""Start a training process: torch.distributed, parallel groups, seeds, global objects.
+
+Mirrors `megatron.training.initialize.initialize_megatron`. Launch with `torchrun` (RANK,
+WORLD_SIZE, MASTER_ADDR, ... in the environment; multi-node through its rendezvous or SLURM) or
+as a plain single process. Without GPUs the backend is gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gigatron.core import parallel_state as ps
+from gigatron.core.timers import Timers
+from gigatron.training import global_vars
+from gigatron.training.arguments import parse_args, validate_args
+
+
+def _slurm_env() -> None:
+    """Map SLURM's variables to torchrun's when launched by `srun` without torchrun."""
+    if "RANK" in os.environ or "SLURM_PROCID" not in os.environ:
+        return
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ.get("SLURM_NTASKS", "1")
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+
+
+def initialize_distributed(args) -> None:
+    """init_process_group from the environment (torchrun / SLURM) or as a single process."""
+    if dist.is_initialized():
+        args.rank, args.world_size = dist.get_rank(), dist.get_world_size()
+        return
+    _slurm_env()
+    backend = args.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    args.distributed_backend = backend
+    args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl":
+        torch.cuda.set_device(args.local_rank % torch.cuda.device_count())
+    if "MASTER_ADDR" not in os.environ:  # single process without torchrun
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+    dist.init_process_group(
+        backend,
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timedelta(minutes=args.distributed_timeout_minutes),
+    )
+    args.rank, args.world_size = dist.get_rank(), dist.get_world_size()
+
+
+def set_random_seed(seed: int, data_parallel_random_init: bool = False) -> None:
+    """Megatron's seeding: base seed + 100·pp_rank (+ 10·dp_rank), then the TP RNG tracker."""
+    from gigatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
+    if data_parallel_random_init:
+        seed += 10 * ps.get_data_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def _build_tokenizer(args) -> None:
+    """Build the tokenizer named by the flags and pad the vocabulary (Megatron does it here)."""
+    from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
+
+    if args.tokenizer_type is None:
+        if args.vocab_size is None:
+            return  # the script brings its own vocabulary (padded_vocab_size set by it)
+        args.tokenizer_type = "NullTokenizer"
+    from gigatron.training.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(args)
+    global_vars.set_tokenizer(tokenizer)
+    args.padded_vocab_size = vocab_size_with_padding(
+        tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size
+    )
+
+
+def initialize_megatron(
+    extra_args_provider=None,
+    args_defaults: dict | None = None,
+    ignore_unknown_args: bool = False,
+    allow_no_cuda: bool = True,
+    skip_mpu_initialization: bool = False,
+    get_embedding_ranks=None,
+    get_position_embedding_ranks=None,
+    argv: list[str] | None = None,
+    parsed_args=None,
+):
+    """Parse and validate flags, start torch.distributed, build groups, seed. Returns args."""
+    args = parsed_args or parse_args(
+        extra_args_provider, ignore_unknown_args, argv=argv, args_defaults=args_defaults
+    )
+    world_size = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+    validate_args(args, world_size)  # errors surface before any process group exists
+    global_vars.set_args(args)
+    global_vars.set_timers(Timers(log_level=0))
+    _build_tokenizer(args)
+    if skip_mpu_initialization:
+        return args
+    initialize_distributed(args)
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=args.tensor_model_parallel_size,
+            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+            context_parallel_size=args.context_parallel_size,
+            expert_model_parallel_size=args.expert_model_parallel_size,
+            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+            distributed_timeout_minutes=args.distributed_timeout_minutes,
+            get_embedding_ranks=get_embedding_ranks,
+            get_position_embedding_ranks=get_position_embedding_ranks,
+        )
+    set_random_seed(args.seed)
+    return args

@@ -1,0 +1,139 @@
+"""`gigatron train` / `python -m gigatron.training.pretrain_gpt`: Megatron's pretrain_gpt.py.
+
+Accepts Megatron's flags (see `gigatron.training.arguments`). Launch under `torchrun` for
+several ranks; without GPUs it runs on CPU through gloo. With no flags at all it runs the
+built-in demo (`gigatron.training.demo`), which is what `make train` does.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+
+import torch
+
+from gigatron.core.transformer.enums import ModelType
+from gigatron.core.utils import get_batch_on_this_cp_rank
+from gigatron.training.global_vars import get_args, get_tokenizer
+from gigatron.training.training import pretrain
+from gigatron.training.utils import print_rank_0
+
+
+def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None):
+    """GPTModel from the flags (fast spec: same numbers as the local spec, faster kernels)."""
+    from gigatron.core.models.gpt import GPTModel
+    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
+    from gigatron.training._config_from_args import core_transformer_config_from_args
+
+    args = get_args()
+    config = core_transformer_config_from_args(args)
+    spec = get_gpt_layer_fast_spec(
+        num_experts=args.num_experts,
+        moe_grouped_gemm=args.moe_grouped_gemm,
+        qk_layernorm=args.qk_layernorm,
+        normalization=args.normalization,
+    )
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        rotary_percent=args.rotary_percent,
+        rotary_base=args.rotary_base,
+        vp_stage=vp_stage,
+    )
+
+
+def get_batch(data_iterator):
+    """This rank's (tokens, labels, loss_mask, attention_mask, position_ids) for one micro-batch."""
+    batch = next(data_iterator)
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    )
+    batch = {
+        k: (v.to(device, non_blocking=True) if device is not None and v is not None else v)
+        for k, v in batch.items()
+        if k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+    }
+    batch.setdefault("attention_mask", None)
+    batch = get_batch_on_this_cp_rank(batch)
+    return (
+        batch["tokens"],
+        batch["labels"],
+        batch["loss_mask"],
+        batch["attention_mask"],
+        batch["position_ids"],
+    )
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Sum of masked per-token losses, the token count, and a [sum, count] report (Megatron's)."""
+    losses = output_tensor.view(-1).float()
+    loss_mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * loss_mask)
+    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
+    report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1).float()])
+    return loss, num_tokens, {"lm loss": report}
+
+
+def forward_step(data_iterator, model):
+    """Megatron's forward step: the model returns per-token losses when given labels."""
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
+    output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
+    return output_tensor, partial(loss_func, loss_mask)
+
+
+def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
+    """GPT datasets (or mock ones) from --data-path / --split through the blended builder."""
+    from gigatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from gigatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+    from gigatron.core.datasets.utils import get_blend_from_list
+
+    args = get_args()
+    config = GPTDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=get_blend_from_list(args.data_path),
+        split=args.split,
+        path_to_cache=args.data_cache_path,
+        tokenizer=get_tokenizer(),
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+        create_attention_mask=args.reset_attention_mask,
+    )
+    cls = MockGPTDataset if args.mock_data else GPTDataset
+    print_rank_0(f"> building {cls.__name__} train, validation and test datasets ...")
+    return BlendedMegatronDatasetBuilder(
+        cls, train_val_test_num_samples, lambda: True, config
+    ).build()
+
+
+train_valid_test_datasets_provider.is_distributed = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        from gigatron.training import demo
+
+        return demo.main([])
+    pretrain(
+        train_valid_test_datasets_provider,
+        model_provider,
+        ModelType.encoder_or_decoder,
+        forward_step,
+        argv=argv,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

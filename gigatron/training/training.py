@@ -1,0 +1,464 @@
+"""The training loop: `pretrain(...)` in Megatron's shape.
+
+Mirrors `megatron.training.training`: `pretrain(train_valid_test_dataset_provider,
+model_provider, model_type, forward_step_func, ..., args_defaults=...)` parses the flags, starts
+torch.distributed and the parallel groups, builds the model chunks (pipeline / virtual stages,
+DDP), the optimizer and scheduler, loads a checkpoint, builds data iterators and runs
+`train_step` until `--train-iters`, evaluating, logging and saving on the way.
+
+Robustness beyond Megatron: a non-finite gradient is detected on every rank in the same step
+(one small all-reduce) and the update skipped (`--skip-nan-steps`) or the run stopped, naming
+the ranks and the iteration; SIGTERM (`--exit-signal-handler`) and `--exit-duration-in-mins`
+save a checkpoint before exiting on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core import parallel_state as ps
+from gigatron.core.num_microbatches_calculator import (
+    get_num_microbatches,
+    init_num_microbatches_calculator,
+    unset_num_microbatches_calculator,
+    update_num_microbatches,
+)
+from gigatron.training import _config_from_args as cfa
+from gigatron.training import _training_log as tlog
+from gigatron.training.data_samplers import build_pretraining_data_loader
+from gigatron.training.global_vars import get_args
+from gigatron.training.initialize import initialize_megatron
+from gigatron.training.utils import print_rank_0
+
+
+class NonFiniteGradientError(RuntimeError):
+    """A step produced NaN/Inf gradients and the run was not asked to skip such steps."""
+
+
+# ---------------------------------------------------------------- model and optimizer
+def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
+    """Build this rank's model chunk(s) (one per virtual stage), wrapped in DDP. Returns a list."""
+    from gigatron.core.distributed import DistributedDataParallel
+
+    args = get_args()
+    vp = ps.get_virtual_pipeline_model_parallel_world_size()
+    chunks = []
+    for vp_stage in range(vp or 1):
+        pre = ps.is_pipeline_first_stage(ignore_virtual=vp is None, vp_stage=vp_stage)
+        post = ps.is_pipeline_last_stage(ignore_virtual=vp is None, vp_stage=vp_stage)
+        kwargs = dict(pre_process=pre, post_process=post)
+        if vp is not None:
+            kwargs["vp_stage"] = vp_stage
+        chunk = model_provider_func(**kwargs)
+        chunk.model_type = model_type
+        if vp is not None:
+            chunk.vp_stage = vp_stage
+        chunks.append(chunk)
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    )
+    for chunk in chunks:
+        if device is not None:
+            chunk.to(device)
+        if args.params_dtype != torch.float32:
+            chunk.to(args.params_dtype)
+    num_params = sum(p.numel() for c in chunks for p in c.parameters())
+    print_rank_0(f" > number of parameters on (tp, pp) rank (0, 0): {num_params}")
+    if not wrap_with_ddp:
+        return chunks
+    ddp_config = cfa.ddp_config_from_args(args)
+    return [
+        DistributedDataParallel(
+            config=chunk.config,
+            ddp_config=ddp_config,
+            module=chunk,
+            disable_bucketing=(i > 0) or ps.get_pipeline_model_parallel_rank() > 0,
+        )
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def setup_model_and_optimizer(model_provider_func, model_type=None):
+    from gigatron.core.optimizer import get_megatron_optimizer
+
+    args = get_args()
+    model = get_model(model_provider_func, model_type)
+    optimizer = get_megatron_optimizer(cfa.optimizer_config_from_args(args), model)
+    scheduler = cfa.scheduler_from_args(args, optimizer)
+    return model, optimizer, scheduler
+
+
+def _wire_config_hooks(model, optimizer) -> None:
+    """Give the schedules the DDP / optimizer hooks, as Megatron's train() does."""
+    from gigatron.core.distributed import finalize_model_grads
+    from gigatron.core.utils import get_model_config
+
+    args = get_args()
+    config = get_model_config(model[0])
+    config.grad_scale_func = optimizer.scale_loss if args.fp16 else None
+    no_sync = [m.no_sync for m in model]
+    config.no_sync_func = no_sync[0] if len(model) == 1 else no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    if args.overlap_grad_reduce and len(model) > 1:
+        config.grad_sync_func = [m.start_grad_sync for m in model]
+    if args.overlap_param_gather and args.use_distributed_optimizer:
+        params_sync = [m.start_param_sync for m in model]
+        config.param_sync_func = params_sync[0] if len(model) == 1 else params_sync
+
+
+# ---------------------------------------------------------------- one step
+def _nonfinite_grad_ranks(model) -> list[int]:
+    """Global ranks whose gradients hold NaN/Inf, agreed on every rank (one all-gather)."""
+    bad = 0.0
+    for chunk in model:
+        for p in chunk.parameters():
+            g = getattr(p, "main_grad", None)
+            g = p.grad if g is None else g
+            if g is not None and not torch.isfinite(g).all():
+                bad = 1.0
+                break
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    flags = torch.zeros(dist.get_world_size(), device=device)
+    flags[dist.get_rank()] = bad
+    dist.all_reduce(flags)
+    return [r for r, f in enumerate(flags.tolist()) if f]
+
+
+def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config):
+    """One iteration: forward/backward over all microbatches, then the update.
+
+    Returns (losses dict on the last stage else {}, skipped_iter, grad_norm, num_zeros, nan_iter).
+    """
+    from gigatron.core.pipeline_parallel import get_forward_backward_func
+
+    args = get_args()
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses_reduced = get_forward_backward_func()(
+        forward_step_func=forward_step_func,
+        data_iterator=data_iterator,
+        model=model,
+        num_microbatches=get_num_microbatches(),
+        seq_length=args.seq_length,
+        micro_batch_size=args.micro_batch_size,
+        decoder_seq_length=args.seq_length,
+        forward_only=False,
+    )
+    bad_ranks = _nonfinite_grad_ranks(model)
+    nan_iter = 0
+    if bad_ranks:
+        nan_iter = 1
+        message = f"non-finite gradient at iteration {args.iteration + 1} on ranks {bad_ranks}"
+        if not args.skip_nan_steps:
+            raise NonFiniteGradientError(message + " (pass --skip-nan-steps to skip such steps)")
+        print_rank_0(f"WARNING: {message}; skipping the update on every rank")
+        update_successful, grad_norm, num_zeros = False, None, None
+    else:
+        update_successful, grad_norm, num_zeros = optimizer.step()
+    if update_successful:
+        increment = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
+        opt_param_scheduler.step(increment=increment)
+    skipped = 0 if update_successful else 1
+    if not ps.is_pipeline_last_stage(ignore_virtual=True):
+        return {}, skipped, grad_norm, num_zeros, nan_iter
+    return _reduce_losses(losses_reduced), skipped, grad_norm, num_zeros, nan_iter
+
+
+def _reduce_losses(losses_reduced: list[dict]) -> dict[str, float]:
+    """[sum, count] report pairs are summed over microbatches and DP×CP, then divided."""
+    out = {}
+    if not losses_reduced:
+        return out
+    for key in losses_reduced[0]:
+        values = [x[key].detach().float().view(-1) for x in losses_reduced]
+        if values[0].numel() == 2:
+            total = torch.vstack(values).sum(dim=0)
+            dist.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
+            out[key] = (total[0] / total[1].clamp(min=1)).item()
+        else:
+            out[key] = torch.cat(values).mean().item()
+    return out
+
+
+# ---------------------------------------------------------------- evaluation
+def evaluate(forward_step_func, data_iterator, model, config, verbose: bool = False):
+    """Mean losses over `--eval-iters` forward-only iterations (last stage; {} elsewhere)."""
+    from gigatron.core.pipeline_parallel import get_forward_backward_func
+
+    args = get_args()
+    for chunk in model:
+        chunk.eval()
+    sums: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for _ in range(args.eval_iters):
+            losses = get_forward_backward_func()(
+                forward_step_func=forward_step_func,
+                data_iterator=data_iterator,
+                model=model,
+                num_microbatches=get_num_microbatches(),
+                seq_length=args.seq_length,
+                micro_batch_size=args.micro_batch_size,
+                decoder_seq_length=args.seq_length,
+                forward_only=True,
+            )
+            if ps.is_pipeline_last_stage(ignore_virtual=True):
+                for report in losses:
+                    for key, value in report.items():
+                        value = value.detach().float().view(-1)
+                        if value.numel() == 1:  # legacy mean-per-microbatch reports
+                            value = torch.cat([value, torch.ones(1)])
+                        sums[key] = sums.get(key, torch.zeros(2)) + value.cpu()
+            args.consumed_valid_samples += args.global_batch_size
+    for chunk in model:
+        chunk.train()
+    out = {}
+    for key, total in sums.items():
+        total = total.to("cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
+        out[key] = (total[0] / total[1].clamp(min=1)).item()
+    return out
+
+
+# ---------------------------------------------------------------- data
+def _num_samples(args) -> list[int]:
+    train = args.train_samples or args.train_iters * args.global_batch_size
+    iters = args.train_iters or train // args.global_batch_size
+    evals = (iters // args.eval_interval + 1) * args.eval_iters * args.global_batch_size
+    return [train, evals, args.eval_iters * args.global_batch_size]
+
+
+def build_train_valid_test_data_iterators(train_valid_test_dataset_provider):
+    """Datasets from the provider, wrapped in resumable loaders; iterators (or None) per split."""
+    args = get_args()
+    train_ds, valid_ds, test_ds = train_valid_test_dataset_provider(_num_samples(args))
+    loaders = [
+        build_pretraining_data_loader(train_ds, args.consumed_train_samples, args),
+        build_pretraining_data_loader(valid_ds, args.consumed_valid_samples, args),
+        build_pretraining_data_loader(test_ds, 0, args),
+    ]
+    return [iter(loader) if loader is not None else None for loader in loaders]
+
+
+def _chunk_iterators(iterator, model):
+    """Interleaved schedules take one iterator per virtual stage (same data on each)."""
+    if iterator is None or len(model) == 1:
+        return iterator
+    return [iterator] * len(model)
+
+
+# ---------------------------------------------------------------- exit conditions
+class _ExitSignal:
+    """Remembers a SIGTERM so the loop can save and stop at a step boundary."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.received = False
+        self._previous = None
+        if enabled:
+            self._previous = signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum, frame) -> None:
+        self.received = True
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def _any_rank(flag: bool) -> bool:
+    t = torch.tensor(
+        [1.0 if flag else 0.0], device="cuda" if dist.get_backend() == "nccl" else "cpu"
+    )
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _save(iteration, model, optimizer, scheduler, flops_so_far) -> None:
+    from gigatron.training.checkpointing import save_checkpoint
+
+    args = get_args()
+    save_checkpoint(iteration, model, optimizer, scheduler, flops_so_far)
+    print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
+
+
+# ---------------------------------------------------------------- the loop
+def train(
+    forward_step_func,
+    model,
+    optimizer,
+    scheduler,
+    train_iter,
+    valid_iter,
+    config,
+    start_iteration: int,
+    flops_so_far: float,
+):
+    """Run iterations until --train-iters (or an exit condition); returns the last iteration."""
+    args = get_args()
+    for chunk in model:
+        chunk.train()
+    exit_signal = _ExitSignal(args.exit_signal_handler)
+    bar = tlog.ProgressBar(args.train_iters, start_iteration, enabled=not args.no_progress_bar)
+    start_time = time.time()
+    iteration = start_iteration
+    window_start, window_iters = time.perf_counter(), 0
+    counts = {"skipped": 0, "nan": 0}
+    try:
+        while iteration < args.train_iters:
+            update_num_microbatches(args.consumed_train_samples, consistency_check=True)
+            args.iteration = iteration
+            losses, skipped, grad_norm, num_zeros, nan_iter = train_step(
+                forward_step_func,
+                _chunk_iterators(train_iter, model),
+                model,
+                optimizer,
+                scheduler,
+                config,
+            )
+            iteration += 1
+            args.iteration = iteration
+            batch = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
+            args.consumed_train_samples += batch
+            flops_so_far += _step_flops(args, batch)
+            counts["skipped"] += skipped
+            counts["nan"] += nan_iter
+            window_iters += 1
+            bar.update(next(iter(losses.values()), None))
+            if iteration % args.log_interval == 0:
+                stats = {
+                    "lr": scheduler.get_lr() if hasattr(scheduler, "get_lr") else args.lr,
+                    "losses": losses,
+                    "grad_norm": grad_norm,
+                    "num_zeros": num_zeros,
+                    "loss_scale": optimizer.get_loss_scale().item() if args.fp16 else None,
+                    **counts,
+                }
+                stats["lr"] = optimizer.param_groups[0]["lr"]
+                elapsed = time.perf_counter() - window_start
+                tlog.training_log(args, stats, iteration, elapsed, window_iters, bar)
+                window_start, window_iters = time.perf_counter(), 0
+                counts = {"skipped": 0, "nan": 0}
+            if (
+                valid_iter is not None
+                and args.eval_interval
+                and iteration % args.eval_interval == 0
+            ):
+                losses_v = evaluate(
+                    forward_step_func, _chunk_iterators(valid_iter, model), model, config
+                )
+                tlog.log_validation(args, f"iteration {iteration}", losses_v, iteration)
+            saved = False
+            if args.save and args.save_interval and iteration % args.save_interval == 0:
+                _save(iteration, model, optimizer, scheduler, flops_so_far)
+                saved = True
+            out_of_time = (
+                args.exit_duration_in_mins is not None
+                and (time.time() - start_time) / 60.0 > args.exit_duration_in_mins
+            )
+            if _any_rank(exit_signal.received or out_of_time):
+                reason = "SIGTERM received" if exit_signal.received else "exit duration reached"
+                if args.save and not saved:
+                    _save(iteration, model, optimizer, scheduler, flops_so_far)
+                print_rank_0(f"exiting at iteration {iteration}: {reason}")
+                break
+            if args.exit_interval and iteration % args.exit_interval == 0:
+                if args.save and not saved:
+                    _save(iteration, model, optimizer, scheduler, flops_so_far)
+                print_rank_0(f"exiting at iteration {iteration}: --exit-interval")
+                break
+    finally:
+        bar.close()
+        exit_signal.restore()
+    return iteration, flops_so_far
+
+
+def _step_flops(args, batch: int) -> float:
+    from gigatron.training.flops import num_floating_point_operations
+
+    return num_floating_point_operations(args, batch)
+
+
+def pretrain(
+    train_valid_test_dataset_provider,
+    model_provider,
+    model_type,
+    forward_step_func,
+    process_non_loss_data_func=None,
+    extra_args_provider=None,
+    args_defaults: dict | None = None,
+    get_embedding_ranks=None,
+    get_position_embedding_ranks=None,
+    non_loss_data_func=None,
+    argv: list[str] | None = None,
+    **unused,
+):
+    """Megatron's entry point: parse flags, build everything, train, evaluate, save.
+
+    Returns a dict with the final iteration and the last validation / test losses (useful for
+    scripts and tests; Megatron returns None).
+    """
+    args = initialize_megatron(
+        extra_args_provider,
+        args_defaults,
+        get_embedding_ranks=get_embedding_ranks,
+        get_position_embedding_ranks=get_position_embedding_ranks,
+        argv=argv,
+    )
+    unset_num_microbatches_calculator()
+    init_num_microbatches_calculator(
+        args.rank,
+        [int(x) for x in args.rampup_batch_size] if args.rampup_batch_size else None,
+        args.global_batch_size,
+        args.micro_batch_size,
+        args.data_parallel_size,
+    )
+    tlog.setup_writers(args)
+    model, optimizer, scheduler = setup_model_and_optimizer(model_provider, model_type)
+    _wire_config_hooks(model, optimizer)
+    from gigatron.core.utils import get_model_config
+
+    config = get_model_config(model[0])
+    iteration, flops_so_far = 0, 0.0
+    if args.load:
+        from gigatron.training.checkpointing import load_checkpoint
+
+        iteration, flops_so_far = load_checkpoint(model, optimizer, scheduler)
+        args.consumed_train_samples = getattr(args, "consumed_train_samples", 0)
+        print_rank_0(f"resumed from {args.load} at iteration {iteration}")
+    args.iteration = iteration
+    tlog.print_flops_formula(args)
+    train_iter, valid_iter, test_iter = build_train_valid_test_data_iterators(
+        train_valid_test_dataset_provider
+    )
+    result = {"iteration": iteration}
+    if iteration < args.train_iters:
+        iteration, flops_so_far = train(
+            forward_step_func,
+            model,
+            optimizer,
+            scheduler,
+            train_iter,
+            valid_iter,
+            config,
+            iteration,
+            flops_so_far,
+        )
+        result["iteration"] = iteration
+        if args.save and iteration == args.train_iters:
+            _save(iteration, model, optimizer, scheduler, flops_so_far)
+    if valid_iter is not None and args.eval_iters and iteration == args.train_iters:
+        result["valid"] = evaluate(
+            forward_step_func, _chunk_iterators(valid_iter, model), model, config
+        )
+        tlog.log_validation(
+            args, f"iteration {iteration} on validation set", result["valid"], iteration
+        )
+    result["model"] = model
+    if math.isfinite(flops_so_far):
+        result["flops"] = flops_so_far
+    return result
