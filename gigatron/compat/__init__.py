@@ -1,0 +1,1 @@
+"""Opt-in compatibility shims (see `gigatron.compat.megatron`)."""

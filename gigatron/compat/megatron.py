@@ -1,0 +1,127 @@
+"""Run scripts written for `megatron.core` on gigatron, unchanged.
+
+    python -m gigatron.compat.megatron my_script.py --flags ...        # one process
+    torchrun --nproc-per-node 2 -m gigatron.compat.megatron my_script.py ...
+
+or, inside Python, `import gigatron.compat.megatron as m; m.install()` before the script's own
+imports. After `install()`, `import megatron.core.X` and `import megatron.training.X` resolve to
+`gigatron.core.X` and `gigatron.training.X` (the same module objects). Nothing named `megatron`
+is touched unless this module is used, so gigatron installs beside the real megatron-core.
+A `megatron` module gigatron does not provide fails with ImportError naming it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import runpy
+import sys
+import types
+
+_PREFIXES = {"megatron.core": "gigatron.core", "megatron.training": "gigatron.training"}
+
+
+def _target(fullname: str) -> str | None:
+    for src, dst in _PREFIXES.items():
+        if fullname == src or fullname.startswith(src + "."):
+            return dst + fullname[len(src) :]
+    return None
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec):
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module) -> None:  # already executed under its gigatron name
+        pass
+
+
+class _MegatronAliasFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "megatron":
+            return importlib.machinery.ModuleSpec(fullname, _RootLoader(), is_package=True)
+        if not fullname.startswith("megatron."):
+            return None
+        dst = _target(fullname)
+        if dst is None:
+            raise ImportError(
+                f"{fullname} is not provided by gigatron's megatron alias (only megatron.core and "
+                "megatron.training are)",
+                name=fullname,
+            )
+        try:
+            spec = importlib.util.find_spec(dst)
+        except ModuleNotFoundError:
+            spec = None
+        if spec is None:
+            raise ModuleNotFoundError(
+                f"{fullname} has no gigatron counterpart ({dst} does not exist); "
+                "see docs/compat.md for what is covered",
+                name=fullname,
+            )
+        alias = importlib.machinery.ModuleSpec(
+            fullname, _AliasLoader(dst), is_package=spec.submodule_search_locations is not None
+        )
+        if spec.submodule_search_locations is not None:
+            alias.submodule_search_locations = list(spec.submodule_search_locations)
+        return alias
+
+
+class _RootLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        module = types.ModuleType("megatron")
+        module.__path__ = []
+        module.__doc__ = "gigatron's alias of the megatron namespace (gigatron.compat.megatron)"
+        return module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+_FINDER = _MegatronAliasFinder()
+
+
+def install() -> None:
+    """Make `megatron.core` / `megatron.training` imports resolve to gigatron (idempotent)."""
+    loaded = [m for m in sys.modules if m == "megatron" or m.startswith("megatron.")]
+    real = [m for m in loaded if not _is_alias(sys.modules[m])]
+    if real:
+        raise RuntimeError(
+            f"the real megatron package is already imported ({real[0]}); install the gigatron "
+            "alias before anything imports megatron"
+        )
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+
+
+def uninstall() -> None:
+    """Remove the alias and forget the aliased modules."""
+    if _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+    for name in [m for m in sys.modules if m == "megatron" or m.startswith("megatron.")]:
+        del sys.modules[name]
+
+
+def _is_alias(module) -> bool:
+    name = getattr(module, "__name__", "")
+    return name.startswith("gigatron") or name == "megatron" and not hasattr(module, "__file__")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m gigatron.compat.megatron SCRIPT.py [script args ...]")
+        return 0 if argv else 2
+    install()
+    script, rest = argv[0], argv[1:]
+    sys.argv = [script, *rest]
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
