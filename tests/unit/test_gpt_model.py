@@ -1,0 +1,165 @@
+"""GPTModel behaviour: Megatron's minimal model, output contracts, vocab padding, bad token ids,
+pipeline-stage pieces, tied embeddings and checkpoint key names."""
+
+import dataclasses
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from gigatron.core import parallel_state, tensor_parallel
+from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
+from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from gigatron.core.models.gpt.gpt_model import GPTModel
+from gigatron.core.transformer.transformer_config import TransformerConfig
+
+
+@pytest.fixture(autouse=True)
+def single_rank():
+    if not dist.is_initialized():
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
+        )
+    parallel_state.initialize_model_parallel(1, 1)
+    tensor_parallel.model_parallel_cuda_manual_seed(123)
+    yield
+    parallel_state.destroy_model_parallel()
+
+
+def _minimal(**kw):
+    torch.manual_seed(0)
+    config = TransformerConfig(
+        num_layers=2,
+        hidden_size=12,
+        num_attention_heads=4,
+        use_cpu_initialization=True,
+        pipeline_dtype=torch.float32,
+    )
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=100,
+        max_sequence_length=64,
+        **kw,
+    )
+
+
+def test_megatron_minimal_model_forward_backward():
+    model = _minimal()
+    ids = torch.randint(0, 100, (2, 8))
+    pos = torch.arange(8)[None].expand(2, -1)
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool).triu(1)  # True = masked
+    logits = model(ids, pos, mask)
+    assert logits.shape == (2, 8, 100)
+    loss = model(ids, pos, mask, labels=ids)
+    assert loss.shape == (2, 8) and loss.dtype == torch.float32
+    loss.mean().backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert all(g is not None and torch.isfinite(g).all() for g in grads.values()), grads.keys()
+    assert grads["decoder.layers.0.self_attention.linear_qkv.weight"].abs().sum() > 0
+
+
+def test_loss_is_unreduced_per_token_cross_entropy():
+    model = _minimal().eval()
+    ids = torch.randint(0, 100, (2, 8))
+    labels = torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        logits = model(ids, None, None)
+        loss = model(ids, None, None, labels=labels)
+    ref = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, 100), labels.reshape(-1), reduction="none"
+    ).view(2, 8)
+    torch.testing.assert_close(loss, ref, rtol=0, atol=1e-6)
+
+
+def test_causal_none_mask_equals_explicit_causal_mask():
+    model = _minimal().eval()
+    ids = torch.randint(0, 100, (2, 8))
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool).triu(1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, None, None), model(ids, None, mask), rtol=0, atol=0)
+
+
+def test_vocab_padding_and_divisibility_error():
+    assert vocab_size_with_padding(50257, 128, 1) == 50304
+    assert vocab_size_with_padding(50257, 128, 8) == 51200
+    assert vocab_size_with_padding(100, 4, 2) == 104
+    with pytest.raises(ValueError, match="orig_vocab_size"):
+        vocab_size_with_padding(0)
+
+
+def test_token_id_outside_vocab_names_the_id():
+    model = _minimal()
+    ids = torch.randint(0, 100, (2, 8))
+    ids[1, 3] = 100
+    with pytest.raises(ValueError, match=r"token id 100 at input_ids\[1, 3\]"):
+        model(ids, None, None)
+    ids[1, 3] = -7
+    with pytest.raises(ValueError, match="token id -7"):
+        model(ids, None, None)
+
+
+def test_tied_embeddings_share_the_weight():
+    model = _minimal(share_embeddings_and_output_weights=True).eval()
+    assert model.output_layer.weight is None
+    assert model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight
+    ids = torch.randint(0, 100, (1, 8))
+    logits = model(ids, None, None)
+    hidden = model.decoder(model.embedding(ids, None), None)  # [s, b, h]
+    ref = (hidden @ model.embedding.word_embeddings.weight.t()).transpose(0, 1)
+    torch.testing.assert_close(logits, ref)
+
+
+def _stage(config, pp_rank, **kw):
+    parallel_state.set_pipeline_model_parallel_rank(pp_rank)
+    try:
+        return GPTModel(config, get_gpt_layer_local_spec(), 100, 64, **kw).eval()
+    finally:
+        parallel_state.set_pipeline_model_parallel_rank(None)
+
+
+def test_pipeline_stage_pieces_compose_to_the_full_model():
+    """Two stages of one layer each (global layer numbers 1 and 2) equal the 2-layer model."""
+    full = _minimal().eval()
+    config = dataclasses.replace(full.config, pipeline_model_parallel_size=2)
+    first = _stage(config, 0, post_process=False)
+    last = _stage(config, 1, pre_process=False)
+    assert not hasattr(first, "output_layer") and not hasattr(last, "embedding")
+    assert [layer.layer_number for layer in first.decoder.layers] == [1]
+    assert [layer.layer_number for layer in last.decoder.layers] == [2]
+    assert first.decoder.final_layernorm is None
+    sd = full.state_dict()
+    first.load_state_dict(
+        {k: v for k, v in sd.items() if k.startswith(("embedding", "decoder.layers.0."))}
+    )
+    last.load_state_dict(
+        {
+            k.replace("decoder.layers.1.", "decoder.layers.0."): v
+            for k, v in sd.items()
+            if k.startswith(("output_layer", "decoder.final", "decoder.layers.1."))
+        }
+    )
+    assert "decoder.layers.1.mlp.linear_fc2.weight" in last.sharded_state_dict()
+    ids = torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        hidden = first(ids, None, None)  # [s, b, h]
+        assert hidden.shape == (8, 2, 12)
+        last.set_input_tensor(hidden)
+        torch.testing.assert_close(last(None, None, None), full(ids, None, None))
+
+
+def test_sharded_state_dict_uses_megatron_keys():
+    keys = _minimal().sharded_state_dict()
+    assert "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight" in keys
+    assert "decoder.layers.0.mlp.linear_fc1.layer_norm_bias" in keys
+    assert keys["decoder.layers.0.self_attention.linear_proj.weight"].tp_axis == 1
+    assert keys["decoder.layers.0.mlp.linear_fc1.weight"].tp_axis == 0
+    assert keys["decoder.final_layernorm.weight"].tp_axis is None
+    assert keys["embedding.word_embeddings.weight"].allow_shape_mismatch
+    assert not any("input_layernorm" in k or "pre_mlp_layernorm" in k for k in keys)
+
+
+def test_moe_spec_is_rejected_until_the_moe_issue():
+    with pytest.raises(ValueError, match="MoE lands with the MoE issue"):
+        get_gpt_layer_local_spec(num_experts=4)
