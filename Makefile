@@ -29,7 +29,6 @@ test: setup lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 train: setup
-	$(BIN)/python -m pip install -q -e ".[train]"
 	$(BIN)/python -m gigatron.cli train
 
 clean:
