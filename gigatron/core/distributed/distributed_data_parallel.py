@@ -1,0 +1,254 @@
+"""Data-parallel wrapper with contiguous grad buffers; mirrors
+`megatron.core.distributed.distributed_data_parallel.DistributedDataParallel`.
+
+What a Megatron user relies on (reference "15 details", item 15):
+- every trainable param gets `param.main_grad`, a view into a flat grad buffer; a hook run after
+  autograd accumulates `param.grad` adds it into `main_grad` and sets `param.grad = None`;
+- `zero_grad_buffer()` must be called at the start of every iteration;
+- grads are pre-scaled by 1/(dp * cp) before a SUM collective (or averaged in the collective
+  with `average_in_collective`); 1.0 with `calculate_per_token_loss` (finalize_model_grads
+  divides by the token count);
+- the DP collective runs over the DP x CP group; expert params (`param.allreduce = False`) use
+  the expert-DP group, still scaled by 1/(dp * cp);
+- `no_sync()` defers communication to the last microbatch; with `overlap_grad_reduce` each
+  bucket's collective starts from the backward hook of its last ready param.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core.distributed.distributed_data_parallel_config import (
+    DistributedDataParallelConfig,
+)
+from gigatron.core.distributed.param_and_grad_buffer import (
+    _ParamAndGradBuffer,
+    partition_buckets,
+)
+
+
+def _groups(pg_collection):
+    """(dp_cp, expt_dp, pp) groups: from `pg_collection` if given, else parallel_state."""
+    if pg_collection is not None:
+        return pg_collection.dp_cp, pg_collection.expt_dp, getattr(pg_collection, "pp", None)
+    from gigatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        raise RuntimeError(
+            "DistributedDataParallel needs parallel_state.initialize_model_parallel(...) first "
+            "(or a pg_collection)"
+        )
+    return (
+        ps.get_data_parallel_group(with_context_parallel=True),
+        ps.get_expert_data_parallel_group(),
+        ps.get_pipeline_model_parallel_group(),
+    )
+
+
+def _group_size(group) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """Wrap `module` for data parallelism (see module doc). `forward` calls the module."""
+
+    def __init__(
+        self,
+        config,
+        ddp_config: DistributedDataParallelConfig,
+        module: torch.nn.Module,
+        disable_bucketing: bool = False,
+        pg_collection=None,
+    ):
+        super().__init__()
+        self.config = config
+        self.module = module
+        self.dp_cp_group, self.expt_dp_group, self.pp_group = _groups(pg_collection)
+        dp_cp_size = _group_size(self.dp_cp_group)
+        if ddp_config.bucket_size is None:
+            ddp_config.bucket_size = max(40_000_000, 1_000_000 * dp_cp_size)
+        if not ddp_config.overlap_grad_reduce:
+            ddp_config.bucket_size = None  # one bucket per buffer: nothing to overlap with
+        self.ddp_config = ddp_config
+        # Later PP stages and non-first VPP chunks are not on the critical path: no bucketing.
+        pp_rank = dist.get_rank(self.pp_group) if self.pp_group is not None else 0
+        self.bucket_size = None if (disable_bucketing or pp_rank > 0) else ddp_config.bucket_size
+
+        dense, expert, param_to_name = [], [], {}
+        self.params_with_grad = []
+        for name, param in self.module.named_parameters():
+            if not param.requires_grad:
+                continue
+            self.params_with_grad.append(param)
+            param.grad_added_to_main_grad = False
+            param_to_name[param] = name
+            (dense if getattr(param, "allreduce", True) else expert).append(param)
+
+        per_token = getattr(config, "calculate_per_token_loss", False)
+        if per_token:
+            scale, expert_scale = 1.0, 1.0
+        elif ddp_config.average_in_collective:
+            scale = 1.0
+            expert_scale = _group_size(self.expt_dp_group) / dp_cp_size
+        else:
+            scale = expert_scale = 1.0 / dp_cp_size
+        if per_token and ddp_config.average_in_collective:
+            raise ValueError(
+                "average_in_collective (True) cannot be used with calculate_per_token_loss "
+                "(True): per-token grads must be summed (distributed_data_parallel.py)"
+            )
+        self.buffers = self._make_buffers(dense, self.dp_cp_group, scale, param_to_name)
+        self.expert_parallel_buffers = self._make_buffers(
+            expert, self.expt_dp_group, expert_scale, param_to_name
+        )
+        self.bucket_groups = partition_buckets(self.buffers, ddp_config)
+        self.expert_parallel_bucket_groups = partition_buckets(
+            self.expert_parallel_buffers, ddp_config
+        )
+        all_groups = self.bucket_groups + self.expert_parallel_bucket_groups
+        # Param all-gathers are dispatched in order; finishing one starts the next.
+        for i in range(len(all_groups) - 1):
+            all_groups[i].next_param_gather_bucket_group = all_groups[i + 1]
+        self.param_to_bucket_group = {p: g for g in all_groups for p in g.params}
+
+        self._hook_handles = [
+            p.register_post_accumulate_grad_hook(self._make_backward_post_hook(p))
+            for p in self.params_with_grad
+        ]
+        self.use_forward_hook = (
+            ddp_config.use_distributed_optimizer and ddp_config.overlap_param_gather
+        )
+        self.remove_forward_pre_hook_handles = {}
+        if self.use_forward_hook:
+            self.enable_forward_pre_hook()
+        self.overlap_param_gather_with_optimizer_step = False
+
+    def _make_buffers(self, params, group, scale, param_to_name) -> list[_ParamAndGradBuffer]:
+        by_dtype: dict[tuple[torch.dtype, torch.dtype], list] = {}
+        for p in params:
+            grad_dtype = torch.float32 if self.ddp_config.grad_reduce_in_fp32 else p.dtype
+            by_dtype.setdefault((p.dtype, grad_dtype), []).append(p)
+        return [
+            _ParamAndGradBuffer(
+                self.ddp_config, pd, gd, ps, group, self.bucket_size, param_to_name, scale
+            )
+            for (pd, gd), ps in by_dtype.items()
+        ]
+
+    def _all_bucket_groups(self):
+        return self.bucket_groups + self.expert_parallel_bucket_groups
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    # ---- hooks ---------------------------------------------------------------------------
+    def _make_backward_post_hook(self, param: torch.nn.Parameter):
+        """After autograd accumulated `param.grad`: move it into main_grad, maybe launch."""
+
+        def hook(p: torch.Tensor) -> None:
+            if p.grad is not None and not getattr(p, "grad_added_to_main_grad", False):
+                p.main_grad.add_(p.grad)
+            p.grad = None
+            if self.ddp_config.overlap_grad_reduce:
+                self.param_to_bucket_group[param].register_grad_ready(param)
+
+        return hook
+
+    def _make_forward_pre_hook(self):
+        def hook(module, *unused):
+            for param in module.parameters(recurse=False):
+                group = self.param_to_bucket_group.get(param)
+                if group is not None:
+                    group.finish_param_sync(
+                        skip_next_bucket_dispatch=self.ddp_config.align_param_gather
+                    )
+
+        return hook
+
+    def enable_forward_pre_hook(self) -> None:
+        """Wait for each module's param all-gather right before its forward."""
+        assert self.use_forward_hook and not self.remove_forward_pre_hook_handles
+        for module in self.module.modules():
+            self.remove_forward_pre_hook_handles[module] = module.register_forward_pre_hook(
+                self._make_forward_pre_hook()
+            )
+
+    def disable_forward_pre_hook(self, param_sync: bool = True) -> None:
+        """Remove the pre-hooks; all-gather synchronously now unless `param_sync=False`."""
+        assert self.use_forward_hook
+        for handle in self.remove_forward_pre_hook_handles.values():
+            handle.remove()
+        self.remove_forward_pre_hook_handles = {}
+        if param_sync:
+            self.start_param_sync(force_sync=True)
+
+    # ---- communication -------------------------------------------------------------------
+    @contextmanager
+    def no_sync(self):
+        """Accumulate grads without communication (all microbatches but the last)."""
+        for group in self._all_bucket_groups():
+            group.is_last_microbatch = False
+        try:
+            yield
+        finally:
+            for group in self._all_bucket_groups():
+                group.is_last_microbatch = True
+
+    def start_param_sync(self, *unused, force_sync: bool = False, force_dispatch: bool = False):
+        """All-gather updated params (distributed optimizer): async with overlap_param_gather
+        (waited on by forward pre-hooks), else synchronous."""
+        if not self.ddp_config.use_distributed_optimizer:
+            return
+        if not force_sync and self.overlap_param_gather_with_optimizer_step and not force_dispatch:
+            return
+        for group in self._all_bucket_groups():
+            group.start_param_sync(force_sync=force_sync)
+
+    def start_grad_sync(self, *unused) -> None:
+        """Launch every bucket's grad collective (async with overlap_grad_reduce)."""
+        for group in self._all_bucket_groups():
+            if group.grad_reduce_handle is None:
+                group.start_grad_sync()
+
+    def finish_grad_sync(self, force_all_reduce: bool | None = False) -> None:
+        """Complete every bucket's grad collective (runs it now without overlap)."""
+        for group in self._all_bucket_groups():
+            group.finish_grad_sync(force_all_reduce=bool(force_all_reduce))
+
+    def scale_gradients(self, scaling_factor: float) -> None:
+        """Multiply every grad buffer by `scaling_factor`."""
+        for buffer in self.buffers + self.expert_parallel_buffers:
+            buffer.scale_gradients(scaling_factor)
+
+    def zero_grad_buffer(self) -> None:
+        """Zero all grad buffers and reset bucket state. Call at the start of each iteration."""
+        for param in self.params_with_grad:
+            param.grad_added_to_main_grad = False
+            # An FP32Optimizer leaves .grad aliasing main_grad; autograd must not add into it.
+            param.grad = None
+        for buffer in self.buffers + self.expert_parallel_buffers:
+            buffer.reset()
+        for group in self._all_bucket_groups():
+            group.reset()
+
+    def broadcast_params(self) -> None:
+        """Copy params from DP rank 0 (expert params: expert-DP rank 0) to the other replicas."""
+        for param in self.module.parameters():
+            is_expert = not getattr(param, "allreduce", True)
+            group = self.expt_dp_group if is_expert else self.dp_cp_group
+            if _group_size(group) > 1:
+                src = dist.get_global_rank(group, 0)
+                dist.broadcast(param.data, src=src, group=group)
+
+    # ---- state dict passthrough (checkpoints hold the bare module's keys) -----------------
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True):
+        return self.module.load_state_dict(state_dict, strict=strict)
+
+    def sharded_state_dict(self, *args, **kwargs):
+        return self.module.sharded_state_dict(*args, **kwargs)

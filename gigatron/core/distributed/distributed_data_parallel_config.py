@@ -1,0 +1,137 @@
+"""Settings of `DistributedDataParallel`; mirrors
+`megatron.core.distributed.distributed_data_parallel_config`.
+
+Same field names and defaults as Megatron. Fields for features gigatron does not implement
+(Megatron-FSDP, FP8/MXFP8 param gather, NCCL user buffers, partial distributed optimizer, ...)
+are accepted at their defaults and raise ValueError when set to anything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_FILE = "gigatron/core/distributed/distributed_data_parallel_config.py"
+
+
+@dataclass
+class DistributedDataParallelConfig:
+    """Configuration for DistributedDataParallel."""
+
+    grad_reduce_in_fp32: bool = False
+    """Keep the grad buffer (main_grad) in fp32 and reduce in fp32 (bf16/fp16 models)."""
+
+    overlap_grad_reduce: bool = False
+    """Launch each bucket's all-reduce / reduce-scatter asynchronously during backward."""
+
+    overlap_param_gather: bool = False
+    """With the distributed optimizer: all-gather params asynchronously, waited on per module
+    by forward pre-hooks."""
+
+    align_param_gather: bool = False
+    """All PP stages launch param all-gathers together (gigatron dispatches all buckets at once
+    in start_param_sync either way)."""
+
+    use_distributed_optimizer: bool = False
+    """Reduce-scatter grads (each DP rank owns a shard) and keep a contiguous param buffer."""
+
+    num_distributed_optimizer_instances: int = 1
+    """Partial distributed optimizer (shard inside DP sub-groups). Only 1 is supported."""
+
+    check_for_nan_in_grad: bool = False
+    """Raise if a grad holds NaN/Inf before the DP collective."""
+
+    check_for_large_grads: bool = False
+    """Megatron's large-grad detector (not implemented; must be False)."""
+
+    bucket_size: int | None = None
+    """Max params per bucket; None -> max(40M, 1M * dp). Ignored (one bucket per buffer) unless
+    overlap_grad_reduce."""
+
+    pad_buckets_for_high_nccl_busbw: bool = False
+    """Pad bucket sizes to a multiple of 2**16 (distributed optimizer)."""
+
+    reduce_scatter_with_fp32_accumulation: bool = False
+    """Low-precision wire / fp32 accumulate reduce-scatter (not implemented; must be False)."""
+
+    average_in_collective: bool = False
+    """Average in the collective (ReduceOp.AVG) instead of pre-scaling grads by 1/dp."""
+
+    fp8_param_gather: bool = False
+    """FP8 params all-gather (not implemented; must be False)."""
+
+    reuse_grad_buf_for_mxfp8_param_ag: bool = False
+    """MXFP8 only (not implemented; must be False)."""
+
+    use_megatron_fsdp: bool = False
+    """Megatron-FSDP path (not implemented; must be False)."""
+
+    use_custom_fsdp: bool = False
+    """Deprecated alias of use_megatron_fsdp (must be False)."""
+
+    data_parallel_sharding_strategy: str = "no_shard"
+    """FSDP sharding strategy; only 'no_shard' (use use_distributed_optimizer for ZeRO-1)."""
+
+    gradient_reduce_div_fusion: bool = True
+    """FSDP knob; no effect here."""
+
+    suggested_communication_unit_size: int | None = None
+    """FSDP knob; no effect here."""
+
+    preserve_fp32_weights: bool = True
+    """FSDP knob; no effect here."""
+
+    keep_fp8_transpose_cache: bool = False
+    """FP8 knob; must be False."""
+
+    nccl_ub: bool = False
+    """NCCL user buffers (CUDA only; must be False)."""
+
+    fsdp_double_buffer: bool = False
+    """FSDP knob; must be False."""
+
+    outer_dp_sharding_strategy: str = "no_shard"
+    """HSDP knob; only 'no_shard'."""
+
+    disable_symmetric_registration: bool = False
+    """NCCL symmetric memory knob; no effect here."""
+
+    fsdp_manual_registration: bool = False
+    """FSDP knob; must be False."""
+
+    delay_wgrad_compute: bool = False
+    """Split dgrad/wgrad (not implemented; must be False)."""
+
+    def __post_init__(self) -> None:
+        must_be = {
+            "num_distributed_optimizer_instances": 1,
+            "check_for_large_grads": False,
+            "reduce_scatter_with_fp32_accumulation": False,
+            "fp8_param_gather": False,
+            "reuse_grad_buf_for_mxfp8_param_ag": False,
+            "use_megatron_fsdp": False,
+            "use_custom_fsdp": False,
+            "data_parallel_sharding_strategy": "no_shard",
+            "keep_fp8_transpose_cache": False,
+            "nccl_ub": False,
+            "fsdp_double_buffer": False,
+            "outer_dp_sharding_strategy": "no_shard",
+            "fsdp_manual_registration": False,
+            "delay_wgrad_compute": False,
+        }
+        for name, allowed in must_be.items():
+            value = getattr(self, name)
+            if value != allowed:
+                raise ValueError(
+                    f"DistributedDataParallelConfig.{name} ({value!r}) is not supported by "
+                    f"gigatron; it must be {allowed!r} ({_FILE})"
+                )
+        if self.bucket_size is not None and self.bucket_size <= 0:
+            raise ValueError(
+                f"DistributedDataParallelConfig.bucket_size ({self.bucket_size}) must be positive "
+                f"or None ({_FILE})"
+            )
+        if self.overlap_param_gather and not self.use_distributed_optimizer:
+            raise ValueError(
+                "DistributedDataParallelConfig.overlap_param_gather (True) requires "
+                f"use_distributed_optimizer=True ({_FILE})"
+            )

@@ -1,0 +1,115 @@
+"""Everything that must happen to grads between the last backward and `optimizer.step()`;
+mirrors `megatron.core.distributed.finalize_model_grads`.
+
+1. finish the DP (x CP) grad reduction of every model chunk (DDP `finish_grad_sync`);
+2. all-reduce over TP the grads of params replicated across TP ranks but fed different sequence
+   shards (`param.sequence_parallel = True`: layer norms, RowParallel biases, routers; also
+   `average_gradients_across_tp_domain`) - each TP rank only saw its s/tp tokens;
+3. all-reduce the tied word-embedding grad between the first and the last PP stage (embedding
+   group), so both copies take the same step;
+4. with `num_tokens` (per-token loss): broadcast the token count from the last PP stage, sum it
+   over DP x CP and divide all grads by it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core.utils import get_attr_wrapped_model
+
+
+def _main_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
+    """Where the grad lives: `main_grad` under DDP, else `.grad`."""
+    return param.main_grad if hasattr(param, "main_grad") else param.grad
+
+
+def _all_reduce_coalesced(grads: list[torch.Tensor], group) -> None:
+    """Sum `grads` over `group` in one collective per dtype (flatten, reduce, copy back)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for same in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in same])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in same:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def _allreduce_non_tensor_model_parallel_grads(model: list, tp_group) -> None:
+    """Sum over TP the grads of SP-marked replicated params (step 2 of the module doc)."""
+    if tp_group is None or dist.get_world_size(tp_group) == 1:
+        return
+    grads = []
+    for chunk in model:
+        for param in chunk.parameters():
+            if not param.requires_grad:
+                continue
+            if getattr(param, "sequence_parallel", False) or getattr(
+                param, "average_gradients_across_tp_domain", False
+            ):
+                grad = _main_grad(param)
+                if grad is not None:
+                    grads.append(grad)
+    if grads:
+        _all_reduce_coalesced(grads, tp_group)
+
+
+def _allreduce_word_embedding_grads(model: list, ps) -> None:
+    """Sum the tied embedding / output weight grad between first and last PP stage."""
+    if ps.get_pipeline_model_parallel_world_size() == 1 or not ps.is_rank_in_embedding_group():
+        return
+    if ps.is_pipeline_first_stage(ignore_virtual=True):
+        chunk = model[0]
+    elif ps.is_pipeline_last_stage(ignore_virtual=True):
+        chunk = model[-1]
+    else:  # e.g. a custom embedding-rank layout putting a middle stage in the group
+        chunk = model[0]
+    try:
+        module = get_attr_wrapped_model(chunk, "pre_process", return_model_obj=True)
+    except RuntimeError:
+        return  # not a Megatron-style language model: nothing is tied
+    if not getattr(module, "share_embeddings_and_output_weights", False):
+        return
+    weight = module.shared_embedding_or_output_weight()
+    grad = _main_grad(weight)
+    if grad is not None:
+        dist.all_reduce(grad, group=ps.get_embedding_group())
+
+
+def finalize_model_grads(
+    model: list[torch.nn.Module],
+    num_tokens: torch.Tensor | None = None,
+    pg_collection=None,
+    force_all_reduce: bool | None = False,
+) -> None:
+    """Finish DP reduction, TP and embedding all-reduces, per-token scaling (module doc).
+
+    `model`: list of DDP-wrapped model chunks (one per virtual PP stage).
+    `num_tokens`: 0-dim/1-element tensor with this rank's token count, or None.
+    """
+    from gigatron.core import parallel_state as ps
+
+    if pg_collection is not None:
+        tp_group = pg_collection.tp
+        pp_group = pg_collection.pp
+        dp_cp_group = pg_collection.dp_cp
+    else:
+        tp_group = ps.get_tensor_model_parallel_group()
+        pp_group = ps.get_pipeline_model_parallel_group()
+        dp_cp_group = ps.get_data_parallel_group(with_context_parallel=True)
+
+    for chunk in model:
+        chunk.finish_grad_sync(force_all_reduce=force_all_reduce)
+    _allreduce_non_tensor_model_parallel_grads(model, tp_group)
+    _allreduce_word_embedding_grads(model, ps)
+
+    if num_tokens is not None:
+        last_rank = dist.get_global_rank(pp_group, dist.get_world_size(pp_group) - 1)
+        dist.broadcast(num_tokens, src=last_rank, group=pp_group)
+        dist.all_reduce(num_tokens, group=dp_cp_group)
+        if num_tokens.item() > 0:
+            for chunk in model:
+                chunk.scale_gradients(1.0 / num_tokens.item())

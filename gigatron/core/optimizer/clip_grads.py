@@ -1,0 +1,85 @@
+"""Global gradient norm, clipping and zero counting; mirrors `megatron.core.optimizer.clip_grads`.
+
+Each rank sums the squares of the grads it is responsible for, then one all-reduce over
+`grad_stats_parallel_group` adds the partial sums: the model-parallel group (TP x PP) for the
+plain optimizers, where DP replicas hold identical reduced grads, and every rank for the
+distributed optimizer, where each DP rank holds a different shard. A grad counts once:
+TP-replicated params (not `tensor_model_parallel`) only on TP rank 0, and params marked
+`shared` (tied embeddings on the last stage) not at all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+
+def param_is_not_shared(param: torch.Tensor) -> bool:
+    """False for the second copy of a tied weight (Megatron's `param.shared = True`)."""
+    return not getattr(param, "shared", False)
+
+
+def _is_not_tp_duplicate(param: torch.Tensor, tp_group=None) -> bool:
+    """Megatron's param_is_not_tensor_parallel_duplicate: TP-split, or TP rank 0."""
+    if getattr(param, "tensor_model_parallel", False):
+        return True
+    if tp_group is None or not dist.is_initialized():
+        return True
+    return dist.get_rank(tp_group) == 0
+
+
+def _all_reduce(t: torch.Tensor, op, group) -> None:
+    if dist.is_initialized():
+        dist.all_reduce(t, op=op, group=group)
+
+
+def get_grad_norm_fp32(
+    grads_for_norm: list[torch.Tensor] | torch.Tensor,
+    norm_type: float = 2,
+    grad_stats_parallel_group=None,
+) -> float:
+    """Global `norm_type`-norm of `grads_for_norm` (already deduplicated) over the group."""
+    if isinstance(grads_for_norm, torch.Tensor):
+        grads_for_norm = [grads_for_norm]
+    norm_type = float(norm_type)
+    if norm_type == math.inf:
+        local = max((g.detach().abs().max().float() for g in grads_for_norm), default=None)
+        total = torch.zeros(1) if local is None else local.reshape(1).clone()
+        _all_reduce(total, dist.ReduceOp.MAX, grad_stats_parallel_group)
+        return total.item()
+    total = torch.zeros(1, dtype=torch.float32)
+    if grads_for_norm:
+        grads = [g.detach().float() for g in grads_for_norm]
+        norms = torch._foreach_norm(grads, norm_type)
+        total += torch.stack(norms).pow(norm_type).sum()
+    _all_reduce(total, dist.ReduceOp.SUM, grad_stats_parallel_group)
+    return total.item() ** (1.0 / norm_type)
+
+
+def clip_grad_by_total_norm_fp32(
+    parameters: list[torch.Tensor] | torch.Tensor, max_norm: float, total_norm: float
+) -> None:
+    """Scale `.grad` of `parameters` in place by max_norm / (total_norm + 1e-6) when < 1."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    grads = [p.grad.detach() for p in parameters if p.grad is not None]
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if clip_coeff < 1.0 and grads:
+        torch._foreach_mul_(grads, clip_coeff)
+
+
+def count_zeros_fp32(
+    parameters: list[torch.Tensor] | torch.Tensor, grad_stats_parallel_group=None, tp_group=None
+) -> float:
+    """Number of zero grad entries, deduplicated like the norm, summed over the group."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    total = torch.zeros(1, dtype=torch.float32)
+    for p in parameters:
+        if p.grad is None or not param_is_not_shared(p) or not _is_not_tp_duplicate(p, tp_group):
+            continue
+        total += p.grad.numel() - torch.count_nonzero(p.grad)
+    _all_reduce(total, dist.ReduceOp.SUM, grad_stats_parallel_group)
+    return total.item()

@@ -1,0 +1,142 @@
+"""ZeRO-1 style distributed optimizer; mirrors `megatron.core.optimizer.distrib_optimizer`.
+
+DDP (with `use_distributed_optimizer=True`) keeps params and grads in flat buffers whose buckets
+split into dp equal shards. DP rank r owns shard r of every bucket. For each model param that
+overlaps its shard, this rank keeps an fp32 "main" copy of just the overlapping range, and the
+torch optimizer (and so its state: Adam's exp_avg / exp_avg_sq) only ever sees those ranges:
+
+    bucket  [ p2 ........ | p1 ...... p0 ]       params laid out by DDP
+    shards  [ rank 0      | rank 1       ]       rank 1 steps p1[..] and p0 only
+
+Step: DDP reduce-scatters the grads (each rank gets the summed grad of its shard) -> unscale /
+inf check / clip over all ranks (shards are disjoint, so norms add up over DP too) -> local
+step on the fp32 shards -> copy into the model-dtype param buffer -> all-gather the buckets
+(`start_param_sync`; asynchronous and waited on in forward with `overlap_param_gather`).
+fp32 models: the main shard *is* a view of the param buffer (no extra copy), as in Megatron.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core.optimizer.optimizer import MixedPrecisionOptimizer, _copy_attrs
+
+
+class DistributedOptimizer(MixedPrecisionOptimizer):
+    """Optimizer state and fp32 main params sharded over the data-parallel group."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        config,
+        grad_scaler,
+        init_state_fn: Callable,
+        model_chunks: list,
+        per_model_buffers: dict,
+        data_parallel_group,
+        data_parallel_group_gloo=None,
+        data_parallel_group_idx: int | None = None,
+        distributed_optimizer_instance_id: int = 0,
+    ):
+        super().__init__(optimizer, config, grad_scaler, init_state_fn)
+        self.model_chunks = model_chunks
+        self.per_model_buffers = per_model_buffers
+        self.data_parallel_group = data_parallel_group
+        self.data_parallel_group_gloo = data_parallel_group_gloo
+        self.buffers = [b for buffers in per_model_buffers.values() for b in buffers]
+        for buffer in self.buffers:
+            if not buffer.ddp_config.use_distributed_optimizer:
+                raise ValueError(
+                    "DistributedOptimizer needs DDP built with "
+                    "DistributedDataParallelConfig(use_distributed_optimizer=True) "
+                    "(gigatron/core/optimizer/distrib_optimizer.py)"
+                )
+        self.ddp_config = self.buffers[0].ddp_config if self.buffers else None
+        # param -> (lo, hi): this rank's range inside param.view(-1)
+        self.model_param_shard_range = self._build_shard_ranges()
+        # One list per param group of (model_param, main_shard, lo, hi).
+        self.shard_groups: list[list[tuple]] = []
+        for group in self.optimizer.param_groups:
+            entries, shard_params = [], []
+            for param in group["params"]:
+                if param not in self.model_param_shard_range:
+                    continue  # nothing of this param lives in this rank's shards
+                lo, hi = self.model_param_shard_range[param]
+                model_shard = param.detach().view(-1)[lo:hi]
+                if param.dtype == torch.float32:
+                    main = torch.nn.Parameter(model_shard)  # aliases the param buffer
+                else:
+                    main = torch.nn.Parameter(model_shard.clone().float())
+                _copy_attrs(main, param)
+                entries.append((param, main, lo, hi))
+                shard_params.append(main)
+            group["params"] = shard_params
+            self.shard_groups.append(entries)
+
+    def _build_shard_ranges(self) -> dict:
+        ranges = {}
+        for buffer in self.buffers:
+            size = buffer.data_parallel_world_size
+            rank = dist.get_rank(buffer.data_parallel_group) if size > 1 else 0
+            for bucket in buffer.buckets:
+                shard = bucket.grad_data.numel() // size
+                s0 = bucket.offset + rank * shard
+                s1 = s0 + shard
+                for param in bucket.params_list:
+                    p0, p1, _ = buffer.param_index_map[param]
+                    lo, hi = max(p0, s0), min(p1, s1)
+                    if lo < hi:
+                        ranges[param] = (lo - p0, hi - p0)
+        return ranges
+
+    def _entries(self):
+        return [e for group in self.shard_groups for e in group]
+
+    def _copy_model_grads_to_main_grads(self) -> None:
+        for param, main, lo, hi in self._entries():
+            main.grad = param.main_grad.view(-1)[lo:hi].float()
+
+    def _copy_main_params_to_model_params(self) -> None:
+        for param, main, lo, hi in self._entries():
+            if param.dtype != torch.float32:
+                param.detach().view(-1)[lo:hi].copy_(main.detach())
+
+    def step_with_ready_grads(self) -> bool:
+        self.optimizer.step()
+        self._copy_main_params_to_model_params()
+        if self.ddp_config is not None and not self.ddp_config.overlap_param_gather:
+            for chunk in self.model_chunks:
+                chunk.start_param_sync()
+        return True
+
+    def reload_model_params(self, state_dict=None) -> None:
+        for param, main, lo, hi in self._entries():
+            if param.dtype != torch.float32:
+                main.data.copy_(param.detach().view(-1)[lo:hi])
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param, main, _, _ in self._entries():
+            param.grad = None
+            main.grad = None
+
+    def state_dict(self) -> dict:
+        """This rank's shard: inner optimizer state, scaler, fp32 main shards."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
+            "shard_main_params": [m.detach().clone() for _, m, _, _ in self._entries()],
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        if self.grad_scaler is not None and state_dict.get("grad_scaler") is not None:
+            self.grad_scaler.load_state_dict(state_dict["grad_scaler"])
+        entries = self._entries()
+        for (_, main, _, _), saved in zip(entries, state_dict["shard_main_params"]):
+            main.data.copy_(saved)
+        self._copy_main_params_to_model_params()
+        for chunk in self.model_chunks:
+            chunk.start_param_sync(force_sync=True)

@@ -1,0 +1,363 @@
+"""Megatron optimizer wrappers around a torch optimizer (`megatron.core.optimizer.optimizer`).
+
+- `FP32Optimizer`: fp32 model. Points `param.grad` at DDP's `param.main_grad`, clips, steps.
+- `Float16OptimizerWithFloat16Params`: bf16/fp16 model. The torch optimizer steps fp32 "main"
+  copies of the low-precision params: copy grads to the main params (fp32), unscale and check
+  for inf/NaN (fp16 loss scaling; the flag is max-reduced so every rank skips together), clip,
+  step, copy main params back into the model params.
+- `ChainedOptimizer`: several of the above (dense + expert params) behaving as one; the grad
+  norm is taken over all of them together.
+
+`step()` returns `(update_successful, grad_norm, num_zeros_in_grad)`; on overflow
+`(False, None, None)` and neither weights nor optimizer state change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core.optimizer.clip_grads import (
+    _is_not_tp_duplicate,
+    clip_grad_by_total_norm_fp32,
+    count_zeros_fp32,
+    get_grad_norm_fp32,
+    param_is_not_shared,
+)
+
+_TP_ATTRS = ("tensor_model_parallel", "partition_dim", "partition_stride", "shared", "allreduce")
+
+
+def _copy_attrs(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy the attributes clipping and checkpointing read (TP split, tied, expert)."""
+    for name in _TP_ATTRS:
+        if hasattr(src, name):
+            setattr(dst, name, getattr(src, name))
+
+
+def _model_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
+    """The accumulated grad of a model param: DDP's main_grad, else .grad."""
+    return param.main_grad if getattr(param, "main_grad", None) is not None else param.grad
+
+
+class MegatronOptimizer:
+    """Base class: norm / clip / zero-count helpers and the shared `step()` recipe."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        config,
+        init_state_fn: Callable = lambda x: None,
+    ):
+        self.optimizer = optimizer
+        self.config = config
+        self.init_state_fn = init_state_fn
+        self.grad_stats_parallel_group = None  # set by get_megatron_optimizer
+        self.tp_group = None
+
+    # ---- parameters and grads ------------------------------------------------------------
+    def get_parameters(self) -> list[torch.nn.Parameter]:
+        """The params the torch optimizer steps (main params for mixed precision)."""
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def get_main_grads_for_grad_norm(self) -> list[torch.Tensor]:
+        """Grads counted in the norm: not a tied copy, not a TP replica on TP rank > 0."""
+        return [
+            p.grad
+            for p in self.get_parameters()
+            if p.grad is not None
+            and param_is_not_shared(p)
+            and _is_not_tp_duplicate(p, self.tp_group)
+        ]
+
+    def get_grad_stats_parallel_group(self):
+        return self.grad_stats_parallel_group
+
+    def get_grad_norm(self) -> float:
+        return get_grad_norm_fp32(
+            self.get_main_grads_for_grad_norm(),
+            grad_stats_parallel_group=self.get_grad_stats_parallel_group(),
+        )
+
+    def clip_grad_norm(self, clip_grad: float) -> float:
+        """Global L2 norm of the grads; scale them so it is at most `clip_grad`."""
+        grad_norm = self.get_grad_norm()
+        clip_grad_by_total_norm_fp32(self.get_parameters(), clip_grad, grad_norm)
+        return grad_norm
+
+    def count_zeros(self) -> float:
+        return count_zeros_fp32(
+            self.get_parameters(),
+            grad_stats_parallel_group=self.get_grad_stats_parallel_group(),
+            tp_group=self.tp_group,
+        )
+
+    # ---- loss scale ----------------------------------------------------------------------
+    def get_loss_scale(self) -> torch.Tensor:
+        return torch.tensor([1.0])
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """Multiply the loss by the current loss scale (call before backward)."""
+        return self.get_loss_scale().to(loss.device) * loss
+
+    # ---- torch-optimizer passthrough -----------------------------------------------------
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    # ---- the step ------------------------------------------------------------------------
+    def prepare_grads(self) -> bool:
+        """Put grads where the torch optimizer reads them; return True if inf/NaN found."""
+        raise NotImplementedError
+
+    def step_with_ready_grads(self) -> bool:
+        raise NotImplementedError
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        raise NotImplementedError
+
+    def reload_model_params(self, state_dict=None) -> None:
+        pass
+
+    def _empty_norm(self):
+        return 0.0
+
+    @torch.no_grad()
+    def step(self):
+        """prepare grads -> (skip on overflow) -> clip -> count zeros -> step."""
+        if self.prepare_grads():
+            return False, None, None
+        grad_norm = self._empty_norm()
+        if self.config.clip_grad > 0.0:
+            grad_norm = self.clip_grad_norm(self.config.clip_grad)
+        num_zeros = self.count_zeros() if self.config.log_num_zeros_in_grad else self._zeros()
+        return self.step_with_ready_grads(), grad_norm, num_zeros
+
+    def _zeros(self):
+        return 0
+
+
+class FP32Optimizer(MegatronOptimizer):
+    """fp32 model params stepped directly; grads taken from DDP's main_grad."""
+
+    def _empty_norm(self):
+        return None
+
+    def _zeros(self):
+        return None
+
+    def prepare_grads(self) -> bool:
+        for p in self.get_parameters():
+            grad = _model_grad(p)
+            if grad is not None and grad is not p.grad:
+                p.grad = grad if grad.dtype == p.dtype else grad.to(p.dtype)
+        return False
+
+    def step_with_ready_grads(self) -> bool:
+        self.optimizer.step()
+        return True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.get_parameters():
+            p.grad = None if set_to_none else (p.grad.zero_() if p.grad is not None else None)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+
+class MixedPrecisionOptimizer(MegatronOptimizer):
+    """Loss-scale handling shared by the fp16/bf16 and distributed optimizers."""
+
+    def __init__(self, optimizer, config, grad_scaler, init_state_fn=lambda x: None):
+        super().__init__(optimizer, config, init_state_fn)
+        self.grad_scaler = grad_scaler
+        if grad_scaler is None and config.fp16:
+            raise ValueError(
+                "fp16 (True) needs a grad scaler (set loss_scale or use dynamic scaling) "
+                "(gigatron/core/optimizer/optimizer.py)"
+            )
+
+    def get_loss_scale(self) -> torch.Tensor:
+        return torch.tensor([1.0]) if self.grad_scaler is None else self.grad_scaler.scale
+
+    def _copy_model_grads_to_main_grads(self) -> None:
+        raise NotImplementedError
+
+    def _unscale_main_grads_and_check_for_nan(self) -> bool:
+        """Divide main grads by the loss scale; True if any rank saw inf/NaN."""
+        grads = [p.grad for p in self.get_parameters() if p.grad is not None]
+        found_inf = torch.zeros(1, dtype=torch.float32)
+        if grads:
+            torch._amp_foreach_non_finite_check_and_unscale_(
+                grads, found_inf, self.grad_scaler.inv_scale
+            )
+        if dist.is_initialized():
+            # Every rank must agree, or some would step and others not.
+            dist.all_reduce(
+                found_inf, op=dist.ReduceOp.MAX, group=self.get_grad_stats_parallel_group()
+            )
+        return bool(found_inf.item() > 0)
+
+    def prepare_grads(self) -> bool:
+        self._copy_model_grads_to_main_grads()
+        if self.grad_scaler is None:
+            return False
+        found_inf = self._unscale_main_grads_and_check_for_nan()
+        self.grad_scaler.update(found_inf)
+        return found_inf
+
+
+class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
+    """bf16/fp16 model params with fp32 main copies owned by the torch optimizer."""
+
+    def __init__(self, optimizer, config, grad_scaler, init_state_fn=lambda x: None):
+        super().__init__(optimizer, config, grad_scaler, init_state_fn)
+        self.float16_groups: list[list[torch.nn.Parameter]] = []
+        self.fp32_from_float16_groups: list[list[torch.nn.Parameter]] = []
+        self.fp32_from_fp32_groups: list[list[torch.nn.Parameter]] = []
+        for group in self.optimizer.param_groups:
+            f16, main, f32 = [], [], []
+            for i, param in enumerate(group["params"]):
+                if param.dtype in (torch.float16, torch.bfloat16):
+                    main_param = torch.nn.Parameter(param.detach().clone().float())
+                    _copy_attrs(main_param, param)
+                    param.main_param = main_param
+                    group["params"][i] = main_param
+                    f16.append(param)
+                    main.append(main_param)
+                elif param.dtype == torch.float32:
+                    f32.append(param)
+                else:
+                    raise ValueError(
+                        f"param dtype {param.dtype} must be float16, bfloat16 or float32 "
+                        "(gigatron/core/optimizer/optimizer.py)"
+                    )
+            self.float16_groups.append(f16)
+            self.fp32_from_float16_groups.append(main)
+            self.fp32_from_fp32_groups.append(f32)
+
+    def _copy_model_grads_to_main_grads(self) -> None:
+        for model_group, main_group in zip(self.float16_groups, self.fp32_from_float16_groups):
+            for model_param, main_param in zip(model_group, main_group):
+                grad = _model_grad(model_param)
+                main_param.grad = None if grad is None else grad.float()
+        for group in self.fp32_from_fp32_groups:
+            for param in group:
+                grad = _model_grad(param)
+                if grad is not None and grad is not param.grad:
+                    param.grad = grad.float()
+
+    def _copy_main_params_to_model_params(self) -> None:
+        for model_group, main_group in zip(self.float16_groups, self.fp32_from_float16_groups):
+            for model_param, main_param in zip(model_group, main_group):
+                model_param.data.copy_(main_param.data)
+
+    def step_with_ready_grads(self) -> bool:
+        self.optimizer.step()
+        self._copy_main_params_to_model_params()
+        return True
+
+    def reload_model_params(self, state_dict=None) -> None:
+        """Refresh the fp32 main params from the (e.g. freshly loaded) model params."""
+        for model_group, main_group in zip(self.float16_groups, self.fp32_from_float16_groups):
+            for model_param, main_param in zip(model_group, main_group):
+                main_param.data.copy_(model_param.data)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.float16_groups + self.fp32_from_fp32_groups:
+            for p in group:
+                p.grad = None
+        for group in self.fp32_from_float16_groups:
+            for p in group:
+                p.grad = None
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
+            "fp32_from_fp16_params": [
+                [p.detach().clone() for p in g] for g in self.fp32_from_float16_groups
+            ],
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        if self.grad_scaler is not None and state_dict.get("grad_scaler") is not None:
+            self.grad_scaler.load_state_dict(state_dict["grad_scaler"])
+        for group, saved in zip(self.fp32_from_float16_groups, state_dict["fp32_from_fp16_params"]):
+            for p, s in zip(group, saved):
+                p.data.copy_(s)
+
+
+class ChainedOptimizer(MegatronOptimizer):
+    """Several Megatron optimizers stepped as one (one global grad norm, one skip decision)."""
+
+    def __init__(self, chained_optimizers: list[MegatronOptimizer]):
+        self.chained_optimizers = chained_optimizers
+        self.config = chained_optimizers[0].config
+        self.optimizer = None
+
+    @property
+    def param_groups(self):
+        return [g for opt in self.chained_optimizers for g in opt.param_groups]
+
+    @property
+    def state(self):
+        return {k: v for opt in self.chained_optimizers for k, v in opt.state.items()}
+
+    def get_loss_scale(self) -> torch.Tensor:
+        return self.chained_optimizers[0].get_loss_scale()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.chained_optimizers:
+            opt.zero_grad(set_to_none)
+
+    def reload_model_params(self, state_dict=None) -> None:
+        for opt in self.chained_optimizers:
+            opt.reload_model_params()
+
+    def prepare_grads(self) -> bool:
+        found = False
+        for opt in self.chained_optimizers:
+            found = opt.prepare_grads() or found  # every one must run (copies grads)
+        return found
+
+    def get_grad_norm(self) -> float:
+        return sum(opt.get_grad_norm() ** 2 for opt in self.chained_optimizers) ** 0.5
+
+    def count_zeros(self) -> float:
+        return sum(opt.count_zeros() for opt in self.chained_optimizers)
+
+    def step_with_ready_grads(self) -> bool:
+        return all([opt.step_with_ready_grads() for opt in self.chained_optimizers])
+
+    @torch.no_grad()
+    def step(self):
+        if self.prepare_grads():
+            return False, None, None
+        grad_norm = self.get_grad_norm()
+        for opt in self.chained_optimizers:
+            if opt.config.clip_grad > 0.0:
+                clip_grad_by_total_norm_fp32(opt.get_parameters(), opt.config.clip_grad, grad_norm)
+        num_zeros = self.count_zeros() if self.config.log_num_zeros_in_grad else 0
+        return self.step_with_ready_grads(), grad_norm, num_zeros
+
+    def state_dict(self) -> list[dict]:
+        return [opt.state_dict() for opt in self.chained_optimizers]
+
+    def load_state_dict(self, state_dict: list[dict]) -> None:
+        for opt, sd in zip(self.chained_optimizers, state_dict):
+            opt.load_state_dict(sd)
