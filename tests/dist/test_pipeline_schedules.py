@@ -220,6 +220,3 @@ def test_pp2_1f1b_and_interleaved_match_no_pipelining():
 def test_pp4_1f1b_matches_no_pipelining():
     cases = [(None, 4, True, {}), (None, 8, True, {"deallocate_pipeline_outputs": True})]
     _assert_parity(run_distributed(_parity_cases, 4, args=(4, cases), timeout=180))
-
-
-

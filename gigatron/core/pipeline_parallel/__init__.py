@@ -1,4 +1,4 @@
-"""Pipeline parallelism: schedules, p2p communication and the layer split (`megatron.core.pipeline_parallel`)."""
+"""Pipeline parallelism (mirrors `megatron.core.pipeline_parallel`): schedules, p2p, layer split."""
 
 from gigatron.core.pipeline_parallel.schedules import get_forward_backward_func
 
