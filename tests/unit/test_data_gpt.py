@@ -89,7 +89,7 @@ def test_requested_size_over_several_epochs(tmp_path):
 
 
 def test_mock_dataset_without_blend():
-    cfg = _config(sequence_length=16)
+    cfg = _config(sequence_length=1024)
     assert cfg.mock and cfg.split == "1,1,1"
     train, valid, test = BlendedMegatronDatasetBuilder(
         MockGPTDataset, [20, 5, 5], lambda: True, cfg

@@ -338,7 +338,7 @@ def _get_ltor_masks_and_position_ids(
         position_ids = positions - torch.cummax(starts, 0).values
     attention_mask = None
     if create_attention_mask:
-        allowed = torch.ones(s, s, dtype=torch.bool).tril()
+        allowed = positions[None, :] <= positions[:, None]  # [s, s] causal: key <= query
         if reset_attention_mask:
             allowed &= doc[:, None] == doc[None, :]
         attention_mask = (~allowed).unsqueeze(0)
