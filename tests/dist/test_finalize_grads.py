@@ -1,0 +1,91 @@
+"""finalize_model_grads on 4 gloo ranks, grads set by hand so every expected value is exact.
+
+Layout A, TP=2 x PP=2: SP-marked params (`sequence_parallel=True`) are summed over TP, TP-split
+params are left alone, and the tied embedding/output weight is summed between the first and
+last stage (embedding group).
+Layout B, PP=2 x DP=2 with per-token loss: the DP reduction sums (no 1/dp pre-scale), the
+token count is broadcast from the last stage and summed over DP, and all grads are divided by it.
+"""
+
+from types import SimpleNamespace
+
+import torch
+
+from gigatron.core import parallel_state as ps
+from gigatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from gigatron.testing import run_distributed
+
+
+class _Stage(torch.nn.Module):
+    """A pipeline stage of a tied-embedding LM, reduced to the attributes Megatron reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre_process = ps.is_pipeline_first_stage()
+        self.post_process = ps.is_pipeline_last_stage()
+        self.share_embeddings_and_output_weights = True
+        self.word_embeddings = torch.nn.Parameter(torch.zeros(6, 4))
+        self.norm = torch.nn.Parameter(torch.zeros(4))
+        self.norm.sequence_parallel = True
+        self.fc = torch.nn.Parameter(torch.zeros(4, 4))
+        self.fc.tensor_model_parallel = True
+
+    def shared_embedding_or_output_weight(self):
+        return self.word_embeddings
+
+
+def _grads(stage):
+    return {n: p.main_grad.flatten()[0].item() for n, p in stage.named_parameters()}
+
+
+def _body():
+    rank = torch.distributed.get_rank()
+    out = {}
+    # Layout A: TP=2, PP=2.
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    stage = _Stage()
+    ddp = DistributedDataParallel(SimpleNamespace(), DistributedDataParallelConfig(), stage)
+    ddp.zero_grad_buffer()
+    for p in stage.parameters():
+        p.main_grad.fill_(rank + 1)
+    finalize_model_grads([ddp])
+    out["A"] = _grads(stage)
+    ps.destroy_model_parallel()
+    # Layout B: PP=2, DP=2, per-token loss.
+    ps.initialize_model_parallel(pipeline_model_parallel_size=2)
+    stage = _Stage()
+    config = SimpleNamespace(calculate_per_token_loss=True)
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), stage)
+    ddp.zero_grad_buffer()
+    for p in stage.parameters():
+        p.main_grad.fill_(rank + 1)
+    num_tokens = torch.tensor([10.0 * (rank + 1)])
+    finalize_model_grads([ddp], num_tokens=num_tokens)
+    out["B"] = _grads(stage)
+    out["B_tokens"] = num_tokens.item()
+    return out
+
+
+def test_finalize_model_grads():
+    res = run_distributed(_body, 4)
+    # A: ranks 0,1 = TP group of stage 0; 2,3 = stage 1. Embedding groups: (0,2) and (1,3).
+    for rank in range(4):
+        a = res[rank]["A"]
+        tp_peer = rank ^ 1
+        other_stage = (rank + 2) % 4
+        assert a["norm"] == (rank + 1) + (tp_peer + 1), rank
+        assert a["fc"] == rank + 1, rank
+        assert a["word_embeddings"] == (rank + 1) + (other_stage + 1), rank
+    # B: DP groups (0,1) at stage 0 and (2,3) at stage 1; sums 3 and 7; embedding 3 + 7 = 10.
+    # Token count: last stage's (30 or 40) broadcast down its PP group, summed over DP -> 70.
+    for rank in range(4):
+        b = res[rank]["B"]
+        assert res[rank]["B_tokens"] == 70.0
+        dp_sum = 3.0 if rank < 2 else 7.0
+        torch.testing.assert_close(b["norm"], dp_sum / 70.0)
+        torch.testing.assert_close(b["fc"], dp_sum / 70.0)
+        torch.testing.assert_close(b["word_embeddings"], 10.0 / 70.0)
