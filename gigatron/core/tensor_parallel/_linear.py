@@ -58,29 +58,36 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
     def backward(ctx, grad_output):
         input_, weight = ctx.saved_tensors
         group = ctx.tp_group
-        total_input = _gather_along_first_dim(input_, group) if ctx.sequence_parallel else input_
-        grad_input = grad_output.matmul(weight)  # [s, b, h]
+        need_dgrad, need_wgrad, _ = ctx.needs_input_grad[:3]
 
-        handle = None
-        if ctx.sequence_parallel:
-            tp_size = group_size(group)
-            sub_grad_input = grad_input.new_empty(
-                (grad_input.size(0) // tp_size, *grad_input.shape[1:])
-            )
-            handle = _reduce_scatter_into(sub_grad_input, grad_input, group, async_op=True)
-        elif ctx.allreduce_dgrad:
-            # grad_input is a fresh tensor we own, so reducing in place is safe.
-            handle = dist.all_reduce(grad_input, group=group, async_op=True)
+        handle = grad_input = None
+        if need_dgrad:
+            grad_input = grad_output.matmul(weight)  # [s, b, h]
+            if ctx.sequence_parallel:
+                tp_size = group_size(group)
+                sub_grad_input = grad_input.new_empty(
+                    (grad_input.size(0) // tp_size, *grad_input.shape[1:])
+                )
+                handle = _reduce_scatter_into(sub_grad_input, grad_input, group, async_op=True)
+            elif ctx.allreduce_dgrad:
+                # grad_input is a fresh tensor we own, so reducing in place is safe.
+                handle = dist.all_reduce(grad_input, group=group, async_op=True)
 
+        # The weight gradient runs while the input-gradient collective is in flight.
         grad_output_2d = grad_output.reshape(-1, grad_output.size(-1))  # [s*b, o/tp]
-        total_input_2d = total_input.reshape(-1, total_input.size(-1))  # [s*b, h]
-        grad_weight = _weight_grad(ctx, weight, grad_output_2d, total_input_2d)
+        grad_weight = None
+        if need_wgrad:  # a frozen weight gets no gradient (Megatron's linear_with_frozen_weight)
+            total_input = input_
+            if ctx.sequence_parallel:
+                total_input = _gather_along_first_dim(input_, group)  # [s, b, h]
+            total_input_2d = total_input.reshape(-1, total_input.size(-1))  # [s*b, h]
+            grad_weight = _weight_grad(ctx, weight, grad_output_2d, total_input_2d)
         grad_bias = grad_output_2d.sum(dim=0) if ctx.use_bias else None
 
         if handle is not None:
             handle.wait()
-        if ctx.sequence_parallel:
-            grad_input = sub_grad_input
+            if ctx.sequence_parallel:
+                grad_input = sub_grad_input
         return grad_input, grad_weight, grad_bias, None, None, None, None
 
 
