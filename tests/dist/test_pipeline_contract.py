@@ -243,7 +243,7 @@ def _errors():
     config.pipeline_dtype = torch.float32
     interleaved = forward_backward_pipelining_with_interleaving
     no_data = [iter([]), iter([])]
-    expect(ValueError, r"group_size_per_vp_stage \(2\) must lie in \[.*\(2\), num_microbatches \(1\)\]",
+    expect(ValueError, r"size_per_vp_stage \(2\) must lie in \[.*\(2\), num_microbatches \(1\)\]",
            interleaved, model=two, data_iterator=no_data, num_microbatches=1)  # fmt: skip
     config.microbatch_group_size_per_vp_stage = 2
     expect(RuntimeError, r"num_microbatches \(3\) % microbatch_group_size_per_vp_stage \(2\)",
