@@ -331,14 +331,13 @@ def train(
             bar.update(next(iter(losses.values()), None))
             if iteration % args.log_interval == 0:
                 stats = {
-                    "lr": scheduler.get_lr() if hasattr(scheduler, "get_lr") else args.lr,
+                    "lr": optimizer.param_groups[0]["lr"],
                     "losses": losses,
                     "grad_norm": grad_norm,
                     "num_zeros": num_zeros,
                     "loss_scale": optimizer.get_loss_scale().item() if args.fp16 else None,
                     **counts,
                 }
-                stats["lr"] = optimizer.param_groups[0]["lr"]
                 elapsed = time.perf_counter() - window_start
                 tlog.training_log(args, stats, iteration, elapsed, window_iters, bar)
                 window_start, window_iters = time.perf_counter(), 0
