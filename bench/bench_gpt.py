@@ -1,0 +1,359 @@
+"""Throughput of one gigatron GPT training step (forward, backward, optimizer) as JSON.
+
+    python bench/bench_gpt.py --config gpt-125m                       # fast path, one GPU
+    python bench/bench_gpt.py --config gpt-1.3b --impl plain          # local spec, eager
+    torchrun --nproc-per-node 2 bench/bench_gpt.py --config gpt-1.3b --tp 2 --sp
+    torchrun --nproc-per-node 2 bench/bench_gpt.py --config gpt-125m --overlap-grad-reduce
+    python bench/bench_gpt.py --config tiny --device cpu               # harness check on CPU
+
+Timed like the anchors in bench/anchors (copies of shared/bench/anchors): random tokens, bf16
+params, fused AdamW on the bf16 params, 5 warm-up steps, mean of 10 timed steps, FLOPs by the
+Megatron formula (gigatron/training/flops.py, equal to the anchors' formula for a plain GPT),
+MFU against 989 TFLOP/s. The last line on rank 0 is `RESULT {json}`.
+
+`--impl fast` = SDPA spec + compiled layers + chunked cross entropy + cuDNN-first SDPA;
+`--impl plain` = local spec, eager, plain cross entropy. Each switch can be overridden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gigatron.training.flops import flops_per_token  # noqa: E402
+
+PEAK = 989e12  # H200/H100 dense bf16 datasheet peak (the anchors' MFU denominator)
+
+# name -> shape. gpt-*: the anchors' configs (bench/anchors/gpt_flops.py). llama-1b: Llama-3.2-1B's
+# shape (16 layers, h 2048, 32 query / 8 KV heads, SwiGLU ffn 8192, RoPE, RMSNorm, no biases,
+# tied embeddings) with the anchors' vocab 50304, seq 2048, micro-batch 4.
+CONFIGS = {
+    "gpt-125m": dict(layers=12, hidden=768, heads=12, seq=1024, mbs=16, vocab=50304),
+    "gpt-1.3b": dict(layers=24, hidden=2048, heads=16, seq=2048, mbs=4, vocab=50304),
+    "llama-1b": dict(
+        layers=16,
+        hidden=2048,
+        heads=32,
+        kv_heads=8,
+        ffn=8192,
+        seq=2048,
+        mbs=4,
+        vocab=50304,
+        swiglu=True,
+        rope=True,
+        rmsnorm=True,
+        bias=False,
+    ),
+    "tiny": dict(layers=2, hidden=64, heads=4, seq=32, mbs=2, vocab=512),
+    "tiny-llama": dict(
+        layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        ffn=128,
+        seq=32,
+        mbs=2,
+        vocab=512,
+        swiglu=True,
+        rope=True,
+        rmsnorm=True,
+        bias=False,
+    ),
+}
+
+
+def build_model(shape: dict, a):
+    """gigatron GPTModel in bf16 (fp32 on CPU) with tied embeddings, no dropout."""
+    from gigatron.core.models.gpt import GPTModel
+    from gigatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_fast_spec,
+        get_gpt_layer_local_spec,
+    )
+    from gigatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
+    swiglu = shape.get("swiglu", False)
+    cfg = TransformerConfig(
+        num_layers=shape["layers"],
+        hidden_size=shape["hidden"],
+        num_attention_heads=shape["heads"],
+        num_query_groups=shape.get("kv_heads"),
+        ffn_hidden_size=shape.get("ffn"),
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bf16=dtype == torch.bfloat16,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        tensor_model_parallel_size=a.tp,
+        sequence_parallel=a.sp,
+        normalization="RMSNorm" if shape.get("rmsnorm") else "LayerNorm",
+        gated_linear_unit=swiglu,
+        activation_func=F.silu if swiglu else F.gelu,
+        add_bias_linear=shape.get("bias", True),
+    )
+    torch.manual_seed(1234)
+    model_parallel_cuda_manual_seed(1234)
+    spec = (get_gpt_layer_fast_spec if a.spec == "fast" else get_gpt_layer_local_spec)()
+    with torch.device(a.device):
+        model = GPTModel(
+            config=cfg,
+            transformer_layer_spec=spec,
+            vocab_size=shape["vocab"],
+            max_sequence_length=shape["seq"],
+            share_embeddings_and_output_weights=True,
+            position_embedding_type="rope" if shape.get("rope") else "learned_absolute",
+        )
+    return model.to(device=a.device, dtype=dtype), cfg
+
+
+def gpt_loss(model, tokens, pos, labels, *, chunked: bool) -> torch.Tensor:
+    """Mean LM loss. `chunked`: GPTModel.forward up to the decoder, then the chunked output-layer
+    cross entropy (what GPTModel should call behind a config switch; see docs/performance.md)."""
+    if not chunked:
+        return model(tokens, pos, None, labels=labels).mean()
+    from gigatron.core.fusions.chunked_cross_entropy import chunked_linear_cross_entropy
+
+    cfg = model.config
+    hidden = model.embedding(input_ids=tokens, position_ids=pos)  # [s(/tp), b, h]
+    rope = None
+    if model.position_embedding_type == "rope":
+        seq_len = model.rotary_pos_emb.get_rotary_seq_len(None, model.decoder, hidden, cfg)
+        rope = model.rotary_pos_emb(seq_len)
+    hidden = model.decoder(hidden_states=hidden, attention_mask=None, rotary_pos_emb=rope)
+    weight = (
+        model.shared_embedding_or_output_weight()
+        if model.share_embeddings_and_output_weights
+        else model.output_layer.weight
+    )
+    loss = chunked_linear_cross_entropy(
+        hidden, weight, labels, sequence_parallel=cfg.sequence_parallel
+    )  # [b, s]
+    return loss.mean()
+
+
+def _args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--config", default="gpt-125m", choices=sorted(CONFIGS))
+    p.add_argument("--impl", default="fast", choices=["fast", "plain"])
+    p.add_argument("--spec", choices=["local", "fast"], help="default: per --impl")
+    p.add_argument("--compile", choices=["none", "layers"], help="default: per --impl")
+    p.add_argument("--ce", choices=["plain", "chunked"], help="default: per --impl")
+    p.add_argument("--sdpa", default=None, help="comma list, e.g. cudnn,flash ('default': torch)")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--sp", action="store_true", help="sequence parallelism (TP > 1)")
+    p.add_argument("--ddp", choices=["auto", "on", "off"], default="auto", help="auto: DP > 1")
+    p.add_argument("--overlap-grad-reduce", action="store_true")
+    p.add_argument("--optimizer", default="torch-fused", choices=["torch-fused", "torch-foreach"])
+    p.add_argument("--micro-batch-size", type=int, default=None)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--profile", default=None, help="write top kernels of 2 profiled steps here")
+    p.add_argument("--label", default=None)
+    a = p.parse_args(argv)
+    fast = a.impl == "fast"
+    a.spec = a.spec or ("fast" if fast else "local")
+    a.compile = a.compile or ("layers" if fast and a.device == "cuda" else "none")
+    a.ce = a.ce or ("chunked" if fast else "plain")
+    if a.sdpa is None:
+        a.sdpa = "cudnn,flash,efficient" if fast and a.device == "cuda" else "default"
+    return a
+
+
+def _init_dist(device: str) -> tuple[int, int]:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
+    return rank, world
+
+
+def _versions() -> dict:
+    out = {"torch": torch.__version__, "python": platform.python_version()}
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        out["cuda"] = torch.version.cuda
+        out["cudnn"] = torch.backends.cudnn.version()
+        out["gpu"] = torch.cuda.get_device_name()
+    out["gigatron_commit"] = os.environ.get("GIGATRON_COMMIT", "unknown")
+    return out
+
+
+class _Step:
+    """One training step: zero grads, loss.backward(), (DDP grad sync), optimizer.step()."""
+
+    def __init__(self, a, model, ddp, opt, batch, sdpa_ctx):
+        self.a, self.model, self.ddp, self.opt, self.batch = a, model, ddp, opt, batch
+        self.sdpa_ctx = sdpa_ctx
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def __call__(self) -> torch.Tensor:
+        if self.ddp is not None:
+            self.ddp.zero_grad_buffer()
+        self.opt.zero_grad(set_to_none=True)
+        with self.sdpa_ctx():
+            loss = gpt_loss(self.model, *self.batch, chunked=self.a.ce == "chunked")
+        loss.backward()
+        if self.ddp is not None:
+            self.ddp.finish_grad_sync()
+            for p in self.params:  # DDP moved the grads into its buffer (param.main_grad)
+                p.grad = p.main_grad
+        self.opt.step()
+        return loss
+
+
+def _optimizer(a, params):
+    kw = {"fused": True} if a.optimizer == "torch-fused" else {"foreach": True}
+    return torch.optim.AdamW(params, lr=1e-4, **kw)
+
+
+def _time(step, a, device):
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    for _ in range(a.warmup):
+        step()
+    sync()
+    warm_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        loss = step()
+    sync()
+    return (time.perf_counter() - t0) / a.steps, warm_s, float(loss.detach())
+
+
+def _profile(step, path: str, rank: int) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+    rows = []
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(e.self_device_time_total for e in events)
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:30]:
+        rows.append(
+            {
+                "kernel": e.key[:120],
+                "ms_per_step": round(e.self_device_time_total / 2 / 1e3, 3),
+                "share": round(e.self_device_time_total / max(total, 1), 4),
+                "calls_per_step": e.count // 2,
+            }
+        )
+    if rank == 0:
+        with open(path, "w") as f:
+            json.dump({"device_ms_per_step": round(total / 2 / 1e3, 2), "top": rows}, f, indent=1)
+    return rows
+
+
+def main(argv=None) -> dict:
+    a = _args(argv)
+    rank, world = _init_dist(a.device)
+    if world % a.tp != 0:
+        raise ValueError(f"--tp ({a.tp}) must divide the world size ({world})")
+    from gigatron.core import parallel_state
+    from gigatron.core.transformer._compile import compile_transformer_layers, sdpa_backends
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=a.tp)
+    dp = world // a.tp
+    shape = dict(CONFIGS[a.config])
+    if a.micro_batch_size:
+        shape["mbs"] = a.micro_batch_size
+    model, cfg = build_model(shape, a)
+    use_ddp = a.ddp == "on" or (a.ddp == "auto" and dp > 1)
+    ddp = None
+    if use_ddp:
+        from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        ddp_cfg = DistributedDataParallelConfig(overlap_grad_reduce=a.overlap_grad_reduce)
+        ddp = DistributedDataParallel(cfg, ddp_cfg, model)
+    if a.compile == "layers":
+        compile_transformer_layers(model)
+    opt = _optimizer(a, [p for p in model.parameters() if p.requires_grad])
+    dev = torch.device(a.device, torch.cuda.current_device() if a.device == "cuda" else None)
+    g = torch.Generator(device=dev).manual_seed(1234 + parallel_state.get_data_parallel_rank())
+    b, s, vocab = shape["mbs"], shape["seq"], shape["vocab"]
+    tokens = torch.randint(0, vocab, (b, s), device=dev, generator=g)
+    labels = torch.randint(0, vocab, (b, s), device=dev, generator=g)
+    pos = torch.arange(s, device=dev).unsqueeze(0).expand(b, s)
+    sdpa = None if a.sdpa == "default" else a.sdpa.split(",")
+    step = _Step(a, model, ddp, opt, (tokens, pos, labels), lambda: sdpa_backends(sdpa))
+    if a.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    dt, warm_s, loss = _time(step, a, a.device)
+    per_token = flops_per_token(
+        num_layers=shape["layers"],
+        hidden_size=shape["hidden"],
+        seq_length=s,
+        vocab_size=vocab,
+        num_attention_heads=shape["heads"],
+        num_query_groups=shape.get("kv_heads"),
+        ffn_hidden_size=shape.get("ffn"),
+        gated_linear_unit=shape.get("swiglu", False),
+    )
+    tokens_per_step = b * s * dp
+    tflops = per_token * tokens_per_step / dt / world / 1e12
+    result = {
+        "impl": "gigatron-" + (a.label or a.impl),
+        "config": a.config,
+        "gpus": world,
+        "tp": a.tp,
+        "sp": a.sp,
+        "dp": dp,
+        "micro_batch": b,
+        "seq": s,
+        "iter_s": round(dt, 4),
+        "tokens_per_s": round(tokens_per_step / dt),
+        "tflops_per_gpu": round(tflops, 1),
+        "mfu": round(tflops * 1e12 / PEAK, 4),
+        "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1)
+        if a.device == "cuda"
+        else None,
+        "loss": round(loss, 4),
+        "warmup_s": round(warm_s, 1),
+        "switches": {
+            "spec": a.spec,
+            "compile": a.compile,
+            "ce": a.ce,
+            "sdpa": a.sdpa,
+            "ddp": use_ddp,
+            "overlap_grad_reduce": a.overlap_grad_reduce,
+            "optimizer": a.optimizer,
+        },
+        "shape": shape,
+        "versions": _versions(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    if a.profile and a.device == "cuda":
+        top = _profile(step, a.profile, rank)
+        result["profile_top5"] = [(r["kernel"][:60], r["share"]) for r in top[:5]]
+    if rank == 0:
+        print("RESULT", json.dumps(result), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    main()

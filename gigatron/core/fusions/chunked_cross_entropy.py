@@ -1,0 +1,159 @@
+"""Output layer + vocab-parallel cross entropy in token chunks: no full-batch fp32 logits.
+
+Fast-path twin of `output_layer` (ColumnParallelLinear, no bias) followed by
+`tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels)` as GPTModel computes its
+loss (Megatron's `GPTModel.compute_language_model_loss`). gigatron-specific: Megatron's fused
+counterparts live in Transformer Engine / Apex, not in megatron.core.
+
+Forward walks the N = s*b tokens in chunks of `chunk_size`: logits_c = x_c W^T (bf16, [c, V/tp]),
+per-row max and sum of exp in fp32 (one all-reduce each over TP), loss = lse - z_target, and the
+unscaled logit gradient D_c = softmax_c - onehot_c written into one [N, V/tp] buffer in the
+logits dtype. The fp32 logits of the whole batch never exist: fp32 appears only per chunk (and
+not at all when the elementwise helpers are compiled: they upcast in registers).
+Backward scales D by the per-token incoming gradient, then dX = D W and dW = D^T X (two big
+matmuls, no recompute of the logits).
+
+Shapes: N: tokens (s*b), h: hidden, V: vocabulary, tp: tensor-parallel size, c: chunk tokens.
+Memory: D costs N*V/tp elements of the logits dtype (bf16: half of the fp32 logits the plain
+path keeps for its backward). The function consumes D in backward: double backward through it
+(retain_graph and backward twice) is not supported.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+_FILE = "gigatron/core/fusions/chunked_cross_entropy.py"
+
+
+def _row_max(logits: Tensor) -> Tensor:
+    """[c, V/tp] -> fp32 [c]."""
+    return logits.float().amax(dim=-1)
+
+
+def _row_stats(logits: Tensor, row_max: Tensor, local_target: Tensor, owned: Tensor) -> Tensor:
+    """-> fp32 [c, 2]: (z_target - max if this rank owns the target else 0, sum exp(z - max))."""
+    shifted = logits.float() - row_max.unsqueeze(-1)
+    picked = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1)
+    picked = torch.where(owned, picked, torch.zeros_like(picked))
+    return torch.stack((picked, shifted.exp().sum(dim=-1)), dim=-1)
+
+
+def _logit_grad(logits: Tensor, lse: Tensor, local_target: Tensor, owned: Tensor) -> Tensor:
+    """d loss / d logits = softmax - onehot(target), in the logits dtype, [c, V/tp]."""
+    probs = (logits.float() - lse.unsqueeze(-1)).exp()
+    cols = torch.arange(logits.size(-1), device=logits.device)
+    onehot = (cols.unsqueeze(0) == local_target.unsqueeze(-1)) & owned.unsqueeze(-1)
+    return (probs - onehot.to(probs.dtype)).to(logits.dtype)
+
+
+_HELPERS = {"eager": (_row_max, _row_stats, _logit_grad)}
+
+
+def _helpers(compiled: bool):
+    """The three elementwise helpers, torch.compile'd once per process when `compiled`."""
+    key = "compiled" if compiled else "eager"
+    if key not in _HELPERS:
+        _HELPERS[key] = tuple(torch.compile(f, dynamic=False) for f in _HELPERS["eager"])
+    return _HELPERS[key]
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Per-token loss of `x W^T` against global targets, vocabulary split over `tp_group`.
+
+    forward:  x [N, h], W [V/tp, h], target [N] -> per chunk: matmul, all-reduce MAX,
+              all-reduce SUM of (z_target, sum exp) -> loss fp32 [N]; keeps D [N, V/tp]
+    backward: grad [N] -> D *= grad -> dX = D W [N, h] (partial over TP: the caller's mapping
+              reduces it), dW = D^T X [V/tp, h] (no comm)
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, target, chunk_size, tp_group, compiled):
+        row_max_fn, row_stats_fn, logit_grad_fn = _helpers(compiled)
+        tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
+        tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
+        n_tokens, vocab_per_rank = x.size(0), weight.size(0)
+        start = tp_rank * vocab_per_rank
+        owned = (target >= start) & (target < start + vocab_per_rank)  # [N]
+        local_target = torch.where(owned, target - start, torch.zeros_like(target))
+        loss = torch.empty(n_tokens, dtype=torch.float32, device=x.device)
+        grad_logits = torch.empty(n_tokens, vocab_per_rank, dtype=x.dtype, device=x.device)
+        for lo in range(0, n_tokens, chunk_size):
+            hi = min(n_tokens, lo + chunk_size)
+            logits = torch.matmul(x[lo:hi], weight.t())  # [c, V/tp]
+            row_max = row_max_fn(logits)  # [c]
+            if tp_size > 1:
+                dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=tp_group)
+            stats = row_stats_fn(logits, row_max, local_target[lo:hi], owned[lo:hi])  # [c, 2]
+            if tp_size > 1:
+                dist.all_reduce(stats, group=tp_group)
+            lse = row_max + stats[:, 1].log()  # [c]
+            loss[lo:hi] = lse - row_max - stats[:, 0]
+            grad_logits[lo:hi] = logit_grad_fn(logits, lse, local_target[lo:hi], owned[lo:hi])
+        ctx.save_for_backward(x, weight, grad_logits)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        x, weight, grad_logits = ctx.saved_tensors
+        grad_logits.mul_(grad_loss.to(grad_logits.dtype).unsqueeze(-1))  # [N, V/tp], in place
+        grad_x = grad_logits.matmul(weight)  # [N, h]
+        grad_weight = grad_logits.t().matmul(x)  # [V/tp, h]
+        return grad_x, grad_weight, None, None, None, None
+
+
+def chunked_linear_cross_entropy(
+    hidden_states: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    *,
+    chunk_size: int = 4096,
+    sequence_parallel: bool = False,
+    tp_group=None,
+    compiled: bool | None = None,
+) -> Tensor:
+    """Per-token fp32 loss [b, s] of `hidden_states` [s(/tp), b, h] through the output weight.
+
+    `weight` [V/tp, h] is the (vocab-parallel) output-layer or tied embedding weight, `labels`
+    [b, s] global vocabulary ids. `sequence_parallel`: `hidden_states` holds this rank's
+    sequence slice [s/tp, b, h] (it is all-gathered, its gradient reduce-scattered), as in
+    ColumnParallelLinear. `tp_group=None` means parallel_state's TP group (or none when
+    parallel_state is not initialized). `compiled=None` compiles the elementwise helpers on CUDA.
+    Same result as GPTModel's output_layer + vocab_parallel_cross_entropy (no label smoothing).
+    """
+    from gigatron.core import parallel_state
+    from gigatron.core.tensor_parallel import mappings
+
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size ({chunk_size}) must be positive ({_FILE})")
+    if tp_group is None and parallel_state.model_parallel_is_initialized():
+        tp_group = parallel_state.get_tensor_model_parallel_group()
+    tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
+    s_local, b, h = hidden_states.shape
+    if tuple(labels.shape) != (b, s_local * (tp_size if sequence_parallel else 1)):
+        raise ValueError(
+            f"labels shape {tuple(labels.shape)} must be [b, s] = "
+            f"({b}, {s_local * (tp_size if sequence_parallel else 1)}) ({_FILE})"
+        )
+    if weight.size(-1) != h:
+        raise ValueError(f"weight shape {tuple(weight.shape)} must be [V/tp, {h}] ({_FILE})")
+    if tp_size > 1:
+        if sequence_parallel:
+            hidden_states = mappings.gather_from_sequence_parallel_region(
+                hidden_states, group=tp_group
+            )
+        else:
+            hidden_states = mappings.copy_to_tensor_model_parallel_region(
+                hidden_states, group=tp_group
+            )
+    else:
+        tp_group = None
+    if compiled is None:
+        compiled = hidden_states.is_cuda
+    s = hidden_states.size(0)
+    x = hidden_states.reshape(s * b, h)  # [N, h], token n = i*b + j for (seq i, batch j)
+    target = labels.transpose(0, 1).reshape(s * b)  # [N] in the same order
+    loss = _ChunkedLinearCrossEntropy.apply(x, weight, target, chunk_size, tp_group, compiled)
+    return loss.view(s, b).transpose(0, 1).contiguous()  # [b, s]

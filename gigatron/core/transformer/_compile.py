@@ -1,0 +1,78 @@
+"""The fast-path adapter: torch.compile of transformer layers and the SDPA kernel choice.
+
+gigatron-specific (Megatron gets the same effect from Transformer Engine's fused kernels and
+`torch.jit`-scripted fusions). Everything here runs at run time on stock PyTorch (Inductor /
+Triton); nothing needs a compiled extension at install time. The plain (eager) path is the
+reference: `tests/gpu/test_fast_path.py` checks each piece against it.
+
+- `compile_transformer_layers(model)`: `torch.compile` each TransformerLayer in place (its
+  forward and, through AOTAutograd, its backward): norms, bias + GELU/SwiGLU, RoPE, bias +
+  dropout + residual become a few fused Triton kernels around the cuBLAS matmuls and the SDPA
+  kernel. Every layer shares one compiled graph (same code, parameters passed as inputs).
+- `sdpa_backends(names)`: a context manager choosing (and ordering) SDPA backends, e.g.
+  `("cudnn", "flash")`: cuDNN's fused attention is Hopper-tuned and faster than FlashAttention-2
+  on H100/H200; it must be active when a compiled graph is traced, so wrap the training step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+_FILE = "gigatron/core/transformer/_compile.py"
+
+_BACKENDS = ("cudnn", "flash", "efficient", "math")
+
+
+def _raise_recompile_limit(limit: int) -> None:
+    # Layers differ only in parameters, but a per-layer constant (layer_number) can add guards;
+    # a higher limit keeps a few variants compiled instead of silently falling back to eager.
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < limit:
+            setattr(cfg, name, limit)
+
+
+def compile_transformer_layers(
+    model: torch.nn.Module,
+    *,
+    fullgraph: bool = True,
+    mode: str | None = None,
+    dynamic: bool = False,
+) -> int:
+    """Compile every TransformerLayer inside `model` in place; returns how many were compiled.
+
+    `fullgraph=True` makes a graph break an error instead of a silent slow path; pass False for
+    layouts whose collectives dynamo cannot trace (then each piece between breaks is compiled).
+    `mode` is torch.compile's (None, "max-autotune-no-cudagraphs", ...).
+    """
+    from gigatron.core.transformer.transformer_layer import TransformerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
+    if not layers:
+        raise ValueError(
+            f"compile_transformer_layers: no TransformerLayer in {type(model)} ({_FILE})"
+        )
+    _raise_recompile_limit(max(64, 2 * len(layers)))
+    for layer in layers:
+        layer.compile(fullgraph=fullgraph, mode=mode, dynamic=dynamic)
+    return len(layers)
+
+
+def sdpa_backends(names: tuple[str, ...] | list[str] | None):
+    """Context manager restricting SDPA to `names` (in priority order); None = PyTorch default."""
+    if not names:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    table = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    bad = [n for n in names if n not in table]
+    if bad:
+        raise ValueError(f"sdpa backend names {bad} must be among {_BACKENDS} ({_FILE})")
+    return sdpa_kernel([table[n] for n in names], set_priority=True)
