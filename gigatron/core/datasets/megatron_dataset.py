@@ -83,6 +83,8 @@ class MegatronDataset(ABC, torch.utils.data.Dataset):
             self._pad_token_id = self.config.tokenizer.pad
         except Exception:
             self._pad_token_id = _PAD_TOKEN_ID
+        if self._pad_token_id is None:  # e.g. a Hugging Face tokenizer without a pad token
+            self._pad_token_id = _PAD_TOKEN_ID
         if self._pad_token_id in _special_token_ids(self.config.tokenizer):
             if self.config.allow_ambiguous_pad_tokens:
                 warnings.warn(

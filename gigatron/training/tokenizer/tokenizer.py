@@ -1,11 +1,107 @@
 """Tokenizers with Megatron's interface, and `build_tokenizer(args)`.
 
-Mirrors `megatron.training.tokenizer.tokenizer`.
+Mirrors `megatron.training.tokenizer.tokenizer`: same class names, same `--tokenizer-type`
+strings, same special-token rules (GPT-2's EOD is `<|endoftext|>`, the null tokenizer's EOD is
+the extra id `vocab_size`), and `args.padded_vocab_size` set the same way. Everything loads from
+local files. BPE runs on the Hugging Face `tokenizers` library (the `data` extra), which gives
+the same ids as GPT-2's reference byte-level BPE; SentencePiece needs `sentencepiece`.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+from typing import Any
+
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+from gigatron.training.tokenizer._sentencepiece import (
+    _GPTSentencePieceTokenizer,
+    _Llama2Tokenizer,
+    _SentencePieceTokenizer,
+)
+
+__all__ = [
+    "build_tokenizer",
+    "_NullTokenizer",
+    "_GPT2BPETokenizer",
+    "_HuggingFaceTokenizer",
+    "_SentencePieceTokenizer",
+    "_GPTSentencePieceTokenizer",
+    "_Llama2Tokenizer",
+]
+
+
+def _import_tokenizers():
+    try:
+        import tokenizers
+    except ImportError as err:
+        raise ImportError(
+            "this tokenizer needs the Hugging Face `tokenizers` package: "
+            "pip install 'gigatron[data]' (or pip install tokenizers)"
+        ) from err
+    return tokenizers
+
+
+def _require(args: Any, name: str, tokenizer_type: str) -> Any:
+    value = getattr(args, name, None)
+    if value is None:
+        flag = "--" + name.replace("_", "-")
+        raise ValueError(f"tokenizer_type {tokenizer_type!r} needs {flag} ({name} is None)")
+    return value
+
+
+def build_tokenizer(args: Any, **kwargs: Any) -> MegatronLegacyTokenizer:
+    """Build the tokenizer named by `args.tokenizer_type`; set `args.padded_vocab_size`.
+
+    Reads `vocab_file`, `merge_file`, `tokenizer_model`, `vocab_size`, `vocab_extra_ids`,
+    `make_vocab_size_divisible_by` (128) and `tensor_model_parallel_size` (1) from `args`.
+    """
+    kind = getattr(args, "tokenizer_type", None)
+    if kind == "NullTokenizer":
+        tokenizer = _NullTokenizer(_require(args, "vocab_size", kind))
+    elif kind == "GPT2BPETokenizer":
+        tokenizer = _GPT2BPETokenizer(
+            _require(args, "vocab_file", kind), _require(args, "merge_file", kind)
+        )
+    elif kind == "HuggingFaceTokenizer":
+        tokenizer = _HuggingFaceTokenizer(_require(args, "tokenizer_model", kind), **kwargs)
+    elif kind == "SentencePieceTokenizer":
+        tokenizer = _SentencePieceTokenizer(
+            _require(args, "tokenizer_model", kind),
+            vocab_extra_ids=getattr(args, "vocab_extra_ids", 0) or 0,
+        )
+    elif kind == "GPTSentencePieceTokenizer":
+        tokenizer = _GPTSentencePieceTokenizer(_require(args, "tokenizer_model", kind))
+    elif kind == "Llama2Tokenizer":
+        tokenizer = _Llama2Tokenizer(_require(args, "tokenizer_model", kind))
+    else:
+        supported = (
+            "NullTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
+            "GPTSentencePieceTokenizer, Llama2Tokenizer"
+        )
+        raise ValueError(f"tokenizer_type {kind!r} is not supported; use one of {supported}")
+    if getattr(args, "padded_vocab_size", None) is None:
+        try:
+            args.padded_vocab_size = _vocab_size_with_padding(tokenizer.vocab_size, args)
+        except AttributeError:
+            pass  # a read-only args object (e.g. a namedtuple): nothing to record
+    return tokenizer
+
+
+def _vocab_size_with_padding(orig_vocab_size: int, args: Any, logging_enabled: bool = True) -> int:
+    """Round up to a multiple of make_vocab_size_divisible_by * tensor_model_parallel_size."""
+    multiple = (getattr(args, "make_vocab_size_divisible_by", 128) or 1) * (
+        getattr(args, "tensor_model_parallel_size", 1) or 1
+    )
+    after = int(math.ceil(orig_vocab_size / multiple) * multiple)
+    if logging_enabled and getattr(args, "rank", 0) == 0:
+        print(
+            f" > padded vocab (size: {orig_vocab_size}) with {after - orig_vocab_size} dummy "
+            f"tokens (new size: {after})",
+            flush=True,
+        )
+    return after
 
 
 class _NullTokenizer(MegatronLegacyTokenizer):
@@ -65,3 +161,140 @@ class _NullTokenizer(MegatronLegacyTokenizer):
     @property
     def additional_special_tokens_ids(self) -> None:
         return None
+
+
+class _HFTokenizerBase(MegatronLegacyTokenizer):
+    """Shared plumbing over a `tokenizers.Tokenizer` held in `self._tokenizer`."""
+
+    _tokenizer: Any
+    _add_special_tokens: bool = False
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=self._add_special_tokens).ids
+
+    def detokenize(self, token_ids: Any) -> str:
+        return self._tokenizer.decode([int(t) for t in token_ids], skip_special_tokens=False)
+
+    def offsets(self, ids: list[int], text: str) -> list[int]:
+        encoding = self._tokenizer.encode(text, add_special_tokens=self._add_special_tokens)
+        return [start for start, _ in encoding.offsets[: len(ids)]]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def vocab(self) -> dict:
+        return self._tokenizer.get_vocab(with_added_tokens=True)
+
+    @property
+    def inv_vocab(self) -> dict:
+        return {i: t for t, i in self.vocab.items()}
+
+    @property
+    def encoder(self) -> dict:
+        return self.vocab
+
+    @property
+    def decoder(self) -> dict:
+        return self.inv_vocab
+
+
+class _GPT2BPETokenizer(_HFTokenizerBase):
+    """GPT-2 byte-level BPE from `vocab.json` + `merges.txt`; EOD = `<|endoftext|>`."""
+
+    def __init__(self, vocab_file: str, merge_file: str) -> None:
+        super().__init__(vocab_file, merge_file)
+        tk = _import_tokenizers()
+        for path in (vocab_file, merge_file):
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"GPT2BPETokenizer: {path} does not exist")
+        model = tk.models.BPE.from_file(vocab_file, merge_file)
+        self._tokenizer = tk.Tokenizer(model)
+        # GPT-2's pre-tokenizer regex and byte-to-unicode map; no prefix space, as in GPT-2.
+        self._tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        self._tokenizer.decoder = tk.decoders.ByteLevel()
+        eod = self._tokenizer.token_to_id("<|endoftext|>")
+        if eod is None:
+            raise ValueError(f"GPT2BPETokenizer: {vocab_file} has no '<|endoftext|>' token")
+        self.eod_id = eod
+
+    @property
+    def eod(self) -> int:
+        return self.eod_id
+
+    @property
+    def eos(self) -> int:
+        return self.eod_id
+
+
+_EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|im_end|>")
+
+
+def _token_content(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class _HuggingFaceTokenizer(_HFTokenizerBase):
+    """A Hugging Face fast tokenizer from a local `tokenizer.json` (or a directory with one).
+
+    Special tokens come from `tokenizer_config.json` / `special_tokens_map.json` next to it when
+    present (eos_token -> eod, bos_token, pad_token); otherwise EOD is the first of
+    `</s>`, `<|endoftext|>`, `<|end_of_text|>`, `<eos>` in the vocabulary. `tokenize` applies the
+    file's post-processor (e.g. a BOS token), as `transformers` does.
+    """
+
+    _add_special_tokens = True
+
+    def __init__(self, pretrained_model_name_or_path: str, **kwargs: Any) -> None:
+        super().__init__(pretrained_model_name_or_path, **kwargs)
+        tk = _import_tokenizers()
+        path = pretrained_model_name_or_path
+        directory = path if os.path.isdir(path) else os.path.dirname(path)
+        json_path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        if not os.path.isfile(json_path):
+            raise FileNotFoundError(
+                f"HuggingFaceTokenizer: {json_path} does not exist (gigatron loads local "
+                "tokenizer.json files only; nothing is downloaded)"
+            )
+        self._tokenizer = tk.Tokenizer.from_file(json_path)
+        special: dict[str, Any] = {}
+        for name in ("special_tokens_map.json", "tokenizer_config.json"):
+            cfg_path = os.path.join(directory, name)
+            if os.path.isfile(cfg_path):
+                with open(cfg_path) as f:
+                    special.update(json.load(f))
+        self._eos_id = self._id_of(special.get("eos_token"))
+        if self._eos_id is None:
+            self._eos_id = next(
+                (
+                    self._tokenizer.token_to_id(t)
+                    for t in _EOS_CANDIDATES
+                    if self._tokenizer.token_to_id(t) is not None
+                ),
+                None,
+            )
+        self._bos_id = self._id_of(special.get("bos_token"))
+        self._pad_id = self._id_of(special.get("pad_token"))
+
+    def _id_of(self, token: Any) -> int | None:
+        content = _token_content(token)
+        return None if content is None else self._tokenizer.token_to_id(content)
+
+    @property
+    def eod(self) -> int | None:
+        return self._eos_id
+
+    @property
+    def eos(self) -> int | None:
+        return self._eos_id
+
+    @property
+    def bos(self) -> int | None:
+        return self._bos_id
+
+    @property
+    def pad(self) -> int | None:
+        return self._pad_id
