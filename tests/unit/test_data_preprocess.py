@@ -1,0 +1,102 @@
+"""`gigatron preprocess` / `gigatron merge`: outputs, partitions, errors."""
+
+import json
+import os
+
+import numpy
+import pytest
+
+from gigatron.cli import main as cli_main
+from gigatron.core.datasets.indexed_dataset import IndexedDataset
+from gigatron.tools.train_tokenizer import train_bpe_tokenizer
+from gigatron.training.tokenizer import _GPT2BPETokenizer
+
+WORDS = "the cat sat on a mat while dogs ran far away under blue skies".split()
+
+
+def _docs(n=40):
+    rng = numpy.random.RandomState(0)
+    return [" ".join(rng.choice(WORDS, size=rng.randint(1, 30))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pre")
+    docs = _docs()
+    path = root / "corpus.jsonl"
+    lines = [json.dumps({"text": d, "title": d[:5]}) for d in docs]
+    lines.insert(7, "")  # blank lines are skipped
+    path.write_text("\n".join(lines) + "\n")
+    tok_dir = str(root / "tok")
+    train_bpe_tokenizer(docs, vocab_size=300, output_dir=tok_dir, min_frequency=1)
+    vocab, merges = os.path.join(tok_dir, "vocab.json"), os.path.join(tok_dir, "merges.txt")
+    return root, path, docs, vocab, merges
+
+
+def _gpt2_flags(vocab, merges):
+    return ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges]
+
+
+def test_preprocess_jsonl_two_keys_with_workers(corpus):
+    root, path, docs, vocab, merges = corpus
+    prefix = str(root / "out")
+    argv = ["preprocess", "--input", str(path), "--output-prefix", prefix, "--json-keys", "text"]
+    argv += ["title", "--append-eod", "--workers", "2", "--log-interval", "10"]
+    assert cli_main(argv + _gpt2_flags(vocab, merges)) == 0
+    tok = _GPT2BPETokenizer(vocab, merges)
+    ds = IndexedDataset(prefix + "_text_document")
+    assert ds.index.dtype == numpy.uint16
+    assert len(ds) == len(docs)
+    for i, doc in enumerate(docs):
+        assert ds[i].tolist() == tok.tokenize(doc) + [tok.eod]
+    titles = IndexedDataset(prefix + "_title_document")
+    assert titles[3].tolist() == tok.tokenize(docs[3][:5]) + [tok.eod]
+
+
+def test_partitions_give_the_same_bytes_and_merge(corpus):
+    root, path, docs, vocab, merges = corpus
+    outs = []
+    for parts in ("1", "2"):
+        prefix = str(root / f"p{parts}")
+        argv = ["--input", str(path), "--output-prefix", prefix, "--partitions", parts]
+        argv += ["--workers", "2", "--append-eod"]
+        cli_main(["preprocess"] + argv + _gpt2_flags(vocab, merges))
+        outs.append(
+            tuple(open(prefix + "_text_document" + e, "rb").read() for e in (".bin", ".idx"))
+        )
+    assert outs[0] == outs[1]
+    assert not [f for f in os.listdir(root) if "_part" in f]
+
+    merged = str(root / "merged")
+    a, b = str(root / "p1_text_document"), str(root / "p2_text_document")
+    assert cli_main(["merge", "--input", a, b, "--output-prefix", merged]) == 0
+    ds = IndexedDataset(merged)
+    assert len(ds) == 2 * len(docs)
+    assert ds[len(docs)].tolist() == ds[0].tolist()
+    assert ds.document_indices.tolist() == list(range(2 * len(docs) + 1))
+
+
+def test_plain_text_input_and_null_tokenizer_range_error(tmp_path):
+    path = tmp_path / "ids.txt"
+    path.write_text("1 2 3\n4 5\n6 7 99 8\n")
+    prefix = str(tmp_path / "t")
+    flags = ["--tokenizer-type", "NullTokenizer", "--output-prefix", prefix, "--log-interval", "0"]
+    with pytest.raises(ValueError, match=r"document 2 .* token id 99 at position 2"):
+        cli_main(["preprocess", "--input", str(path), "--vocab-size", "50"] + flags)
+    assert cli_main(["preprocess", "--input", str(path), "--vocab-size", "100"] + flags) == 0
+    ds = IndexedDataset(prefix + "_text_document")
+    assert [s.tolist() for s in ds[0:3]] == [[1, 2, 3], [4, 5], [6, 7, 99, 8]]
+
+
+def test_split_sentences_needs_nltk(tmp_path):
+    try:
+        import nltk  # noqa: F401
+    except ImportError:
+        path = tmp_path / "c.jsonl"
+        path.write_text('{"text": "A. B."}\n')
+        argv = ["preprocess", "--input", str(path), "--output-prefix", str(tmp_path / "o")]
+        argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", "10", "--split-sentences"]
+        with pytest.raises(ImportError, match="pip install nltk"):
+            cli_main(argv)
+    else:
+        pytest.skip("nltk is installed")
