@@ -22,12 +22,15 @@ def param_is_not_shared(param: torch.Tensor) -> bool:
 
 
 def _is_not_tp_duplicate(param: torch.Tensor, tp_group=None) -> bool:
-    """Megatron's param_is_not_tensor_parallel_duplicate: TP-split, or TP rank 0."""
+    """tensor_parallel's param_is_not_tensor_parallel_duplicate (TP-split, or TP rank 0), also
+    usable without process groups (one process: nothing is duplicated)."""
     if getattr(param, "tensor_model_parallel", False):
         return True
     if tp_group is None or not dist.is_initialized():
         return True
-    return dist.get_rank(tp_group) == 0
+    from gigatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    return param_is_not_tensor_parallel_duplicate(param, tp_group=tp_group)
 
 
 def _all_reduce(t: torch.Tensor, op, group) -> None:
