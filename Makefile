@@ -18,12 +18,12 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml requirements-dev.txt
 setup: $(VENV)/.installed
 
 lint: setup
-	$(BIN)/ruff check gigatron tests bench examples
-	$(BIN)/ruff format --check gigatron tests bench examples
+	$(BIN)/ruff check gigatron tests bench examples scripts
+	$(BIN)/ruff format --check gigatron tests bench examples scripts
 
 format: setup
-	$(BIN)/ruff format gigatron tests bench examples
-	$(BIN)/ruff check --fix gigatron tests bench examples
+	$(BIN)/ruff format gigatron tests bench examples scripts
+	$(BIN)/ruff check --fix gigatron tests bench examples scripts
 
 test: setup lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
