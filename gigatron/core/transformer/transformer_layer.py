@@ -138,10 +138,11 @@ class TransformerLayer(MegatronModule):
 
         def run(inp):
             out, bias = self.mlp(inp)
-            return out if bias is None else (out, bias)
+            # bda computes dropout(out + bias): adding the bias here is the same sum, and keeps
+            # the bias parameter itself out of the checkpointed outputs.
+            return out if bias is None else out + bias
 
-        result = tensor_parallel.checkpoint(run, False, x)
-        return (result, None) if not isinstance(result, tuple) else tuple(result)
+        return tensor_parallel.checkpoint(run, False, x), None
 
     def forward(
         self,

@@ -1,0 +1,149 @@
+"""GPTModel with TP = 2 and 4, with and without sequence parallelism, on gloo ranks: logits,
+loss and every gradient equal the TP = 1 model built from the same full weights (fp32, 1e-5).
+
+Two model styles: GPT-2 (LayerNorm, biases, GELU, learned positions, tied embeddings, explicit
+mask) and Llama (RMSNorm, SwiGLU, RoPE, GQA, untied output, causal mask built inside)."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from gigatron.core import parallel_state, tensor_parallel
+from gigatron.core.models.common.tp_state_dict import shard_for_rank
+from gigatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_fast_spec,
+    get_gpt_layer_local_spec,
+)
+from gigatron.core.models.gpt.gpt_model import GPTModel
+from gigatron.core.transformer.transformer_config import TransformerConfig
+from gigatron.testing import run_distributed
+
+V, S, B = 64, 8, 2
+STYLES = {
+    "gpt2": dict(
+        config=dict(
+            num_layers=2,
+            hidden_size=32,
+            num_attention_heads=8,
+            ffn_hidden_size=64,
+            activation_func=F.gelu,
+        ),
+        model=dict(
+            position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True
+        ),
+    ),
+    "llama": dict(
+        config=dict(
+            num_layers=2,
+            hidden_size=32,
+            num_attention_heads=8,
+            num_query_groups=4,
+            ffn_hidden_size=48,
+            normalization="RMSNorm",
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            add_bias_linear=False,
+            layernorm_epsilon=1e-6,
+        ),
+        model=dict(position_embedding_type="rope", rotary_base=500),
+    ),
+}
+
+
+def _build(style, tp, sp, spec_fn=get_gpt_layer_local_spec):
+    cfg = TransformerConfig(
+        **STYLES[style]["config"],
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sp,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+    )
+    return GPTModel(cfg, spec_fn(), V, 16, **STYLES[style]["model"])
+
+
+def _inputs(style):
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, V, (B, S), generator=g)
+    labels = torch.randint(0, V, (B, S), generator=g)
+    weights = torch.rand(B, S, generator=g)
+    mask = None
+    if style == "gpt2":  # causal + the first two tokens of sample 1 are padding
+        mask = torch.ones(B, 1, S, S, dtype=torch.bool).triu(1)
+        mask[1, :, :, :2] = True
+        mask[1, :, :2, :2] = torch.ones(2, 2, dtype=torch.bool).triu(1)
+    return ids, labels, weights, mask
+
+
+def _run(model, style):
+    ids, labels, weights, mask = _inputs(style)
+    with torch.no_grad():
+        logits = model(ids, None, mask)
+    loss = model(ids, None, mask, labels=labels)
+    (loss * weights).sum().backward()
+    return logits, loss.detach()
+
+
+def _reference(style):
+    torch.manual_seed(0)
+    model = _build(style, 1, False)
+    logits, loss = _run(model, style)
+    full = {n: p.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return full, logits, loss, grads
+
+
+def _check(style, tp, sp, ref, spec_fn):
+    full, ref_logits, ref_loss, ref_grads = ref
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    model = _build(style, tp, sp, spec_fn)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(shard_for_rank(full[name], p, tp_rank, tp))
+    logits, loss = _run(model, style)
+    errors = {
+        "logits": (logits - ref_logits.chunk(tp, dim=-1)[tp_rank]).abs().max().item(),
+        "loss": (loss - ref_loss).abs().max().item(),
+    }
+    torch.testing.assert_close(logits, ref_logits.chunk(tp, dim=-1)[tp_rank], rtol=0, atol=1e-5)
+    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=1e-5)
+    grad_err = 0.0
+    for name, p in params.items():
+        grad = p.grad
+        if getattr(p, "sequence_parallel", False):  # what finalize_model_grads does under SP
+            grad = grad.clone()
+            dist.all_reduce(grad, group=parallel_state.get_tensor_model_parallel_group())
+        expected = shard_for_rank(ref_grads[name], p, tp_rank, tp)
+        torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5, msg=f"{style} {name}")
+        grad_err = max(grad_err, (grad - expected).abs().max().item())
+    errors["grads"] = grad_err
+    return errors
+
+
+def _body(tp, spec_name):
+    spec_fn = {"local": get_gpt_layer_local_spec, "fast": get_gpt_layer_fast_spec}[spec_name]
+    torch.set_num_threads(1)
+    parallel_state.initialize_model_parallel(1)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    refs = {style: _reference(style) for style in STYLES}
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tp)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    return {
+        (style, sp): _check(style, tp, sp, refs[style], spec_fn)
+        for style in STYLES
+        for sp in (False, True)
+    }
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_gpt_tensor_parallel_matches_tp1(tp):
+    errors = run_distributed(_body, tp, args=(tp, "local"), timeout=240)[0]
+    for key, errs in errors.items():
+        assert max(errs.values()) <= 1e-5, (key, errs)
+
+
+def test_gpt_tensor_parallel_fast_spec_matches_tp1():
+    run_distributed(_body, 2, args=(2, "fast"), timeout=240)
