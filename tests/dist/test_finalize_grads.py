@@ -5,6 +5,9 @@ params are left alone, and the tied embedding/output weight is summed between th
 last stage (embedding group).
 Layout B, PP=2 x DP=2 with per-token loss: the DP reduction sums (no 1/dp pre-scale), the
 token count is broadcast from the last stage and summed over DP, and all grads are divided by it.
+Layout C, EP=2 x DP=4: expert params (`allreduce=False`) are summed over the expert-DP group
+(2 ranks) but scaled by 1/(dp x cp) = 1/4 like dense ones (Megatron's convention); a chained
+dense + expert distributed optimizer steps; `check_for_nan_in_grad` raises before communicating.
 """
 
 from types import SimpleNamespace
@@ -17,6 +20,7 @@ from gigatron.core.distributed import (
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
+from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from gigatron.testing import run_distributed
 
 
@@ -67,7 +71,49 @@ def _body():
     finalize_model_grads([ddp], num_tokens=num_tokens)
     out["B"] = _grads(stage)
     out["B_tokens"] = num_tokens.item()
+    ps.destroy_model_parallel()
+    # Layout C: EP=2 (expert-DP groups (0,2) and (1,3)), DP=4.
+    ps.initialize_model_parallel(expert_model_parallel_size=2)
+    # 16x16 layers: every rank owns part of a bucket (padded to lcm(dp, 128) = 128 multiples).
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(16, 16)
+    torch.manual_seed(10 + ps.get_expert_model_parallel_rank())  # each EP rank its own expert
+    model = torch.nn.Sequential(dense, torch.nn.Linear(16, 16))
+    for p in model[1].parameters():
+        p.allreduce = False
+    ddp = DistributedDataParallel(
+        SimpleNamespace(), DistributedDataParallelConfig(use_distributed_optimizer=True), model
+    )
+    opt = get_megatron_optimizer(OptimizerConfig(lr=0.1, use_distributed_optimizer=True), [ddp])
+    ddp.zero_grad_buffer()
+    for p in model.parameters():
+        p.main_grad.fill_(rank + 1)
+    finalize_model_grads([ddp])
+    # Under the distributed optimizer only this rank's shard is reduced: read a grad element in
+    # the shard, via the shard main params after step's prepare_grads.
+    opt.prepare_grads()
+    out["C_dense"] = sorted({v for o in opt.chained_optimizers[:1] for v in _shard_grads(o)})
+    out["C_expert"] = sorted({v for o in opt.chained_optimizers[1:] for v in _shard_grads(o)})
+    ok = opt.step()[0]
+    out["C_step"] = ok
+    out["C_expert_weight"] = model[1].weight.detach().numpy().copy()
+    try:
+        ddp_nan = DistributedDataParallel(
+            SimpleNamespace(),
+            DistributedDataParallelConfig(check_for_nan_in_grad=True),
+            torch.nn.Linear(2, 2),
+        )
+        ddp_nan.zero_grad_buffer()
+        next(ddp_nan.parameters()).main_grad.fill_(float("nan"))
+        ddp_nan.finish_grad_sync()
+        out["C_nan"] = "no error"
+    except RuntimeError as e:
+        out["C_nan"] = str(e)
     return out
+
+
+def _shard_grads(opt):
+    return [round(g.item(), 6) for p in opt.get_parameters() for g in p.grad.flatten()]
 
 
 def test_finalize_model_grads():
@@ -89,3 +135,15 @@ def test_finalize_model_grads():
         torch.testing.assert_close(b["norm"], dp_sum / 70.0)
         torch.testing.assert_close(b["fc"], dp_sum / 70.0)
         torch.testing.assert_close(b["word_embeddings"], 10.0 / 70.0)
+    # C: dense grads: sum over 4 ranks (1+2+3+4) / 4; expert: over (0,2) or (1,3), / 4.
+    for rank in range(4):
+        c = res[rank]
+        assert c["C_dense"] == [2.5], (rank, c["C_dense"])
+        want = ((1 + 3) if rank % 2 == 0 else (2 + 4)) / 4
+        assert c["C_expert"] == [want], (rank, c["C_expert"])
+        assert c["C_step"]
+        assert "NaN or Inf" in c["C_nan"], c["C_nan"]
+    # Expert-DP peers hold identical experts after the all-gather.
+    assert (res[0]["C_expert_weight"] == res[2]["C_expert_weight"]).all()
+    assert (res[1]["C_expert_weight"] == res[3]["C_expert_weight"]).all()
+    assert not (res[0]["C_expert_weight"] == res[1]["C_expert_weight"]).all()

@@ -182,20 +182,17 @@ class _ParamAndGradBucketGroup:
 
     # ---- params (distributed optimizer) ----------------------------------------------------
     def start_param_sync(self, force_sync: bool = False) -> None:
-        """All-gather every DP rank's updated param shard into the full bucket."""
+        """All-gather every DP rank's updated param shard into the full bucket (async with
+        overlap_param_gather unless `force_sync`; `force_sync` also completes a pending one)."""
         assert self.ddp_config.use_distributed_optimizer
-        size = self.intra_distributed_optimizer_instance_size
-        if size == 1:
-            self.param_gather_dispatched = True
-            return
-        if self.param_gather_dispatched and not force_sync:
-            return
         if force_sync and self.param_gather_handle is not None:
-            self.finish_param_sync(skip_next_bucket_dispatch=True)
+            self._wait_param_gather()
             return
+        assert self.param_gather_handle is None, "param all-gather already outstanding"
+        size = self.intra_distributed_optimizer_instance_size
         async_op = self.ddp_config.overlap_param_gather and not force_sync
         handles = []
-        for bucket in self.buckets:
+        for bucket in self.buckets if size > 1 else []:
             rank = self.intra_distributed_optimizer_instance_rank
             local = shard_buffer(bucket.param_data, size)[rank].clone()  # input must not alias
             handles.append(
@@ -203,19 +200,28 @@ class _ParamAndGradBucketGroup:
                     bucket.param_data, local, group=self.data_parallel_group, async_op=async_op
                 )
             )
-        self.param_gather_handle = handles if async_op else None
+        self.param_gather_handle = handles if async_op and handles else None
         self.param_gather_dispatched = True
 
+    def _wait_param_gather(self) -> None:
+        for handle in self.param_gather_handle:
+            handle.wait()
+        self.param_gather_handle = None
+
     def finish_param_sync(self, skip_next_bucket_dispatch: bool = False) -> None:
-        """Wait for this group's all-gather (dispatching it if needed) and start the next."""
+        """Wait for this group's all-gather (dispatching it if needed), then dispatch the next
+        group's so it overlaps with this module's forward."""
         if not self.param_gather_dispatched:
             self.start_param_sync()
         if self.param_gather_handle is not None:
-            for handle in self.param_gather_handle:
-                handle.wait()
-            self.param_gather_handle = None
-            if self.next_param_gather_bucket_group is not None and not skip_next_bucket_dispatch:
-                self.next_param_gather_bucket_group.start_param_sync()
+            self._wait_param_gather()
+            nxt = self.next_param_gather_bucket_group
+            if (
+                nxt is not None
+                and not skip_next_bucket_dispatch
+                and not nxt.param_gather_dispatched
+            ):
+                nxt.start_param_sync()
 
 
 class _ParamAndGradBuffer:

@@ -55,6 +55,15 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                     "(gigatron/core/optimizer/distrib_optimizer.py)"
                 )
         self.ddp_config = self.buffers[0].ddp_config if self.buffers else None
+        # The bucket groups over this optimizer's buffers (dense or expert): the only ones whose
+        # params it must all-gather after its step.
+        my_buckets = {id(b) for buffer in self.buffers for b in buffer.buckets}
+        self.bucket_groups = [
+            g
+            for chunk in model_chunks
+            for g in chunk.bucket_groups + chunk.expert_parallel_bucket_groups
+            if any(id(b) in my_buckets for b in g.buckets)
+        ]
         # param -> (lo, hi): this rank's range inside param.view(-1)
         self.model_param_shard_range = self._build_shard_ranges()
         # One list per param group of (model_param, main_shard, lo, hi).
@@ -107,9 +116,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
     def step_with_ready_grads(self) -> bool:
         self.optimizer.step()
         self._copy_main_params_to_model_params()
+        # With overlap_param_gather the forward pre-hooks all-gather, bucket by bucket.
         if self.ddp_config is not None and not self.ddp_config.overlap_param_gather:
-            for chunk in self.model_chunks:
-                chunk.start_param_sync()
+            for group in self.bucket_groups:
+                group.start_param_sync()
         return True
 
     def reload_model_params(self, state_dict=None) -> None:
@@ -138,5 +148,5 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         for (_, main, _, _), saved in zip(entries, state_dict["shard_main_params"]):
             main.data.copy_(saved)
         self._copy_main_params_to_model_params()
-        for chunk in self.model_chunks:
-            chunk.start_param_sync(force_sync=True)
+        for group in self.bucket_groups:
+            group.start_param_sync(force_sync=True)
