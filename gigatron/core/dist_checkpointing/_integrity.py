@@ -1,0 +1,67 @@
+"""Optional SHA-256 manifest of a checkpoint directory's files, verified on load.
+
+`integrity_sha256.json` = {"algorithm": "sha256", "files": {name: hexdigest}} covers every file
+written before it (data files, `.metadata`, `common.pt`); `metadata.json` is written after it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from gigatron.core.dist_checkpointing.core import CONFIG_FNAME, CheckpointingException
+
+MANIFEST_FNAME = "integrity_sha256.json"
+
+__all__ = ["MANIFEST_FNAME", "verify_manifest", "write_manifest"]
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(checkpoint_dir: str) -> list[str]:
+    skip = {MANIFEST_FNAME, CONFIG_FNAME}
+    return sorted(
+        e.name
+        for e in os.scandir(checkpoint_dir)
+        if e.is_file() and e.name not in skip and not e.name.endswith(".tmp")
+    )
+
+
+def write_manifest(checkpoint_dir: str) -> None:
+    files = {name: _sha256(os.path.join(checkpoint_dir, name)) for name in _files(checkpoint_dir)}
+    path = os.path.join(checkpoint_dir, MANIFEST_FNAME)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"algorithm": "sha256", "files": files}, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def verify_manifest(checkpoint_dir: str) -> None:
+    """Raise CheckpointingException naming the first file whose hash differs or is absent."""
+    path = os.path.join(checkpoint_dir, MANIFEST_FNAME)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointingException(
+            f"{path}: integrity manifest missing or unreadable ({e})"
+        ) from e
+    for name, digest in sorted(files.items()):
+        full = os.path.join(checkpoint_dir, name)
+        if not os.path.exists(full):
+            raise CheckpointingException(
+                f"{checkpoint_dir}: file {name} listed in {MANIFEST_FNAME} is missing"
+            )
+        if _sha256(full) != digest:
+            raise CheckpointingException(
+                f"{checkpoint_dir}: {name} fails its SHA-256 check: the checkpoint is damaged"
+            )

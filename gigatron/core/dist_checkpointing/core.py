@@ -1,0 +1,72 @@
+"""The checkpoint's `metadata.json`: which on-disk backend wrote it.
+
+Mirrors `megatron.core.dist_checkpointing.core`. A directory is a distributed checkpoint when it
+holds `metadata.json` = {"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+"common_backend": "torch", "common_backend_version": 1}. Unknown fields are ignored on read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+
+CONFIG_FNAME = "metadata.json"
+
+__all__ = [
+    "CONFIG_FNAME",
+    "CheckpointingConfig",
+    "CheckpointingException",
+    "check_is_distributed_checkpoint",
+    "maybe_load_config",
+    "save_config",
+]
+
+
+class CheckpointingException(Exception):
+    """A checkpoint cannot be written or read as asked (the message says which key and why)."""
+
+
+@dataclass
+class CheckpointingConfig:
+    """Backends that wrote the sharded tensors and the common (non-sharded) state."""
+
+    sharded_backend: str
+    sharded_backend_version: int = 1
+    common_backend: str = "torch"
+    common_backend_version: int = 1
+
+
+def maybe_load_config(checkpoint_dir: str) -> CheckpointingConfig | None:
+    """The parsed `metadata.json`, or None when the directory has none."""
+    path = os.path.join(str(checkpoint_dir), CONFIG_FNAME)
+    if not checkpoint_dir or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointingException(f"{path} is not valid JSON ({e}): damaged checkpoint") from e
+    if not isinstance(raw, dict) or "sharded_backend" not in raw:
+        raise CheckpointingException(f"{path} has no 'sharded_backend' field: {raw!r}")
+    known = {f.name for f in fields(CheckpointingConfig)}
+    return CheckpointingConfig(**{k: v for k, v in raw.items() if k in known})
+
+
+def check_is_distributed_checkpoint(checkpoint_dir: str) -> bool:
+    """True when `checkpoint_dir/metadata.json` exists and is a valid config."""
+    try:
+        return maybe_load_config(checkpoint_dir) is not None
+    except CheckpointingException:
+        return False
+
+
+def save_config(config: CheckpointingConfig, checkpoint_dir: str) -> None:
+    """Write `metadata.json` (temp file + rename, so a reader never sees half a file)."""
+    path = os.path.join(str(checkpoint_dir), CONFIG_FNAME)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(asdict(config), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,127 @@
+"""Walk, split and merge nested dict/list state dicts.
+
+Mirrors `megatron.core.dist_checkpointing.dict_utils` (the parts save/load need).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = [
+    "dict_list_map_inplace",
+    "extract_matching_values",
+    "merge",
+    "nested_items_with_path",
+    "nested_values",
+    "set_at_path",
+]
+
+
+def nested_values(x: Any) -> Iterator[Any]:
+    """Every leaf of a nested dict/list, depth first."""
+    values = x.values() if isinstance(x, dict) else x if isinstance(x, list) else None
+    if values is None:
+        yield x
+        return
+    for v in values:
+        yield from nested_values(v)
+
+
+def nested_items_with_path(x: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    """(path, leaf) pairs; the path is the tuple of dict keys / list indices."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from nested_items_with_path(v, path + (k,))
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from nested_items_with_path(v, path + (i,))
+    else:
+        yield path, x
+
+
+def dict_list_map_inplace(f: Callable[[Any], Any], x: Any) -> Any:
+    """Replace every leaf `v` by `f(v)` in place; returns `x` (or `f(x)` for a leaf)."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            x[k] = dict_list_map_inplace(f, v)
+        return x
+    if isinstance(x, list):
+        x[:] = [dict_list_map_inplace(f, v) for v in x]
+        return x
+    return f(x)
+
+
+def extract_matching_values(x: Any, predicate: Callable[[Any], bool]) -> tuple[Any, Any]:
+    """Split `x` into (leaves matching `predicate`, the rest), both keeping the nesting.
+
+    Containers left empty by the split are dropped from that side (an originally empty
+    container stays on the "rest" side); list items are compacted, as in Megatron.
+    """
+    if isinstance(x, dict):
+        hit, miss = {}, {}
+        for k, v in x.items():
+            h, m = extract_matching_values(v, predicate)
+            if _keep(v, h, predicate, hit_side=True):
+                hit[k] = h
+            if _keep(v, m, predicate, hit_side=False):
+                miss[k] = m
+        return hit, miss
+    if isinstance(x, list):
+        hit, miss = [], []
+        for v in x:
+            h, m = extract_matching_values(v, predicate)
+            if _keep(v, h, predicate, hit_side=True):
+                hit.append(h)
+            if _keep(v, m, predicate, hit_side=False):
+                miss.append(m)
+        return hit, miss
+    return (x, None) if predicate(x) else (None, x)
+
+
+def _keep(original: Any, part: Any, predicate, *, hit_side: bool) -> bool:
+    if isinstance(original, (dict, list)):
+        return bool(part) or (not hit_side and not original)
+    return predicate(original) == hit_side
+
+
+def set_at_path(root: Any, path: tuple, value: Any) -> None:
+    """`root[path[0]][path[1]]... = value`, creating dicts (or growing lists) on the way."""
+    node = root
+    for i, k in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(node, list):
+            while len(node) <= k:
+                node.append(None)
+            if last:
+                node[k] = value
+            elif not isinstance(node[k], (dict, list)):
+                node[k] = [] if isinstance(path[i + 1], int) else {}
+            node = node[k]
+        else:
+            if last:
+                node[k] = value
+            elif not isinstance(node.get(k), (dict, list)):
+                node[k] = [] if isinstance(path[i + 1], int) else {}
+            node = node[k] if not last else node
+
+
+def merge(x1: Any, x2: Any, key: tuple = ()) -> Any:
+    """Merge `x2` into `x1` in place (dicts by key, lists by position); returns `x1`."""
+    if isinstance(x1, dict) and isinstance(x2, dict):
+        for k, v2 in x2.items():
+            x1[k] = merge(x1[k], v2, key + (k,)) if k in x1 else v2
+        return x1
+    if isinstance(x1, list) and isinstance(x2, list):
+        if len(x1) != len(x2):
+            raise ValueError(f"cannot merge lists of lengths {len(x1)} and {len(x2)} at key {key}")
+        for i, v2 in enumerate(x2):
+            x1[i] = merge(x1[i], v2, key + (i,))
+        return x1
+    if isinstance(x1, list) and isinstance(x2, dict):
+        for k, v2 in x2.items():
+            if not isinstance(k, int) or not 0 <= k < len(x1):
+                raise ValueError(f"cannot merge dict key {k!r} into a list at key {key}")
+            x1[k] = merge(x1[k], v2, key + (k,))
+        return x1
+    raise ValueError(f"cannot merge {type(x1).__name__} with {type(x2).__name__} at key {key}")

@@ -1,0 +1,357 @@
+"""`save` and `load` of sharded state dicts in Megatron's `torch_dist` format.
+
+Mirrors `megatron.core.dist_checkpointing.serialization`. A checkpoint directory holds:
+  - `__{rank}_{n}.distcp` + `.metadata`: torch.distributed.checkpoint data (ShardedTensors under
+    their keys with per-chunk global offsets; ShardedObjects as bytes under their unique keys);
+  - `common.pt`: everything that is not sharded, written by rank 0 (megatron-core 0.16 layout);
+  - `metadata.json`: {"sharded_backend": "torch_dist", ...}, written last, so its presence
+    means the save completed;
+  - optionally `integrity_sha256.json`: SHA-256 per file, checked by load(verify_integrity=True).
+
+gigatron differences: `common.pt`, objects and DCP metadata are read through an allow-list
+(never unrestricted pickle); `load` also accepts `strict=True/False`; ShardedTensorFactory and
+flattened ranges work with every layout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core.dist_checkpointing import _integrity
+from gigatron.core.dist_checkpointing._safe_load import safe_torch_load
+from gigatron.core.dist_checkpointing.core import (
+    CheckpointingConfig,
+    CheckpointingException,
+    maybe_load_config,
+    save_config,
+)
+from gigatron.core.dist_checkpointing.dict_utils import (
+    extract_matching_values,
+    nested_items_with_path,
+    set_at_path,
+)
+from gigatron.core.dist_checkpointing.mapping import (
+    LocalNonpersistentObject,
+    ShardedBase,
+    ShardedObject,
+    ShardedTensor,
+    ShardedTensorFactory,
+    StateDict,
+)
+from gigatron.core.dist_checkpointing.strategies import torch as torch_dist
+from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+from gigatron.core.dist_checkpointing.validation import (
+    StrictHandling,
+    determine_global_metadata,
+    parse_strict_flag,
+    validate_sharding_integrity,
+)
+
+logger = logging.getLogger(__name__)
+
+COMMON_STATE_FNAME = "common.pt"
+_CONTENT_METADATA_KEY = "content_metadata"
+_BACKEND = ("torch_dist", 1)
+
+__all__ = [
+    "save",
+    "load",
+    "load_common_state_dict",
+    "load_tensors_metadata",
+    "load_sharded_metadata",
+    "load_plain_tensors",
+    "load_content_metadata",
+]
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier(group=None) -> None:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.barrier(group=group)
+
+
+def _check_strategy(strategy, name: str) -> None:
+    if strategy is None:
+        return
+    backend = tuple(strategy) if isinstance(strategy, tuple) else getattr(strategy, "backend", None)
+    if backend not in (_BACKEND, _BACKEND[0]):
+        raise ValueError(f"{name} ({strategy!r}) must be None or ('torch_dist', 1)")
+
+
+def _copy_structure(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _copy_structure(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_copy_structure(v) for v in x]
+    return x
+
+
+def _apply_factories(sd: Any) -> list[tuple[tuple, ShardedTensorFactory]]:
+    """Replace each factory by what it builds (in place); return (path, factory) pairs."""
+    factories = [
+        (p, v) for p, v in nested_items_with_path(sd) if isinstance(v, ShardedTensorFactory)
+    ]
+    for path, fac in factories:
+        set_at_path(sd, path, fac.build())
+    return factories
+
+
+def _split(sd: Any):
+    """(ShardedTensors with paths, ShardedObjects with paths, nonpersistent with paths)."""
+    tensors, objects, local = [], [], []
+    for path, v in nested_items_with_path(sd):
+        if isinstance(v, ShardedTensor):
+            tensors.append((path, v))
+        elif isinstance(v, ShardedObject):
+            objects.append((path, v))
+        elif isinstance(v, LocalNonpersistentObject):
+            local.append((path, v))
+        elif isinstance(v, ShardedBase):
+            raise CheckpointingException(f"unsupported sharded leaf {type(v).__name__} at {path}")
+    return tensors, objects, local
+
+
+def _common_part(sd: Any) -> Any:
+    sharded = (ShardedBase, LocalNonpersistentObject)
+    return extract_matching_values(sd, lambda v: isinstance(v, sharded))[1]
+
+
+def save(
+    sharded_state_dict: StateDict,
+    checkpoint_dir: str,
+    sharded_strategy=None,
+    common_strategy=None,
+    validate_access_integrity: bool = True,
+    async_sharded_save: bool = False,
+    preprocess_common_before_consistancy_check=None,
+    content_metadata: dict | None = None,
+    verify_integrity: bool = False,
+    process_group=None,
+) -> AsyncRequest | None:
+    """Write `sharded_state_dict` to the existing directory `checkpoint_dir` (collective).
+
+    With `async_sharded_save` the tensors are first copied to private CPU memory, and the
+    returned AsyncRequest does the file writes (schedule it, e.g. with AsyncCallsQueue); its
+    finalize step writes DCP's `.metadata`, the optional integrity file and `metadata.json`.
+    `verify_integrity` writes `integrity_sha256.json`.
+    """
+    _check_strategy(sharded_strategy, "sharded_strategy")
+    _check_strategy(common_strategy, "common_strategy")
+    del preprocess_common_before_consistancy_check  # common state is taken from rank 0 only
+    checkpoint_dir = str(checkpoint_dir)
+    if not os.path.isdir(checkpoint_dir):
+        raise CheckpointingException(
+            f"checkpoint_dir {checkpoint_dir!r} must be an existing directory"
+        )
+    rank = _rank()
+    if rank == 0 and next(os.scandir(checkpoint_dir), None) is not None:
+        logger.warning("Overwriting old incomplete / corrupted checkpoint in %s", checkpoint_dir)
+    sd = _copy_structure(sharded_state_dict)
+    if content_metadata is not None:
+        sd[_CONTENT_METADATA_KEY] = content_metadata
+    _apply_factories(sd)
+    tensors, objects, _ = _split(sd)
+    tensors, objects = [t for _, t in tensors], [o for _, o in objects]
+    if validate_access_integrity:
+        _, global_md = determine_global_metadata(tensors, objects, process_group)
+        validate_sharding_integrity(global_md)
+    if rank == 0:
+        _atomic_torch_save(_common_part(sd), os.path.join(checkpoint_dir, COMMON_STATE_FNAME))
+    pending = torch_dist.plan_save(tensors, objects, checkpoint_dir, group=process_group)
+
+    def finalize():
+        pending.finalize()  # DCP .metadata on rank 0, then barrier
+        if rank == 0:
+            if verify_integrity:
+                _integrity.write_manifest(checkpoint_dir)
+            save_config(CheckpointingConfig(*_BACKEND), checkpoint_dir)
+        _barrier(process_group)
+
+    if not async_sharded_save:
+        pending.write()
+        finalize()
+        return None
+    pending.stage()
+    return AsyncRequest(pending.write, (), [finalize])
+
+
+def _atomic_torch_save(obj: Any, path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _verify_checkpoint(checkpoint_dir: str) -> None:
+    config = maybe_load_config(checkpoint_dir)
+    if config is None:
+        raise CheckpointingException(
+            f"{checkpoint_dir} is not a distributed checkpoint (no metadata.json: missing "
+            "directory or an unfinished save)"
+        )
+    if config.sharded_backend != "torch_dist":
+        raise CheckpointingException(
+            f"{checkpoint_dir}: sharded_backend {config.sharded_backend!r} is not supported "
+            "(only 'torch_dist')"
+        )
+
+
+def load(
+    sharded_state_dict: StateDict,
+    checkpoint_dir: str,
+    sharded_strategy=None,
+    common_strategy=None,
+    validate_access_integrity: bool = True,
+    strict: str | StrictHandling | bool = StrictHandling.ASSUME_OK_UNEXPECTED,
+    verify_integrity: bool = False,
+    process_group=None,
+):
+    """Load what `sharded_state_dict` describes from `checkpoint_dir`, at this rank's layout.
+
+    Returns the state dict (common state merged with loaded tensors/objects), or
+    `(state_dict, missing_keys, unexpected_keys)` for the RETURN_* strict modes.
+    """
+    _check_strategy(sharded_strategy, "sharded_strategy")
+    _check_strategy(common_strategy, "common_strategy")
+    checkpoint_dir = str(checkpoint_dir)
+    _verify_checkpoint(checkpoint_dir)
+    if verify_integrity:
+        _integrity.verify_manifest(checkpoint_dir)
+    strict = parse_strict_flag(strict)
+    result = load_common_state_dict(checkpoint_dir)
+    sd = _copy_structure(sharded_state_dict)
+    factories = _apply_factories(sd)
+    tensors, objects, local = _split(sd)
+    missing, unexpected = set(), set()
+    if StrictHandling.requires_explicit_ckpt_mismatch_check(strict):
+        tensors, objects, missing, unexpected = _strict_filter(
+            tensors, objects, checkpoint_dir, strict, process_group
+        )
+    if validate_access_integrity:
+        _, global_md = determine_global_metadata(
+            [t for _, t in tensors], [o for _, o in objects], process_group
+        )
+        validate_sharding_integrity(global_md)
+    object_keys = sorted({o.unique_key for _, o in objects})
+    loaded = torch_dist.load_sharded([t for _, t in tensors], object_keys, checkpoint_dir)
+    for path, t in tensors:
+        set_at_path(result, path, t.data)
+    for path, o in objects:
+        payload = loaded[o.unique_key]
+        set_at_path(result, path, payload[0] if isinstance(payload, list) and payload else payload)
+    for path, obj in local:
+        set_at_path(result, path, obj.unwrap())
+    for path, fac in reversed(factories):
+        set_at_path(result, path, fac.merge_fn(_get_at_path(result, path)))
+    if StrictHandling.requires_returning_mismatch_keys(strict):
+        return result, missing, unexpected
+    return result
+
+
+def _get_at_path(root: Any, path: tuple) -> Any:
+    for k in path:
+        root = root[k]
+    return root
+
+
+def _strict_filter(tensors, objects, checkpoint_dir, strict, group):
+    """Apply StrictHandling: drop/log/raise on unexpected keys, optionally find missing ones."""
+    ckpt_keys = set(torch_dist.read_dcp_metadata(checkpoint_dir).state_dict_metadata)
+    requested = {t.key for _, t in tensors} | {o.unique_key for _, o in objects}
+    unexpected = requested - ckpt_keys
+    missing: set[str] = set()
+    if StrictHandling.requires_global_app_metadata(strict):
+        all_requested = set().union(*torch_dist._all_gather_object(requested, group))
+        missing = ckpt_keys - all_requested - {"common_state"}
+    if strict in (StrictHandling.RAISE_UNEXPECTED, StrictHandling.RAISE_ALL) and (
+        unexpected or missing
+    ):
+        raise CheckpointingException(
+            f"{checkpoint_dir}: unexpected keys (requested, not in checkpoint): "
+            f"{sorted(unexpected)}; missing keys (in checkpoint, not requested): {sorted(missing)}"
+        )
+    if strict in (StrictHandling.LOG_UNEXPECTED, StrictHandling.LOG_ALL) and (
+        unexpected or missing
+    ):
+        logger.warning(
+            "checkpoint mismatch: unexpected %s, missing %s", sorted(unexpected), sorted(missing)
+        )
+    tensors = [(p, t) for p, t in tensors if t.key not in unexpected]
+    objects = [(p, o) for p, o in objects if o.unique_key not in unexpected]
+    return tensors, objects, missing, unexpected
+
+
+def load_common_state_dict(checkpoint_dir: str | Path) -> StateDict:
+    """The non-sharded part: `common.pt`, or the `common_state` object of newer checkpoints."""
+    checkpoint_dir = str(checkpoint_dir)
+    _verify_checkpoint(checkpoint_dir)
+    path = os.path.join(checkpoint_dir, COMMON_STATE_FNAME)
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            return safe_torch_load(f, what=path)
+    keys = [
+        k
+        for k in torch_dist.read_dcp_metadata(checkpoint_dir).state_dict_metadata
+        if k.startswith("common_state/") or k == "common_state"
+    ]
+    if not keys:
+        raise CheckpointingException(
+            f"{checkpoint_dir}: no {COMMON_STATE_FNAME} and no common_state"
+        )
+    payload = torch_dist.load_sharded([], keys[:1], checkpoint_dir)[keys[0]]
+    return payload[0] if isinstance(payload, list) else payload
+
+
+def load_tensors_metadata(checkpoint_dir: str, sharded_strategy=None) -> dict[str, ShardedTensor]:
+    """{key: ShardedTensor without data} with each stored tensor's global shape and dtype."""
+    _check_strategy(sharded_strategy, "sharded_strategy")
+    _verify_checkpoint(str(checkpoint_dir))
+    out = {}
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    for key, md in torch_dist.read_dcp_metadata(checkpoint_dir).state_dict_metadata.items():
+        if isinstance(md, TensorStorageMetadata):
+            shape = tuple(md.size)
+            out[key] = ShardedTensor(
+                key, None, md.properties.dtype, shape, shape, (0,) * len(shape), (1,) * len(shape)
+            )
+    return out
+
+
+def load_sharded_metadata(checkpoint_dir: str, sharded_strategy=None, common_strategy=None) -> dict:
+    """Like `load_tensors_metadata`, plus ShardedObjects (data None) by unique key."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    out: dict[str, Any] = dict(load_tensors_metadata(checkpoint_dir, sharded_strategy))
+    for key, md in torch_dist.read_dcp_metadata(checkpoint_dir).state_dict_metadata.items():
+        if isinstance(md, BytesStorageMetadata) and "/shard_" in key:
+            out[key] = ShardedObject.empty_from_unique_key(key)
+    return out
+
+
+def load_plain_tensors(checkpoint_dir: str) -> StateDict:
+    """Every stored tensor, whole, by key (no common state, no validation)."""
+    request = load_tensors_metadata(checkpoint_dir)
+    loaded = torch_dist.load_sharded(list(request.values()), [], checkpoint_dir)
+    del loaded
+    return {k: v.data for k, v in request.items()}
+
+
+def load_content_metadata(checkpoint_dir: str | None = None, *, preloaded_state_dict=None):
+    """The `content_metadata` given to `save`, or None."""
+    if preloaded_state_dict is None:
+        if checkpoint_dir is None:
+            raise ValueError("load_content_metadata needs checkpoint_dir or preloaded_state_dict")
+        preloaded_state_dict = load_common_state_dict(checkpoint_dir)
+    return preloaded_state_dict.get(_CONTENT_METADATA_KEY)

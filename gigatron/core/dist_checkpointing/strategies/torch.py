@@ -1,0 +1,347 @@
+"""The `torch_dist` format: ShardedTensors and ShardedObjects through torch.distributed.checkpoint.
+
+Mirrors `megatron.core.dist_checkpointing.strategies.torch`. Each ShardedTensor key is one DCP
+tensor of its global shape; every main-replica box a rank holds is a DCP chunk carrying its
+global offsets (a flat shard contributes the few boxes its range covers). Loading asks DCP for
+the boxes the *requesting* layout needs, and DCP reads whatever overlapping saved chunks exist,
+so any save layout loads at any other. ShardedObjects are BYTE_IO entries under their
+`unique_key`, holding `torch.save([data, ...])` as megatron-core writes them.
+
+Saving is split into plan (collective), write (file I/O only: may run in a background thread)
+and finalize (collective: rank 0 writes DCP's `.metadata`), so async and sync saves write the
+same bytes. Data files are `__{rank}_{n}.distcp`, as megatron-core names them.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+from gigatron.core.dist_checkpointing._boxes import box_view, sharded_tensor_boxes
+from gigatron.core.dist_checkpointing._safe_load import restricted_pickle_load, safe_torch_load
+from gigatron.core.dist_checkpointing.core import CheckpointingException
+from gigatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, is_main_replica
+
+__all__ = [
+    "PendingSave",
+    "SafeFileSystemReader",
+    "plan_save",
+    "load_sharded",
+    "read_dcp_metadata",
+]
+
+
+def _rank_world(group=None) -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    return 0, 1
+
+
+def _all_gather_object(obj: Any, group=None) -> list:
+    _, world = _rank_world(group)
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _standalone(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor owning exactly its elements (torch.save of a view writes the whole storage)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        return t.to("cpu")
+    whole = t.is_contiguous() and t.storage_offset() == 0
+    if whole and t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.contiguous().clone() if t.is_contiguous() else t.contiguous()
+
+
+class _SavePlanner(DefaultSavePlanner):
+    """Write items straight from our chunk list; DCP's global planning and checks are kept."""
+
+    def __init__(self, chunks: dict, objects: dict):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self._chunks = chunks  # fqn -> list[(offsets, sizes, tensor, global_shape)]
+        self._objects = objects  # unique_key -> list[data]
+
+    def create_local_plan(self):
+        items = []
+        for fqn, chunks in self._chunks.items():
+            for i, (offsets, sizes, tensor, global_shape) in enumerate(chunks):
+                items.append(
+                    WriteItem(
+                        index=MetadataIndex(fqn, torch.Size(offsets), i),
+                        type=WriteItemType.SHARD,
+                        tensor_data=TensorWriteData(
+                            chunk=ChunkStorageMetadata(torch.Size(offsets), torch.Size(sizes)),
+                            properties=TensorProperties.create_from_tensor(tensor),
+                            size=torch.Size(global_shape),
+                        ),
+                    )
+                )
+        for key in self._objects:
+            items.append(WriteItem(index=MetadataIndex(key), type=WriteItemType.BYTE_IO))
+        from torch.distributed.checkpoint.planner import SavePlan
+
+        self.plan = SavePlan(items)
+        return self.plan
+
+    def resolve_data(self, write_item: WriteItem):
+        fqn = write_item.index.fqn
+        if write_item.type == WriteItemType.BYTE_IO:
+            buf = io.BytesIO()
+            torch.save(self._objects[fqn], buf)
+            buf.seek(0)
+            return buf
+        offsets = tuple(write_item.index.offset)
+        for chunk_offsets, _, tensor, _ in self._chunks[fqn]:  # DCP rewrites index hints
+            if tuple(chunk_offsets) == offsets:
+                return _standalone(tensor)
+        raise CheckpointingException(f"{fqn}: no local chunk at offset {offsets}")
+
+
+def _tensor_chunks(sharded_tensors: list[ShardedTensor]) -> dict:
+    chunks: dict[str, list] = {}
+    for sh in sharded_tensors:
+        if not is_main_replica(sh.replica_id):
+            continue
+        if sh.data is None:
+            raise CheckpointingException(f"{sh.key}: cannot save a ShardedTensor with data None")
+        for box in sharded_tensor_boxes(sh):
+            chunks.setdefault(sh.key, []).append(
+                (box[0], box[1], box_view(sh, box), sh.global_shape)
+            )
+    return chunks
+
+
+def _object_payloads(sharded_objects: list[ShardedObject]) -> dict:
+    out: dict[str, list] = {}
+    for sh in sharded_objects:
+        if is_main_replica(sh.replica_id):
+            out.setdefault(sh.unique_key, []).append(sh.data)
+    return out
+
+
+@dataclass
+class PendingSave:
+    """A planned save: `write()` does file I/O only; `finalize()` is collective."""
+
+    writer: FileSystemWriter
+    planner: _SavePlanner
+    plan: Any
+    metadata: Any
+    group: Any = None
+    results: list = field(default_factory=list)
+
+    def stage(self) -> None:
+        """Copy every chunk to private CPU memory so training may change the originals."""
+        for chunks in self.planner._chunks.values():
+            for i, (o, s, t, g) in enumerate(chunks):
+                chunks[i] = (o, s, t.detach().to("cpu", copy=True).contiguous(), g)
+        import copy
+
+        self.planner._objects = copy.deepcopy(self.planner._objects)
+
+    def write(self) -> None:
+        fut = self.writer.write_data(self.plan, self.planner)
+        fut.wait()
+        self.results = fut.value()
+
+    def finalize(self) -> None:
+        all_results = _all_gather_object(self.results, self.group)
+        if _rank_world(self.group)[0] == 0:
+            self.writer.finish(metadata=self.metadata, results=all_results)
+        if _rank_world(self.group)[1] > 1:
+            dist.barrier(group=self.group)
+
+
+def plan_save(
+    sharded_tensors: list[ShardedTensor],
+    sharded_objects: list[ShardedObject],
+    checkpoint_dir: str,
+    *,
+    thread_count: int = 1,
+    group=None,
+) -> PendingSave:
+    """Collective: agree on the global DCP plan; returns the rank's pending write."""
+    rank, _ = _rank_world(group)
+    writer = FileSystemWriter(
+        str(checkpoint_dir), single_file_per_rank=True, sync_files=True, thread_count=thread_count
+    )
+    planner = _SavePlanner(_tensor_chunks(sharded_tensors), _object_payloads(sharded_objects))
+    planner.set_up_planner({}, storage_meta=writer.storage_meta(), is_coordinator=rank == 0)
+    writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=True)
+    local_plan = writer.prepare_local_plan(planner.create_local_plan())
+    all_plans = _all_gather_object(local_plan, group)
+    # Every rank derives the same global plan (pure function of all local plans).
+    global_plans, metadata = planner.create_global_plan(all_plans)
+    global_plans = writer.prepare_global_plan(global_plans)
+    final_plan = planner.finish_plan(global_plans[rank])
+    return PendingSave(writer, planner, final_plan, metadata, group)
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """FileSystemReader whose `.metadata` unpickling is restricted to DCP's classes."""
+
+    def read_metadata(self, *args, **kwargs):
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        path = self._get_metadata_path(kwargs.get("rank"))
+        try:
+            with self.fs.create_stream(path, "rb") as f:
+                metadata = restricted_pickle_load(f, what=f"DCP metadata {path}")
+        except FileNotFoundError as e:
+            raise CheckpointingException(
+                f"{path} is missing: not a torch_dist checkpoint or an unfinished save"
+            ) from e
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def read_dcp_metadata(checkpoint_dir: str):
+    """DCP `Metadata` of a checkpoint (read safely)."""
+    return SafeFileSystemReader(str(checkpoint_dir)).read_metadata()
+
+
+class _LoadPlanner(LoadPlanner):
+    """Reads the boxes each requested ShardedTensor covers, from any saved chunking."""
+
+    def __init__(self, sharded_tensors: list[ShardedTensor], object_keys: list[str]):
+        self._tensors = sharded_tensors
+        self._object_keys = object_keys
+        self._dest: dict[str, list[torch.Tensor]] = {}
+        self.loaded_objects: dict[str, Any] = {}
+
+    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
+        self.metadata = metadata
+
+    def create_local_plan(self) -> LoadPlan:
+        md_all = self.metadata.state_dict_metadata
+        requests: dict[str, list] = {}
+        for sh in self._tensors:
+            md = md_all.get(sh.key)
+            if not isinstance(md, TensorStorageMetadata):
+                raise CheckpointingException(
+                    f"tensor {sh.key!r} is not in the checkpoint "
+                    f"(it has {len(md_all)} entries, e.g. {sorted(md_all)[:5]})"
+                )
+            if tuple(md.size) != tuple(sh.global_shape) and not sh.allow_shape_mismatch:
+                raise CheckpointingException(
+                    f"{sh.key}: global shape in checkpoint {tuple(md.size)} != requested "
+                    f"{tuple(sh.global_shape)} (set allow_shape_mismatch for padded tensors)"
+                )
+            for box in sharded_tensor_boxes(sh):
+                requests.setdefault(sh.key, []).append((box, box_view(sh, box), sh))
+        items: list[ReadItem] = []
+        for fqn, reqs in requests.items():
+            self._dest[fqn] = [view for _, view, _ in reqs]
+            chunks = [ChunkStorageMetadata(torch.Size(b[0]), torch.Size(b[1])) for b, _, _ in reqs]
+            new = create_read_items_for_chunk_list(fqn, md_all[fqn], chunks)
+            _check_coverage(fqn, md_all[fqn], reqs, new)
+            items += new
+        for key in self._object_keys:
+            if not isinstance(md_all.get(key), BytesStorageMetadata):
+                raise CheckpointingException(f"object {key!r} is not in the checkpoint")
+            idx = MetadataIndex(key)
+            items.append(
+                ReadItem(
+                    type=LoadItemType.BYTE_IO,
+                    dest_index=idx,
+                    dest_offsets=torch.Size((0,)),
+                    storage_index=idx,
+                    storage_offsets=torch.Size((0,)),
+                    lengths=torch.Size((0,)),
+                )
+            )
+        return LoadPlan(items)
+
+    def create_global_plan(self, global_plan):
+        return global_plan
+
+    def finish_plan(self, central_plan):
+        return central_plan
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        key = read_item.dest_index.fqn
+        self.loaded_objects[key] = safe_torch_load(value, what=f"object {key!r}")
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        dest = self._dest[read_item.dest_index.fqn][read_item.dest_index.index]
+        return _narrow(dest, read_item.dest_offsets, read_item.lengths)
+
+    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+        pass  # resolve_tensor returned a view of the destination; the reader copied into it
+
+
+def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
+    for dim, (o, n) in enumerate(zip(offsets, lengths)):
+        if o != 0 or n != t.size(dim):
+            t = t.narrow(dim, o, n)
+    return t
+
+
+def _check_coverage(fqn, md, reqs, read_items) -> None:
+    """Every requested element inside the saved global shape must be read from some chunk."""
+    got = [0] * len(reqs)
+    for item in read_items:
+        got[item.dest_index.index] += math.prod(item.lengths)
+    for i, ((offs, sizes, _), _, _sh) in enumerate(reqs):
+        inside = math.prod(max(0, min(o + s, g) - o) for o, s, g in zip(offs, sizes, md.size))
+        if got[i] != inside:
+            raise CheckpointingException(
+                f"{fqn}: the checkpoint covers {got[i]} of the {inside} requested elements at "
+                f"offset {offs} size {sizes}: incomplete or damaged checkpoint"
+            )
+
+
+def load_sharded(
+    sharded_tensors: list[ShardedTensor], object_keys: list[str], checkpoint_dir: str
+) -> dict[str, Any]:
+    """Fill every ShardedTensor's `data` in place (allocating when None); return objects by key."""
+    devices = []
+    for sh in sharded_tensors:
+        devices.append(sh.data.device if sh.data is not None else torch.device("cpu"))
+        if sh.data is None:
+            sh.init_data("cpu", init_fn=torch.zeros if sh.allow_shape_mismatch else torch.empty)
+        else:
+            sh.data = sh.data.detach()
+            if not sh.data.is_contiguous() or sh.data.device.type != "cpu":
+                sh.data = sh.data.to("cpu").contiguous()
+            if sh.allow_shape_mismatch:
+                sh.data.zero_()
+    planner = _LoadPlanner(sharded_tensors, object_keys)
+    no_dist = not (dist.is_available() and dist.is_initialized())
+    dcp_load({}, storage_reader=SafeFileSystemReader(str(checkpoint_dir)), planner=planner,
+             no_dist=no_dist)  # fmt: skip
+    for sh, device in zip(sharded_tensors, devices):
+        if sh.data.device != device:
+            sh.data = sh.data.to(device)
+    return planner.loaded_objects
