@@ -70,10 +70,11 @@ class Full(torch.nn.Module):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
 
 
-def _batches(num_microbatches, step, seq=S):
+def _batches(num_microbatches, step, varlen=False):
     g = torch.Generator().manual_seed(1000 + step)
     out = []
-    for _ in range(num_microbatches):
+    for i in range(num_microbatches):
+        seq = S - 2 * (i % 3) if varlen else S
         tokens = torch.randint(0, V, (B, seq), generator=g)
         mask = (torch.rand(B, seq, generator=g) > 0.2).float()
         out.append((tokens, torch.roll(tokens, -1, 1), mask))
@@ -114,6 +115,7 @@ def _build_chunks(config, full, pp, vp, rank):
 def _train_and_compare(pp, vp, num_microbatches, three_tuple, steps, seed, **cfg):
     """Train the split model and its unsplit twin side by side; return max relative errors."""
     rank = ps.get_pipeline_model_parallel_rank()
+    varlen = cfg.pop("varlen", False)  # sequence length differs between microbatches
     config = _Config(pipeline_dtype=torch.float32, **cfg)
     full_ref, full_pp = Full(seed), Full(seed)
     ref = Chunk(config, full_ref, 0, L, True, True)
@@ -124,7 +126,7 @@ def _train_and_compare(pp, vp, num_microbatches, three_tuple, steps, seed, **cfg
     fb = get_forward_backward_func(pp, vp)
     worst_loss, worst_grad, fwd_only_err = 0.0, 0.0, 0.0
     for step in range(steps):
-        data = _batches(num_microbatches, step)
+        data = _batches(num_microbatches, step, varlen=varlen)
         opt.zero_grad(), opt_ref.zero_grad()
         kw = dict(num_microbatches=num_microbatches, seq_length=S, micro_batch_size=B)
         iters = [iter(data) for _ in chunks]
@@ -211,12 +213,16 @@ def test_pp2_1f1b_and_interleaved_match_no_pipelining():
         (None, 8, False, {}),
         (2, 4, True, {}),
         (2, 8, True, {"deallocate_pipeline_outputs": True}),
-        (2, 4, False, {"batch_p2p_comm": False, "variable_seq_lengths": True}),
+        (2, 4, False, {"batch_p2p_comm": False, "variable_seq_lengths": True, "varlen": True}),
     ]
     _assert_parity(run_distributed(_parity_cases, 2, args=(2, cases), timeout=180))
 
 
 @pytest.mark.timeout(200)
 def test_pp4_1f1b_matches_no_pipelining():
-    cases = [(None, 4, True, {}), (None, 8, True, {"deallocate_pipeline_outputs": True})]
+    cases = [
+        (None, 4, True, {}),
+        (None, 8, True, {"deallocate_pipeline_outputs": True}),
+        (None, 4, True, {"variable_seq_lengths": True, "varlen": True}),
+    ]
     _assert_parity(run_distributed(_parity_cases, 4, args=(4, cases), timeout=180))
