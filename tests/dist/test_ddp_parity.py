@@ -1,8 +1,9 @@
 """DP = 2 equals DP = 1 with 2 accumulated microbatches, after 10 AdamW steps.
 
 Every combination of {plain, distributed optimizer} x {overlap_grad_reduce off, on} x
-{fp32, bf16 model with fp32 main params} runs inside one spawn per world size (spawning is the
-expensive part on a 2-core machine).
+{fp32, bf16 model with fp32 main params}, plus overlap_param_gather, average_in_collective and
+a bf16 grad buffer, runs inside one spawn per world size (spawning is the expensive part on a
+2-core machine).
 
 Why the results can be equal to the last bit: DP=1 runs microbatches m0, m1 with loss / 2
 each, so main_grad = g0/2 + g1/2; DP=2 runs m_r on rank r with loss / 1, DDP pre-scales by
@@ -28,12 +29,19 @@ from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from gigatron.testing import run_distributed
 
 STEPS, MBS, NUM_MICRO = 10, 4, 2
+# (distributed optimizer, overlap, dtype, average_in_collective); "bf16" reduces grads in fp32
+# (grad_reduce_in_fp32), "bf16g" keeps a bf16 grad buffer.
 COMBOS = [
-    (dist_opt, overlap, dtype)
+    (dist_opt, overlap, dtype, False)
     for dtype in ("fp32", "bf16")
     for dist_opt in (False, True)
     for overlap in (False, True)
-] + [(True, "param_gather", "fp32"), (True, "param_gather", "bf16")]
+] + [
+    (True, "param_gather", "fp32", False),
+    (True, "param_gather", "bf16", False),
+    (False, False, "fp32", True),
+    (True, True, "bf16g", True),
+]
 
 
 def _model(dtype):
@@ -56,12 +64,13 @@ def _data():
     return x, y
 
 
-def _train(dist_opt, overlap, dtype_name):
+def _train(dist_opt, overlap, dtype_name, average_in_collective):
     dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     model = _model(dtype)
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=dtype != torch.float32,
+        grad_reduce_in_fp32=dtype_name == "bf16",
+        average_in_collective=average_in_collective,
         overlap_grad_reduce=bool(overlap),
         overlap_param_gather=overlap == "param_gather",
         use_distributed_optimizer=dist_opt,
@@ -100,6 +109,8 @@ def _train(dist_opt, overlap, dtype_name):
         assert ok
         norms.append(norm)
     ddp.start_param_sync(force_sync=True)  # overlap_param_gather leaves the last gather pending
+    grad_dtype = {b.grad_dtype for b in ddp.buffers}
+    assert grad_dtype == {torch.bfloat16 if dtype_name == "bf16g" else torch.float32}
     # numpy, not tensors: tensors cross processes by fd passing, which races with rank exit.
     weights = {n: p.detach().float().numpy().copy() for n, p in model.named_parameters()}
     main = {}
