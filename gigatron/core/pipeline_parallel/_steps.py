@@ -84,31 +84,53 @@ def forward_step_calc_loss(
 ):
     """On the last stage apply `loss_func` and Megatron's scaling; return (output, num_tokens)."""
     num_tokens = torch.tensor(0, dtype=torch.int)
-    if not is_last_stage:
-        return output_tensor, num_tokens
-    if loss_func is None:
-        forward_data_store.append(output_tensor)
-    elif collect_non_loss_data:
-        forward_data_store.append(loss_func(output_tensor, non_loss_data=True))
-    else:
-        outputs = loss_func(output_tensor)
-        if len(outputs) == 3:
-            output_tensor, num_tokens, reduced = outputs
-            num_tokens = torch.as_tensor(num_tokens)
-            if not getattr(config, "calculate_per_token_loss", False):
-                output_tensor /= torch.clamp(num_tokens, min=1)  # all tokens masked -> no 1/0
-                output_tensor /= num_microbatches
-        elif len(outputs) == 2:
-            output_tensor, reduced = outputs
-            output_tensor *= cp_group_size  # legacy: per-CP-rank mean loss -> sum over CP ranks
-            output_tensor /= num_microbatches
+    if is_last_stage:
+        if loss_func is None:
+            forward_data_store.append(output_tensor)
+        elif collect_non_loss_data:
+            forward_data_store.append(loss_func(output_tensor, non_loss_data=True))
         else:
-            raise ValueError(
-                f"loss_func returned {len(outputs)} values; expected (loss, report) or "
-                "(loss, num_tokens, report)"
+            output_tensor, num_tokens, reduced = _scaled_loss(
+                loss_func(output_tensor), config, num_microbatches, cp_group_size
             )
-        forward_data_store.append(reduced)
+            forward_data_store.append(reduced)
+    # every stage: MoE layers anywhere in the pipeline need the scale of their aux losses
+    _set_moe_aux_loss_scale(config, output_tensor, cp_group_size, num_microbatches)
     return output_tensor, num_tokens
+
+
+def _scaled_loss(outputs, config, num_microbatches, cp_group_size):
+    """(loss, report) or (loss, num_tokens, report) -> (loss scaled in place, tokens, report)."""
+    if len(outputs) == 3:
+        loss, num_tokens, reduced = outputs
+        num_tokens = torch.as_tensor(num_tokens)
+        if not getattr(config, "calculate_per_token_loss", False):
+            loss /= torch.clamp(num_tokens, min=1)  # all tokens masked -> no 1/0
+            loss /= num_microbatches
+        return loss, num_tokens, reduced
+    if len(outputs) == 2:
+        loss, reduced = outputs
+        loss *= cp_group_size  # legacy: per-CP-rank mean loss -> sum over CP ranks
+        loss /= num_microbatches
+        return loss, torch.tensor(0, dtype=torch.int), reduced
+    raise ValueError(
+        f"loss_func returned {len(outputs)} values; expected (loss, report) or "
+        "(loss, num_tokens, report)"
+    )
+
+
+def _set_moe_aux_loss_scale(config, output_tensor, cp_group_size, num_microbatches) -> None:
+    """MoE aux losses backprop through a side channel; give them the main loss's scaling."""
+    if getattr(config, "num_moe_experts", None) is None:
+        return
+    from gigatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    ones = torch.ones(1, device=output_tensor.device)
+    loss_scale = config.grad_scale_func(ones) if config.grad_scale_func is not None else ones
+    if getattr(config, "calculate_per_token_loss", False):
+        MoEAuxLossAutoScaler.set_loss_scale(loss_scale)
+    else:
+        MoEAuxLossAutoScaler.set_loss_scale(loss_scale * cp_group_size / num_microbatches)
 
 
 def forward_step(
