@@ -19,6 +19,8 @@ from gigatron.core.tensor_parallel import (
 )
 from gigatron.testing import run_distributed
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 
 def _init(w):
     torch.nn.init.normal_(w, std=0.02)
@@ -87,19 +89,21 @@ def _run_gpu_style_init(tp):
         get_cuda_rng_tracker().reset()
         ColumnParallelLinear(8, 8, config=config, init_method=_init)
     model_parallel_cuda_manual_seed(42)
-    default_before = torch.randn(3)
+    default_before = torch.randn(3, device=DEVICE)
     model_parallel_cuda_manual_seed(42)
     col = ColumnParallelLinear(8, 8, config=config, init_method=_init)
+    assert col.weight.device.type == DEVICE.type
     # Init ran on the forked stream: the default generator did not advance.
-    assert torch.equal(torch.randn(3), default_before)
+    assert torch.equal(torch.randn(3, device=DEVICE), default_before)
     model_parallel_cuda_manual_seed(42)
     again = ColumnParallelLinear(8, 8, config=config, init_method=_init)
     assert torch.equal(col.weight, again.weight)
     # GPU-style init is per-rank: shards differ between TP ranks (seed + 2718 + tp_rank).
     parts = [torch.empty_like(col.weight) for _ in range(tp)]
     dist.all_gather(parts, col.weight.data)
-    gen = torch.Generator().manual_seed(42 + 2718 + parallel_state.get_tensor_model_parallel_rank())
-    want = torch.empty(8 // tp, 8).normal_(std=0.02, generator=gen)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    gen = torch.Generator(DEVICE).manual_seed(42 + 2718 + tp_rank)
+    want = torch.empty(8 // tp, 8, device=DEVICE).normal_(std=0.02, generator=gen)
     torch.testing.assert_close(col.weight.data, want, rtol=0, atol=0)
     return [torch.equal(parts[0], p) for p in parts[1:]]
 
@@ -147,6 +151,11 @@ def _run_attributes_and_errors(tp):
     sp_config = ModelParallelConfig(
         tensor_model_parallel_size=tp, sequence_parallel=True, use_cpu_initialization=True
     )
+    col_sp = ColumnParallelLinear(8, 8, config=sp_config, init_method=_init, gather_output=True)
+    with pytest.raises(
+        ValueError, match="gather_output=True cannot be used with sequence_parallel"
+    ):
+        col_sp(torch.randn(2, 1, 8))
     with pytest.raises(ValueError, match="input_is_parallel=True"):
         RowParallelLinear(
             8, 8, config=sp_config, init_method=_init, bias=True, input_is_parallel=False,
@@ -180,6 +189,12 @@ def _run_grad_accumulation_fusion():
     col(x)[0].sum().backward()
     torch.testing.assert_close(col.weight.main_grad, want + 1.0)
     assert col.weight.grad is None
+    # A frozen weight gets no gradient anywhere (Megatron's linear_with_frozen_weight).
+    col.weight.requires_grad_(False)
+    x.requires_grad_(True)
+    col(x)[0].sum().backward()
+    torch.testing.assert_close(col.weight.main_grad, want + 1.0)
+    torch.testing.assert_close(x.grad, torch.ones(3, 2, 4) @ col.weight)
     return True
 
 

@@ -220,6 +220,13 @@ class ColumnParallelLinear(_ExtraStateMixin, torch.nn.Module):
                     f"{expected} ([output_size / tp, input_size])"
                 )
         bias = self.bias if not self.skip_bias_add else None
+        gather_output = (
+            self.gather_output if runtime_gather_output is None else runtime_gather_output
+        )
+        if gather_output and self.sequence_parallel:
+            raise ValueError(
+                "ColumnParallelLinear: gather_output=True cannot be used with sequence_parallel"
+            )
 
         plain_input = (
             self.allreduce_dgrad
@@ -241,14 +248,7 @@ class ColumnParallelLinear(_ExtraStateMixin, torch.nn.Module):
             tp_group=self.tp_group,
         )  # [s, b, o/tp]
 
-        gather_output = (
-            self.gather_output if runtime_gather_output is None else runtime_gather_output
-        )
         if gather_output:
-            if self.sequence_parallel:
-                raise ValueError(
-                    "ColumnParallelLinear: gather_output=True cannot be used with sequence_parallel"
-                )
             output = gather_from_tensor_model_parallel_region(output_parallel, self.tp_group)
         else:
             output = output_parallel
