@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from gigatron.core import parallel_state
-from gigatron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
+from gigatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module

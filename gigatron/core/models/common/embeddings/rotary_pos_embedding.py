@@ -1,10 +1,9 @@
-"""Rotary position embeddings (RoPE) and their application to q/k.
+"""Rotary position embeddings (RoPE): the angles (applied to q/k by rope_utils.py).
 
-Mirrors `megatron.core.models.common.embeddings.rotary_pos_embedding.RotaryEmbedding` and
-`rope_utils.apply_rotary_pos_emb`: rotary dim = kv_channels * rotary_percent, inv_freq =
-base^(-2i/dim), angles `[s, 1, 1, dim]` laid out as [freqs, freqs] (rotate-half, the HF Llama
-convention) or interleaved pairs (rotary_interleaved=True, GPT-J style). The part of the head
-dimension past the rotary dim passes through unchanged.
+Mirrors `megatron.core.models.common.embeddings.rotary_pos_embedding.RotaryEmbedding`:
+rotary dim = kv_channels * rotary_percent, inv_freq = base^(-2i/dim), angles `[s, 1, 1, dim]`
+laid out as [freqs, freqs] (rotate-half, the HF Llama convention) or as interleaved pairs
+(rotary_interleaved=True, GPT-J style). Channels past the rotary dim pass through unchanged.
 """
 
 from __future__ import annotations
@@ -13,6 +12,10 @@ import math
 
 import torch
 from torch import Tensor
+
+from gigatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+
+__all__ = ["RotaryEmbedding", "apply_rotary_pos_emb"]
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -88,26 +91,3 @@ def _llama3_scaling(inv_freq: Tensor, factor: float, low=1.0, high=4.0, old_ctx=
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
     return torch.where(medium, smoothed, scaled)
-
-
-def _rotate_half(x: Tensor, rotary_interleaved: bool) -> Tensor:
-    if not rotary_interleaved:
-        x1, x2 = torch.chunk(x, 2, dim=-1)
-        return torch.cat((-x2, x1), dim=-1)
-    x1, x2 = x[..., ::2], x[..., 1::2]
-    return torch.stack((-x2, x1), dim=-1).flatten(-2)
-
-
-def apply_rotary_pos_emb(
-    t: Tensor, freqs: Tensor, config=None, cu_seqlens=None, mscale: float = 1.0, cp_group=None
-) -> Tensor:
-    """Rotate `t` [s, b, n, hn] by angles `freqs` [s, 1, 1, dim]; dims past `dim` pass through."""
-    if cu_seqlens is not None:
-        raise ValueError("packed sequences (cu_seqlens) are not supported by gigatron's RoPE")
-    interleaved = bool(config.rotary_interleaved) if config is not None else False
-    rot_dim = freqs.shape[-1]
-    t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]
-    cos = (torch.cos(freqs) * mscale).to(t.dtype)
-    sin = (torch.sin(freqs) * mscale).to(t.dtype)
-    t_rot = t_rot * cos + _rotate_half(t_rot, interleaved) * sin
-    return torch.cat((t_rot, t_pass), dim=-1)
