@@ -52,6 +52,28 @@ def test_build_sample_idx_matches_cpp():
     assert checked > 1000
 
 
+def _blend_pair(size, module, *args):
+    out = (numpy.zeros(size, numpy.int16), numpy.zeros(size, numpy.int64))
+    module(*out, *args)
+    return out
+
+
+@pytest.mark.parametrize("weights", [[0.3, 0.7], [1.0, 1.0], [1e-5, 1.0], [2.0, 7.0], [0.61, 0.39]])
+def test_two_way_blending_matches_cpp_on_large_sizes(weights):
+    w = numpy.array(weights) / sum(weights)
+    size = 300_000  # several blocks of the vectorised two-dataset path
+    got = _blend_pair(size, helpers.build_blending_indices, w, 2, size, False)
+    want = _blend_pair(size, mcore_helpers.build_blending_indices, w, 2, size, False)
+    for a, b in zip(got, want):
+        numpy.testing.assert_array_equal(a, b)
+    counts = numpy.array([int(1 + 9000 * weights[0] / sum(weights)), 4000], dtype=numpy.int64)
+    total = int(counts.sum())
+    got = _blend_pair(total, helpers.build_exhaustive_blending_indices, counts, 2)
+    want = _blend_pair(total, mcore_helpers.build_exhaustive_blending_indices, counts, 2)
+    for a, b in zip(got, want):
+        numpy.testing.assert_array_equal(a, b)
+
+
 def test_blending_indices_match_cpp():
     rng = numpy.random.default_rng(1)
     for _ in range(30):

@@ -4,8 +4,10 @@ Mirrors `megatron.core.datasets.helpers` (`helpers.cpp`): same signatures, same 
 bit. `build_sample_idx` is vectorised: a sample boundary is a global token position `i * seq_len`
 in the concatenation of the documents in `document_index` order, so a cumulative sum of document
 lengths plus one `searchsorted` finds every boundary at once. The blending builders follow
-Megatron's greedy "largest error first" rule step by step (in float64, like the C++), which is
-inherently sequential; they run in a Python loop over samples.
+Megatron's greedy "largest error first" rule (in float64, like the C++). That rule is sequential;
+for two datasets it has a closed form (dataset 0 takes step i iff its count <= w0 * i), which is
+used to predict whole blocks that are then checked against the float64 rule and repaired where
+rounding disagrees, so the result stays bit-identical. Three or more datasets run a Python loop.
 """
 
 from __future__ import annotations
@@ -90,6 +92,75 @@ def build_sample_idx(
     return sample_idx
 
 
+def _greedy_steps(
+    w: list[float], counts: list[int], begin: int, end: int, choice: numpy.ndarray
+) -> None:
+    """Megatron's rule for steps [begin, end): argmax_k w_k * max(i, 1) - counts_k (ties: low k)."""
+    ks = range(1, len(w))
+    for i in range(begin, end):
+        t = float(i) if i > 1 else 1.0
+        best, best_err = 0, w[0] * t - counts[0]
+        for k in ks:
+            err = w[k] * t - counts[k]
+            if err > best_err:
+                best, best_err = k, err
+        choice[i] = best
+        counts[best] += 1
+
+
+def _two_way_choice(w0: float, w1: float, size: int) -> numpy.ndarray:
+    """int8 `[size]` choices of the greedy rule for two datasets, exact.
+
+    In exact arithmetic (w0 + w1 = 1, i >= 1) dataset 1 wins iff c0 > w0 * i, so dataset 0 takes
+    its j-th sample at p_j = max(p_{j-1} + 1, ceil(j / w0)). Blocks are predicted from that, then
+    checked with the float64 rule; the first disagreement is replaced by a few exact steps.
+    """
+    choice = numpy.empty(size, dtype=numpy.int8)
+    counts = [0, 0]
+    head = min(size, 2)  # steps 0 and 1 both use t = 1
+    _greedy_steps([w0, w1], counts, 0, head, choice)
+    start, block = head, 1 << 16
+    while start < size:
+        end = min(size, start + block)
+        n = end - start
+        c0 = counts[0]
+        j = numpy.arange(c0, c0 + n + 1, dtype=numpy.float64)
+        due = numpy.ceil(j / w0) - j
+        numpy.maximum.accumulate(due, out=due)
+        picks0 = j + numpy.maximum(due, start - c0)  # float: huge (or inf) for tiny w0
+        picks0 = picks0[picks0 < end].astype(numpy.int64)
+        seg = numpy.ones(n, dtype=numpy.int8)
+        seg[picks0 - start] = 0
+        # Check every step of the block with the float64 rule, as the C++ computes it.
+        is0 = seg == 0
+        c0_before = c0 + numpy.cumsum(is0) - is0
+        steps = numpy.arange(start, end, dtype=numpy.int64)
+        t = steps.astype(numpy.float64)
+        err0 = w0 * t - c0_before
+        err1 = w1 * t - (steps - c0_before)
+        bad = numpy.flatnonzero((err1 > err0).astype(numpy.int8) != seg)
+        good = n if bad.size == 0 else int(bad[0])
+        choice[start : start + good] = seg[:good]
+        counts[0] += int(numpy.count_nonzero(is0[:good]))
+        counts[1] = start + good - counts[0]
+        start += good
+        if good < n:  # repair: exact steps past the disagreement, then predict again
+            stop = min(size, start + 64)
+            _greedy_steps([w0, w1], counts, start, stop, choice)
+            start = stop
+    return choice
+
+
+def _fill_sample_index(
+    choice: numpy.ndarray, num_datasets: int, dataset_index: numpy.ndarray, sample: numpy.ndarray
+) -> None:
+    size = choice.shape[0]
+    dataset_index[:size] = choice
+    for k in range(num_datasets):
+        where = numpy.flatnonzero(choice == k)
+        sample[where] = numpy.arange(where.size)
+
+
 def build_blending_indices(
     dataset_index: numpy.ndarray,
     dataset_sample_index: numpy.ndarray,
@@ -103,25 +174,16 @@ def build_blending_indices(
     Step i picks the dataset with the largest `w_k * max(i, 1) - count_k` (ties: lowest k).
     """
     w = [float(x) for x in numpy.asarray(weights, dtype=numpy.float64)[:num_datasets]]
-    counts = [0] * num_datasets
-    choice = numpy.empty(size, dtype=numpy.int64)
-    sample = numpy.empty(size, dtype=numpy.int64)
-    ks = range(num_datasets)
-    for i in range(size):
-        t = float(i) if i > 1 else 1.0
-        best, best_err = 0, w[0] * t - counts[0]
-        for k in ks:
-            err = w[k] * t - counts[k]
-            if err > best_err:
-                best, best_err = k, err
-        choice[i] = best
-        sample[i] = counts[best]
-        counts[best] += 1
-    dataset_index[:size] = choice
-    dataset_sample_index[:size] = sample
+    if num_datasets == 2 and min(w) > 0:
+        choice = _two_way_choice(w[0], w[1], size)
+    else:
+        choice = numpy.empty(size, dtype=numpy.int16)
+        _greedy_steps(w, [0] * num_datasets, 0, size, choice)
+    _fill_sample_index(choice, num_datasets, dataset_index, dataset_sample_index)
     if verbose:
-        for k in ks:
-            print(f"   dataset {k}, input: {w[k]}, achieved: {counts[k] / max(size, 1)}")
+        for k in range(num_datasets):
+            achieved = numpy.count_nonzero(choice == k) / max(size, 1)
+            print(f"   dataset {k}, input: {w[k]}, achieved: {achieved}")
 
 
 def build_exhaustive_blending_indices(
@@ -130,25 +192,38 @@ def build_exhaustive_blending_indices(
     sizes: numpy.ndarray | list[int],
     num_datasets: int,
 ) -> None:
-    """Like `build_blending_indices` but draw exactly `sizes[k]` samples from dataset k."""
+    """Like `build_blending_indices` but draw exactly `sizes[k]` samples from dataset k.
+
+    Weights are `sizes / total`; a dataset leaves the competition once it has its `sizes[k]`.
+    """
     n = [int(x) for x in numpy.asarray(sizes, dtype=numpy.int64)[:num_datasets]]
     total = sum(n)
     w = [x / float(total) for x in n]
-    counts = [0] * num_datasets
-    unspent = [k for k in range(num_datasets) if n[k] > 0]
-    choice = numpy.empty(total, dtype=numpy.int64)
-    sample = numpy.empty(total, dtype=numpy.int64)
-    for i in range(total):
-        t = float(i) if i > 1 else 1.0
-        best, best_err = -1, -math.inf
-        for k in unspent:
-            err = w[k] * t - counts[k]
-            if err > best_err:
-                best, best_err = k, err
-        choice[i] = best
-        sample[i] = counts[best]
-        counts[best] += 1
-        if counts[best] == n[best]:
-            unspent.remove(best)
-    dataset_index[:total] = choice
-    dataset_sample_index[:total] = sample
+    if num_datasets == 2 and min(n) > 0:
+        # Until one dataset is spent the rule is the plain two-way greedy; after, the other
+        # dataset takes every remaining step.
+        choice = _two_way_choice(w[0], w[1], total)
+        for k in (0, 1):
+            hits = numpy.flatnonzero(choice == k)
+            if hits.size >= n[k]:
+                spent_at = int(hits[n[k] - 1])
+                rest = choice[spent_at + 1 :]
+                if numpy.count_nonzero(rest == k):
+                    rest[:] = 1 - k
+                    break
+    else:
+        choice = numpy.empty(total, dtype=numpy.int16)
+        counts = [0] * num_datasets
+        unspent = [k for k in range(num_datasets) if n[k] > 0]
+        for i in range(total):
+            t = float(i) if i > 1 else 1.0
+            best, best_err = -1, -math.inf
+            for k in unspent:
+                err = w[k] * t - counts[k]
+                if err > best_err:
+                    best, best_err = k, err
+            choice[i] = best
+            counts[best] += 1
+            if counts[best] == n[best]:
+                unspent.remove(best)
+    _fill_sample_index(choice, num_datasets, dataset_index, dataset_sample_index)
