@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,24 @@ _FILE = "gigatron/core/optimizer_param_scheduler.py"
 _LR_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 _WSD_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
 _WD_STYLES = ("constant", "linear", "cosine")
+
+
+class ParamGroupOverride(TypedDict, total=False):
+    """Per-param-group values the scheduler reads with `group.get(key, default)`."""
+
+    max_lr: float
+    min_lr: float
+    start_wd: float
+    end_wd: float
+    wd_mult: float
+
+
+def get_canonical_lr_for_logging(param_groups: list[dict]) -> float | None:
+    """lr of the first group on the default schedule (`default_config=True`), for logging."""
+    for group in param_groups:
+        if group.get("default_config", False):
+            return group.get("lr")
+    return None
 
 
 class OptimizerParamScheduler:

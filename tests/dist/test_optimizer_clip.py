@@ -15,6 +15,7 @@ from gigatron.core import parallel_state as ps
 from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from gigatron.core.model_parallel_config import ModelParallelConfig
 from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from gigatron.core.process_groups_config import ProcessGroupCollection
 from gigatron.testing import run_distributed
 
 H, F = 16, 32
@@ -69,10 +70,13 @@ def _clip_body():
             if dim is not None:
                 p.tensor_model_parallel, p.partition_dim, p.partition_stride = True, dim, 1
             module.register_parameter(name.replace(".", "_"), p)
+        # The distributed-optimizer variant takes its groups from a ProcessGroupCollection.
+        pgs = ProcessGroupCollection.use_mpu_process_groups() if dist_opt else None
         ddp = DistributedDataParallel(
             ModelParallelConfig(),
             DistributedDataParallelConfig(use_distributed_optimizer=dist_opt),
             module,
+            pg_collection=pgs,
         )
         config = OptimizerConfig(
             optimizer="sgd",
@@ -83,7 +87,7 @@ def _clip_body():
             log_num_zeros_in_grad=True,
             use_distributed_optimizer=dist_opt,
         )
-        opt = get_megatron_optimizer(config, [ddp])
+        opt = get_megatron_optimizer(config, [ddp], pg_collection=pgs)
         ddp.zero_grad_buffer()
         for name in names:
             p = getattr(module, name.replace(".", "_"))

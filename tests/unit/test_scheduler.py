@@ -5,7 +5,10 @@ import math
 import pytest
 import torch
 
-from gigatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from gigatron.core.optimizer_param_scheduler import (
+    OptimizerParamScheduler,
+    get_canonical_lr_for_logging,
+)
 
 INIT, MAX, MIN, W, D = 0.0, 1.0e-3, 1.0e-5, 10, 100
 
@@ -183,3 +186,14 @@ def test_state_dict_roundtrip_and_checks():
     w = _sched("cosine")
     w.load_state_dict(legacy)
     assert w.num_steps == 7
+
+
+def test_canonical_lr_for_logging():
+    opt = _opt(2)
+    opt.param_groups[0]["default_config"] = False
+    opt.param_groups[0]["max_lr"] = 5 * MAX
+    opt.param_groups[1]["default_config"] = True
+    s = _sched("constant", opt)
+    s.step(W)
+    assert get_canonical_lr_for_logging(opt.param_groups) == pytest.approx(MAX)
+    assert get_canonical_lr_for_logging([{"lr": 1.0}]) is None

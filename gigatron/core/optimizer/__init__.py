@@ -175,8 +175,15 @@ def _grad_scaler(config: OptimizerConfig):
     return None
 
 
-def _groups_from_state(expert: bool):
-    """(dp group for sharding, grad-stats group without / with dist-opt, tp group)."""
+def _groups_from_state(expert: bool, pg_collection=None):
+    """(DP group to shard over, grad-stats group of the plain optimizers, grad-stats group of
+    the distributed optimizer (None = every rank: shards differ everywhere), TP group)."""
+    if pg_collection is not None:
+        pg = pg_collection
+        intra = getattr(pg, "intra_dist_opt", None)
+        if expert:
+            return pg.expt_dp, pg.tp_ep_pp, intra, pg.expt_tp
+        return pg.dp_cp, pg.mp, intra, pg.tp
     from gigatron.core import parallel_state as ps
 
     if not ps.model_parallel_is_initialized():
@@ -185,7 +192,7 @@ def _groups_from_state(expert: bool):
         return (
             ps.get_expert_data_parallel_group(),
             ps.get_expert_tensor_model_pipeline_parallel_group(),
-            None,  # shards differ on every rank: reduce over the world
+            None,
             ps.get_expert_tensor_parallel_group(),
         )
     return (
@@ -196,8 +203,8 @@ def _groups_from_state(expert: bool):
     )
 
 
-def _build(config, groups, model_chunks, expert: bool) -> MegatronOptimizer:
-    dp_group, mp_group, world, tp_group = _groups_from_state(expert)
+def _build(config, groups, model_chunks, expert: bool, pg_collection) -> MegatronOptimizer:
+    dp_group, mp_group, world, tp_group = _groups_from_state(expert, pg_collection)
     inner = _torch_optimizer(config, groups)
 
     def init_state_fn(opt, _config=None):
@@ -239,15 +246,17 @@ def get_megatron_optimizer(
 ) -> MegatronOptimizer:
     """Build the Megatron optimizer for DDP-wrapped `model_chunks` (see module doc).
 
-    `no_weight_decay_cond`, `scale_lr_cond`, `lr_mult`: the pre-0.14 Megatron API, keyword-only
-    here (applied on top of `config_overrides`).
+    `pg_collection`: a ProcessGroupCollection (tp, mp, dp_cp, expt_dp, expt_tp, tp_ep_pp);
+    default: parallel_state's groups. `use_gloo_process_groups` has no effect (CPU groups are
+    gloo already). `no_weight_decay_cond`, `scale_lr_cond`, `lr_mult`: the pre-0.14 Megatron
+    API, keyword-only here (applied on top of `config_overrides`).
     """
     if config.lr is None:
         raise ValueError(f"OptimizerConfig.lr (None) must be set ({_FILE})")
-    if pg_collection is not None or dump_param_to_param_group_map is not None:
+    if dump_param_to_param_group_map is not None:
         raise ValueError(
-            "get_megatron_optimizer: pg_collection / dump_param_to_param_group_map are not "
-            f"supported by gigatron (groups come from parallel_state) ({_FILE})"
+            "get_megatron_optimizer: dump_param_to_param_group_map is not supported by gigatron "
+            f"({_FILE})"
         )
     if not isinstance(model_chunks, list):
         model_chunks = [model_chunks]
@@ -258,9 +267,9 @@ def get_megatron_optimizer(
     expert = [g for g in groups if g["is_expert_parallel"]]
     optimizers = []
     if dense:
-        optimizers.append(_build(config, dense, model_chunks, expert=False))
+        optimizers.append(_build(config, dense, model_chunks, False, pg_collection))
     if expert:
-        optimizers.append(_build(config, expert, model_chunks, expert=True))
+        optimizers.append(_build(config, expert, model_chunks, True, pg_collection))
     if not optimizers:
         raise ValueError(f"get_megatron_optimizer: the model has no trainable params ({_FILE})")
     return optimizers[0] if len(optimizers) == 1 else ChainedOptimizer(optimizers)
