@@ -64,6 +64,10 @@ def _body():
     stage = _Stage()
     config = SimpleNamespace(calculate_per_token_loss=True)
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), stage)
+    with torch.no_grad():
+        stage.fc.fill_(rank)
+    ddp.broadcast_params()  # DP rank 0's values everywhere in the DP group
+    out["B_fc_after_broadcast"] = stage.fc.flatten()[0].item()
     ddp.zero_grad_buffer()
     for p in stage.parameters():
         p.main_grad.fill_(rank + 1)
@@ -131,6 +135,7 @@ def test_finalize_model_grads():
     for rank in range(4):
         b = res[rank]["B"]
         assert res[rank]["B_tokens"] == 70.0
+        assert res[rank]["B_fc_after_broadcast"] == (0 if rank < 2 else 2)
         dp_sum = 3.0 if rank < 2 else 7.0
         torch.testing.assert_close(b["norm"], dp_sum / 70.0)
         torch.testing.assert_close(b["fc"], dp_sum / 70.0)
