@@ -1,0 +1,119 @@
+"""Helpers that turn a rank's tensors into ShardedTensors with Megatron's replica ids.
+
+Mirrors `megatron.core.transformer.utils.make_sharded_tensor_for_checkpoint` /
+`make_tp_sharded_tensor_for_checkpoint` (kept here so model code can call them without a cycle)
+plus `sharded_state_dict_from_entries`, which converts the `{key: (tensor, tp_axis, stride,
+allow_shape_mismatch)}` maps gigatron's modules describe themselves with.
+
+Replica ids follow Megatron: `(0, tp_rank, dp_rank)` for a TP-replicated tensor and
+`(0, 0, dp_rank)` for a TP-split one (dp over DP x CP), so exactly one rank writes each element.
+A TP split with `partition_stride` s (GLU fc1: [gate_r; up_r] per rank) is written as s boxes at
+fragments j * tp + tp_rank of s * tp, i.e. the checkpoint holds Megatron's [all gate; all up].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+__all__ = [
+    "make_sharded_tensor_for_checkpoint",
+    "make_tp_sharded_tensor_for_checkpoint",
+    "sharded_state_dict_from_entries",
+]
+
+
+def _ranks(tp_group=None, dp_group=None) -> tuple[int, int, int]:
+    """(tp_rank, tp_size, dp_rank incl. CP); all trivial when parallel_state is not set up."""
+    from gigatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return 0, 1, 0
+    return (
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_data_parallel_rank(with_context_parallel=True),
+    )
+
+
+def make_sharded_tensor_for_checkpoint(
+    tensor: torch.Tensor, key: str, prepend_offsets=(), replica_id=None, **kwargs
+) -> ShardedTensor:
+    """A TP-replicated tensor: main replica on tp_rank 0 of dp_rank 0."""
+    tp_rank, _, dp_rank = _ranks()
+    if replica_id is None:
+        replica_id = (0, tp_rank, dp_rank)
+    return ShardedTensor.from_rank_offsets(
+        key, tensor, *prepend_offsets, replica_id=replica_id,
+        prepend_axis_num=len(prepend_offsets), **kwargs,
+    )  # fmt: skip
+
+
+def make_tp_sharded_tensor_for_checkpoint(
+    tensor: torch.Tensor, key: str, tp_axis: int = 0, replica_id=None, prepend_offsets=(), **kwargs
+) -> ShardedTensor:
+    """A tensor split in TP-size pieces along `tp_axis` (of the local tensor)."""
+    tp_rank, tp_size, dp_rank = _ranks()
+    if replica_id is None:
+        replica_id = (0, 0, dp_rank)
+    p = len(prepend_offsets)
+    return ShardedTensor.from_rank_offsets(
+        key, tensor, *prepend_offsets, (tp_axis + p, tp_rank, tp_size), replica_id=replica_id,
+        prepend_axis_num=p, **kwargs,
+    )  # fmt: skip
+
+
+def _strided(key, tensor, axis, stride, tp_rank, tp_size, replica_id, mismatch):
+    """Factory: s pieces of the local tensor at fragments j * tp + tp_rank of s * tp."""
+
+    def build(key, data, replica_id, flattened_range):
+        pieces = torch.chunk(data, stride, dim=axis)
+        return [
+            ShardedTensor.from_rank_offsets(
+                key,
+                piece,
+                (axis, j * tp_size + tp_rank, stride * tp_size),
+                replica_id=replica_id,
+                allow_shape_mismatch=mismatch,
+            )  # fmt: skip
+            for j, piece in enumerate(pieces)
+        ]
+
+    return ShardedTensorFactory(key, tensor, build, lambda pieces: torch.cat(pieces, dim=axis),
+                                replica_id)  # fmt: skip
+
+
+def sharded_state_dict_from_entries(
+    entries: dict, *, prefix: str = "", replicated_on_pp_stage: bool = False
+) -> dict:
+    """{key: ShardedTensor | ShardedTensorFactory} from {key: (tensor, tp_axis, stride, mismatch)}.
+
+    `tp_axis` None means TP-replicated. `replicated_on_pp_stage` marks every entry as a
+    non-main copy (e.g. the tied word embedding held again by the last pipeline stage).
+    Entries that already are ShardedTensors pass through.
+    """
+    tp_rank, tp_size, dp_rank = _ranks()
+    first = 1 if replicated_on_pp_stage else 0
+    out = {}
+    for key, entry in entries.items():
+        if isinstance(entry, (ShardedTensor, ShardedTensorFactory)):
+            out[prefix + key] = entry
+            continue
+        tensor, axis, stride, mismatch = (tuple(entry) + (None, 1, False))[:4]
+        tensor = tensor.detach()
+        if axis is None or tp_size == 1:
+            out[prefix + key] = ShardedTensor.from_rank_offsets(
+                prefix + key, tensor, replica_id=(first, tp_rank, dp_rank),
+                allow_shape_mismatch=mismatch,
+            )  # fmt: skip
+        elif stride == 1:
+            out[prefix + key] = ShardedTensor.from_rank_offsets(
+                prefix + key, tensor, (axis, tp_rank, tp_size), replica_id=(first, 0, dp_rank),
+                allow_shape_mismatch=mismatch,
+            )  # fmt: skip
+        else:
+            out[prefix + key] = _strided(
+                prefix + key, tensor, axis, stride, tp_rank, tp_size, (first, 0, dp_rank), mismatch
+            )
+    return out

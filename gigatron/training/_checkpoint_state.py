@@ -1,0 +1,166 @@
+"""Pieces of a training checkpoint: model/optimizer sharded dicts, RNG states, safe args.
+
+Helpers for `gigatron.training.checkpointing` (mirrors parts of `megatron.training.checkpointing`:
+`get_rng_state`, `generate_state_dict`, the tracker file). Layout of the saved state dict:
+`args`, `checkpoint_version` (3.0), `iteration`, `num_floating_point_operations_so_far`,
+`model` (or `model0..N` for virtual pipeline chunks), `optimizer`, `opt_param_scheduler`,
+`rng_state`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gigatron.core.dist_checkpointing import CheckpointingException, ShardedObject
+from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+from gigatron.core.dist_checkpointing.utils import sharded_state_dict_from_entries
+
+TRACKER_FNAME = "latest_checkpointed_iteration.txt"
+CHECKPOINT_VERSION = 3.0
+
+
+def checkpoint_dir(root: str, iteration: int, release: bool = False) -> str:
+    """`<root>/iter_0000100` (or `<root>/release`)."""
+    return os.path.join(root, "release" if release else f"iter_{iteration:07d}")
+
+
+def write_tracker(root: str, iteration: int) -> None:
+    """Atomically replace the tracker: temp file, fsync, rename, fsync the directory."""
+    path = os.path.join(root, TRACKER_FNAME)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(str(iteration))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_tracker(root: str) -> tuple[int, bool] | None:
+    """(iteration, release) from the tracker, None when there is no tracker file."""
+    path = os.path.join(root, TRACKER_FNAME)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        text = f.read().strip()
+    if text == "release":
+        return 0, True
+    try:
+        iteration = int(text)
+    except ValueError:
+        raise CheckpointingException(
+            f"{path} is damaged: expected an iteration number or 'release', got {text[:40]!r}"
+        ) from None
+    if iteration < 0:
+        raise CheckpointingException(f"{path} is damaged: negative iteration {iteration}")
+    return iteration, False
+
+
+def _ranks() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """((pp_rank, tp_rank, dp_rank), (pp, tp, dp)) with dp over DP x CP."""
+    from gigatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return (0, 0, rank), (1, 1, world)
+    return (
+        ps.get_pipeline_model_parallel_rank(),
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_data_parallel_rank(with_context_parallel=True),
+    ), (
+        ps.get_pipeline_model_parallel_world_size(),
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_data_parallel_world_size(with_context_parallel=True),
+    )
+
+
+def per_rank_object(key: str, data) -> ShardedObject:
+    """An object kept once per (pp, tp, dp) rank: not reshardable, restored exactly."""
+    offset, shape = _ranks()
+    return ShardedObject(key, data, shape, offset, replica_id=0)
+
+
+def get_rng_state() -> dict:
+    """This rank's python, NumPy, torch CPU/CUDA and tracker RNG states."""
+    from gigatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    return {
+        "random_rng_state": random.getstate(),
+        "np_rng_state": np.random.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+        "cuda_rng_state": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "rng_tracker_states": get_cuda_rng_tracker().get_states(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    from gigatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    random.setstate(state["random_rng_state"])
+    np.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"])
+    if torch.cuda.is_available() and state.get("cuda_rng_state") is not None:
+        torch.cuda.set_rng_state(state["cuda_rng_state"])
+    if state.get("rng_tracker_states"):
+        get_cuda_rng_tracker().set_states(state["rng_tracker_states"])
+
+
+_PLAIN = (type(None), bool, int, float, str, torch.dtype)
+
+
+def _plain(value):
+    if isinstance(value, _PLAIN):
+        return value, True
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v) for v in value]
+        return type(value)(v for v, _ in items), all(ok for _, ok in items)
+    if isinstance(value, dict):
+        items = {k: _plain(v) for k, v in value.items()}
+        ok = all(ok for _, ok in items.values()) and all(isinstance(k, str) for k in value)
+        return {k: v for k, (v, _) in items.items()}, ok
+    return None, False
+
+
+def safe_args(args) -> argparse.Namespace:
+    """A Namespace with the plain-typed fields of `args` (what weights-only loading accepts)."""
+    out = argparse.Namespace()
+    for name, value in sorted(vars(args).items()):
+        plain, ok = _plain(value)
+        if ok:
+            setattr(out, name, plain)
+    return out
+
+
+def model_sharded_state_dict(module) -> dict:
+    """The module's `sharded_state_dict()` as ShardedTensors (converting gigatron entries)."""
+    from gigatron.core import parallel_state as ps
+
+    sd = module.sharded_state_dict()
+    entries = {
+        k: v for k, v in sd.items() if not isinstance(v, (ShardedTensor, ShardedTensorFactory))
+    }
+    out = {k: v for k, v in sd.items() if k not in entries}
+    # The tied word embedding also lives on the last pipeline stage: a non-main copy there.
+    first_stage = not ps.model_parallel_is_initialized() or ps.is_pipeline_first_stage(
+        ignore_virtual=True
+    )
+    tied = {k: v for k, v in entries.items() if k.startswith("embedding.") and not first_stage}
+    rest = {k: v for k, v in entries.items() if k not in tied}
+    out.update(sharded_state_dict_from_entries(rest))
+    out.update(sharded_state_dict_from_entries(tied, replicated_on_pp_stage=True))
+    return out
+
+
+def model_keys(model: list) -> list[str]:
+    return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]

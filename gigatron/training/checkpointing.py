@@ -1,0 +1,232 @@
+"""Training checkpoints: `<save>/iter_0000100/` (torch_dist) + `latest_checkpointed_iteration.txt`.
+
+Mirrors `megatron.training.checkpointing` (save_checkpoint, load_checkpoint,
+maybe_finalize_async_save, get_checkpoint_tracker_filename, read_metadata). The order that makes
+a crash harmless: every rank writes its part of `iter_N/`, DCP's `.metadata` and then
+`metadata.json` are written, all ranks meet at a barrier, and only then rank 0 replaces the
+tracker file atomically (temp file, fsync, rename). A save killed at any point before the rename
+leaves the tracker pointing at the previous complete checkpoint.
+
+Flags (read from the args object, or passed as keyword overrides): `save`, `load`,
+`async_save`, `no_load_optim`, `no_load_rng`, `finetune`, `dist_ckpt_strictness`,
+`ckpt_verify_integrity` (gigatron: SHA-256 manifest written on save, checked on load).
+
+gigatron differences: optimizer state is stored per rank as a ShardedObject (restored exactly at
+the same layout; a layout change needs --no-load-optim until the optimizers describe their state
+as ShardedTensors); the async writer is a thread, not a persistent process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch.distributed as dist
+
+from gigatron.core import dist_checkpointing
+from gigatron.core.dist_checkpointing import CheckpointingException
+from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+from gigatron.training import _checkpoint_state as cs
+
+__all__ = [
+    "get_checkpoint_name",
+    "get_checkpoint_tracker_filename",
+    "load_checkpoint",
+    "maybe_finalize_async_save",
+    "read_metadata",
+    "save_checkpoint",
+]
+
+_ASYNC_QUEUE: AsyncCallsQueue | None = None
+
+
+def get_checkpoint_tracker_filename(checkpoints_path: str) -> str:
+    return os.path.join(checkpoints_path, cs.TRACKER_FNAME)
+
+
+def get_checkpoint_name(checkpoints_path: str, iteration: int, release: bool = False) -> str:
+    return cs.checkpoint_dir(checkpoints_path, iteration, release)
+
+
+def read_metadata(tracker_filename: str) -> tuple[int, bool]:
+    """(iteration, release) from a tracker file; CheckpointingException if damaged or absent."""
+    found = cs.read_tracker(os.path.dirname(tracker_filename))
+    if found is None:
+        raise CheckpointingException(f"{tracker_filename} does not exist")
+    return found
+
+
+def _args(args):
+    if args is not None:
+        return args
+    from gigatron.training.global_vars import get_args
+
+    return get_args()
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _unwrap(model) -> list:
+    return model if isinstance(model, list) else [model]
+
+
+def _sharded_state(model, optimizer, opt_param_scheduler, *, with_optim: bool, with_rng: bool):
+    state = {}
+    for key, module in zip(cs.model_keys(_unwrap(model)), _unwrap(model)):
+        state[key] = cs.model_sharded_state_dict(module)
+    if with_optim and optimizer is not None:
+        state["optimizer"] = cs.per_rank_object("optimizer", optimizer.state_dict())
+    if with_optim and opt_param_scheduler is not None:
+        state["opt_param_scheduler"] = opt_param_scheduler.state_dict()
+    if with_rng:
+        state["rng_state"] = cs.per_rank_object("rng_state", [cs.get_rng_state()])
+    return state
+
+
+def maybe_finalize_async_save(blocking: bool = False, terminate: bool = False) -> None:
+    """Finish background saves whose writes completed on all ranks (all of them if blocking).
+
+    Call it now and then during training and with `blocking=True` before exiting; a save's
+    tracker update happens here.
+    """
+    if _ASYNC_QUEUE is not None:
+        _ASYNC_QUEUE.maybe_finalize_async_calls(blocking=blocking or terminate)
+
+
+def save_checkpoint(
+    iteration: int,
+    model,
+    optimizer,
+    opt_param_scheduler,
+    num_floating_point_operations_so_far: float = 0,
+    checkpointing_context=None,
+    *,
+    args=None,
+    **_unused,
+) -> None:
+    """Write `iter_{iteration:07d}/` under `args.save` and then move the tracker to it."""
+    global _ASYNC_QUEUE
+    args = _args(args)
+    if not getattr(args, "save", None):
+        raise ValueError("args.save (None) must name a directory to save a checkpoint")
+    maybe_finalize_async_save(blocking=True)  # one save in flight at a time
+    root = args.save
+    ckpt_dir = cs.checkpoint_dir(root, iteration)
+    if _rank() == 0:
+        os.makedirs(root, exist_ok=True)
+        try:
+            tracked = cs.read_tracker(root)
+        except CheckpointingException:
+            tracked = None  # a damaged tracker is replaced by this save
+        if os.path.isdir(ckpt_dir) and (tracked is None or tracked[0] != iteration):
+            shutil.rmtree(ckpt_dir)  # leftovers of an unfinished save of this iteration
+        os.makedirs(ckpt_dir, exist_ok=True)
+    _barrier()
+    state = _sharded_state(model, optimizer, opt_param_scheduler, with_optim=True, with_rng=True)
+    state.update(
+        args=cs.safe_args(args),
+        checkpoint_version=cs.CHECKPOINT_VERSION,
+        iteration=iteration,
+        num_floating_point_operations_so_far=num_floating_point_operations_so_far,
+    )
+    request = dist_checkpointing.save(
+        state, ckpt_dir, async_sharded_save=bool(getattr(args, "async_save", False)),
+        verify_integrity=bool(getattr(args, "ckpt_verify_integrity", False)),
+    )  # fmt: skip
+
+    def update_tracker():
+        _barrier()  # every rank's files and metadata.json are complete
+        if _rank() == 0:
+            cs.write_tracker(root, iteration)
+        _barrier()
+
+    if request is None:
+        update_tracker()
+        return
+    request.add_finalize_fn(update_tracker)
+    if _ASYNC_QUEUE is None:
+        _ASYNC_QUEUE = AsyncCallsQueue()
+    _ASYNC_QUEUE.schedule_async_request(request)
+
+
+def load_checkpoint(
+    model,
+    optimizer,
+    opt_param_scheduler,
+    load_arg: str = "load",
+    strict: bool = True,
+    checkpointing_context=None,
+    *,
+    args=None,
+    **_unused,
+) -> tuple[int, float]:
+    """Restore from the tracked checkpoint under `args.<load_arg>`; returns (iteration, flops).
+
+    No tracker: nothing is loaded and (0, 0) is returned (training starts from scratch).
+    `finetune`: weights only, iteration 0. `no_load_optim` / `no_load_rng` skip those parts.
+    """
+    args = _args(args)
+    root = getattr(args, load_arg, None)
+    if not root:
+        raise ValueError(f"args.{load_arg} ({root!r}) must name a checkpoint directory")
+    found = cs.read_tracker(root)
+    if found is None:
+        if _rank() == 0:
+            print(f"WARNING: no {cs.TRACKER_FNAME} in {root}; starting from scratch", flush=True)
+        return 0, 0
+    iteration, release = found
+    ckpt_dir = cs.checkpoint_dir(root, iteration, release)
+    if not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
+        raise CheckpointingException(
+            f"tracker {cs.TRACKER_FNAME} points at {ckpt_dir}, which is missing or incomplete "
+            "(no valid metadata.json)"
+        )
+    finetune = bool(getattr(args, "finetune", False)) or release
+    with_optim = not finetune and not getattr(args, "no_load_optim", False)
+    with_rng = not finetune and not getattr(args, "no_load_rng", False)
+    request = _sharded_state(
+        model, optimizer, opt_param_scheduler, with_optim=with_optim, with_rng=with_rng
+    )
+    strictness = getattr(args, "dist_ckpt_strictness", None) or (
+        "assume_ok_unexpected" if strict else "log_unexpected"
+    )
+    state = dist_checkpointing.load(
+        request, ckpt_dir, strict=strictness,
+        verify_integrity=bool(getattr(args, "ckpt_verify_integrity", False)),
+    )  # fmt: skip
+    _restore(state, model, optimizer, opt_param_scheduler, with_optim, with_rng)
+    if finetune:
+        return 0, 0
+    ckpt_args = state.get("args")
+    for name in ("consumed_train_samples", "consumed_valid_samples"):
+        if ckpt_args is not None and hasattr(ckpt_args, name):
+            setattr(args, name, getattr(ckpt_args, name))
+    return state["iteration"], state.get("num_floating_point_operations_so_far", 0)
+
+
+def _restore(state, model, optimizer, opt_param_scheduler, with_optim, with_rng) -> None:
+    import torch
+
+    for key, module in zip(cs.model_keys(_unwrap(model)), _unwrap(model)):
+        sharded = cs.model_sharded_state_dict(module)
+        with torch.no_grad():
+            for name, sh in sharded.items():
+                target = sh.data
+                loaded = state[key][name]
+                if target.data_ptr() != loaded.data_ptr():
+                    target.copy_(loaded)
+    if with_optim and optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    elif optimizer is not None and hasattr(optimizer, "reload_model_params"):
+        optimizer.reload_model_params()  # fp32 main copies follow the loaded weights
+    if with_optim and opt_param_scheduler is not None and "opt_param_scheduler" in state:
+        opt_param_scheduler.load_state_dict(state["opt_param_scheduler"])
+    if with_rng and "rng_state" in state:
+        cs.set_rng_state(state["rng_state"][0])
