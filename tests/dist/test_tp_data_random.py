@@ -20,6 +20,8 @@ from gigatron.core.tensor_parallel import (
 from gigatron.testing import run_distributed
 from tests.dist.test_tp_mappings import count_collectives
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 
 def _batch(global_rank):
     gen = torch.Generator().manual_seed(global_rank)
@@ -107,8 +109,8 @@ def _run_distributed_checkpoint(tp):
         results.append((y.detach(), x.grad, w.grad))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    with get_cuda_rng_tracker().fork():
-        return rank, torch.rand(1).item()
+    with get_cuda_rng_tracker().fork():  # the tracker drives the CUDA generator when there is one
+        return rank, torch.rand(1, device=DEVICE).item()
 
 
 def test_checkpoint_distribute_saved_activations():
