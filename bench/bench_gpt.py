@@ -148,7 +148,9 @@ def _args(argv=None):
     p.add_argument("--config", default="gpt-125m", choices=sorted(CONFIGS))
     p.add_argument("--impl", default="fast", choices=["fast", "plain"])
     p.add_argument("--spec", choices=["local", "fast"], help="default: per --impl")
-    p.add_argument("--compile", choices=["none", "layers"], help="default: per --impl")
+    p.add_argument(
+        "--compile", choices=["none", "layers", "model"], help="default: per --impl (layers)"
+    )
     p.add_argument("--ce", choices=["plain", "chunked"], help="default: per --impl")
     p.add_argument("--sdpa", default=None, help="comma list, e.g. cudnn,flash ('default': torch)")
     p.add_argument("--tp", type=int, default=1)
@@ -207,13 +209,16 @@ class _Step:
         self.a, self.model, self.ddp, self.opt, self.batch = a, model, ddp, opt, batch
         self.sdpa_ctx = sdpa_ctx
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.loss_fn = gpt_loss
+        if a.compile == "model":  # whole forward + loss in one torch.compile (graph breaks ok)
+            self.loss_fn = torch.compile(gpt_loss)
 
     def __call__(self) -> torch.Tensor:
         if self.ddp is not None:
             self.ddp.zero_grad_buffer()
         self.opt.zero_grad(set_to_none=True)
         with self.sdpa_ctx():
-            loss = gpt_loss(self.model, *self.batch, chunked=self.a.ce == "chunked")
+            loss = self.loss_fn(self.model, *self.batch, chunked=self.a.ce == "chunked")
         loss.backward()
         if self.ddp is not None:
             self.ddp.finish_grad_sync()
@@ -242,29 +247,56 @@ def _time(step, a, device):
     return (time.perf_counter() - t0) / a.steps, warm_s, float(loss.detach())
 
 
-def _profile(step, path: str, rank: int) -> list[dict]:
+def _category(name: str) -> str:
+    low = name.lower()
+    if "nccl" in low:
+        return "nccl"
+    if any(k in low for k in ("nvjet", "gemm", "cutlass", "xmma")):
+        return "gemm"
+    if any(k in low for k in ("sdpa", "flash", "fmha", "attention")):
+        return "attention"
+    if "multi_tensor_apply" in low or "adam" in low:
+        return "optimizer"
+    if low.startswith("triton_"):
+        return "triton (compiled elementwise/norm/reduction)"
+    return "other (eager elementwise, copies, embedding)"
+
+
+def profile_step(step, path: str | None, iter_s: float, n: int = 3) -> dict:
+    """Profile `n` steps; write the GPU kernels (device time per step, by category and the top
+    30) to `path`. `busy` = kernel time / measured step time (below 1: the GPU waits on the
+    CPU, or kernels on several streams overlap)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(2):
+        for _ in range(n):
             step()
         torch.cuda.synchronize()
-    rows = []
-    events = [e for e in prof.key_averages() if e.device_time_total > 0]
-    total = sum(e.self_device_time_total for e in events)
-    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:30]:
-        rows.append(
-            {
-                "kernel": e.key[:120],
-                "ms_per_step": round(e.self_device_time_total / 2 / 1e3, 3),
-                "share": round(e.self_device_time_total / max(total, 1), 4),
-                "calls_per_step": e.count // 2,
-            }
-        )
-    if rank == 0:
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in kernels) / n / 1e3  # ms per step
+    by_cat: dict[str, float] = {}
+    for e in kernels:
+        cat = _category(e.key)
+        by_cat[cat] = by_cat.get(cat, 0.0) + e.self_device_time_total / n / 1e3
+    top = [
+        {
+            "kernel": e.key[:140],
+            "ms_per_step": round(e.self_device_time_total / n / 1e3, 3),
+            "calls_per_step": e.count // n,
+        }
+        for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:30]
+    ]
+    summary = {
+        "kernel_ms_per_step": round(total, 2),
+        "step_ms": round(iter_s * 1e3, 2),
+        "busy": round(total / (iter_s * 1e3), 3),
+        "by_category_ms": {k: round(v, 2) for k, v in sorted(by_cat.items(), key=lambda x: -x[1])},
+    }
+    if path:
         with open(path, "w") as f:
-            json.dump({"device_ms_per_step": round(total / 2 / 1e3, 2), "top": rows}, f, indent=1)
-    return rows
+            json.dump({**summary, "top": top}, f, indent=1)
+    return summary
 
 
 def main(argv=None) -> dict:
@@ -346,8 +378,8 @@ def main(argv=None) -> dict:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     if a.profile and a.device == "cuda":
-        top = _profile(step, a.profile, rank)
-        result["profile_top5"] = [(r["kernel"][:60], r["share"]) for r in top[:5]]
+        # Every rank steps (collectives); rank 0 writes.
+        result["profile"] = profile_step(step, a.profile if rank == 0 else None, dt)
     if rank == 0:
         print("RESULT", json.dumps(result), flush=True)
     dist.barrier()

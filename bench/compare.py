@@ -39,6 +39,8 @@ def table(rows) -> list[str]:
         if "failed" in r:
             out.append(f"| FAILED: `{r['failed']}` (rc {r['rc']}) | | | | | | | |")
             continue
+        if "tokens_per_s" not in r:
+            continue  # a profile-only row (compare_profile.py)
         layout = f"tp{r.get('tp', r.get('gpus'))}" + ("+sp" if r.get("sp") else "")
         layout += f" dp{r.get('dp', 1)}"
         out.append(
@@ -100,9 +102,23 @@ def targets(rows) -> list[str]:
     return out
 
 
+def profiles(rows) -> list[str]:
+    out = ["", "| profiled run | config | step ms | kernel ms | busy | by category (ms) |"]
+    out.append("|---|---|---|---|---|---|")
+    for r in rows:
+        prof = r.get("profile") if "profile" in r else (r if "by_category_ms" in r else None)
+        if prof:
+            cats = ", ".join(f"{k.split(' ')[0]} {v}" for k, v in prof["by_category_ms"].items())
+            out.append(
+                f"| {r['impl']} | {r['config']} | {prof['step_ms']} | "
+                f"{prof['kernel_ms_per_step']} | {prof['busy']} | {cats} |"
+            )
+    return out
+
+
 def main(paths: list[str]) -> None:
     rows = load(paths)
-    print("\n".join(table(rows) + ratios(rows) + targets(rows)))
+    print("\n".join(table(rows) + ratios(rows) + targets(rows) + profiles(rows)))
 
 
 if __name__ == "__main__":

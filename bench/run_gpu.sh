@@ -6,6 +6,7 @@
 #                                  #   GPU 1 the anchors (megatron-core local, torch eager/compile)
 #                                  #   then tests/gpu on GPU 1
 #   bash bench/run_gpu.sh multi    # both GPUs: DP=2 (overlap on/off), TP=2+SP, megatron TP=2
+#   bash bench/run_gpu.sh round2   # whole-model compile, kernel profiles (both lanes at once)
 #
 # Results: one JSON object a line in $OUT/results.jsonl (the benchmarks' RESULT lines), logs
 # in $OUT/*.log, kernel tables in $OUT/profile-*.json; bench/compare.py prints the ratios.
@@ -64,15 +65,36 @@ lane_anchors() {
   tail -3 "$OUT/tests.log"
 }
 
+# Second round: whole-model compile, kernel profiles of gigatron and the torch-compile anchor.
+lane_profiles_gigatron() {
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29602
+  for c in gpt-1.3b gpt-125m; do
+    run gigatron.log $B --config $c --impl fast --compile model --label fast-compile-model
+    run gigatron.log $B --config $c --impl fast --profile "$OUT/profile-gigatron-$c.json" \
+      --label fast-profiled
+  done
+  run gigatron.log $B --config llama-1b --impl plain
+}
+
+lane_profiles_anchor() {
+  export CUDA_VISIBLE_DEVICES=1
+  for c in gpt-1.3b gpt-125m; do
+    run anchors.log python3 bench/compare_profile.py $c compile "$OUT/profile-torch-compile-$c.json"
+  done
+  timeout 240 python3 -m pytest tests/gpu -q -p no:cacheprovider >>"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
+}
+
 multi() {
   unset CUDA_VISIBLE_DEVICES
   local T="torchrun --nproc-per-node 2 --master-port 29621"
-  for c in gpt-125m gpt-1.3b; do
-    run multi.log $B --config $c --impl fast --label fast-1gpu-here
-    run multi.log $T bench/bench_gpt.py --config $c --impl fast --overlap-grad-reduce \
-      --label fast-dp2-overlap
-    run multi.log $T bench/bench_gpt.py --config $c --impl fast --label fast-dp2-no-overlap
-  done
+  run multi.log $B --config gpt-125m --impl fast --label fast-1gpu-here
+  run multi.log $T bench/bench_gpt.py --config gpt-125m --impl fast --overlap-grad-reduce \
+    --label fast-dp2-overlap
+  run multi.log $B --config gpt-1.3b --impl fast --label fast-1gpu-here
+  run multi.log $T bench/bench_gpt.py --config gpt-1.3b --impl fast --overlap-grad-reduce \
+    --label fast-dp2-overlap
+  run multi.log $T bench/bench_gpt.py --config gpt-1.3b --impl fast --label fast-dp2-no-overlap
   run multi.log $T bench/bench_gpt.py --config gpt-1.3b --impl fast --tp 2 --sp --label fast-tp2-sp
   run multi.log $T bench/bench_gpt.py --config gpt-1.3b --impl fast --tp 2 --sp --compile none \
     --label fast-tp2-sp-eager
@@ -87,6 +109,11 @@ case "${1:-single}" in
     wait
     ;;
   multi) multi ;;
-  *) echo "usage: $0 single|multi" && exit 2 ;;
+  round2)
+    lane_profiles_gigatron &
+    lane_profiles_anchor &
+    wait
+    ;;
+  *) echo "usage: $0 single|multi|round2" && exit 2 ;;
 esac
 python3 bench/compare.py "$RES"

@@ -105,10 +105,14 @@ def test_chunked_matches_plain_cuda_bf16_compiled():
     for got, want in ((dx1, dx0), (dw1, dw0)):
         rel = (got.float() - want.float()).norm() / want.float().norm()
         assert rel < 1e-2, f"relative error {rel:.2e}"
-    # No full-batch fp32 logits: peak extra memory stays well under 4 bytes * N * V.
+    # No full-batch fp32 logits: once compiled (warm-up call first, compile-time benchmarking
+    # allocates too), the peak extra memory stays under the fp32 logits' 4 * N * V bytes.
+    x = hidden.detach().clone().requires_grad_()
+    chunked_linear_cross_entropy(x, weight, labels, chunk_size=256).sum().backward()
+    torch.cuda.synchronize()
+    x.grad = None
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    x = hidden.detach().clone().requires_grad_()
     chunked_linear_cross_entropy(x, weight, labels, chunk_size=256).sum().backward()
     extra = torch.cuda.max_memory_allocated() - base
     assert extra < 4 * hidden.shape[0] * hidden.shape[1] * weight.shape[0]

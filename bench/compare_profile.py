@@ -1,0 +1,66 @@
+"""Kernel profile of the plain-PyTorch anchor (bench/anchors/torch_baseline_bench.py), in the
+same categories as `bench_gpt.py --profile`, so the two can be compared kernel class by class.
+
+    python bench/compare_profile.py gpt-1.3b compile OUT.json
+
+The anchor file is used unmodified: its model classes are executed from its source (everything
+before its command-line part), then timed (5 warm-up, mean of 10) and profiled (3 steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "anchors"))
+
+from bench_gpt import profile_step  # noqa: E402
+
+
+def _anchor_namespace() -> dict:
+    path = os.path.join(HERE, "anchors", "torch_baseline_bench.py")
+    with open(path) as f:
+        src = f.read()
+    src = src[: src.index("name, compile_ = sys.argv")]  # classes and imports only
+    ns: dict = {"__name__": "anchor", "__file__": path}
+    exec(compile(src, path, "exec"), ns)
+    return ns
+
+
+def main(name: str, mode: str, out: str) -> None:
+    ns = _anchor_namespace()
+    layers, hidden, heads, seq, vocab, batch = ns["CONFIGS"][name]
+    torch.manual_seed(0)
+    model = ns["GPT"](layers, hidden, heads, seq, vocab).cuda().to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    fwd = torch.compile(model) if mode == "compile" else model
+    tokens = torch.randint(0, vocab, (batch, seq), device="cuda")
+    labels = torch.randint(0, vocab, (batch, seq), device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = fwd(tokens, labels)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / 10
+    summary = profile_step(step, out, dt)
+    print("RESULT", json.dumps({"impl": f"torch-sdpa-{mode}-profiled", "config": name, **summary}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
