@@ -103,6 +103,11 @@ def _check(style, tp, sp, ref, spec_fn):
         for name, p in params.items():
             p.copy_(shard_for_rank(full[name], p, tp_rank, tp))
     logits, loss = _run(model, style)
+    ids, _, _, mask = _inputs(style)
+    with torch.no_grad():  # runtime_gather_output: full vocabulary on every rank
+        torch.testing.assert_close(
+            model(ids, None, mask, runtime_gather_output=True), ref_logits, rtol=0, atol=1e-5
+        )
     errors = {
         "logits": (logits - ref_logits.chunk(tp, dim=-1)[tp_rank]).abs().max().item(),
         "loss": (loss - ref_loss).abs().max().item(),

@@ -2,9 +2,13 @@
 masks, MHA and GQA; DotProductAttention itself matches a hand-written softmax attention."""
 
 import math
+import tempfile
 
 import pytest
 import torch
+import torch.distributed as dist
+
+from gigatron.core import parallel_state
 
 from gigatron.core.transformer.dot_product_attention import DotProductAttention
 from gigatron.core.transformer.enums import AttnMaskType
@@ -12,6 +16,17 @@ from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
 from gigatron.core.transformer.transformer_config import TransformerConfig
 
 SQ, B, NP, HN = 8, 2, 4, 8
+
+
+@pytest.fixture(autouse=True)
+def single_rank():
+    if not dist.is_initialized():
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
+        )
+    parallel_state.initialize_model_parallel(1, 1)
+    yield
+    parallel_state.destroy_model_parallel()
 
 
 def _config(num_query_groups, **kw):
