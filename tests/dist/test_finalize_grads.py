@@ -1,6 +1,7 @@
 """finalize_model_grads on 4 gloo ranks, grads set by hand so every expected value is exact.
 
-Layout A, TP=2 x PP=2: SP-marked params (`sequence_parallel=True`) are summed over TP, TP-split
+Layout A, TP=2 x PP=2: SP-marked params (`sequence_parallel=True`) and q/k layernorms (with
+`qk_layernorm`) are summed over TP, `average_gradients_across_tp_domain` ones averaged, TP-split
 params are left alone, and the tied embedding/output weight is summed between the first and
 last stage (embedding group).
 Layout B, PP=2 x DP=2 with per-token loss: the DP reduction sums (no 1/dp pre-scale), the
@@ -37,6 +38,9 @@ class _Stage(torch.nn.Module):
         self.norm.sequence_parallel = True
         self.fc = torch.nn.Parameter(torch.zeros(4, 4))
         self.fc.tensor_model_parallel = True
+        self.q_layernorm = torch.nn.LayerNorm(4)  # summed over TP when config.qk_layernorm
+        self.router = torch.nn.Parameter(torch.zeros(3))
+        self.router.average_gradients_across_tp_domain = True  # averaged over TP
 
     def shared_embedding_or_output_weight(self):
         return self.word_embeddings
@@ -52,7 +56,8 @@ def _body():
     # Layout A: TP=2, PP=2.
     ps.initialize_model_parallel(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     stage = _Stage()
-    ddp = DistributedDataParallel(SimpleNamespace(), DistributedDataParallelConfig(), stage)
+    config = SimpleNamespace(sequence_parallel=True, qk_layernorm=True)
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), stage)
     ddp.zero_grad_buffer()
     for p in stage.parameters():
         p.main_grad.fill_(rank + 1)
@@ -129,6 +134,8 @@ def test_finalize_model_grads():
         other_stage = (rank + 2) % 4
         assert a["norm"] == (rank + 1) + (tp_peer + 1), rank
         assert a["fc"] == rank + 1, rank
+        assert a["q_layernorm.weight"] == (rank + 1) + (tp_peer + 1), rank
+        assert a["router"] == ((rank + 1) + (tp_peer + 1)) / 2, rank
         assert a["word_embeddings"] == (rank + 1) + (other_stage + 1), rank
     # B: DP groups (0,1) at stage 0 and (2,3) at stage 1; sums 3 and 7; embedding 3 + 7 = 10.
     # Token count: last stage's (30 or 40) broadcast down its PP group, summed over DP -> 70.

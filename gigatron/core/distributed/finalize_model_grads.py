@@ -2,9 +2,11 @@
 mirrors `megatron.core.distributed.finalize_model_grads`.
 
 1. finish the DP (x CP) grad reduction of every model chunk (DDP `finish_grad_sync`);
-2. all-reduce over TP the grads of params replicated across TP ranks but fed different sequence
-   shards (`param.sequence_parallel = True`: layer norms, RowParallel biases, routers; also
-   `average_gradients_across_tp_domain`) - each TP rank only saw its s/tp tokens;
+2. all-reduce (sum) over TP the grads of params replicated across TP ranks but fed different
+   sequence shards (`param.sequence_parallel = True`: layer norms, RowParallel biases, routers)
+   - each TP rank only saw its s/tp tokens - and, with `qk_layernorm`, of q/k layernorm weights
+   (each TP rank applies them to its own heads); average those marked
+   `average_gradients_across_tp_domain`;
 3. all-reduce the tied word-embedding grad between the first and the last PP stage (embedding
    group), so both copies take the same step;
 4. with `num_tokens` (per-token loss): broadcast the token count from the last PP stage, sum it
@@ -16,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gigatron.core.utils import get_attr_wrapped_model
+from gigatron.core.utils import get_attr_wrapped_model, get_model_config
 
 
 def _main_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
@@ -38,23 +40,33 @@ def _all_reduce_coalesced(grads: list[torch.Tensor], group) -> None:
             offset += g.numel()
 
 
-def _allreduce_non_tensor_model_parallel_grads(model: list, tp_group) -> None:
-    """Sum over TP the grads of SP-marked replicated params (step 2 of the module doc)."""
+def _allreduce_non_tensor_model_parallel_grads(model: list, config, tp_group) -> None:
+    """Over TP: sum the grads of SP-marked params (and q/k layernorms, whose replicated weights
+    each TP rank applies to its own heads); average those marked
+    `average_gradients_across_tp_domain` (step 2 of the module doc)."""
     if tp_group is None or dist.get_world_size(tp_group) == 1:
         return
-    grads = []
+    # A config without the field (a bare module) defers to the param attribute alone.
+    sp_on = getattr(config, "sequence_parallel", True)
+    qk_on = getattr(config, "qk_layernorm", False)
+    to_sum, to_avg = [], []
     for chunk in model:
-        for param in chunk.parameters():
-            if not param.requires_grad:
+        for name, param in chunk.named_parameters():
+            grad = _main_grad(param)
+            if not param.requires_grad or grad is None:
                 continue
-            if getattr(param, "sequence_parallel", False) or getattr(
-                param, "average_gradients_across_tp_domain", False
+            if getattr(param, "average_gradients_across_tp_domain", False):
+                to_avg.append(grad)
+            elif (sp_on and getattr(param, "sequence_parallel", False)) or (
+                qk_on and ("q_layernorm" in name or "k_layernorm" in name)
             ):
-                grad = _main_grad(param)
-                if grad is not None:
-                    grads.append(grad)
-    if grads:
-        _all_reduce_coalesced(grads, tp_group)
+                to_sum.append(grad)
+    if to_sum:
+        _all_reduce_coalesced(to_sum, tp_group)
+    if to_avg:
+        _all_reduce_coalesced(to_avg, tp_group)
+        for g in to_avg:
+            g.div_(dist.get_world_size(tp_group))
 
 
 def _allreduce_word_embedding_grads(model: list, ps) -> None:
@@ -77,6 +89,13 @@ def _allreduce_word_embedding_grads(model: list, ps) -> None:
     grad = _main_grad(weight)
     if grad is not None:
         dist.all_reduce(grad, group=ps.get_embedding_group())
+
+
+def _model_config(chunk):
+    try:
+        return get_model_config(chunk)
+    except RuntimeError:
+        return None
 
 
 def finalize_model_grads(
@@ -103,7 +122,8 @@ def finalize_model_grads(
 
     for chunk in model:
         chunk.finish_grad_sync(force_all_reduce=force_all_reduce)
-    _allreduce_non_tensor_model_parallel_grads(model, tp_group)
+    config = _model_config(model[0])
+    _allreduce_non_tensor_model_parallel_grads(model, config, tp_group)
     _allreduce_word_embedding_grads(model, ps)
 
     if num_tokens is not None:
