@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core import parallel_state
-
 from gigatron.core.transformer.dot_product_attention import DotProductAttention
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
