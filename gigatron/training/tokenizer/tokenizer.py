@@ -55,6 +55,7 @@ def build_tokenizer(args: Any, **kwargs: Any) -> MegatronLegacyTokenizer:
     """Build the tokenizer named by `args.tokenizer_type`; set `args.padded_vocab_size`.
 
     Reads `vocab_file`, `merge_file`, `tokenizer_model`, `vocab_size`, `vocab_extra_ids`,
+    `tiktoken_pattern`, `tiktoken_num_special_tokens` (1000), `tokenizer_special_tokens`,
     `make_vocab_size_divisible_by` (128) and `tensor_model_parallel_size` (1) from `args`.
     """
     kind = getattr(args, "tokenizer_type", None)
@@ -75,10 +76,27 @@ def build_tokenizer(args: Any, **kwargs: Any) -> MegatronLegacyTokenizer:
         tokenizer = _GPTSentencePieceTokenizer(_require(args, "tokenizer_model", kind))
     elif kind == "Llama2Tokenizer":
         tokenizer = _Llama2Tokenizer(_require(args, "tokenizer_model", kind))
+    elif kind == "TikTokenizer":
+        from gigatron.training.tokenizer._tiktoken import (
+            PATTERN_TIKTOKEN,
+            PATTERN_TIKTOKEN_V2,
+            CustomTikTokenizer,
+        )
+
+        pattern = getattr(args, "tiktoken_pattern", None)
+        if pattern not in ("v1", "v2"):
+            raise ValueError(f"tiktoken_pattern ({pattern!r}) must be 'v1' or 'v2'")
+        tokenizer = CustomTikTokenizer(
+            path=_require(args, "tokenizer_model", kind),
+            pattern=PATTERN_TIKTOKEN if pattern == "v1" else PATTERN_TIKTOKEN_V2,
+            vocab_size=getattr(args, "vocab_size", None),
+            num_special_tokens=getattr(args, "tiktoken_num_special_tokens", 1000),
+            special_tokens=getattr(args, "tokenizer_special_tokens", None),
+        )
     else:
         supported = (
             "NullTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
-            "GPTSentencePieceTokenizer, Llama2Tokenizer"
+            "GPTSentencePieceTokenizer, Llama2Tokenizer, TikTokenizer"
         )
         raise ValueError(f"tokenizer_type {kind!r} is not supported; use one of {supported}")
     if getattr(args, "padded_vocab_size", None) is None:
