@@ -163,3 +163,23 @@ def test_sharded_state_dict_uses_megatron_keys():
 def test_moe_spec_is_rejected_until_the_moe_issue():
     with pytest.raises(ValueError, match="MoE lands with the MoE issue"):
         get_gpt_layer_local_spec(num_experts=4)
+
+
+def test_decoder_block_spec_builds_the_same_model():
+    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
+
+    base = _minimal().eval()
+    block_spec = get_gpt_decoder_block_spec(base.config, use_transformer_engine=True)
+    assert len(block_spec.layer_specs) == 2
+    model = GPTModel(base.config, block_spec, 100, 64).eval()
+    assert isinstance(
+        model.decoder.layers[0].self_attention.core_attention, SDPADotProductAttention
+    )
+    model.load_state_dict(base.state_dict())
+    ids = torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, None, None), base(ids, None, None), atol=1e-5, rtol=0)
+    moe = dataclasses.replace(base.config, num_moe_experts=4)
+    with pytest.raises(ValueError, match="MoE lands with the MoE issue"):
+        get_gpt_decoder_block_spec(moe, use_transformer_engine=False)

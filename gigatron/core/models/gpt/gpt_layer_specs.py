@@ -120,3 +120,29 @@ def get_gpt_layer_fast_spec(
     if qk_l2_norm or fp8 is not None:
         raise ValueError("qk_l2_norm and fp8 are not supported by gigatron's specs")
     return _layer_spec(SDPADotProductAttention, qk_layernorm)
+
+
+def get_gpt_decoder_block_spec(
+    config,
+    use_transformer_engine: bool,
+    normalization: str | None = None,
+    qk_l2_norm: bool = False,
+    vp_stage: int | None = None,
+    pp_rank: int | None = None,
+):
+    """Per-layer specs of this pipeline stage (dense only until the MoE issue).
+
+    `use_transformer_engine=True` picks gigatron's fast spec (SDPA), the stand-in for Megatron's
+    Transformer Engine spec.
+    """
+    from gigatron.core.transformer.transformer_block import TransformerBlockSubmodules
+    from gigatron.core.transformer.transformer_layer import get_num_layers_to_build
+
+    if config.num_moe_experts is not None:
+        _check(config.num_moe_experts, config.moe_grouped_gemm, False, normalization)
+    spec_fn = get_gpt_layer_fast_spec if use_transformer_engine else get_gpt_layer_local_spec
+    layer = spec_fn(
+        qk_layernorm=config.qk_layernorm, normalization=normalization, qk_l2_norm=qk_l2_norm
+    )
+    num_layers = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=WrappedTorchNorm)
