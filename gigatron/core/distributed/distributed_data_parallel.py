@@ -87,6 +87,13 @@ class DistributedDataParallel(torch.nn.Module):
             param_to_name[param] = name
             (dense if getattr(param, "allreduce", True) else expert).append(param)
 
+        if pg_collection is not None and (
+            self.dp_cp_group is None or (expert and self.expt_dp_group is None)
+        ):
+            raise ValueError(
+                "DistributedDataParallel: pg_collection must provide dp_cp (and expt_dp when the "
+                "module has expert params with allreduce=False) (distributed_data_parallel.py)"
+            )
         per_token = getattr(config, "calculate_per_token_loss", False)
         if per_token:
             scale, expert_scale = 1.0, 1.0
