@@ -17,12 +17,21 @@ from gigatron.core.transformer.transformer_config import TransformerConfig
 SQ, B, NP, HN = 8, 2, 4, 8
 
 
-@pytest.fixture(autouse=True)
-def single_rank():
-    if not dist.is_initialized():
+@pytest.fixture(autouse=True, scope="module")
+def gloo_world():
+    """A one-process gloo world for this module, torn down after it (other tests expect none)."""
+    created = not dist.is_initialized()
+    if created:
         dist.init_process_group(
             "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
         )
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def single_rank():
     parallel_state.initialize_model_parallel(1, 1)
     yield
     parallel_state.destroy_model_parallel()

@@ -19,13 +19,22 @@ from gigatron.core.models.gpt.gpt_model import GPTModel
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True)
-def single_rank():
-    """A one-process gloo world with TP = PP = 1, as Megatron's tests set up."""
-    if not dist.is_initialized():
+@pytest.fixture(autouse=True, scope="module")
+def gloo_world():
+    """A one-process gloo world for this module, torn down after it (other tests expect none)."""
+    created = not dist.is_initialized()
+    if created:
         dist.init_process_group(
             "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
         )
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def single_rank():
+    """A one-process gloo world with TP = PP = 1, as Megatron's tests set up."""
     parallel_state.initialize_model_parallel(1, 1)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
     yield
