@@ -24,7 +24,9 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
+import subprocess
 import sys
 import time
 
@@ -161,7 +163,6 @@ def bench_blending(size: int, weights: list[float], repeats: int) -> dict:
 
 
 def bench_preprocess(workdir: str, num_docs: int) -> dict:
-    from gigatron.tools.preprocess_data import get_args, preprocess
     from gigatron.tools.train_tokenizer import train_bpe_tokenizer
 
     rng = numpy.random.default_rng(0)
@@ -177,19 +178,24 @@ def bench_preprocess(workdir: str, num_docs: int) -> dict:
     train_bpe_tokenizer(docs[:2000], vocab_size=8000, output_dir=tok_dir)
     out = {"documents": num_docs, "bytes": os.path.getsize(path), "tokenizer": "GPT2BPE 8000"}
     for workers in (1, 2):
-        args = get_args(
-            ["--input", path, "--output-prefix", os.path.join(workdir, f"pre{workers}")]
-            + ["--tokenizer-type", "GPT2BPETokenizer", "--append-eod", "--log-interval", "0"]
-            + ["--vocab-file", os.path.join(tok_dir, "vocab.json")]
-            + ["--merge-file", os.path.join(tok_dir, "merges.txt")]
-            + ["--workers", str(workers)]
-        )
-        stats = preprocess(args)
+        # A fresh interpreter per run, as a user runs it (the tokenizer training above used
+        # Rust threads in this process, which forked workers should not inherit).
+        cmd = [sys.executable, "-m", "gigatron.cli", "preprocess", "--input", path]
+        cmd += ["--output-prefix", os.path.join(workdir, f"pre{workers}"), "--append-eod"]
+        cmd += ["--tokenizer-type", "GPT2BPETokenizer", "--log-interval", "0"]
+        cmd += ["--vocab-file", os.path.join(tok_dir, "vocab.json")]
+        cmd += ["--merge-file", os.path.join(tok_dir, "merges.txt"), "--workers", str(workers)]
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=root)
+        # Last progress line: "Processed N documents (D docs/s, T tokens/s, M MB/s)".
+        line = [x for x in proc.stderr.splitlines() if x.startswith("Processed")][-1]
+        nums = re.findall(r"([0-9.]+) (docs/s|tokens/s|MB/s)", line)
+        rates = {unit: float(value) for value, unit in nums}
         out[f"workers_{workers}"] = {
-            "docs_per_s": stats["docs"] / stats["seconds"],
-            "tokens_per_s": stats["tokens"] / stats["seconds"],
-            "tokens_per_s_per_worker": stats["tokens"] / stats["seconds"] / workers,
-            "mb_per_s": stats["bytes"] / stats["seconds"] / 2**20,
+            "docs_per_s": rates["docs/s"],
+            "tokens_per_s": rates["tokens/s"],
+            "tokens_per_s_per_worker": rates["tokens/s"] / workers,
+            "mb_per_s": rates["MB/s"],
         }
     return out
 
@@ -231,7 +237,7 @@ def main() -> int:
             "megatron_core": mcore_version,
         },
         "sample_index": bench_sample_index(lengths, args.repeats),
-        "gpt_index_build": bench_gpt_build(prefix, args.workdir, 3),
+        "gpt_index_build": bench_gpt_build(prefix, args.workdir, args.repeats),
         "blending_indices_2": bench_blending(args.blend_size, [0.3, 0.7], args.repeats),
         "blending_indices_3": bench_blending(args.blend_size, [0.5, 0.3, 0.2], args.repeats),
         "preprocess": bench_preprocess(args.workdir, args.preprocess_docs),
