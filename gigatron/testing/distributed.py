@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue as queue_mod
 import tempfile
 import time
@@ -64,7 +65,9 @@ def _worker(fn, rank, world_size, init_file, backend, timeout, args, kwargs, res
             timeout=timedelta(seconds=timeout),
         )
         value = fn(*args, **kwargs)
-        results.put(("ok", rank, value))
+        # Plain pickle copies tensors by value; the queue's default reducer would pass them as
+        # shared-memory file descriptors, which races with this process exiting.
+        results.put(("ok", rank, pickle.dumps(value)))
     except BaseException:  # report everything, including KeyboardInterrupt and SystemExit
         results.put(("error", rank, traceback.format_exc()))
     finally:
@@ -141,7 +144,7 @@ def run_distributed(
                         continue
                 if status == "error":
                     raise DistributedTestError(f"rank {rank} of {world_size} failed:\n{value}")
-                values[rank] = value
+                values[rank] = pickle.loads(value)
         finally:
             for p in procs:
                 p.join(timeout=5 if len(values) == world_size else 0.1)

@@ -45,3 +45,12 @@ def test_hang_times_out():
     with pytest.raises(DistributedTestError, match=r"ranks \[0\] of 2 did not finish"):
         run_distributed(_hang_on_rank_zero, 2, timeout=5)
     assert time.monotonic() - start < 30
+
+
+def _return_tensor():
+    return torch.full((3,), float(dist.get_rank()))
+
+
+def test_tensors_come_back_by_value():
+    out = run_distributed(_return_tensor, 2)
+    assert [t.tolist() for t in out] == [[0.0] * 3, [1.0] * 3]
