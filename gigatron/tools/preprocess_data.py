@@ -95,7 +95,9 @@ def _encode_batch(batch: list[tuple[int, str]]) -> list[tuple[int, dict, dict, i
             if doc_ids and args.append_eod:
                 doc_ids.append(tokenizer.eod)
                 sentence_lens[-1] += 1
-            ids[key], lens[key] = doc_ids, sentence_lens
+            # Check and convert here, in the worker: the parent only writes bytes.
+            arr = _checked_array(doc_ids, tokenizer.vocab_size, doc_no, key, args.input)
+            ids[key], lens[key] = arr, sentence_lens
         out.append((doc_no, ids, lens, len(line.encode("utf-8"))))
     return out
 
@@ -124,7 +126,10 @@ def _output_prefix(args: argparse.Namespace, key: str) -> str:
     return f"{args.output_prefix}_{key}_{level}"
 
 
-def _check_ids(doc_ids: list[int], vocab_size: int, doc_no: int, key: str, path: str) -> None:
+def _checked_array(
+    doc_ids: list[int], vocab_size: int, doc_no: int, key: str, path: str
+) -> numpy.ndarray:
+    """`[len]` token ids in the output dtype; an id outside [0, vocab_size) is an error."""
     arr = numpy.asarray(doc_ids, dtype=numpy.int64)
     bad = numpy.flatnonzero((arr >= vocab_size) | (arr < 0))
     if bad.size:
@@ -133,6 +138,7 @@ def _check_ids(doc_ids: list[int], vocab_size: int, doc_no: int, key: str, path:
             f"{path}: document {doc_no} (key {key!r}) has token id {int(arr[pos])} at position "
             f"{pos}, outside the tokenizer's vocabulary [0, {vocab_size})"
         )
+    return arr.astype(DType.optimal_dtype(vocab_size))
 
 
 def _process_range(args: argparse.Namespace, begin: int, end: int | None, suffix: str) -> dict:
@@ -163,10 +169,9 @@ def _process_range(args: argparse.Namespace, begin: int, end: int | None, suffix
                     pending.append(pool.apply_async(_encode_batch, (batch,)))
             if not pending:
                 break
-            for doc_no, ids, lens, num_bytes in pending.popleft().get():
+            for _doc_no, ids, lens, num_bytes in pending.popleft().get():
                 for key in args.json_keys:
-                    _check_ids(ids[key], vocab_size, doc_no, key, args.input)
-                    builders[key].add_document(numpy.asarray(ids[key], dtype=dtype), lens[key])
+                    builders[key].add_document(ids[key], lens[key])
                     stats["tokens"] += len(ids[key])
                 stats["docs"] += 1
                 stats["bytes"] += num_bytes
