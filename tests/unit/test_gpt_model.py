@@ -167,6 +167,11 @@ def test_sharded_state_dict_uses_megatron_keys():
     assert keys["decoder.final_layernorm.weight"].tp_axis is None
     assert keys["embedding.word_embeddings.weight"].allow_shape_mismatch
     assert not any("input_layernorm" in k or "pre_mlp_layernorm" in k for k in keys)
+    assert keys["decoder.layers.1.mlp.linear_fc2.weight"].layer == (1, 2)
+    stacked = _minimal().sharded_state_dict(metadata={"stacked": True})
+    entries = stacked["decoder.layers.self_attention.linear_qkv.layer_norm_weight"]
+    assert [e.layer for e in entries] == [(0, 2), (1, 2)]
+    assert stacked["output_layer.weight"].layer is None
 
 
 def test_moe_spec_is_rejected_until_the_moe_issue():

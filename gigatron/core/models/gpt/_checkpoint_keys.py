@@ -5,8 +5,9 @@ exists. Keys follow Megatron's per-layer form `decoder.layers.{global_i}.<name>`
 pipeline/virtual offset included) with the local-spec norms renamed through each layer's
 `sharded_state_dict_keys_map` to Transformer Engine's names
 (`self_attention.linear_qkv.layer_norm_weight`, `mlp.linear_fc1.layer_norm_weight`).
-Not done yet: stacking homogeneous layers under `decoder.layers.<name>` with a leading
-num_layers axis, `_extra_state` ShardedObjects, replica ids.
+`stacked=True` gives Megatron's stacked form (`decoder.layers.<name>`, a list of this stage's
+entries, each with its global layer slot). Not done yet: `_extra_state` ShardedObjects, replica
+ids, the ShardedTensor objects themselves.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from gigatron.core.models.common.tp_state_dict import tp_split_of
 
 
 class ShardedEntry(NamedTuple):
-    """One tensor of this rank: its TP split (None = replicated over TP) and stride."""
+    """One tensor of this rank: its TP split (None = replicated over TP) and stride, and for
+    decoder-layer tensors (global layer index, num_layers): the prepended axis of the stacked
+    form."""
 
     tensor: Tensor
     tp_axis: int | None
     tp_stride: int = 1
     allow_shape_mismatch: bool = False
+    layer: tuple[int, int] | None = None
 
 
 def _rename(name: str, keys_map: dict[str, str]) -> str:
@@ -34,22 +38,32 @@ def _rename(name: str, keys_map: dict[str, str]) -> str:
     return name
 
 
-def megatron_sharded_keys(model, prefix: str = "") -> dict[str, ShardedEntry]:
-    """{Megatron key: ShardedEntry} for every parameter of a GPTModel on this rank."""
+def megatron_sharded_keys(model, prefix: str = "", stacked: bool = False) -> dict:
+    """{Megatron key: ShardedEntry} for every parameter of a GPTModel on this rank.
+
+    stacked=False: `decoder.layers.{global_i}.<name>`; stacked=True: Megatron's homogeneous-layer
+    form `decoder.layers.<name>`, one key per name with `entry.layer` giving the slot.
+    """
     out: dict[str, ShardedEntry] = {}
     renames = {}
+    num_layers = model.config.num_layers
     for local_i, layer in enumerate(model.decoder.layers):
         keys_map = getattr(layer.submodules_config, "sharded_state_dict_keys_map", {}) or {}
-        global_prefix = f"decoder.layers.{layer.layer_number - 1}."
-        renames[f"decoder.layers.{local_i}."] = (global_prefix, keys_map)
+        renames[f"decoder.layers.{local_i}."] = (layer.layer_number - 1, keys_map)
     for name, param in model.named_parameters():
-        key = name
-        for local_prefix, (global_prefix, keys_map) in renames.items():
+        key, layer_slot = name, None
+        for local_prefix, (global_i, keys_map) in renames.items():
             if name.startswith(local_prefix):
-                key = global_prefix + _rename(name[len(local_prefix) :], keys_map)
+                index = "" if stacked else f"{global_i}."
+                key = f"decoder.layers.{index}" + _rename(name[len(local_prefix) :], keys_map)
+                layer_slot = (global_i, num_layers)
                 break
         split = tp_split_of(param)
         axis, stride = (None, 1) if split is None else split
         mismatch = name in ("embedding.word_embeddings.weight", "output_layer.weight")
-        out[prefix + key] = ShardedEntry(param, axis, stride, mismatch)
+        entry = ShardedEntry(param, axis, stride, mismatch, layer_slot)
+        if stacked and layer_slot is not None:
+            out.setdefault(prefix + key, []).append(entry)
+        else:
+            out[prefix + key] = entry
     return out

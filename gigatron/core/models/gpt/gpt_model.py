@@ -171,7 +171,9 @@ class GPTModel(LanguageModule):
         return self.compute_language_model_loss(labels, logits)  # [b, s]
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
-        """{Megatron checkpoint key: (tensor, tp axis or None)}; see `gpt/_checkpoint_keys.py`."""
+        """{Megatron checkpoint key: ShardedEntry(tensor, tp_axis, tp_stride, ...)} with per-layer
+        keys; `metadata={"stacked": True}` gives the stacked-layer form (`_checkpoint_keys.py`)."""
         from gigatron.core.models.gpt._checkpoint_keys import megatron_sharded_keys
 
-        return megatron_sharded_keys(self, prefix=prefix)
+        stacked = bool((metadata or {}).get("stacked", False))
+        return megatron_sharded_keys(self, prefix=prefix, stacked=stacked)
