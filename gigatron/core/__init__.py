@@ -4,7 +4,7 @@ import importlib
 
 from gigatron import __version__
 
-__all__ = ["__version__", "parallel_state", "mpu", "tensor_parallel", "ModelParallelConfig"]
+__all__ = ["__version__"]  # extended below with the lazily loaded names
 
 # Submodules load on first use so `import gigatron.core` stays cheap and one package's import
 # error cannot break the others.
@@ -14,6 +14,14 @@ _LAZY = {
     "tensor_parallel": "gigatron.core.tensor_parallel",
     "ModelParallelConfig": "gigatron.core.model_parallel_config:ModelParallelConfig",
     "DistributedDataParallel": "gigatron.core.distributed:DistributedDataParallel",
+    "DistributedDataParallelConfig": "gigatron.core.distributed:DistributedDataParallelConfig",
+    "Timers": "gigatron.core.timers:Timers",
+    "utils": "gigatron.core.utils",
+    "dist_checkpointing": "gigatron.core.dist_checkpointing",
+    "pipeline_parallel": "gigatron.core.pipeline_parallel",
+    "optimizer": "gigatron.core.optimizer",
+    "get_megatron_optimizer": "gigatron.core.optimizer:get_megatron_optimizer",
+    "OptimizerConfig": "gigatron.core.optimizer:OptimizerConfig",
 }
 
 
@@ -24,3 +32,6 @@ def __getattr__(name: str):
     module_name, _, attr = target.partition(":")
     module = importlib.import_module(module_name)
     return getattr(module, attr) if attr else module
+
+
+__all__ += list(_LAZY)
