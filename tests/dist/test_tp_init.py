@@ -18,6 +18,7 @@ from gigatron.core.tensor_parallel import (
     param_is_not_tensor_parallel_duplicate,
 )
 from gigatron.testing import run_distributed
+from tests.dist.test_tp_mappings import count_collectives
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -200,3 +201,40 @@ def _run_grad_accumulation_fusion():
 
 def test_gradient_accumulation_fusion_into_main_grad():
     assert run_distributed(_run_grad_accumulation_fusion, 1) == [True]
+
+
+def _run_expert_layers():
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=1, expert_model_parallel_size=2
+    )
+    ep_rank = parallel_state.get_expert_model_parallel_rank()
+    config = ModelParallelConfig(expert_model_parallel_size=2)
+    model_parallel_cuda_manual_seed(5)
+    col = ColumnParallelLinear(8, 4, config=config, init_method=_init, is_expert=True)
+    # Expert weights come from the expert stream: seed + 1024 + 100 * ep_rank + etp_rank.
+    gen = torch.Generator(DEVICE).manual_seed(5 + 1024 + 100 * ep_rank)
+    want = torch.empty(4, 8, device=DEVICE).normal_(std=0.02, generator=gen)
+    torch.testing.assert_close(col.weight.data, want, rtol=0, atol=0)
+    assert col.weight.allreduce is False and col.bias.allreduce is False
+    row = RowParallelLinear(
+        4, 8, config=config, init_method=_init, bias=True, input_is_parallel=True,
+        skip_bias_add=True, is_expert=True,
+    )  # fmt: skip
+    # The token dispatcher communicates for expert layers: the layers themselves issue nothing.
+    x = torch.randn(3, 8, device=DEVICE, requires_grad=True)
+    with count_collectives() as counts:
+        h, _ = col(x)
+        y, bias = row(h)
+        (y + bias).sum().backward()
+    assert dict(counts) == {}
+    bad = RowParallelLinear(
+        4, 8, config=config, init_method=_init, bias=True, input_is_parallel=True,
+        skip_bias_add=False, is_expert=True,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="skip_bias_add=True"):
+        bad(h)
+    return True
+
+
+def test_expert_layers():
+    assert run_distributed(_run_expert_layers, 2) == [True, True]
