@@ -175,8 +175,14 @@ def test_sharded_state_dict_uses_megatron_keys():
 
 
 def test_moe_spec_is_rejected_until_the_moe_issue():
+    from gigatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
     with pytest.raises(ValueError, match="MoE lands with the MoE issue"):
         get_gpt_layer_local_spec(num_experts=4)
+    with pytest.raises(ValueError, match="MoE lands with the MoE issue"):
+        get_gpt_layer_with_transformer_engine_spec(num_experts=4, moe_grouped_gemm=True)
 
 
 def test_decoder_block_spec_builds_the_same_model():

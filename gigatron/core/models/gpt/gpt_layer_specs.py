@@ -146,3 +146,28 @@ def get_gpt_decoder_block_spec(
     )
     num_layers = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=WrappedTorchNorm)
+
+
+def get_gpt_layer_with_transformer_engine_spec(
+    num_experts: int | None = None,
+    moe_grouped_gemm: bool = False,
+    qk_layernorm: bool = False,
+    multi_latent_attention: bool = False,
+    fp8: str | None = None,
+    qk_l2_norm: bool = False,
+    **unused,
+) -> ModuleSpec:
+    """Megatron scripts' TE spec, served by gigatron's fast spec (no Transformer Engine here).
+
+    Differences from Megatron's TE layer: the norms are separate modules, so the plain
+    `state_dict()` names are `input_layernorm.*` / `pre_mlp_layernorm.*`; checkpoint keys
+    (`sharded_state_dict`) are TE's `linear_qkv.layer_norm_*` / `linear_fc1.layer_norm_*`.
+    """
+    return get_gpt_layer_fast_spec(
+        num_experts=num_experts,
+        moe_grouped_gemm=moe_grouped_gemm,
+        qk_layernorm=qk_layernorm,
+        multi_latent_attention=multi_latent_attention,
+        fp8=fp8,
+        qk_l2_norm=qk_l2_norm,
+    )
