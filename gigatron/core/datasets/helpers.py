@@ -96,6 +96,9 @@ def _greedy_steps(
     w: list[float], counts: list[int], begin: int, end: int, choice: numpy.ndarray
 ) -> None:
     """Megatron's rule for steps [begin, end): argmax_k w_k * max(i, 1) - counts_k (ties: low k)."""
+    if len(w) > 12:  # many datasets: one NumPy argmax per step beats a Python loop over k
+        _greedy_steps_numpy(w, counts, begin, end, choice)
+        return
     ks = range(1, len(w))
     for i in range(begin, end):
         t = float(i) if i > 1 else 1.0
@@ -106,6 +109,21 @@ def _greedy_steps(
                 best, best_err = k, err
         choice[i] = best
         counts[best] += 1
+
+
+def _greedy_steps_numpy(
+    w: list[float], counts: list[int], begin: int, end: int, choice: numpy.ndarray
+) -> None:
+    weights = numpy.asarray(w, dtype=numpy.float64)
+    c = numpy.asarray(counts, dtype=numpy.float64)
+    err = numpy.empty_like(weights)
+    for i in range(begin, end):
+        numpy.multiply(weights, float(i) if i > 1 else 1.0, out=err)
+        err -= c
+        best = int(err.argmax())  # first maximum: ties go to the lowest index, as in C++
+        choice[i] = best
+        c[best] += 1.0
+    counts[:] = [int(x) for x in c]
 
 
 def _two_way_choice(w0: float, w1: float, size: int) -> numpy.ndarray:
