@@ -1,8 +1,9 @@
 """GPTModel with TP = 2 and 4, with and without sequence parallelism, on gloo ranks: logits,
 loss and every gradient equal the TP = 1 model built from the same full weights (fp32, 1e-5).
 
-Two model styles: GPT-2 (LayerNorm, biases, GELU, learned positions, tied embeddings, explicit
-mask) and Llama (RMSNorm, SwiGLU, RoPE, GQA, untied output, causal mask built inside)."""
+Model styles: GPT-2 (LayerNorm, biases, GELU, learned positions, tied embeddings, explicit
+mask), Llama (RMSNorm, SwiGLU, RoPE, GQA, untied output, causal mask built inside), and a GQA
+model with 2 K/V heads (fewer than the ranks at TP = 4) and a QKV bias."""
 
 import pytest
 import torch
@@ -47,6 +48,19 @@ STYLES = {
             layernorm_epsilon=1e-6,
         ),
         model=dict(position_embedding_type="rope", rotary_base=500),
+    ),
+    # fewer K/V heads than TP ranks at TP = 4: K/V heads shared by 2 ranks (Megatron's scheme)
+    "gqa2": dict(
+        config=dict(
+            num_layers=1,
+            hidden_size=32,
+            num_attention_heads=8,
+            num_query_groups=2,
+            normalization="RMSNorm",
+            add_bias_linear=False,
+            add_qkv_bias=True,
+        ),
+        model=dict(position_embedding_type="rope"),
     ),
 }
 

@@ -11,6 +11,7 @@ groups on this rank, hn: head dim (kv_channels).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -63,20 +64,28 @@ class Attention(MegatronModule):
         self.attn_mask_type = attn_mask_type
         self.attention_type = attention_type
         tp_size = parallel_state.get_tensor_model_parallel_world_size()
-        if config.num_query_groups % tp_size != 0:
-            raise ValueError(
-                f"num_query_groups ({config.num_query_groups}) must be divisible by "
-                f"tensor_model_parallel_size ({tp_size}) in gigatron's attention "
-                "(gigatron/core/transformer/attention.py)"
-            )
+        self.tp_size = tp_size
         self.query_projection_size = config.kv_channels * config.num_attention_heads
         self.kv_projection_size = config.kv_channels * config.num_query_groups
         self.hidden_size_per_attention_head = config.kv_channels
         self.num_attention_heads_per_partition = divide(config.num_attention_heads, tp_size)
-        self.num_query_groups_per_partition = divide(config.num_query_groups, tp_size)
+        # Fewer K/V heads than TP ranks: each K/V head is shared by tp/ng ranks, which gather
+        # the QKV projection and keep their group (Megatron's scheme).
+        self.kv_replicated = config.num_query_groups < tp_size
+        core_config = config
+        if self.kv_replicated:
+            if attention_type != "self" or tp_size % config.num_query_groups != 0:
+                raise ValueError(
+                    f"num_query_groups ({config.num_query_groups}) < tensor_model_parallel_size "
+                    f"({tp_size}) needs self-attention and tp divisible by num_query_groups"
+                )
+            self.num_query_groups_per_partition = 1
+            core_config = dataclasses.replace(config, num_query_groups=tp_size)
+        else:
+            self.num_query_groups_per_partition = divide(config.num_query_groups, tp_size)
         self.core_attention = build_module(
             submodules.core_attention,
-            config=config,
+            config=core_config,
             layer_number=layer_number,
             attn_mask_type=attn_mask_type,
             attention_type=attention_type,
@@ -187,10 +196,26 @@ class SelfAttention(Attention):
         """[s, b, h] -> q [sq, b, np, hn], k [sq, b, ng, hn], v [sq, b, ng, hn]."""
         mixed_qkv, _ = self.linear_qkv(hidden_states)  # [sq, b, ng*(np/ng+2)*hn]
         ng, hn = self.num_query_groups_per_partition, self.hidden_size_per_attention_head
-        q_per_group = self.num_attention_heads_per_partition // ng
+        np_ = self.num_attention_heads_per_partition
+        if self.kv_replicated:
+            from gigatron.core import tensor_parallel
+
+            # [sq, b, ng_all*(q/g+2)*hn] on every rank, then this rank's group "q.. k v".
+            mixed_qkv = tensor_parallel.all_gather_last_dim_from_tensor_parallel_region(mixed_qkv)
+            ranks_per_group = self.tp_size // self.config.num_query_groups
+            tp_rank = parallel_state.get_tensor_model_parallel_rank()
+            size = mixed_qkv.shape[-1] // self.config.num_query_groups
+            group = tp_rank // ranks_per_group
+            mixed_qkv = mixed_qkv[..., group * size : (group + 1) * size]
+            q_per_group = self.config.num_attention_heads // self.config.num_query_groups
+        else:
+            q_per_group = np_ // ng
         mixed_qkv = mixed_qkv.view(*mixed_qkv.shape[:2], ng, (q_per_group + 2) * hn)
         query, key, value = torch.split(mixed_qkv, [q_per_group * hn, hn, hn], dim=3)
-        query = query.reshape(query.size(0), query.size(1), -1, hn)  # [sq, b, np, hn]
+        query = query.reshape(query.size(0), query.size(1), -1, hn)  # [sq, b, ng*q/g, hn]
+        if self.kv_replicated:  # keep this rank's np query heads of the group
+            sub = parallel_state.get_tensor_model_parallel_rank() % ranks_per_group
+            query = query[:, :, sub * np_ : (sub + 1) * np_]  # [sq, b, np, hn]
         if self.q_layernorm is not None:
             query = self.q_layernorm(query)
         if self.k_layernorm is not None:
