@@ -308,6 +308,7 @@ def train(
     iteration = start_iteration
     window_start, window_iters = time.perf_counter(), 0
     counts = {"skipped": 0, "nan": 0}
+    history = args.train_history = getattr(args, "train_history", [])
     try:
         while iteration < args.train_iters:
             update_num_microbatches(args.consumed_train_samples, consistency_check=True)
@@ -325,6 +326,15 @@ def train(
             batch = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
             args.consumed_train_samples += batch
             flops_so_far += _step_flops(args, batch)
+            history.append(
+                {
+                    "iteration": iteration,
+                    "losses": losses,
+                    "skipped": skipped,
+                    "nan": nan_iter,
+                    "grad_norm": None if grad_norm is None else float(grad_norm),
+                }
+            )
             counts["skipped"] += skipped
             counts["nan"] += nan_iter
             window_iters += 1
@@ -458,6 +468,7 @@ def pretrain(
             args, f"iteration {iteration} on validation set", result["valid"], iteration
         )
     result["model"] = model
+    result["history"] = getattr(args, "train_history", [])
     if math.isfinite(flops_so_far):
         result["flops"] = flops_so_far
     return result

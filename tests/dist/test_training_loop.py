@@ -1,0 +1,107 @@
+"""The training loop on gloo ranks: NaN handling, layouts against one rank, resume."""
+
+import torch
+import torch.distributed as dist
+
+from gigatron.testing import run_distributed
+
+ARGS = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "32",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "16",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "8",
+    "--lr",
+    "1e-3",
+    "--mock-data",
+    "--vocab-size",
+    "100",
+    "--make-vocab-size-divisible-by",
+    "64",
+    "--log-interval",
+    "100",
+    "--eval-interval",
+    "1000",
+    "--eval-iters",
+    "1",
+    "--no-progress-bar",
+    "--num-workers",
+    "0",
+    "--hidden-dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+]
+
+
+def _reset_globals():
+    from gigatron.core import parallel_state as ps
+    from gigatron.core.num_microbatches_calculator import unset_num_microbatches_calculator
+    from gigatron.training import global_vars
+
+    unset_num_microbatches_calculator()
+    global_vars.destroy_global_vars()
+    ps.destroy_model_parallel()
+
+
+def _train_with_nan(skip: bool, nan_rank: int, nan_iteration: int):
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.global_vars import get_args
+    from gigatron.training.training import NonFiniteGradientError, pretrain
+
+    snapshots = {}
+
+    def forward_step(data_iterator, model):
+        args = get_args()
+        output, loss_func = pretrain_gpt.forward_step(data_iterator, model)
+        if args.iteration + 1 == nan_iteration:
+            snapshots.setdefault("before", [p.detach().clone() for p in model.parameters()])
+            if dist.get_rank() == nan_rank:
+                output = output * float("nan")
+        if args.iteration + 1 == nan_iteration + 1:
+            snapshots.setdefault("after", [p.detach().clone() for p in model.parameters()])
+        return output, loss_func
+
+    argv = ARGS + ["--train-iters", "5"] + (["--skip-nan-steps"] if skip else [])
+    _reset_globals()
+    try:
+        result = pretrain(
+            pretrain_gpt.train_valid_test_datasets_provider,
+            pretrain_gpt.model_provider,
+            None,
+            forward_step,
+            argv=argv,
+        )
+    except NonFiniteGradientError as e:
+        return str(e)
+    history = result["history"]
+    unchanged = all(torch.equal(a, b) for a, b in zip(snapshots["before"], snapshots["after"]))
+    return (
+        [h["skipped"] for h in history],
+        [h["nan"] for h in history],
+        result["iteration"],
+        unchanged,
+    )
+
+
+def test_injected_nan_is_skipped_on_every_rank():
+    out = run_distributed(_train_with_nan, 2, args=(True, 1, 3), timeout=240)
+    for skipped, nans, iteration, unchanged in out:
+        assert unchanged, "the skipped step changed the weights"
+        assert skipped == [0, 0, 1, 0, 0]
+        assert nans == [0, 0, 1, 0, 0]
+        assert iteration == 5
+
+
+def test_injected_nan_stops_every_rank_naming_the_step():
+    out = run_distributed(_train_with_nan, 2, args=(False, 1, 2), timeout=240)
+    for message in out:
+        assert "non-finite gradient at iteration 2" in message
+        assert "--skip-nan-steps" in message
