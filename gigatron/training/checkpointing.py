@@ -11,9 +11,10 @@ Flags (read from the args object, or passed as keyword overrides): `save`, `load
 `async_save`, `no_load_optim`, `no_load_rng`, `finetune`, `dist_ckpt_strictness`,
 `ckpt_verify_integrity` (gigatron: SHA-256 manifest written on save, checked on load).
 
-gigatron differences: optimizer state is stored per rank as a ShardedObject (restored exactly at
-the same layout; a layout change needs --no-load-optim until the optimizers describe their state
-as ShardedTensors); the async writer is a thread, not a persistent process.
+gigatron differences: optimizer state is saved in the fully reshardable form of
+`dist_checkpointing.optimizer` (per-parameter global tensors, flat ranges for the distributed
+optimizer), so model and optimizer load at any TP/PP/DP layout; the async writer is a thread,
+not a persistent process.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ import torch.distributed as dist
 
 from gigatron.core import dist_checkpointing
 from gigatron.core.dist_checkpointing import CheckpointingException
+from gigatron.core.dist_checkpointing.optimizer import (
+    load_optimizer_state_dict,
+    optimizer_sharded_state_dict,
+)
 from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from gigatron.training import _checkpoint_state as cs
 
@@ -82,12 +87,22 @@ def _sharded_state(model, optimizer, opt_param_scheduler, *, with_optim: bool, w
     for key, module in zip(cs.model_keys(_unwrap(model)), _unwrap(model)):
         state[key] = cs.model_sharded_state_dict(module)
     if with_optim and optimizer is not None:
-        state["optimizer"] = cs.per_rank_object("optimizer", optimizer.state_dict())
+        if _reshardable(optimizer):
+            model_sd = {
+                f"{k}/{n}": v for k in cs.model_keys(_unwrap(model)) for n, v in state[k].items()
+            }
+            state["optimizer"] = optimizer_sharded_state_dict(optimizer, model_sd)
+        else:  # unknown optimizer: its own state_dict, per rank, same layout only
+            state["optimizer"] = cs.per_rank_object("optimizer", optimizer.state_dict())
     if with_optim and opt_param_scheduler is not None:
         state["opt_param_scheduler"] = opt_param_scheduler.state_dict()
     if with_rng:
         state["rng_state"] = cs.per_rank_object("rng_state", [cs.get_rng_state()])
     return state
+
+
+def _reshardable(optimizer) -> bool:
+    return hasattr(optimizer, "chained_optimizers") or hasattr(optimizer, "param_groups")
 
 
 def maybe_finalize_async_save(blocking: bool = False, terminate: bool = False) -> None:
@@ -191,6 +206,10 @@ def load_checkpoint(
     finetune = bool(getattr(args, "finetune", False)) or release
     with_optim = not finetune and not getattr(args, "no_load_optim", False)
     with_rng = not finetune and not getattr(args, "no_load_rng", False)
+    if with_rng and not _rng_layout_matches(ckpt_dir):
+        with_rng = False
+        if _rank() == 0:
+            print("WARNING: parallel layout changed since the save; RNG states not loaded")
     request = _sharded_state(
         model, optimizer, opt_param_scheduler, with_optim=with_optim, with_rng=with_rng
     )
@@ -201,7 +220,7 @@ def load_checkpoint(
         request, ckpt_dir, strict=strictness,
         verify_integrity=bool(getattr(args, "ckpt_verify_integrity", False)),
     )  # fmt: skip
-    _restore(state, model, optimizer, opt_param_scheduler, with_optim, with_rng)
+    _restore(state, request, model, optimizer, opt_param_scheduler, with_optim, with_rng)
     if finetune:
         return 0, 0
     ckpt_args = state.get("args")
@@ -211,7 +230,20 @@ def load_checkpoint(
     return state["iteration"], state.get("num_floating_point_operations_so_far", 0)
 
 
-def _restore(state, model, optimizer, opt_param_scheduler, with_optim, with_rng) -> None:
+def _rng_layout_matches(ckpt_dir: str) -> bool:
+    """True on every rank when every rank's RNG object exists in the checkpoint."""
+    from gigatron.core.dist_checkpointing.strategies.torch import read_dcp_metadata
+
+    mine = cs.per_rank_object("rng_state", None).unique_key
+    ok = mine in read_dcp_metadata(ckpt_dir).state_dict_metadata
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        flags = [None] * dist.get_world_size()
+        dist.all_gather_object(flags, ok)
+        ok = all(flags)
+    return ok
+
+
+def _restore(state, request, model, optimizer, opt_param_scheduler, with_optim, with_rng):
     import torch
 
     for key, module in zip(cs.model_keys(_unwrap(model)), _unwrap(model)):
@@ -222,7 +254,9 @@ def _restore(state, model, optimizer, opt_param_scheduler, with_optim, with_rng)
                 loaded = state[key][name]
                 if target.data_ptr() != loaded.data_ptr():
                     target.copy_(loaded)
-    if with_optim and optimizer is not None:
+    if with_optim and optimizer is not None and _reshardable(optimizer):
+        load_optimizer_state_dict(optimizer, request["optimizer"], state["optimizer"])
+    elif with_optim and optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     elif optimizer is not None and hasattr(optimizer, "reload_model_params"):
         optimizer.reload_model_params()  # fp32 main copies follow the loaded weights

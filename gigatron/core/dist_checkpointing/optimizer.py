@@ -1,0 +1,182 @@
+"""Optimizer state as reshardable ShardedTensors (Megatron's "fully_reshardable" idea).
+
+Mirrors the role of `megatron.core.dist_checkpointing.optimizer` and the distributed optimizer's
+`sharded_state_dict`. For every model parameter the optimizer steps (whole, or the contiguous
+range [lo, hi) of its flattened TP-local tensor that a distributed-optimizer DP rank owns), each
+per-element state tensor (Adam's `exp_avg`, `exp_avg_sq`; `fp32_param` for low-precision models)
+is saved under `optimizer.state.<name>.<model key>` with the *model parameter's* global layout
+and that flat range. The checkpoint therefore holds plain global tensors: any TP/PP/DP layout,
+with or without the distributed optimizer, loads them. Scalars (`step`, param-group
+hyperparameters, loss scaler) go to the common state.
+
+gigatron difference: Megatron's default (`dp_reshardable`) only allows DP changes; this format
+allows every change and is what gigatron's training checkpoints use.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gigatron.core.dist_checkpointing.core import CheckpointingException
+from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+__all__ = ["load_optimizer_state_dict", "optimizer_sharded_state_dict"]
+
+
+def _units(optimizer) -> tuple[list, bool]:
+    """([(torch_opt, model_param, main_param, lo, hi)], distributed?) for a Megatron optimizer."""
+    if hasattr(optimizer, "chained_optimizers"):
+        out, dist = [], False
+        for opt in optimizer.chained_optimizers:
+            units, d = _units(opt)
+            out += units
+            dist = dist or d
+        return out, dist
+    inner = getattr(optimizer, "optimizer", None) or optimizer
+    if hasattr(optimizer, "shard_groups"):  # DistributedOptimizer
+        units = [(inner, p, m, lo, hi) for g in optimizer.shard_groups for p, m, lo, hi in g]
+        return units, True
+    if hasattr(optimizer, "float16_groups"):  # Float16OptimizerWithFloat16Params
+        units = [
+            (inner, p, m, 0, p.numel())
+            for gp, gm in zip(optimizer.float16_groups, optimizer.fp32_from_float16_groups)
+            for p, m in zip(gp, gm)
+        ]
+        units += [(inner, p, p, 0, p.numel()) for g in optimizer.fp32_from_fp32_groups for p in g]
+        return units, False
+    return [(inner, p, p, 0, p.numel()) for g in inner.param_groups for p in g["params"]], False
+
+
+def _ensure_state(torch_opt, main: torch.Tensor) -> dict:
+    state = torch_opt.state[main]
+    if not state:  # before the first step: Adam's zero state, so a load has somewhere to go
+        state["step"] = torch.tensor(0.0)
+        state["exp_avg"] = torch.zeros_like(main, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(main, memory_format=torch.preserve_format)
+    return state
+
+
+def _model_layouts(model_sharded_sd: dict) -> dict:
+    """{(data_ptr, shape): list of ShardedTensor pieces} for every model tensor."""
+    out = {}
+    for entry in model_sharded_sd.values():
+        if isinstance(entry, ShardedTensorFactory):
+            pieces = entry.build()
+            pieces = pieces if isinstance(pieces, list) else list(pieces.values())
+            out[(entry.data.data_ptr(), tuple(entry.data.shape))] = (entry.data, pieces)
+        elif isinstance(entry, ShardedTensor):
+            out[(entry.data.data_ptr(), tuple(entry.data.shape))] = (entry.data, [entry])
+    return out
+
+
+def _flat_pieces(key, flat, base, pieces, lo, hi, replica_id):
+    """ShardedTensors for flat state `flat` = base.view(-1)[lo:hi] laid out like `pieces`."""
+    out = []
+    for piece in pieces:
+        if not piece.data.is_contiguous():
+            raise CheckpointingException(
+                f"{piece.key}: a strided TP split along a non-leading axis cannot carry "
+                "flat optimizer state"
+            )
+        start = piece.data.storage_offset() - base.storage_offset()
+        stop = start + piece.data.numel()
+        a, b = max(lo, start), min(hi, stop)
+        if a >= b:
+            continue
+        out.append(
+            ShardedTensor(
+                key,
+                flat[a - lo : b - lo],
+                flat.dtype,
+                piece.local_shape,
+                piece.global_shape,
+                piece.global_offset,
+                piece.axis_fragmentations,
+                replica_id,
+                piece.prepend_axis_num,
+                flattened_range=slice(a - start, b - start),
+            )  # fmt: skip
+        )
+    return out
+
+
+def _replica(model_replica, distributed: bool):
+    if not distributed:
+        return model_replica
+    if isinstance(model_replica, tuple) and len(model_replica) == 3:
+        return (model_replica[0], model_replica[1], 0)  # DP ranks own disjoint ranges
+    return model_replica
+
+
+def optimizer_sharded_state_dict(
+    optimizer, model_sharded_sd: dict, prefix: str = "optimizer."
+) -> dict:
+    """Reshardable sharded state dict of `optimizer` for the model described by the sharded sd.
+
+    `model_sharded_sd`: the model's {key: ShardedTensor | ShardedTensorFactory} whose data
+    tensors are (views of) the parameters the optimizer steps.
+    """
+    units, distributed = _units(optimizer)
+    layouts = _model_layouts(model_sharded_sd)
+    tensors, steps = {}, set()
+    for torch_opt, param, main, lo, hi in units:
+        found = layouts.get((param.data_ptr(), tuple(param.shape)))
+        if found is None:
+            raise CheckpointingException(
+                f"optimizer parameter of shape {tuple(param.shape)} is not in the model's "
+                "sharded_state_dict"
+            )
+        base, pieces = found
+        state = _ensure_state(torch_opt, main)
+        steps.add(float(state["step"]) if "step" in state else 0.0)
+        named = {k: v for k, v in state.items() if torch.is_tensor(v) and v.shape == main.shape}
+        if param.dtype != torch.float32:
+            named["fp32_param"] = main.detach()
+        for name, value in sorted(named.items()):
+            replica = _replica(pieces[0].replica_id, distributed)
+            key = f"{prefix}state.{name}.{pieces[0].key}"
+            if not distributed and lo == 0 and hi == param.numel():
+                flat = value.detach().reshape(-1)
+            else:
+                flat = value.detach().view(-1)
+            for i, sh in enumerate(_flat_pieces(key, flat, base, pieces, lo, hi, replica)):
+                tensors[f"{key}#{i}"] = sh
+    if len(steps) > 1:
+        raise CheckpointingException(f"optimizer params disagree on 'step': {sorted(steps)}")
+    common = {
+        "step": steps.pop() if steps else 0.0,
+        "param_groups": [
+            {k: v for k, v in g.items() if k != "params"}
+            for g in (optimizer.param_groups if hasattr(optimizer, "param_groups") else [])
+        ],
+    }
+    scaler = getattr(optimizer, "grad_scaler", None)
+    if scaler is not None:
+        common["grad_scaler"] = scaler.state_dict()
+    return {"sharded": tensors, "common": common}
+
+
+def load_optimizer_state_dict(optimizer, request: dict, loaded: dict) -> None:
+    """Copy what `load` returned for `optimizer_sharded_state_dict` into the optimizer."""
+    with torch.no_grad():
+        for name, sh in request["sharded"].items():
+            got = loaded["sharded"][name]
+            if got.data_ptr() != sh.data.data_ptr():
+                sh.data.copy_(got)
+    units, _ = _units(optimizer)
+    step = float(loaded["common"]["step"])
+    for torch_opt, param, main, _, _ in units:
+        state = torch_opt.state[main]
+        if "step" in state:
+            state["step"] = torch.tensor(step, dtype=state["step"].dtype)
+        if param.dtype != torch.float32:
+            pass  # fp32_param was loaded in place into `main`
+    groups = loaded["common"].get("param_groups", [])
+    if hasattr(optimizer, "param_groups") and len(groups) == len(optimizer.param_groups):
+        for group, saved in zip(optimizer.param_groups, groups):
+            group.update(saved)
+    scaler = getattr(optimizer, "grad_scaler", None)
+    if scaler is not None and loaded["common"].get("grad_scaler") is not None:
+        scaler.load_state_dict(loaded["common"]["grad_scaler"])
+    if hasattr(optimizer, "_copy_main_params_to_model_params"):
+        optimizer._copy_main_params_to_model_params()
