@@ -123,6 +123,38 @@ def test_llama_logits_match_transformers(spec_fn):
         torch.testing.assert_close(back[key], value, rtol=0, atol=0)
 
 
+def test_qwen3_qk_norm_and_wide_heads_match_transformers():
+    """Qwen3: per-head q/k RMSNorm before RoPE, head_dim (16) != hidden / heads (8)."""
+    torch.manual_seed(2)
+    hf_cfg = transformers.Qwen3Config(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=48,
+        vocab_size=96,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    hf = transformers.Qwen3ForCausalLM(hf_cfg).eval()
+    _randomize_norms(hf)
+    config, model_kwargs = hf_mapping.qwen3_config_to_transformer_config(
+        hf_cfg, use_cpu_initialization=True
+    )
+    assert config.kv_channels == 16 and model_kwargs["share_embeddings_and_output_weights"]
+    model = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=True), **model_kwargs).eval()
+    hf_sd = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}  # tied
+    load_full_state_dict(model, hf_mapping.llama_to_megatron(hf_sd, 2, 4, 2))
+    ids = torch.randint(0, 96, (2, 12))
+    with torch.no_grad():
+        err = (model(ids, None, None) - hf(input_ids=ids).logits).abs().max().item()
+    assert err <= 1e-5, err
+
+
 def test_qkv_layout_is_grouped_per_query_group():
     """Rows [q1 q2 k1 v1 | q3 q4 k2 v2] for 4 heads in 2 groups, head dim 1."""
     q = torch.tensor([[1.0], [2.0], [3.0], [4.0]])

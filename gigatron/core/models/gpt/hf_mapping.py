@@ -1,4 +1,4 @@
-"""Hugging Face GPT-2 / Llama <-> gigatron (Megatron layout) weights and configs.
+"""Hugging Face GPT-2 / Llama / Qwen3 <-> gigatron (Megatron layout) weights and configs.
 
 The seed of the HF conversion tool. All functions work on full (TP = 1) state dicts, whose layout
 is Megatron's checkpoint layout:
@@ -132,14 +132,14 @@ def llama_config_to_transformer_config(hf_config, **overrides):
         layernorm_epsilon=hf_config.rms_norm_eps,
         gated_linear_unit=True,
         activation_func=F.silu,
-        add_bias_linear=bool(hf_config.mlp_bias),
+        add_bias_linear=bool(getattr(hf_config, "mlp_bias", False)),
         add_qkv_bias=bool(hf_config.attention_bias),
         hidden_dropout=0.0,
         attention_dropout=hf_config.attention_dropout,
         init_method_std=hf_config.initializer_range,
     )
-    if hf_config.mlp_bias != hf_config.attention_bias:
-        raise ValueError("Llama with mlp_bias != attention_bias has no gigatron mapping")
+    if getattr(hf_config, "mlp_bias", False) and not hf_config.attention_bias:
+        raise ValueError("Llama with mlp_bias but no attention_bias has no gigatron mapping")
     kwargs.update(overrides)
     model_kwargs = dict(
         vocab_size=hf_config.vocab_size,
@@ -158,7 +158,17 @@ _LLAMA_LINEAR = (
 _LLAMA_NORMS = (
     ("input_layernorm", "input_layernorm"),
     ("pre_mlp_layernorm", "post_attention_layernorm"),
+    ("self_attention.q_layernorm", "self_attn.q_norm"),  # Qwen3 (qk_layernorm)
+    ("self_attention.k_layernorm", "self_attn.k_norm"),
 )
+
+
+def qwen3_config_to_transformer_config(hf_config, **overrides):
+    """HF Qwen3Config -> (TransformerConfig, GPTModel kwargs): Llama plus per-head q/k RMSNorm
+    (build the model with `get_gpt_layer_local_spec(qk_layernorm=True)`)."""
+    if getattr(hf_config, "use_sliding_window", False):
+        raise ValueError("Qwen3 sliding-window attention has no gigatron mapping")
+    return llama_config_to_transformer_config(hf_config, qk_layernorm=True, **overrides)
 
 
 def llama_to_megatron(
@@ -192,7 +202,8 @@ def llama_to_megatron(
                 if f"{h}{theirs}.{suffix}" in hf_sd:
                     out[f"{g}{ours}.{suffix}"] = hf_sd[f"{h}{theirs}.{suffix}"]
         for ours, theirs in _LLAMA_NORMS:
-            out[f"{g}{ours}.weight"] = hf_sd[f"{h}{theirs}.weight"]
+            if f"{h}{theirs}.weight" in hf_sd:
+                out[f"{g}{ours}.weight"] = hf_sd[f"{h}{theirs}.weight"]
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -223,5 +234,6 @@ def megatron_to_llama(
                 if f"{g}{ours}.{suffix}" in sd:
                     out[f"{h}{theirs}.{suffix}"] = sd[f"{g}{ours}.{suffix}"]
         for ours, theirs in _LLAMA_NORMS:
-            out[f"{h}{theirs}.weight"] = sd[f"{g}{ours}.weight"]
+            if f"{g}{ours}.weight" in sd:
+                out[f"{h}{theirs}.weight"] = sd[f"{g}{ours}.weight"]
     return {k: v.contiguous() for k, v in out.items()}
