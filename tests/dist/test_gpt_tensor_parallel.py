@@ -3,7 +3,7 @@ loss and every gradient equal the TP = 1 model built from the same full weights 
 
 Model styles: GPT-2 (LayerNorm, biases, GELU, learned positions, tied embeddings, explicit
 mask), Llama (RMSNorm, SwiGLU, RoPE, GQA, untied output, causal mask built inside), and a GQA
-model with 2 K/V heads (fewer than the ranks at TP = 4) and a QKV bias."""
+model with 2 K/V heads (fewer than the ranks at TP = 4), a QKV bias and q/k layernorm."""
 
 import pytest
 import torch
@@ -74,7 +74,7 @@ def _build(style, tp, sp, spec_fn=get_gpt_layer_local_spec):
         attention_dropout=0.0,
         use_cpu_initialization=True,
     )
-    return GPTModel(cfg, spec_fn(), V, 16, **STYLES[style]["model"])
+    return GPTModel(cfg, spec_fn(qk_layernorm=cfg.qk_layernorm), V, 16, **STYLES[style]["model"])
 
 
 def _inputs(style):
@@ -131,7 +131,10 @@ def _check(style, tp, sp, ref, spec_fn):
     grad_err = 0.0
     for name, p in params.items():
         grad = p.grad
-        if getattr(p, "sequence_parallel", False):  # what finalize_model_grads does under SP
+        # finalize_model_grads' TP rule: SP-marked params, and q/k norms (each rank saw only its
+        # heads), have partial grads that are summed over TP.
+        qk_norm = "q_layernorm" in name or "k_layernorm" in name
+        if getattr(p, "sequence_parallel", False) or qk_norm:
             grad = grad.clone()
             dist.all_reduce(grad, group=parallel_state.get_tensor_model_parallel_group())
         expected = shard_for_rank(ref_grads[name], p, tp_rank, tp)
