@@ -151,6 +151,13 @@ def _args(argv=None):
     p.add_argument(
         "--compile", choices=["none", "layers", "model"], help="default: per --impl (layers)"
     )
+    p.add_argument(
+        "--fullgraph",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="layer compile without graph breaks; auto: on at TP=1 (async TP collectives break)",
+    )
+    p.add_argument("--inductor-tuning", action="store_true", help="coordinate-descent tuning")
     p.add_argument("--ce", choices=["plain", "chunked"], help="default: per --impl")
     p.add_argument("--sdpa", default=None, help="comma list, e.g. cudnn,flash ('default': torch)")
     p.add_argument("--tp", type=int, default=1)
@@ -321,7 +328,9 @@ def main(argv=None) -> dict:
         ddp_cfg = DistributedDataParallelConfig(overlap_grad_reduce=a.overlap_grad_reduce)
         ddp = DistributedDataParallel(cfg, ddp_cfg, model)
     if a.compile == "layers":
-        compile_transformer_layers(model)
+        fullgraph = a.fullgraph == "on" or (a.fullgraph == "auto" and a.tp == 1)
+        options = {"coordinate_descent_tuning": True} if a.inductor_tuning else None
+        compile_transformer_layers(model, fullgraph=fullgraph, options=options)
     opt = _optimizer(a, [p for p in model.parameters() if p.requires_grad])
     dev = torch.device(a.device, torch.cuda.current_device() if a.device == "cuda" else None)
     g = torch.Generator(device=dev).manual_seed(1234 + parallel_state.get_data_parallel_rank())
@@ -367,6 +376,8 @@ def main(argv=None) -> dict:
         "switches": {
             "spec": a.spec,
             "compile": a.compile,
+            "fullgraph": a.fullgraph,
+            "inductor_tuning": a.inductor_tuning,
             "ce": a.ce,
             "sdpa": a.sdpa,
             "ddp": use_ddp,

@@ -7,6 +7,7 @@
 #                                  #   then tests/gpu on GPU 1
 #   bash bench/run_gpu.sh multi    # both GPUs: DP=2 (overlap on/off), TP=2+SP, megatron TP=2
 #   bash bench/run_gpu.sh round2   # whole-model compile, kernel profiles (both lanes at once)
+#   bash bench/run_gpu.sh final    # Inductor tuning, tests/gpu, TP=2+SP with compiled layers
 #
 # Results: one JSON object a line in $OUT/results.jsonl (the benchmarks' RESULT lines), logs
 # in $OUT/*.log, kernel tables in $OUT/profile-*.json; bench/compare.py prints the ratios.
@@ -85,6 +86,25 @@ lane_profiles_anchor() {
   tail -3 "$OUT/tests.log"
 }
 
+# Third round: Inductor coordinate-descent tuning (GPU 0) beside tests/gpu (GPU 1), then TP=2+SP
+# with compiled layers (graph breaks at the async TP collectives).
+final() {
+  (
+    export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29603
+    for c in gpt-1.3b gpt-125m; do
+      run gigatron.log $B --config $c --impl fast --inductor-tuning --label fast-inductor-tuning
+    done
+  ) &
+  (
+    export CUDA_VISIBLE_DEVICES=1
+    timeout 240 python3 -m pytest tests/gpu -q -p no:cacheprovider >>"$OUT/tests.log" 2>&1
+    tail -3 "$OUT/tests.log"
+  ) &
+  wait
+  run multi.log torchrun --nproc-per-node 2 --master-port 29622 bench/bench_gpt.py \
+    --config gpt-1.3b --impl fast --tp 2 --sp --label fast-tp2-sp
+}
+
 multi() {
   unset CUDA_VISIBLE_DEVICES
   local T="torchrun --nproc-per-node 2 --master-port 29621"
@@ -109,11 +129,12 @@ case "${1:-single}" in
     wait
     ;;
   multi) multi ;;
+  final) final ;;
   round2)
     lane_profiles_gigatron &
     lane_profiles_anchor &
     wait
     ;;
-  *) echo "usage: $0 single|multi|round2" && exit 2 ;;
+  *) echo "usage: $0 single|multi|round2|final" && exit 2 ;;
 esac
 python3 bench/compare.py "$RES"

@@ -40,12 +40,14 @@ def compile_transformer_layers(
     fullgraph: bool = True,
     mode: str | None = None,
     dynamic: bool = False,
+    options: dict | None = None,
 ) -> int:
     """Compile every TransformerLayer inside `model` in place; returns how many were compiled.
 
     `fullgraph=True` makes a graph break an error instead of a silent slow path; pass False for
     layouts whose collectives dynamo cannot trace (then each piece between breaks is compiled).
-    `mode` is torch.compile's (None, "max-autotune-no-cudagraphs", ...).
+    `mode` is torch.compile's (None, "max-autotune-no-cudagraphs", ...); `options` are Inductor
+    options (e.g. {"coordinate_descent_tuning": True}); give one or the other.
     """
     from gigatron.core.transformer.transformer_layer import TransformerLayer
 
@@ -56,7 +58,7 @@ def compile_transformer_layers(
         )
     _raise_recompile_limit(max(64, 2 * len(layers)))
     for layer in layers:
-        layer.compile(fullgraph=fullgraph, mode=mode, dynamic=dynamic)
+        layer.compile(fullgraph=fullgraph, mode=mode, dynamic=dynamic, options=options)
     return len(layers)
 
 
