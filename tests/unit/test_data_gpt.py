@@ -123,3 +123,20 @@ def test_get_blend_from_list():
     assert get_blend_from_list(["30", "a", "70", "b"]) == (["a", "b"], [30.0, 70.0])
     assert get_blend_from_list(["a", "b"]) == (["a", "b"], None)
     assert get_blend_from_list(["a"]) == (["a"], None)
+
+
+def test_pickles_and_loads_through_dataloader_workers(tmp_path):
+    import pickle
+
+    docs = [list(range(1, 40)) + [EOD]] * 3 + [list(range(5, 25)) + [EOD]] * 4
+    prefix = _corpus(str(tmp_path / "c"), docs)
+    cfg = _config(blend=([prefix], None), split="1,0,0", path_to_cache=str(tmp_path / "cache"))
+    (train, _, _) = BlendedMegatronDatasetBuilder(
+        GPTDataset, [20, None, None], lambda: True, cfg
+    ).build()
+    clone = pickle.loads(pickle.dumps(train))
+    assert torch.equal(clone[3]["tokens"], train[3]["tokens"])
+    loader = torch.utils.data.DataLoader(train, batch_size=4, num_workers=2)
+    batch = next(iter(loader))
+    assert batch["tokens"].shape == (4, 8) and batch["attention_mask"].shape == (4, 1, 8, 8)
+    assert torch.equal(batch["labels"][2], train[2]["labels"])
