@@ -1,0 +1,233 @@
+"""The experts of an MoE layer: a list of MLPs, or all of them as one grouped GEMM.
+
+Mirrors `megatron.core.transformer.moe.experts`:
+- `SequentialMLP`: `num_local_experts` MLPs (`is_expert=True`, expert-TP group, expert RNG
+  stream for init) run one after the other on their slice of the permuted tokens.
+- `GroupedMLP`: Megatron's (legacy) grouped-GEMM experts with the same parameter layout:
+  `weight1 [h, n_local * f/etp (x2 for GLU)]`, `weight2 [n_local * f/etp, h]`, viewed per expert
+  as `[n_local, h, f/etp]` / `[n_local, f/etp, h]`. The GEMM is `torch._grouped_mm` where it
+  runs (torch >= 2.8, CPU or CUDA, 16-byte aligned rows) and a per-expert matmul loop otherwise.
+  Unlike Megatron's it also runs in fp32 and on CPU; it has no bias (as Megatron's).
+Both take the routing probs and apply them after the activation (`act(x W1) * p`), so the
+dispatcher's combine is a plain sum. Weight converters between the two layouts:
+`grouped_weights_from_sequential` / `sequential_weights_from_grouped`.
+
+Shapes: N: tokens routed to this rank's experts (grouped by expert), h: hidden, f: expert ffn
+(`moe_ffn_hidden_size`), etp: expert tensor-parallel size.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor
+from torch.nn import Parameter
+
+from gigatron.core.tensor_parallel._groups import group_rank, group_size
+from gigatron.core.tensor_parallel._param_init import (
+    _initialize_affine_weight_cpu,
+    _initialize_affine_weight_gpu,
+)
+from gigatron.core.transformer.mlp import MLP, MLPSubmodules
+from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.moe import moe_utils
+
+
+def _expert_config(config):
+    """A config whose ffn_hidden_size is the expert size (MLP reads ffn_hidden_size)."""
+    if config.moe_ffn_hidden_size == config.ffn_hidden_size:
+        return config
+    cfg = copy.copy(config)
+    cfg.ffn_hidden_size = config.moe_ffn_hidden_size
+    return cfg
+
+
+class SequentialMLP(MegatronModule):
+    """`num_local_experts` expert MLPs run one by one; `local_experts.{i}.linear_fc1.weight`."""
+
+    def __init__(
+        self,
+        num_local_experts: int,
+        config,
+        submodules: MLPSubmodules,
+        pg_collection=None,
+        name=None,
+    ):
+        super().__init__(_expert_config(config))
+        if pg_collection is None:
+            pg_collection = moe_utils.get_default_pg_collection()
+        self.num_local_experts = num_local_experts
+        self.ep_group, self.tp_group = pg_collection.ep, pg_collection.expt_tp
+        self.dp_group = pg_collection.expt_dp
+        self.local_experts = torch.nn.ModuleList(
+            MLP(
+                self.config,
+                submodules,
+                ffn_hidden_size=self.config.moe_ffn_hidden_size,
+                is_expert=True,
+                tp_group=self.tp_group,
+            )
+            for _ in range(num_local_experts)
+        )
+
+    def forward(
+        self,
+        permuted_local_hidden_states: Tensor,
+        tokens_per_expert: Tensor,
+        permuted_probs: Tensor,
+    ):
+        """[N, h] grouped by local expert, counts [n_local], probs [N] -> ([N, h] partial over
+        etp, None)."""
+        counts = tokens_per_expert.tolist()
+        outputs = []
+        for expert, x, p in zip(
+            self.local_experts,
+            torch.split(permuted_local_hidden_states, counts),
+            torch.split(permuted_probs, counts),
+        ):
+            out, bias = expert(x, p)  # probs scale act(fc1) inside the MLP
+            if bias is not None:  # Megatron: an expert's fc2 bias is weighted by the prob too
+                out = out + bias * p.unsqueeze(-1).to(out.dtype)
+            outputs.append(out)
+        return torch.cat(outputs, dim=0), None
+
+
+def grouped_mm_available(x: Tensor, w: Tensor) -> bool:
+    """Whether `torch._grouped_mm` can run these operands: present in this torch, same dtype,
+    and row strides that are multiples of 16 bytes (the kernel's alignment rule; CPU and CUDA)."""
+    if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype:
+        return False
+    if x.is_cuda:  # CUDA kernel: bf16 on Hopper or newer
+        if x.dtype != torch.bfloat16 or torch.cuda.get_device_capability(x.device)[0] < 9:
+            return False
+    elif x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    size = x.element_size()
+    return all((d * size) % 16 == 0 for d in (x.shape[-1], w.shape[-1], w.shape[-2]))
+
+
+def grouped_gemm(x: Tensor, w: Tensor, tokens_per_expert: Tensor, use_kernel: bool | None = None):
+    """Row block i of x [N, a] (tokens_per_expert[i] rows) times w[i] [a, c] -> [N, c].
+
+    `use_kernel=None` picks `torch._grouped_mm` when available; the fallback loops over experts.
+    """
+    if use_kernel is None:
+        use_kernel = grouped_mm_available(x, w)
+    if use_kernel:
+        offs = torch.cumsum(tokens_per_expert.to(x.device), dim=0).to(torch.int32)
+        return torch._grouped_mm(x, w, offs=offs)
+    chunks = torch.split(x, tokens_per_expert.tolist())
+    return torch.cat([c @ w[i] for i, c in enumerate(chunks)], dim=0)
+
+
+class GroupedMLP(MegatronModule):
+    """All local experts as two grouped GEMMs (layout in the module docstring)."""
+
+    def __init__(
+        self, num_local_experts: int, config, pg_collection=None, submodules=None, name=None
+    ):
+        super().__init__(_expert_config(config))
+        cfg = self.config
+        if pg_collection is None:
+            pg_collection = moe_utils.get_default_pg_collection()
+        if cfg.add_bias_linear:
+            raise ValueError(
+                "GroupedMLP has no bias: set add_bias_linear=False or use SequentialMLP "
+                "(moe_grouped_gemm=False) (experts.py)"
+            )
+        self.num_local_experts = num_local_experts
+        self.ep_group, self.tp_group = pg_collection.ep, pg_collection.expt_tp
+        self.dp_group = pg_collection.expt_dp
+        self.expert_parallel = cfg.expert_model_parallel_size > 1
+        self.activation_func = cfg.activation_func
+        tp_size, tp_rank = group_size(self.tp_group), group_rank(self.tp_group)
+        glu = 2 if cfg.gated_linear_unit else 1
+        h, f = cfg.hidden_size, cfg.moe_ffn_hidden_size
+        if f % tp_size:
+            raise ValueError(
+                f"moe_ffn_hidden_size ({f}) must be divisible by expert_tensor_parallel_size "
+                f"({tp_size}) (experts.py)"
+            )
+        fc1_out, fc2_in = glu * f * num_local_experts, f * num_local_experts
+        device = torch.device("cpu") if cfg.use_cpu_initialization else _device()
+        self.weight1 = Parameter(
+            torch.empty(h, fc1_out // tp_size, device=device, dtype=cfg.params_dtype)
+        )
+        self.weight2 = Parameter(
+            torch.empty(fc2_in // tp_size, h, device=device, dtype=cfg.params_dtype)
+        )
+        if cfg.perform_initialization:
+            if cfg.use_cpu_initialization:
+                for w, rows, cols, dim, init in (
+                    (self.weight1, h, fc1_out, 1, cfg.init_method),
+                    (self.weight2, fc2_in, h, 0, cfg.output_layer_init_method),
+                ):
+                    _initialize_affine_weight_cpu(
+                        w,
+                        rows,
+                        cols,
+                        w.shape[dim],
+                        dim,
+                        init,
+                        params_dtype=cfg.params_dtype,
+                        rank=tp_rank,
+                        world_size=tp_size,
+                    )
+            else:  # on the expert-parallel RNG stream: each EP rank draws its own experts
+                _initialize_affine_weight_gpu(self.weight1, cfg.init_method, 1, is_expert=True)
+                _initialize_affine_weight_gpu(
+                    self.weight2, cfg.output_layer_init_method, 0, is_expert=True
+                )
+        for w, dim in ((self.weight1, 1), (self.weight2, 0)):
+            w.allreduce = not self.expert_parallel
+            w.tensor_model_parallel, w.partition_dim, w.partition_stride = True, dim, 1
+
+    def forward(
+        self,
+        permuted_local_hidden_states: Tensor,
+        tokens_per_expert: Tensor,
+        permuted_probs: Tensor,
+    ):
+        """[N, h] grouped by local expert, counts [n_local], probs [N] -> ([N, h], None)."""
+        h, n = self.config.hidden_size, self.num_local_experts
+        x = permuted_local_hidden_states
+        w1 = self.weight1.view(n, h, -1)  # [n, h, glu*f/etp]
+        w2 = self.weight2.view(n, -1, h)  # [n, f/etp, h]
+        fc1 = grouped_gemm(x, w1, tokens_per_expert)  # [N, glu*f/etp]
+        if self.config.gated_linear_unit:
+            gate, up = torch.chunk(fc1, 2, dim=-1)
+            act = self.activation_func(gate) * (up + self.config.glu_linear_offset)
+        else:
+            act = self.activation_func(fc1)
+        act = (act * permuted_probs.unsqueeze(-1)).to(x.dtype)
+        return grouped_gemm(act, w2, tokens_per_expert), None
+
+
+def _device() -> torch.device:
+    from gigatron.core.tensor_parallel._groups import default_device
+
+    return default_device()
+
+
+def grouped_weights_from_sequential(fc1_weights: list[Tensor], fc2_weights: list[Tensor]):
+    """Per-expert nn.Linear weights (fc1 [glu*f, h], fc2 [h, f]; one TP shard each) ->
+    (weight1 [h, n*glu*f], weight2 [n*f, h]) in GroupedMLP's layout."""
+    w1 = torch.stack([w.t() for w in fc1_weights]).reshape(fc1_weights[0].shape[1], -1)
+    w2 = torch.stack([w.t() for w in fc2_weights]).reshape(-1, fc2_weights[0].shape[0])
+    return w1.contiguous(), w2.contiguous()
+
+
+def sequential_weights_from_grouped(weight1: Tensor, weight2: Tensor, num_local_experts: int):
+    """Inverse of `grouped_weights_from_sequential` -> (fc1 list, fc2 list)."""
+    h = weight1.shape[0]
+    w1 = weight1.reshape(num_local_experts, h, -1)
+    w2 = weight2.reshape(num_local_experts, -1, h)
+    return [w.t().contiguous() for w in w1], [w.t().contiguous() for w in w2]
+
+
+def __getattr__(name: str):
+    from gigatron.core.transformer.moe._missing import missing_name_error
+
+    missing_name_error(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,138 @@
+"""Mixture-of-Experts layer: route -> dispatch -> experts -> combine (+ shared experts).
+
+Mirrors `megatron.core.transformer.moe.moe_layer` (MoESubmodules, BaseMoELayer, MoELayer). It
+sits in a TransformerLayer's `mlp` slot and returns `(output, None)` like an MLP. Each EP rank
+owns `num_moe_experts / ep` consecutive experts (`local_expert_indices`). Aux losses are not in
+the output: the router attaches them to the probs (see `moe_utils.MoEAuxLossAutoScaler`).
+
+Shapes: s: seq (s/tp under sequence parallel), b: micro-batch, h: hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from gigatron.core.tensor_parallel._groups import group_rank, group_size
+from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.moe import moe_utils
+from gigatron.core.transformer.moe._checks import check_moe_config
+from gigatron.core.transformer.moe.router import TopKRouter
+from gigatron.core.transformer.moe.token_dispatcher import (
+    MoEAllGatherTokenDispatcher,
+    MoEAlltoAllTokenDispatcher,
+)
+from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
+
+_DISPATCHERS = {"allgather": MoEAllGatherTokenDispatcher, "alltoall": MoEAlltoAllTokenDispatcher}
+
+
+@dataclass
+class MoESubmodules:
+    """Specs of the experts (SequentialMLP / GroupedMLP), shared experts and router."""
+
+    experts: ModuleSpec | type = None
+    shared_experts: ModuleSpec | type = None
+    router: type = TopKRouter
+
+
+class BaseMoELayer(MegatronModule):
+    """Groups, local expert indices and the layer number; subclasses define forward."""
+
+    def __init__(self, config, layer_number: int | None = None, pg_collection=None):
+        super().__init__(config)
+        if pg_collection is None:
+            pg_collection = moe_utils.get_default_pg_collection()
+        self.pg_collection = pg_collection
+        self.ep_group, self.attn_tp_group = pg_collection.ep, pg_collection.tp
+        ep_size, ep_rank = group_size(self.ep_group), group_rank(self.ep_group)
+        check_moe_config(config, ep_size, group_size(pg_collection.expt_tp))
+        self.num_local_experts = config.num_moe_experts // ep_size
+        offset = ep_rank * self.num_local_experts
+        self.local_expert_indices = [offset + i for i in range(self.num_local_experts)]
+        self.use_shared_expert = config.moe_shared_expert_intermediate_size is not None
+        self.shared_expert_overlap = config.moe_shared_expert_overlap
+        self.router = None
+        self.experts = None
+        self.shared_experts = None
+        self.token_dispatcher = None
+        self.layer_number = layer_number
+
+    def set_layer_number(self, layer_number: int) -> None:
+        """Global 1-based layer number (the TransformerLayer calls this after building)."""
+        self.layer_number = layer_number
+        self.router.set_layer_number(layer_number)
+
+
+class MoELayer(BaseMoELayer):
+    """Router + token dispatcher + experts (+ shared experts)."""
+
+    def __init__(
+        self,
+        config,
+        submodules: MoESubmodules | None = None,
+        layer_number: int | None = None,
+        pg_collection=None,
+        is_mtp_layer: bool = False,
+        name=None,
+    ):
+        super().__init__(config, layer_number, pg_collection)
+        pg = self.pg_collection
+        self.submodules = submodules
+        self.router = submodules.router(config=config, pg_collection=pg)
+        self.router.set_layer_number(layer_number)
+        dispatcher_cls = _DISPATCHERS[config.moe_token_dispatcher_type]
+        self.token_dispatcher = dispatcher_cls(
+            self.num_local_experts, self.local_expert_indices, config=config, pg_collection=pg
+        )
+        self.experts = build_module(
+            submodules.experts, self.num_local_experts, config, pg_collection=pg
+        )
+        if self.use_shared_expert:
+            self.shared_experts = build_module(
+                submodules.shared_experts, config=config, pg_collection=pg
+            )
+
+    def route(self, hidden_states: Tensor, padding_mask: Tensor | None = None):
+        """[s, b, h] -> (probs [T, E], routing_map [T, E])."""
+        return self.router(hidden_states, padding_mask)
+
+    def forward(
+        self, hidden_states: Tensor, intermediate_tensors=None, padding_mask: Tensor | None = None
+    ):
+        """[s, b, h] -> ([s, b, h], None). padding_mask [b, s], True = padding."""
+        if (
+            self.training
+            and group_size(self.attn_tp_group) > 1
+            and not (self.config.sequence_parallel)
+        ):
+            raise ValueError(
+                "MoELayer: training with tensor_model_parallel_size "
+                f"({group_size(self.attn_tp_group)}) > 1 requires sequence_parallel=True "
+                "(as Megatron)"
+            )
+        if intermediate_tensors is not None:
+            raise ValueError("MoELayer: intermediate_tensors (CUDA-graph partial runs) unsupported")
+        if padding_mask is not None:
+            padding_mask = padding_mask.transpose(0, 1).bool()  # [s, b]
+        shared_out = self.shared_experts(hidden_states) if self.use_shared_expert else None
+        probs, routing_map = self.route(hidden_states, padding_mask)
+        dispatcher = self.token_dispatcher
+        x, probs = dispatcher.dispatch_preprocess(hidden_states, routing_map, probs)
+        x, probs = dispatcher.token_dispatch(x, probs)
+        x, tokens_per_expert, permuted_probs = dispatcher.dispatch_postprocess(x, probs)
+        expert_out, mlp_bias = self.experts(x, tokens_per_expert, permuted_probs)
+        out = dispatcher.combine_preprocess(expert_out)
+        out = dispatcher.token_combine(out)
+        out = dispatcher.combine_postprocess(out)
+        if shared_out is not None:
+            out = out + shared_out
+        return out, mlp_bias
+
+
+def __getattr__(name: str):
+    from gigatron.core.transformer.moe._missing import missing_name_error
+
+    missing_name_error(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
