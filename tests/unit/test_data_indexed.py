@@ -172,3 +172,16 @@ def test_add_index_matches_megatron_bytes(tmp_path):
         builder.finalize(prefix + ".idx")
         outs.append(_bytes(prefix))
     assert outs[0] == outs[1]
+
+
+def test_header_checks_for_megatron_fast_path_arguments(tmp_path):
+    prefix = str(tmp_path / "h")
+    _write(IndexedDatasetBuilder, prefix, numpy.uint16)
+    ds = IndexedDataset(prefix, sequences_per_dataset=(7, 6), dtype_code=8)
+    assert len(ds) == 7
+    with pytest.raises(ValueError, match="sequences_per_dataset"):
+        IndexedDataset(prefix, sequences_per_dataset=(7, 5))
+    with pytest.raises(ValueError, match="dtype_code 4"):
+        IndexedDataset(prefix, dtype_code=4)
+    with pytest.raises(ValueError, match="fast_cache_load"):
+        IndexedDataset(prefix, fast_cache_load=True)

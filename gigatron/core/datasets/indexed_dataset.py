@@ -173,6 +173,9 @@ class IndexedDataset(torch.utils.data.Dataset):
         mmap: bool = True,
         object_storage_config: Any = None,
         s3_config: Any = None,
+        fast_cache_load: bool = False,
+        sequences_per_dataset: tuple[int, int] | None = None,
+        dtype_code: int | None = None,
     ) -> None:
         super().__init__()
         if object_storage_config is not None or s3_config is not None:
@@ -180,7 +183,21 @@ class IndexedDataset(torch.utils.data.Dataset):
                 "object_storage_config / s3_config are not supported by gigatron: "
                 "copy the files to a local path"
             )
+        if fast_cache_load:
+            raise ValueError(f"fast_cache_load ({fast_cache_load}) is not supported by gigatron")
         self.initialize(path_prefix, multimodal, mmap)
+        # Megatron trusts these instead of the header; gigatron reads the header and checks them.
+        header = (self.index.sequence_count, self.index.document_count)
+        if sequences_per_dataset is not None and tuple(sequences_per_dataset) != header:
+            raise ValueError(
+                f"{get_idx_path(path_prefix)}: sequences_per_dataset {tuple(sequences_per_dataset)}"
+                f" does not match the header's (sequences, document entries) {header}"
+            )
+        if dtype_code is not None and DType.dtype_from_code(dtype_code) != self.index.dtype:
+            raise ValueError(
+                f"{get_idx_path(path_prefix)}: dtype_code {dtype_code} does not match the "
+                f"header's code {DType.code_from_dtype(self.index.dtype)}"
+            )
 
     def initialize(self, path_prefix: str, multimodal: bool, mmap: bool) -> None:
         idx_path, bin_path = get_idx_path(path_prefix), get_bin_path(path_prefix)
