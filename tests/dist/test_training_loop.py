@@ -105,3 +105,35 @@ def test_injected_nan_stops_every_rank_naming_the_step():
     for message in out:
         assert "non-finite gradient at iteration 2" in message
         assert "--skip-nan-steps" in message
+
+
+def _losses(extra):
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.training import pretrain
+
+    _reset_globals()
+    result = pretrain(
+        pretrain_gpt.train_valid_test_datasets_provider,
+        pretrain_gpt.model_provider,
+        None,
+        pretrain_gpt.forward_step,
+        argv=ARGS + ["--train-iters", "20", "--seed", "5"] + extra,
+    )
+    return [h["losses"].get("lm loss") for h in result["history"]]
+
+
+def test_tp2_pp2_matches_one_rank_step_by_step():
+    """Same flags on 1 rank and on TP2 x PP2 (4 ranks): the loss of each of 20 steps agrees."""
+    (reference,) = run_distributed(_losses, 1, args=([],), timeout=300)
+    layout = run_distributed(
+        _losses,
+        4,
+        args=(["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"],),
+        timeout=300,
+    )
+    last_stage = [r for r in layout if r[0] is not None]
+    assert len(last_stage) == 2  # both TP ranks of the last stage report the loss
+    assert len(reference) == 20 and reference[-1] < reference[0]
+    for losses in last_stage:
+        for step, (a, b) in enumerate(zip(losses, reference)):
+            assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (step, a, b)

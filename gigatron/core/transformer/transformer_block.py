@@ -82,10 +82,19 @@ class TransformerBlock(MegatronModule):
     def _build_layers(self, vp_stage):
         import torch
 
-        return torch.nn.ModuleList(
-            build_module(spec, config=self.config, layer_number=i + 1, vp_stage=vp_stage)
-            for i, spec in enumerate(self.submodules.layer_specs)
-        )
+        from gigatron.core._init_rng import init_rng_scope
+        from gigatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+        offset = get_transformer_layer_offset(self.config, vp_stage)
+        layers = []
+        for i, spec in enumerate(self.submodules.layer_specs):
+            # Seeded by the global layer number: the same layer gets the same weights whatever
+            # stage builds it (see gigatron.core._init_rng).
+            with init_rng_scope(self.config, f"layer.{offset + i + 1}"):
+                layers.append(
+                    build_module(spec, config=self.config, layer_number=i + 1, vp_stage=vp_stage)
+                )
+        return torch.nn.ModuleList(layers)
 
     def _get_layer(self, layer_number: int):
         return self.layers[layer_number]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from gigatron.core import parallel_state
+from gigatron.core._init_rng import init_rng_scope
 from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from gigatron.core.models.common.language_module.language_module import LanguageModule
@@ -76,13 +77,14 @@ class GPTModel(LanguageModule):
         self.model_type = ModelType.encoder_or_decoder
 
         if pre_process:
-            self.embedding = LanguageModelEmbedding(
-                config=config,
-                vocab_size=vocab_size,
-                max_sequence_length=max_sequence_length,
-                position_embedding_type=position_embedding_type,
-                scatter_to_sequence_parallel=scatter_embedding_sequence_parallel,
-            )
+            with init_rng_scope(config, "embedding"):
+                self.embedding = LanguageModelEmbedding(
+                    config=config,
+                    vocab_size=vocab_size,
+                    max_sequence_length=max_sequence_length,
+                    position_embedding_type=position_embedding_type,
+                    scatter_to_sequence_parallel=scatter_embedding_sequence_parallel,
+                )
         if position_embedding_type == "rope":
             self.rotary_pos_emb = RotaryEmbedding(
                 kv_channels=config.kv_channels,
@@ -102,16 +104,18 @@ class GPTModel(LanguageModule):
             vp_stage=vp_stage,
         )
         if post_process:
-            self.output_layer = tensor_parallel.ColumnParallelLinear(
-                config.hidden_size,
-                vocab_size,
-                config=config,
-                init_method=config.init_method,
-                bias=False,
-                skip_bias_add=False,
-                gather_output=not parallel_output,
-                skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights,
-            )
+            with init_rng_scope(config, "output_layer"):
+                self.output_layer = tensor_parallel.ColumnParallelLinear(
+                    config.hidden_size,
+                    vocab_size,
+                    config=config,
+                    init_method=config.init_method,
+                    bias=False,
+                    skip_bias_add=False,
+                    gather_output=not parallel_output,
+                    skip_weight_param_allocation=pre_process
+                    and share_embeddings_and_output_weights,
+                )
         if pre_process or post_process:
             self.setup_embeddings_and_output_layer()
 
