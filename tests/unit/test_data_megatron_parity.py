@@ -101,11 +101,16 @@ def test_blending_indices_match_cpp():
 @pytest.fixture
 def one_rank_group(tmp_path):
     # megatron-core's BlendedDataset asks torch.distributed for the rank when caching.
+    if torch.distributed.is_initialized():
+        yield
+        return
     torch.distributed.init_process_group(
         "gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1
     )
-    yield
-    torch.distributed.destroy_process_group()
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 VARIANTS = [
