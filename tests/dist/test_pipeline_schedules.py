@@ -213,6 +213,7 @@ def test_pp2_1f1b_and_interleaved_match_no_pipelining():
         (None, 8, False, {}),
         (2, 4, True, {}),
         (2, 8, True, {"deallocate_pipeline_outputs": True}),
+        (2, 6, True, {"microbatch_group_size_per_vp_stage": 3}),
         (2, 4, False, {"batch_p2p_comm": False, "variable_seq_lengths": True, "varlen": True}),
     ]
     _assert_parity(run_distributed(_parity_cases, 2, args=(2, cases), timeout=180))

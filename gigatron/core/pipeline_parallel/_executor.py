@@ -4,12 +4,11 @@ The order of work is data; this module only says how to run a step. Chunk c on p
 virtual stage c * pp + r of the whole model: forward inputs come from the previous virtual stage
 (rank r - 1, or the last rank's chunk c - 1 when r = 0) and gradients from the next.
 
-Communication: a send is started right after the step that produced it and never waited for
-until the schedule ends; when the next step needs a receive, the pending sends go out in the same
-batch as that receive (Megatron's send_forward_recv_backward pairing). A rank therefore blocks
-only on receives, and a table in which every input is produced earlier cannot deadlock. Each
-message carries a tag naming (microbatch, chunk, direction), so gloo can never pair the wrong
-tensors.
+Communication follows `_schedule_table.slot_plan`: before each slot one batch carries the sends of
+the previous slot and the receives of this one (Megatron's pairing). Only the receives are waited
+for on gloo (sends finish in the background, waited at the end); NCCL's grouped p2p waits for the
+whole batch, which the slot grouping also survives. Each message carries a tag naming the
+receiving (microbatch, chunk) and the direction, so gloo can never pair the wrong tensors.
 
 Gradient sync (Megatron's rules): backward passes run under `config.no_sync_func()`; sync is
 re-enabled for the last microbatch of each chunk, `grad_sync_func` / `param_sync_func` are called
@@ -23,7 +22,14 @@ from dataclasses import dataclass
 
 import torch
 
-from gigatron.core.pipeline_parallel._schedule_table import FORWARD, Step
+from gigatron.core.pipeline_parallel._schedule_table import (
+    BACKWARD,
+    FORWARD,
+    Slot,
+    Step,
+    Transfer,
+    slot_plan,
+)
 from gigatron.core.pipeline_parallel._steps import (
     backward_step,
     deallocate_output_tensor,
@@ -94,50 +100,41 @@ def _per_chunk(func, n: int):
     return list(func) if isinstance(func, list) else [func] * n
 
 
-def _tag(microbatch: int, chunk: int, num_chunks: int) -> int:
-    """Tag of the message feeding (microbatch, chunk) on the receiving rank."""
-    return microbatch * num_chunks + chunk
-
-
 class _Runner:
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
         self.num_chunks = len(spec.models)
         self.sync = _GradSync(spec)
-        self.pending: list[Message] = []
+        self.received: dict[Transfer, torch.Tensor] = {}
+        self.produced: dict[Transfer, torch.Tensor] = {}
         self.saved: dict[tuple[int, int], tuple] = {}  # (mb, chunk) -> (input, output)
         self.store: list = []
         self.total_num_tokens = torch.zeros([], dtype=torch.int)
         self.num_forwards = 0
 
-    # -- position of a chunk in the whole pipeline
-    def first_stage(self, chunk: int) -> bool:
-        return self.spec.pp_rank == 0 and chunk == 0
+    # -- position of a chunk in the whole pipeline (virtual stage = chunk * pp + rank)
+    def stage(self, chunk: int) -> int:
+        return chunk * self.spec.pp_size + self.spec.pp_rank
 
-    def last_stage(self, chunk: int) -> bool:
-        return self.spec.pp_rank == self.spec.pp_size - 1 and chunk == self.num_chunks - 1
+    def is_last(self, chunk: int) -> bool:
+        return self.stage(chunk) == self.spec.pp_size * self.num_chunks - 1
 
-    def needs_recv(self, step: Step) -> bool:
-        if step.kind == FORWARD:
-            return not self.first_stage(step.chunk)
-        return not self.last_stage(step.chunk)
+    def message(self, t: Transfer, tensor: torch.Tensor | None = None) -> Message:
+        """Activations travel to the next rank, gradients to the previous one (ring-wise).
 
-    def recv(self, msg: Message) -> torch.Tensor:
-        sends, self.pending = self.pending, []
-        return self.spec.comm.exchange(sends, [msg])[0]
-
-    def flush(self) -> None:
-        if self.pending:
-            sends, self.pending = self.pending, []
-            self.spec.comm.exchange(sends, [])
+        The tag names the receiving (microbatch, chunk), so gloo cannot mix up two tensors.
+        """
+        forward = t.kind == FORWARD
+        to_next = forward if tensor is not None else not forward
+        shape = self.spec.recv_shape if forward else self.spec.grad_shape
+        tag = t.microbatch * self.num_chunks + t.stage // self.spec.pp_size
+        return Message(to_next, tensor, shape=shape, tag=tag)
 
     # -- steps
     def forward(self, step: Step) -> None:
         spec, (mb, chunk) = self.spec, (step.microbatch, step.chunk)
-        input_tensor = None
-        if not self.first_stage(chunk):
-            tag = _tag(mb, chunk, self.num_chunks)
-            input_tensor = self.recv(Message(False, shape=spec.recv_shape, tag=tag))
+        stage = self.stage(chunk)
+        input_tensor = self.received.pop(Transfer(FORWARD, mb, stage), None)
         if self.sync.param_sync is not None and mb == 0:
             self.sync.param_sync[chunk](spec.models[chunk].parameters())
         checkpoint = None
@@ -161,57 +158,50 @@ class _Runner:
             is_first_microbatch=first_mb,
             current_microbatch=mb,
             vp_stage=chunk if spec.interleaved else None,
-            is_last_stage=self.last_stage(chunk),
+            is_last_stage=self.is_last(chunk),
         )
         self.num_forwards += 1
         self.total_num_tokens += num_tokens
-        if not self.last_stage(chunk):
-            # The last rank's chunk c feeds rank 0's chunk c + 1.
-            to_chunk = chunk + 1 if spec.pp_rank == spec.pp_size - 1 else chunk
-            tag = _tag(mb, to_chunk, self.num_chunks)
+        if not self.is_last(chunk):
             # detach(): an alias that keeps the data even if deallocate frees `output.data`
-            self.pending.append(Message(True, output.detach(), shape=spec.recv_shape, tag=tag))
+            self.produced[Transfer(FORWARD, mb, stage + 1)] = output.detach()
         if not spec.forward_only:
             self.saved[(mb, chunk)] = (input_tensor, output)
+            if not self.is_last(chunk):
+                deallocate_output_tensor(output, spec.config.deallocate_pipeline_outputs)
 
     def backward(self, step: Step) -> None:
         spec, (mb, chunk) = self.spec, (step.microbatch, step.chunk)
+        stage = self.stage(chunk)
         last_mb = mb == spec.num_microbatches - 1
         if last_mb and self.sync.grad_sync is None:
             self.sync.enable()  # let DDP's backward hooks reduce this chunk's grads
-        output_grad = None
-        if not self.last_stage(chunk):
-            tag = _tag(mb, chunk, self.num_chunks)
-            output_grad = self.recv(Message(True, shape=spec.grad_shape, tag=tag))
+        output_grad = self.received.pop(Transfer(BACKWARD, mb, stage), None)
         input_tensor, output = self.saved.pop((mb, chunk))
         input_grad = backward_step(input_tensor, output, output_grad, None, spec.config)
-        if not self.first_stage(chunk):
-            to_chunk = chunk - 1 if spec.pp_rank == 0 else chunk
-            tag = _tag(mb, to_chunk, self.num_chunks)
-            self.pending.append(Message(False, input_grad, shape=spec.grad_shape, tag=tag))
+        if stage > 0:
+            self.produced[Transfer(BACKWARD, mb, stage - 1)] = input_grad
         if last_mb and self.sync.grad_sync is not None:
             self.sync.enable()
             self.sync.grad_sync[chunk](spec.models[chunk].parameters())
             self.sync.synced.add(chunk)
         self.sync.disable()
 
-    def run(self, steps: list[Step]) -> None:
+    def run(self, plan: list[Slot]) -> None:
+        comm = self.spec.comm
         self.sync.disable()
-        for i, step in enumerate(steps):
-            if step.kind == FORWARD:
-                self.forward(step)
-            else:
-                self.backward(step)
-            nxt = steps[i + 1] if i + 1 < len(steps) else None
-            if nxt is None or not self.needs_recv(nxt):
-                self.flush()  # nothing to pair the sends with: send now
-            if step.kind == FORWARD and not self.spec.forward_only:
-                _, output = self.saved[(step.microbatch, step.chunk)]
-                if not self.last_stage(step.chunk):
-                    deallocate_output_tensor(output, self.spec.config.deallocate_pipeline_outputs)
-        self.flush()
-        if self.spec.comm is not None:
-            self.spec.comm.wait_all()
+        pending: list[Message] = []
+        for slot in plan:
+            if slot.recvs or pending:
+                got = comm.exchange(pending, [self.message(t) for t in slot.recvs])
+                self.received.update(zip(slot.recvs, got))
+            for step in slot.steps:
+                (self.forward if step.kind == FORWARD else self.backward)(step)
+            pending = [self.message(t, self.produced.pop(t)) for t in slot.sends]
+        if pending:
+            comm.exchange(pending, [])
+        if comm is not None:
+            comm.wait_all()
         self.sync.enable()
         if self.sync.grad_sync is not None:
             for chunk in range(self.num_chunks):
@@ -221,6 +211,10 @@ class _Runner:
 
 def run_table(spec: RunSpec, steps: list[Step]):
     """Run `steps` on this rank; return (forward_data_store, total_num_tokens)."""
+    plan = slot_plan(
+        steps, spec.warmup, spec.pp_size, spec.pp_rank, len(spec.models),
+        pair_steady=spec.interleaved,
+    )  # fmt: skip
     runner = _Runner(spec)
-    runner.run(steps)
+    runner.run(plan)
     return runner.store, runner.total_num_tokens

@@ -13,6 +13,13 @@ Order on one rank, with W warmup steps and T = num_microbatches * num_model_chun
 
 F(k) is forward virtual microbatch k and B(k) backward virtual microbatch k; both are looked up in
 the same (microbatch, chunk) table, backward with the chunk order reversed.
+
+`slot_plan` adds the communication: steps go in slots (1F1B: one step each; interleaved: each
+warmup forward, each steady forward+backward pair, each cooldown backward) and before a slot one
+batch carries the sends of the previous slot and every receive this slot needs - Megatron's
+pairings (send_forward_recv_backward, send_forward_backward_recv_forward_backward, ...). With that
+grouping the plan completes even when every batch waits for all of its sends and receives
+(NCCL's grouped p2p), not only when sends are asynchronous (tests/unit/test_schedule_table.py).
 """
 
 from __future__ import annotations
@@ -32,6 +39,68 @@ class Step(NamedTuple):
 
     def __repr__(self) -> str:
         return f"{self.kind[0].upper()}{self.microbatch}.{self.chunk}"
+
+
+class Transfer(NamedTuple):
+    """One tensor between ranks: activation (FORWARD) or gradient (BACKWARD) of `microbatch`,
+    consumed by virtual stage `stage` (= chunk * pp + rank) and produced by its neighbour."""
+
+    kind: str
+    microbatch: int
+    stage: int
+
+
+class Slot(NamedTuple):
+    """Receive `recvs` (together with the previous slot's sends), run `steps`, then `sends`."""
+
+    recvs: list[Transfer]
+    steps: list[Step]
+    sends: list[Transfer]
+
+
+def slot_plan(
+    steps: list[Step],
+    warmup: int,
+    pp_size: int,
+    pp_rank: int,
+    num_model_chunks: int,
+    *,
+    pair_steady: bool,
+) -> list[Slot]:
+    """Group a rank's steps into slots and list what each slot receives and sends.
+
+    pair_steady=True (interleaved, as Megatron's combined send_forward_backward_recv_forward_
+    backward): a steady-state forward and backward share a slot. False (1F1B): one step per
+    slot, so the batch after a forward pairs its send with the next backward's receive
+    (send_forward_recv_backward) and vice versa.
+    """
+    last = pp_size * num_model_chunks - 1
+    plan, i = [], 0
+    while i < len(steps):
+        pair = (
+            pair_steady
+            and i >= warmup
+            and i + 1 < len(steps)
+            and steps[i].kind == FORWARD
+            and steps[i + 1].kind == BACKWARD
+        )
+        group = steps[i : i + 2] if pair else steps[i : i + 1]
+        i += len(group)
+        recvs, sends = [], []
+        for st in group:
+            stage = st.chunk * pp_size + pp_rank
+            if st.kind == FORWARD:
+                if stage > 0:
+                    recvs.append(Transfer(FORWARD, st.microbatch, stage))
+                if stage < last:
+                    sends.append(Transfer(FORWARD, st.microbatch, stage + 1))
+            else:
+                if stage < last:
+                    recvs.append(Transfer(BACKWARD, st.microbatch, stage))
+                if stage > 0:
+                    sends.append(Transfer(BACKWARD, st.microbatch, stage - 1))
+        plan.append(Slot(recvs, group, sends))
+    return plan
 
 
 def get_schedule_table(

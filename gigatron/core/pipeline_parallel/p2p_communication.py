@@ -154,22 +154,25 @@ class P2PCommunicator:
         `wait_all()`. Sends go out as `t.detach()`, so freeing the sender's `.data` afterwards
         (deallocate_pipeline_outputs) cannot corrupt a send in flight.
         """
-        variable = self.config.variable_seq_lengths
         for msg in sends:
             self._check_send(msg)
-        send_ops = []
-        for msg in sends:
-            data = msg.tensor.detach()
-            if variable:  # the receiver learns the shape first: [s, b, h] as int64
-                shape_t = torch.tensor(list(data.shape), dtype=torch.int64, device=self.device)
-                send_ops.append((True, shape_t, msg.to_next, _tag(msg, True, True)))
-            send_ops.append((True, data, msg.to_next, _tag(msg, True, False)))
+        data = [m.tensor.detach() for m in sends]
+        send_ops = [(True, d, m.to_next, _tag(m, True, False)) for d, m in zip(data, sends)]
         shapes = [m.shape for m in recvs]
-        if variable and recvs:
+        if self.config.variable_seq_lengths and (sends or recvs):
+            # Shapes first. NCCL: in a batch of their own, data in the next one (Megatron's
+            # order; a batch waits for all its ops). gloo: the data sends go out with the shapes
+            # - sends never block there, so no rank waits on a send it has not started.
+            shape_ops = [
+                (True, torch.tensor(list(d.shape), dtype=torch.int64, device=self.device),
+                 m.to_next, _tag(m, True, True))
+                for d, m in zip(data, sends)
+            ]  # fmt: skip
+            if self._use_tags:  # gloo
+                shape_ops, send_ops = shape_ops + send_ops, []
             bufs = [torch.empty(3, dtype=torch.int64, device=self.device) for _ in recvs]
             recv_ops = [(False, b, m.to_next, _tag(m, False, True)) for b, m in zip(bufs, recvs)]
-            self._run(send_ops, recv_ops)
-            send_ops = []
+            self._run(shape_ops, recv_ops)
             shapes = [b.tolist() for b in bufs]
         bufs = [self._recv_buffer(s) for s in shapes]
         recv_ops = [(False, b, m.to_next, _tag(m, False, False)) for b, m in zip(bufs, recvs)]

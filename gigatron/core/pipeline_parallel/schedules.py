@@ -142,6 +142,12 @@ def _run(
 
     if kind == "interleaved":
         group = config.microbatch_group_size_per_vp_stage or pp_size
+        if group != pp_size and comm is not None and comm.device.type != "cpu":
+            raise ValueError(
+                f"microbatch_group_size_per_vp_stage ({group}) other than "
+                f"pipeline_model_parallel_size ({pp_size}) is only supported on gloo: its batches "
+                "would wait on each other over NCCL (gigatron/core/pipeline_parallel/schedules.py)"
+            )
         steps = table.interleaved_table(
             pp_size, pp_rank, num_microbatches, len(models),
             microbatch_group_size_per_vp_stage=group, forward_only=forward_only,
