@@ -137,3 +137,48 @@ def test_tp2_pp2_matches_one_rank_step_by_step():
     for losses in last_stage:
         for step, (a, b) in enumerate(zip(losses, reference)):
             assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (step, a, b)
+
+
+def _run_with_sigterm(ckpt_dir, kill_at, load):
+    import os
+    import signal
+
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.global_vars import get_args
+    from gigatron.training.training import pretrain
+
+    def forward_step(data_iterator, model):
+        args = get_args()
+        if kill_at and args.iteration + 1 == kill_at and dist.get_rank() == 0:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only records it
+        return pretrain_gpt.forward_step(data_iterator, model)
+
+    extra = ["--train-iters", "12", "--seed", "3", "--use-distributed-optimizer"]
+    if ckpt_dir:
+        extra += ["--save", ckpt_dir, "--exit-signal-handler"]
+    if load:
+        extra += ["--load", ckpt_dir]
+    _reset_globals()
+    result = pretrain(
+        pretrain_gpt.train_valid_test_datasets_provider,
+        pretrain_gpt.model_provider,
+        None,
+        forward_step,
+        argv=ARGS + extra,
+    )
+    weights = [p.detach().clone() for p in result["model"][0].parameters()]
+    return result["iteration"], [h["losses"]["lm loss"] for h in result["history"]], weights
+
+
+def test_sigterm_saves_and_resume_matches_uninterrupted(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    full = run_distributed(_run_with_sigterm, 2, args=(None, 0, False), timeout=300)
+    first = run_distributed(_run_with_sigterm, 2, args=(ckpt, 5, False), timeout=300)
+    assert [r[0] for r in first] == [5, 5]  # every rank stopped after the signalled step
+    second = run_distributed(_run_with_sigterm, 2, args=(ckpt, 0, True), timeout=300)
+    for rank in range(2):
+        iteration, losses, weights = second[rank]
+        assert iteration == 12
+        assert first[rank][1] + losses == full[rank][1]  # bitwise equal loss curve
+        for a, b in zip(weights, full[rank][2]):
+            assert torch.equal(a, b)
