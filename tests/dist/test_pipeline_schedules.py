@@ -70,14 +70,14 @@ class Full(torch.nn.Module):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
 
 
-def _batches(num_microbatches, step, varlen=False):
+def _batches(num_microbatches, step, varlen=False, device="cpu"):
     g = torch.Generator().manual_seed(1000 + step)
     out = []
     for i in range(num_microbatches):
         seq = S - 2 * (i % 3) if varlen else S
         tokens = torch.randint(0, V, (B, seq), generator=g)
         mask = (torch.rand(B, seq, generator=g) > 0.2).float()
-        out.append((tokens, torch.roll(tokens, -1, 1), mask))
+        out.append(tuple(t.to(device) for t in (tokens, torch.roll(tokens, -1, 1), mask)))
     return out
 
 
@@ -116,8 +116,9 @@ def _train_and_compare(pp, vp, num_microbatches, three_tuple, steps, seed, **cfg
     """Train the split model and its unsplit twin side by side; return max relative errors."""
     rank = ps.get_pipeline_model_parallel_rank()
     varlen = cfg.pop("varlen", False)  # sequence length differs between microbatches
+    device = cfg.pop("device", "cpu")
     config = _Config(pipeline_dtype=torch.float32, **cfg)
-    full_ref, full_pp = Full(seed), Full(seed)
+    full_ref, full_pp = Full(seed).to(device), Full(seed).to(device)
     ref = Chunk(config, full_ref, 0, L, True, True)
     chunks = _build_chunks(config, full_pp, pp, vp, rank)
     params = [p for c in chunks for p in c.parameters()]
@@ -126,7 +127,7 @@ def _train_and_compare(pp, vp, num_microbatches, three_tuple, steps, seed, **cfg
     fb = get_forward_backward_func(pp, vp)
     worst_loss, worst_grad, fwd_only_err = 0.0, 0.0, 0.0
     for step in range(steps):
-        data = _batches(num_microbatches, step, varlen=varlen)
+        data = _batches(num_microbatches, step, varlen=varlen, device=device)
         opt.zero_grad(), opt_ref.zero_grad()
         kw = dict(num_microbatches=num_microbatches, seq_length=S, micro_batch_size=B)
         iters = [iter(data) for _ in chunks]
@@ -157,7 +158,7 @@ def _train_and_compare(pp, vp, num_microbatches, three_tuple, steps, seed, **cfg
                 worst_grad = max(worst_grad, err.item())
         opt.step(), opt_ref.step()
     # evaluation: forward_only on the trained weights gives the same losses, and no grads
-    data = _batches(num_microbatches, 99)
+    data = _batches(num_microbatches, 99, device=device)
     opt.zero_grad(set_to_none=True)
     out = fb(
         forward_step_func=partial(_forward_step, three_tuple),

@@ -21,6 +21,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from gigatron.core.pipeline_parallel._schedule_table import (
     BACKWARD,
@@ -94,6 +95,12 @@ class _GradSync:
             self._ctx = None
 
 
+def _collective_device() -> torch.device:
+    if dist.is_initialized() and "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _per_chunk(func, n: int):
     if func is None:
         return None
@@ -109,7 +116,8 @@ class _Runner:
         self.produced: dict[Transfer, torch.Tensor] = {}
         self.saved: dict[tuple[int, int], tuple] = {}  # (mb, chunk) -> (input, output)
         self.store: list = []
-        self.total_num_tokens = torch.zeros([], dtype=torch.int)
+        # where finalize_model_grads can reduce it: the GPU under NCCL
+        self.total_num_tokens = torch.zeros([], dtype=torch.int, device=_collective_device())
         self.num_forwards = 0
 
     # -- position of a chunk in the whole pipeline (virtual stage = chunk * pp + rank)
@@ -161,7 +169,7 @@ class _Runner:
             is_last_stage=self.is_last(chunk),
         )
         self.num_forwards += 1
-        self.total_num_tokens += num_tokens
+        self.total_num_tokens += num_tokens.to(self.total_num_tokens.device)
         if not self.is_last(chunk):
             # detach(): an alias that keeps the data even if deallocate frees `output.data`
             self.produced[Transfer(FORWARD, mb, stage + 1)] = output.detach()
