@@ -1,0 +1,90 @@
+"""Attention math shared by the context-parallel modes: one block of queries against one block
+of keys, with the log-sum-exp (LSE) the ring needs to merge partial results.
+
+Layouts (grouped heads, so GQA never repeats K/V): q `[b, ng, g, sq, hn]`, k/v `[b, ng, sk, hn]`
+where ng = K/V heads (query groups), g = query heads per group (np = ng * g). All math runs in
+fp32 and follows FlashAttention's formulation (Dao et al., 2022): `lse = logsumexp(q.k^T * scale)`,
+`p = exp(s - lse)`; backward with `D = rowsum(dout * out)`, `ds = p * (dp - D)`.
+
+Plain PyTorch is the reference path (CPU). `attention` (the differentiable, masked entry used by the
+all-gather and a2a modes) takes `F.scaled_dot_product_attention` on CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _scores(q: Tensor, k: Tensor, scale: float, causal: bool) -> Tensor:
+    """q [b, ng, g, sq, hn], k [b, ng, sk, hn] -> fp32 scores [b, ng, g, sq, sk]."""
+    s = torch.matmul(q.float(), k.float().unsqueeze(2).transpose(-1, -2)) * scale
+    if causal:  # diagonal block: query i sees keys 0..i (sq == sk, same positions)
+        sq, sk = s.shape[-2:]
+        future = torch.ones(sq, sk, dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(future, float("-inf"))
+    return s
+
+
+def block_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool):
+    """One block: (out fp32 [b, ng, g, sq, hn], lse fp32 [b, ng, g, sq])."""
+    s = _scores(q, k, scale, causal)
+    lse = torch.logsumexp(s, dim=-1)  # [b, ng, g, sq]
+    p = torch.exp(s - lse.unsqueeze(-1))
+    out = torch.matmul(p, v.float().unsqueeze(2))  # [b, ng, g, sq, hn]
+    return out, lse
+
+
+def block_backward(
+    dout: Tensor, delta: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, scale, causal
+):
+    """Gradients of one block given the *final* (merged) lse and delta = rowsum(dout * out).
+
+    dout [b, ng, g, sq, hn] fp32, delta/lse [b, ng, g, sq] -> dq [b, ng, g, sq, hn],
+    dk / dv [b, ng, sk, hn] (summed over the g query heads of each group), all fp32.
+    """
+    s = _scores(q, k, scale, causal)
+    p = torch.exp(s - lse.unsqueeze(-1))  # this block's share of the final softmax
+    dv = torch.matmul(p.transpose(-1, -2), dout).sum(dim=2)  # [b, ng, sk, hn]
+    dp = torch.matmul(dout, v.float().unsqueeze(2).transpose(-1, -2))  # [b, ng, g, sq, sk]
+    ds = p * (dp - delta.unsqueeze(-1))
+    dq = torch.matmul(ds, k.float().unsqueeze(2)) * scale  # [b, ng, g, sq, hn]
+    dk = torch.matmul(ds.transpose(-1, -2), q.float()).sum(dim=2) * scale  # [b, ng, sk, hn]
+    return dq, dk, dv
+
+
+def merge(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor, rows: slice) -> None:
+    """Online-softmax merge of a block's result into rows `rows` of (out, lse), in place."""
+    old = lse[..., rows]
+    new = torch.logaddexp(old, block_lse)
+    out[..., rows, :] = out[..., rows, :] * torch.exp(old - new).unsqueeze(
+        -1
+    ) + block_out * torch.exp(block_lse - new).unsqueeze(-1)
+    lse[..., rows] = new
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None) -> Tensor:
+    """Differentiable attention. q [b, ng, g, sq, hn], k/v [b, ng, sk, hn], mask bool [sq, sk]
+    (True = masked) or None -> [b, ng, g, sq, hn] in q's dtype."""
+    b, ng, g, sq, hn = q.shape
+    if q.is_cuda:  # fused kernels (flash / memory-efficient); GQA without repeating K/V
+        out = F.scaled_dot_product_attention(
+            q.reshape(b, ng * g, sq, hn),
+            k,
+            v,
+            attn_mask=None if mask is None else ~mask,
+            scale=scale,
+            enable_gqa=g > 1,
+        )
+        return out.view(b, ng, g, sq, hn)
+    s = torch.matmul(q.float(), k.float().unsqueeze(2).transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s.masked_fill(mask, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.matmul(p, v.float().unsqueeze(2)).to(q.dtype)
+
+
+def causal_mask(s: int, device=None) -> Tensor:
+    """bool [s, s], True above the diagonal (future keys masked)."""
+    return torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
