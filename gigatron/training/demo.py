@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import sysconfig
@@ -61,165 +62,54 @@ def _run(cmd: list[str], env=None) -> None:
     subprocess.run(cmd, check=True, env=env)
 
 
+def _model_flags(prefix: Path, tokenizer: Path, ckpt: Path, out: Path, iters: int, nproc: int):
+    tp = min(2, nproc)
+    return shlex.split(
+        f"--tensor-model-parallel-size {tp} --num-layers 4 --hidden-size 128 "
+        "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+        "--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear "
+        "--hidden-dropout 0.0 --attention-dropout 0.0 "
+        f"--micro-batch-size 8 --global-batch-size {8 * max(1, nproc // tp)} "
+        f"--train-iters {iters} --lr 2e-3 --min-lr 2e-4 --lr-decay-style cosine "
+        "--lr-warmup-iters 20 --weight-decay 0.1 --clip-grad 1.0 --seed 1234 "
+        f"--data-path {prefix}_text_document --split 98,2,0 "
+        f"--tokenizer-type HuggingFaceTokenizer --tokenizer-model {tokenizer} "
+        "--make-vocab-size-divisible-by 64 --log-interval 20 --eval-interval 100 --eval-iters 4 "
+        f"--save {ckpt} --load {ckpt} --save-interval 100 --num-workers 0 "
+        f"--data-cache-path {out / 'cache'}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     out = Path(os.environ.get("DEMO_DIR", "runs/demo"))
     out.mkdir(parents=True, exist_ok=True)
-    iters = int(os.environ.get("DEMO_ITERS", "300"))
+    iters = int(os.environ.get("DEMO_ITERS", "400"))
     nproc = int(os.environ.get("DEMO_NPROC", "2"))
-    py = sys.executable
+    cli = [sys.executable, "-m", "gigatron.cli"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc}"]  # fmt: skip
     corpus = build_corpus(out)
-    tokenizer = out / "tokenizer.json"
-    if not tokenizer.exists():
-        _run(
-            [
-                py,
-                "-m",
-                "gigatron.cli",
-                "train-tokenizer",
-                "--input",
-                str(corpus),
-                "--vocab-size",
-                str(VOCAB),
-                "--output",
-                str(tokenizer),
-            ]
-        )
+    tokenizer = out / "tokenizer"
+    if not (tokenizer / "tokenizer.json").exists():
+        _run(cli + shlex.split(
+            f"train-tokenizer --input {corpus} --vocab-size {VOCAB} --output-dir {tokenizer}"
+        ))  # fmt: skip
     prefix = out / "stdlib"
     if not Path(f"{prefix}_text_document.idx").exists():
-        _run(
-            [
-                py,
-                "-m",
-                "gigatron.cli",
-                "preprocess",
-                "--input",
-                str(corpus),
-                "--output-prefix",
-                str(prefix),
-                "--tokenizer-type",
-                "HuggingFaceTokenizer",
-                "--tokenizer-model",
-                str(tokenizer),
-                "--append-eod",
-                "--workers",
-                "2",
-            ]
-        )
+        _run(cli + shlex.split(
+            f"preprocess --input {corpus} --output-prefix {prefix} --tokenizer-type "
+            f"HuggingFaceTokenizer --tokenizer-model {tokenizer} --append-eod --workers 2"
+        ))  # fmt: skip
     ckpt = out / "checkpoints"
-    train = [
-        "--tensor-model-parallel-size",
-        str(min(2, nproc)),
-        "--num-layers",
-        "4",
-        "--hidden-size",
-        "128",
-        "--num-attention-heads",
-        "4",
-        "--seq-length",
-        "128",
-        "--max-position-embeddings",
-        "128",
-        "--position-embedding-type",
-        "rope",
-        "--normalization",
-        "RMSNorm",
-        "--swiglu",
-        "--disable-bias-linear",
-        "--hidden-dropout",
-        "0.0",
-        "--attention-dropout",
-        "0.0",
-        "--micro-batch-size",
-        "8",
-        "--global-batch-size",
-        str(8 * max(1, nproc // 2)),
-        "--train-iters",
-        str(iters),
-        "--lr",
-        "2e-3",
-        "--min-lr",
-        "2e-4",
-        "--lr-decay-style",
-        "cosine",
-        "--lr-warmup-iters",
-        "20",
-        "--weight-decay",
-        "0.1",
-        "--clip-grad",
-        "1.0",
-        "--seed",
-        "1234",
-        "--data-path",
-        f"{prefix}_text_document",
-        "--split",
-        "98,2,0",
-        "--tokenizer-type",
-        "HuggingFaceTokenizer",
-        "--tokenizer-model",
-        str(tokenizer),
-        "--make-vocab-size-divisible-by",
-        "64",
-        "--log-interval",
-        "10",
-        "--eval-interval",
-        "50",
-        "--eval-iters",
-        "4",
-        "--save",
-        str(ckpt),
-        "--load",
-        str(ckpt),
-        "--save-interval",
-        "100",
-        "--num-workers",
-        "0",
-        "--data-cache-path",
-        str(out / "cache"),
-    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    _run(
-        [
-            py,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "-m",
-            "gigatron.training.pretrain_gpt",
-            *train,
-        ],
-        env=env,
-    )
-    _run(
-        [
-            py,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "-m",
-            "gigatron.cli",
-            "generate",
-            "--load",
-            str(ckpt),
-            "--tokenizer-type",
-            "HuggingFaceTokenizer",
-            "--tokenizer-model",
-            str(tokenizer),
-            "--prompt",
-            "def read_config(path):\n",
-            "--max-new-tokens",
-            "80",
-            "--top-k",
-            "20",
-            "--temperature",
-            "0.8",
-            "--seed",
-            "7",
-        ],
-        env=env,
-    )
-    _log(f"done: checkpoint in {ckpt}; run `make train` again to continue from it")
+    flags = _model_flags(prefix, tokenizer, ckpt, out, iters, nproc)
+    _run(torchrun + ["-m", "gigatron.training.pretrain_gpt", *flags], env=env)
+    prompt = "def read_config(path):\n"
+    _run(torchrun + ["-m", "gigatron.cli", "generate", "--load", str(ckpt),
+                     "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                     str(tokenizer), "--prompt", prompt, "--max-new-tokens", "80",
+                     "--top-k", "20", "--temperature", "0.8", "--seed", "7"], env=env)  # fmt: skip
+    _log(f"done: checkpoint in {ckpt}; `make train` again continues from it (raise DEMO_ITERS)")
     return 0
 
 

@@ -438,7 +438,8 @@ def pretrain(
 
         iteration, flops_so_far = load_checkpoint(model, optimizer, scheduler)
         args.consumed_train_samples = getattr(args, "consumed_train_samples", 0)
-        print_rank_0(f"resumed from {args.load} at iteration {iteration}")
+        if iteration:
+            print_rank_0(f"resumed from {args.load} at iteration {iteration}")
     args.iteration = iteration
     tlog.print_flops_formula(args)
     train_iter, valid_iter, test_iter = build_train_valid_test_data_iterators(
