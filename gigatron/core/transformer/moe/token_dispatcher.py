@@ -121,7 +121,7 @@ class MoEAlltoAllTokenDispatcher(MoETokenDispatcher):
         if etp > 1:  # [etp, ep, n]: the same for each expert-TP peer (different tokens under SP)
             counts = _gather_along_first_dim(counts.unsqueeze(0), self.tp_group)
         counts = counts.reshape(-1, n)  # [etp * ep, n], row = (etp rank, ep source)
-        self.output_splits_tp = counts.view(etp, -1).sum(dim=1).tolist()
+        self.output_splits_tp = counts.reshape(etp, -1).sum(dim=1).tolist()
         self.chunk_sizes = counts.flatten().tolist()  # received order: (source row, expert)
         rows = counts.shape[0]
         self.sort_by_expert = torch.arange(rows * n).view(rows, n).t().flatten().tolist()
