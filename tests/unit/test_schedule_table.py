@@ -100,22 +100,32 @@ def _plans(pp, vp, m, group, forward_only):
     return plans
 
 
-def _batches(plan):
-    """The executor's batches: before each slot, the previous slot's sends + this slot's recvs."""
+def _batches(plan, two_phase):
+    """The executor's batches: before each slot, the previous slot's sends + this slot's recvs
+    (`separate`: sends first, alone). two_phase (variable_seq_lengths over NCCL): each batch
+    becomes a batch of shape messages followed by a batch of data."""
     out, pending = [], []
+
+    def emit(sends, recvs):
+        if sends or recvs:
+            if two_phase:
+                out.append(([("shape", t) for t in sends], [("shape", t) for t in recvs]))
+            out.append((sends, recvs))
+
     for slot in plan:
-        if pending or slot.recvs:
-            out.append((pending, slot.recvs))
+        if slot.separate:
+            emit(pending, [])
+            pending = []
+        emit(pending, slot.recvs)
         pending = slot.sends
-    if pending:
-        out.append((pending, []))
+    emit(pending, [])
     return out
 
 
-def _simulate(plans, rendezvous):
+def _simulate(plans, rendezvous, two_phase=False):
     """Run every rank's batches; a batch completes when each receive's send has been posted and,
     with `rendezvous` (NCCL groups), each send's receive too. Returns per-link message orders."""
-    batches = [_batches(plan) for _, plan in plans]
+    batches = [_batches(plan, two_phase) for _, plan in plans]
     pos, sent, received = [0] * len(plans), set(), set()
     while any(p < len(b) for p, b in zip(pos, batches)):
         for r, b in enumerate(batches):
@@ -133,6 +143,8 @@ def _simulate(plans, rendezvous):
                     moved = True
         assert moved, f"deadlock at batch positions {pos}"
     assert sent == received  # every tensor sent is received exactly once, and vice versa
+    if two_phase:
+        return None
     pp = len(plans)
     links = {}
     for r, (_, plan) in enumerate(plans):
@@ -166,6 +178,8 @@ def test_plans_run_without_deadlock_and_in_link_order(pp, vp, m, group, forward_
     if group not in (None, pp):
         return  # larger groups: gloo only (schedules.py rejects them on NCCL)
     links = _simulate(plans, rendezvous=True)  # NCCL: a batch waits for all of its ops
+    if vp == 1 or m != pp or pp == 2:  # schedules.py rejects the rest with variable lengths
+        _simulate(plans, rendezvous=True, two_phase=True)  # NCCL + variable_seq_lengths
     # Each link carries its messages (activations and gradients together) in the order the
     # receiver consumes them, so NCCL, which ignores tags, pairs them correctly too.
     for (kind, src, dst), order in links.items():

@@ -200,6 +200,9 @@ class _Runner:
         self.sync.disable()
         pending: list[Message] = []
         for slot in plan:
+            if slot.separate and pending:
+                comm.exchange(pending, [])
+                pending = []
             if slot.recvs or pending:
                 got = comm.exchange(pending, [self.message(t) for t in slot.recvs])
                 self.received.update(zip(slot.recvs, got))

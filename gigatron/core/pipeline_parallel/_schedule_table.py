@@ -56,6 +56,7 @@ class Slot(NamedTuple):
     recvs: list[Transfer]
     steps: list[Step]
     sends: list[Transfer]
+    separate: bool = False  # previous slot's sends go out in a batch of their own first
 
 
 def slot_plan(
@@ -75,6 +76,7 @@ def slot_plan(
     (send_forward_recv_backward) and vice versa.
     """
     last = pp_size * num_model_chunks - 1
+    num_forwards = sum(st.kind == FORWARD for st in steps)
     plan, i = [], 0
     while i < len(steps):
         pair = (
@@ -99,7 +101,10 @@ def slot_plan(
                     recvs.append(Transfer(BACKWARD, st.microbatch, stage))
                 if stage > 0:
                     sends.append(Transfer(BACKWARD, st.microbatch, stage - 1))
-        plan.append(Slot(recvs, group, sends))
+        # 1F1B with every forward in warmup (M < pp - rank): like Megatron's separate
+        # send_forward / recv_backward, so a shapes-first exchange cannot wait in a circle
+        separate = not pair_steady and 0 < warmup == i - len(group) == num_forwards
+        plan.append(Slot(recvs, group, sends, separate))
     return plan
 
 

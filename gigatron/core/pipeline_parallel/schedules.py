@@ -148,6 +148,14 @@ def _run(
                 f"pipeline_model_parallel_size ({pp_size}) is only supported on gloo: its batches "
                 "would wait on each other over NCCL (gigatron/core/pipeline_parallel/schedules.py)"
             )
+        nccl = comm is not None and comm.device.type != "cpu"
+        if nccl and config.variable_seq_lengths and num_microbatches == pp_size > 2:
+            raise ValueError(
+                f"variable_seq_lengths with interleaving over NCCL needs num_microbatches "
+                f"({num_microbatches}) != pipeline_model_parallel_size ({pp_size}) when it is "
+                "> 2: the shapes-first exchange would wait in a circle "
+                "(gigatron/core/pipeline_parallel/schedules.py)"
+            )
         steps = table.interleaved_table(
             pp_size, pp_rank, num_microbatches, len(models),
             microbatch_group_size_per_vp_stage=group, forward_only=forward_only,
