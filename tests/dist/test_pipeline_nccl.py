@@ -20,6 +20,7 @@ def test_pp2_schedules_over_nccl():
         (None, 4, True, dict(cuda)),
         (None, 8, False, {**cuda, "deallocate_pipeline_outputs": True}),
         (None, 4, True, {**cuda, "variable_seq_lengths": True, "varlen": True}),
+        (None, 1, True, {**cuda, "variable_seq_lengths": True, "varlen": True}),
         (2, 4, True, dict(cuda)),
         (2, 8, True, {**cuda, "deallocate_pipeline_outputs": True}),
         (2, 2, False, {**cuda, "variable_seq_lengths": True, "varlen": True}),
