@@ -138,8 +138,7 @@ class Attention(MegatronModule):
         inference_params=None,
     ) -> tuple[Tensor, Tensor | None]:
         """hidden_states [s(/tp under SP), b, h] -> (output [s(/tp), b, h], bias [h] or None)."""
-        if inference_context is not None or inference_params is not None:
-            raise ValueError("inference_context is not supported by gigatron's attention yet")
+        inference_context = inference_context if inference_context is not None else inference_params
         if packed_seq_params is not None or attention_bias is not None:
             raise ValueError("packed_seq_params / attention_bias are not supported by gigatron")
         query, key, value = self.get_query_key_value_tensors(hidden_states, key_value_states)
@@ -147,11 +146,28 @@ class Attention(MegatronModule):
             if not isinstance(rotary_pos_emb, tuple):
                 rotary_pos_emb = (rotary_pos_emb, rotary_pos_emb)
             q_pos_emb, k_pos_emb = rotary_pos_emb
+            if inference_context is not None:  # angles cover max_sequence_length positions
+                start = inference_context.sequence_len_offset
+                q_pos_emb = q_pos_emb[start : start + query.size(0)]
+                k_pos_emb = k_pos_emb[start : start + key.size(0)]
             query = apply_rotary_pos_emb(query, q_pos_emb, config=self.config)
             key = apply_rotary_pos_emb(key, k_pos_emb, config=self.config)
+        if inference_context is not None:
+            key, value = self._adjust_key_value_for_inference(inference_context, key, value)
         context = self._core_attention(query, key, value, attention_mask, self.attn_mask_type)
         output, bias = self.linear_proj(context)  # [sq, b, np*hn] -> [sq(/tp), b, h]
         return output, bias
+
+    def _adjust_key_value_for_inference(self, inference_context, key, value):
+        """Append this step's rotated keys and values [s, b, ng, hn] to the static KV cache and
+        return all cached ones [sk, b, ng, hn]. A causal mask (None given) then lines the new
+        queries up with the last s keys, which both core attentions do for sq < sk."""
+        if self.attention_type != "self":
+            raise ValueError(
+                f"inference_context with {self.attention_type} attention is not supported by "
+                "gigatron (self-attention only)"
+            )
+        return inference_context.append_key_value(self.layer_number, key, value)
 
 
 class SelfAttention(Attention):

@@ -10,6 +10,7 @@ Shapes: b: micro-batch, s: seq, h: hidden, V: (padded) vocabulary, tp: tensor-pa
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from gigatron.core import parallel_state
@@ -146,6 +147,9 @@ class GPTModel(LanguageModule):
         """input_ids/position_ids [b, s], attention_mask bool [b|1, 1, s, s] (True = masked) or
         None (causal) -> logits [b, s, V/tp], or loss [b, s] fp32 when labels [b, s] are given,
         or hidden states [s, b, h] on stages without post_process."""
+        inference_context = inference_context if inference_context is not None else inference_params
+        if inference_context is not None:
+            position_ids = _inference_position_ids(self, inference_context, input_ids, position_ids)
         if decoder_input is None and self.pre_process:
             decoder_input = self.embedding(input_ids=input_ids, position_ids=position_ids)
         rotary_pos_emb = None
@@ -164,6 +168,9 @@ class GPTModel(LanguageModule):
         )  # [s(/tp), b, h]
         if not self.post_process:
             return hidden_states
+        if inference_context is not None and not self.training:
+            if inference_context.materialize_only_last_token_logits:
+                hidden_states = hidden_states[-1:]  # [1, b, h]: all a sampler needs
         output_weight = None
         if self.share_embeddings_and_output_weights:
             output_weight = self.shared_embedding_or_output_weight()
@@ -181,3 +188,17 @@ class GPTModel(LanguageModule):
 
         stacked = bool((metadata or {}).get("stacked", False))
         return megatron_sharded_keys(self, prefix=prefix, stacked=stacked)
+
+
+def _inference_position_ids(model, inference_context, input_ids, position_ids):
+    """Positions of the new tokens under a KV cache: offset .. offset+s-1 unless given."""
+    if model.config.sequence_parallel:
+        raise ValueError(
+            "inference_context needs sequence_parallel (True) off: one decoded token cannot be "
+            "split over TP ranks (gigatron/core/models/gpt/gpt_model.py)"
+        )
+    if position_ids is not None or input_ids is None:
+        return position_ids
+    start = inference_context.sequence_len_offset
+    positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+    return positions[None].expand(input_ids.shape[0], -1)  # [b, s]

@@ -1,0 +1,91 @@
+"""Per-request sampling settings.
+
+Mirrors `megatron.core.inference.sampling_params.SamplingParams` (same field names and
+defaults as Megatron Core 0.16). Megatron's rules are kept: `top_k == 1` is greedy decoding,
+`top_k > 0` and `top_p > 0` together are an error, `termination_id` None means the tokenizer's
+end-of-document id. Fields gigatron does not implement (`top_n_logprobs`, `stop_words`,
+`return_segments`, `skip_prompt_log_probs`) raise ValueError when set to a non-default value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["SamplingParams"]
+
+_FILE = "gigatron/core/inference/sampling_params.py"
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token and when to stop."""
+
+    temperature: float = 1.0
+    """Logits are divided by this before top-k / top-p filtering (must be > 0)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0: off; 1: greedy argmax)."""
+    top_p: float = 0.0
+    """Keep the smallest set of tokens whose probabilities sum to >= top_p (0: off)."""
+    return_log_probs: bool = False
+    """Return log p(token) of each generated token (from the unscaled logits)."""
+    skip_prompt_log_probs: bool = False
+    """Megatron field; gigatron returns generated-token log probs only."""
+    return_segments: bool = False
+    """Megatron field (per-token detokenized pieces); not supported."""
+    num_tokens_to_generate: int = 30
+    """New tokens per prompt (at most; generation stops early at termination_id)."""
+    num_tokens_total: int | None = None
+    """Prompt + new tokens per prompt, instead of num_tokens_to_generate."""
+    termination_id: int | None = None
+    """Stop a prompt when this id is sampled (None: the tokenizer's eod)."""
+    top_n_logprobs: int = 0
+    """Megatron field; not supported."""
+    return_prompt_top_n_logprobs: bool = False
+    """Megatron field (deprecated there); not supported."""
+    add_BOS: bool = False
+    """Prepend the tokenizer's BOS id to each prompt."""
+    stop_words: list[str] | None = None
+    """Megatron field; not supported."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field, its value and the rule."""
+        if not self.temperature > 0.0:
+            raise ValueError(f"temperature ({self.temperature}) must be > 0 ({_FILE})")
+        if self.top_k < 0:
+            raise ValueError(f"top_k ({self.top_k}) must be >= 0 ({_FILE})")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise ValueError(f"top_p ({self.top_p}) must be in [0, 1] ({_FILE})")
+        if self.top_k > 0 and self.top_p > 0.0:
+            raise ValueError(
+                f"top_k ({self.top_k}) and top_p ({self.top_p}) cannot both be > 0 "
+                f"(Megatron's rule) ({_FILE})"
+            )
+        if self.num_tokens_total is not None and self.num_tokens_total < 1:
+            raise ValueError(f"num_tokens_total ({self.num_tokens_total}) must be >= 1 ({_FILE})")
+        if self.num_tokens_total is None and self.num_tokens_to_generate < 0:
+            raise ValueError(
+                f"num_tokens_to_generate ({self.num_tokens_to_generate}) must be >= 0 ({_FILE})"
+            )
+        for name in ("top_n_logprobs", "stop_words", "return_segments", "skip_prompt_log_probs"):
+            default = {f.name: f.default for f in dataclasses.fields(self)}[name]
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"{name} ({getattr(self, name)!r}) is not supported by gigatron ({_FILE})"
+                )
+
+    @property
+    def greedy(self) -> bool:
+        return self.top_k == 1
+
+    def add_attributes(self, attribute_value_pair: dict) -> None:
+        """Set several fields at once (Megatron's helper), then re-validate."""
+        for key, value in attribute_value_pair.items():
+            setattr(self, key, value)
+        self.validate()
+
+    def serialize(self) -> dict:
+        return dict(self.__dict__)

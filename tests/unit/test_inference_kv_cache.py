@@ -1,0 +1,150 @@
+"""KV-cache decoding equals recomputing the full sequence: logits (fp32, 1e-5) for a prefill,
+a multi-token chunk and single-token steps, and greedy tokens of `generate` for a batch of
+prompts of different lengths. Styles: MHA + learned positions + tied embeddings (local spec),
+GQA + RoPE + RMSNorm + SwiGLU (fast SDPA spec). Also: termination id, InferenceParams alias."""
+
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from gigatron.core import parallel_state, tensor_parallel
+from gigatron.core.inference import StaticInferenceContext, generate
+from gigatron.core.inference_params import InferenceParams
+from gigatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_fast_spec,
+    get_gpt_layer_local_spec,
+)
+from gigatron.core.models.gpt.gpt_model import GPTModel
+from gigatron.core.transformer.transformer_config import TransformerConfig
+
+V = 64
+STYLES = {
+    "mha_learned": (
+        dict(num_attention_heads=4, activation_func=F.gelu),
+        dict(position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True),
+        get_gpt_layer_local_spec,
+    ),
+    "gqa_rope": (
+        dict(
+            num_attention_heads=4,
+            num_query_groups=2,
+            normalization="RMSNorm",
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            add_bias_linear=False,
+        ),
+        dict(position_embedding_type="rope", rotary_base=100),
+        get_gpt_layer_fast_spec,
+    ),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def gloo_world():
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
+        )
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def single_rank():
+    parallel_state.initialize_model_parallel(1, 1)
+    tensor_parallel.model_parallel_cuda_manual_seed(123)
+    yield
+    parallel_state.destroy_model_parallel()
+
+
+def _model(style):
+    config_kw, model_kw, spec = STYLES[style]
+    torch.manual_seed(0)
+    config = TransformerConfig(
+        num_layers=2,
+        hidden_size=32,
+        ffn_hidden_size=64,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+        **config_kw,
+    )
+    model = GPTModel(config, spec(), vocab_size=V, max_sequence_length=32, **model_kw)
+    return model.eval()
+
+
+def _full_logits(model, tokens):
+    with torch.no_grad():
+        return model(tokens, None, None)  # [b, t, V], causal mask built inside
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_cached_logits_equal_full_recompute(style):
+    model = _model(style)
+    tokens = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(1))
+    full = _full_logits(model, tokens)  # [2, 12, V]
+    ctx = StaticInferenceContext(max_batch_size=2, max_sequence_length=12)
+    ctx.materialize_only_last_token_logits = False  # compare every position of each chunk
+    with torch.no_grad():
+        for start, end in [(0, 5), (5, 8), (8, 9), (9, 10), (10, 11), (11, 12)]:
+            got = model(tokens[:, start:end], None, None, inference_context=ctx)
+            ctx.increment_sequence_len_offset(end - start)
+            torch.testing.assert_close(got, full[:, start:end], rtol=0, atol=1e-5)
+    key, value = ctx.key_value_memory_dict[1]
+    ng = STYLES[style][0].get("num_query_groups", 4)
+    assert key.shape == value.shape == (12, 2, ng, 8)  # [max_s, max_b, ng, hn]
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_greedy_generate_equals_recompute_loop(style):
+    model = _model(style)
+    prompts = [[3, 14, 15, 9, 2, 6], [5, 35, 8]]  # different lengths in one batch
+    results = generate(model, None, prompts, top_k=1, num_tokens_to_generate=7)
+    for prompt, result in zip(prompts, results):
+        tokens = torch.tensor([prompt])
+        for _ in range(7):
+            nxt = _full_logits(model, tokens)[:, -1].argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, nxt], dim=1)
+        assert result.prompt_tokens == prompt
+        assert result.generated_tokens == tokens[0, len(prompt) :].tolist()
+        assert not result.stopped_on_termination
+
+
+def test_last_token_logits_only_by_default():
+    model = _model("gqa_rope")
+    tokens = torch.randint(0, V, (1, 6), generator=torch.Generator().manual_seed(2))
+    ctx = InferenceParams(max_batch_size=1, max_sequence_length=8)
+    assert isinstance(ctx, StaticInferenceContext)
+    with torch.no_grad():
+        got = model(tokens, None, None, inference_params=ctx)  # legacy keyword
+    assert got.shape == (1, 1, V)
+    torch.testing.assert_close(got[:, 0], _full_logits(model, tokens)[:, -1], rtol=0, atol=1e-5)
+
+
+def test_stops_at_termination_id():
+    model = _model("mha_learned")
+    prompt = [7, 1, 22]
+    free = generate(model, None, [prompt], top_k=1, num_tokens_to_generate=8)[0]
+    stop_id = free.generated_tokens[2]
+    first = free.generated_tokens.index(stop_id)
+    out = generate(
+        model, None, [prompt, [9, 9]], top_k=1, num_tokens_to_generate=8, termination_id=stop_id
+    )
+    assert out[0].stopped_on_termination
+    assert out[0].generated_tokens == free.generated_tokens[: first + 1]
+    assert len(out[1].generated_tokens) == 8 or out[1].stopped_on_termination
+
+
+def test_cache_overflow_and_sequence_parallel_errors():
+    model = _model("mha_learned")
+    ctx = StaticInferenceContext(max_batch_size=1, max_sequence_length=4)
+    with pytest.raises(ValueError, match="max_sequence_length"):
+        with torch.no_grad():
+            model(torch.zeros(1, 5, dtype=torch.long), None, None, inference_context=ctx)
+    with pytest.raises(ValueError, match="max_sequence_length"):
+        generate(model, None, [[1] * 30], top_k=1, num_tokens_to_generate=5)
