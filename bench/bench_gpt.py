@@ -118,7 +118,7 @@ def build_model(shape: dict, a):
     return model.to(device=a.device, dtype=dtype), cfg
 
 
-def gpt_loss(model, tokens, pos, labels, *, chunked: bool) -> torch.Tensor:
+def gpt_loss(model, tokens, pos, labels, *, chunked: bool, recompute: bool = False):
     """Mean LM loss. `chunked`: GPTModel.forward up to the decoder, then the chunked output-layer
     cross entropy (what GPTModel should call behind a config switch; see docs/performance.md)."""
     if not chunked:
@@ -138,7 +138,7 @@ def gpt_loss(model, tokens, pos, labels, *, chunked: bool) -> torch.Tensor:
         else model.output_layer.weight
     )
     loss = chunked_linear_cross_entropy(
-        hidden, weight, labels, sequence_parallel=cfg.sequence_parallel
+        hidden, weight, labels, sequence_parallel=cfg.sequence_parallel, recompute=recompute
     )  # [b, s]
     return loss.mean()
 
@@ -158,7 +158,9 @@ def _args(argv=None):
         help="layer compile without graph breaks; auto: on at TP=1 (async TP collectives break)",
     )
     p.add_argument("--inductor-tuning", action="store_true", help="coordinate-descent tuning")
-    p.add_argument("--ce", choices=["plain", "chunked"], help="default: per --impl")
+    p.add_argument(
+        "--ce", choices=["plain", "chunked", "chunked-recompute"], help="default: per --impl"
+    )
     p.add_argument("--sdpa", default=None, help="comma list, e.g. cudnn,flash ('default': torch)")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallelism (TP > 1)")
@@ -225,7 +227,10 @@ class _Step:
             self.ddp.zero_grad_buffer()
         self.opt.zero_grad(set_to_none=True)
         with self.sdpa_ctx():
-            loss = self.loss_fn(self.model, *self.batch, chunked=self.a.ce == "chunked")
+            ce = self.a.ce
+            loss = self.loss_fn(
+                self.model, *self.batch, chunked=ce != "plain", recompute=ce == "chunked-recompute"
+            )
         loss.backward()
         if self.ddp is not None:
             self.ddp.finish_grad_sync()

@@ -29,7 +29,7 @@ def _case(s, b, h, vocab, dtype, device, seed=0):
     return hidden, weight, labels, grad
 
 
-def _run_both(hidden, weight, labels, grad, chunk_size, compiled=False):
+def _run_both(hidden, weight, labels, grad, chunk_size, compiled=False, recompute=False):
     out = []
     for fn in ("plain", "chunked"):
         x = hidden.detach().clone().requires_grad_()
@@ -38,17 +38,20 @@ def _run_both(hidden, weight, labels, grad, chunk_size, compiled=False):
             loss = _plain(x, w, labels)
         else:
             loss = chunked_linear_cross_entropy(
-                x, w, labels, chunk_size=chunk_size, compiled=compiled
+                x, w, labels, chunk_size=chunk_size, compiled=compiled, recompute=recompute
             )
         (loss * grad).sum().backward()
         out.append((loss.detach(), x.grad, w.grad))
     return out
 
 
+@pytest.mark.parametrize("recompute", [False, True])
 @pytest.mark.parametrize("chunk_size", [5, 16, 1000])
-def test_chunked_matches_plain_cpu(chunk_size):
+def test_chunked_matches_plain_cpu(chunk_size, recompute):
     hidden, weight, labels, grad = _case(8, 3, 16, 50, torch.float32, "cpu")
-    (l0, dx0, dw0), (l1, dx1, dw1) = _run_both(hidden, weight, labels, grad, chunk_size)
+    (l0, dx0, dw0), (l1, dx1, dw1) = _run_both(
+        hidden, weight, labels, grad, chunk_size, recompute=recompute
+    )
     torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dw1, dw0, rtol=1e-5, atol=1e-5)
@@ -60,7 +63,7 @@ def test_bad_labels_shape():
         chunked_linear_cross_entropy(hidden, weight, labels.t())
 
 
-def _tp_worker(sequence_parallel):
+def _tp_worker(sequence_parallel, recompute):
     import torch.distributed as dist
 
     from gigatron.core import parallel_state
@@ -79,7 +82,7 @@ def _tp_worker(sequence_parallel):
     x_in = hidden[rank * s // 2 : (rank + 1) * s // 2] if sequence_parallel else hidden
     x = x_in.clone().requires_grad_()
     loss = chunked_linear_cross_entropy(
-        x, w, labels, chunk_size=6, sequence_parallel=sequence_parallel
+        x, w, labels, chunk_size=6, sequence_parallel=sequence_parallel, recompute=recompute
     )
     (loss * grad).sum().backward()
     torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-5)
@@ -91,16 +94,19 @@ def _tp_worker(sequence_parallel):
     return float(loss.detach().sum())
 
 
-@pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_chunked_tp2_matches_unsharded(sequence_parallel):
-    results = run_distributed(_tp_worker, 2, args=(sequence_parallel,), timeout=120)
+@pytest.mark.parametrize("sequence_parallel,recompute", [(False, False), (True, True)])
+def test_chunked_tp2_matches_unsharded(sequence_parallel, recompute):
+    results = run_distributed(_tp_worker, 2, args=(sequence_parallel, recompute), timeout=120)
     assert results[0] == pytest.approx(results[1])
 
 
 @pytest.mark.gpu
-def test_chunked_matches_plain_cuda_bf16_compiled():
+@pytest.mark.parametrize("recompute", [False, True])
+def test_chunked_matches_plain_cuda_bf16_compiled(recompute):
     hidden, weight, labels, grad = _case(512, 4, 256, 8192, torch.bfloat16, "cuda")
-    (l0, dx0, dw0), (l1, dx1, dw1) = _run_both(hidden, weight, labels, grad, 700, compiled=True)
+    (l0, dx0, dw0), (l1, dx1, dw1) = _run_both(
+        hidden, weight, labels, grad, 700, compiled=True, recompute=recompute
+    )
     torch.testing.assert_close(l1, l0, rtol=2e-3, atol=2e-3)
     for got, want in ((dx1, dx0), (dw1, dw0)):
         rel = (got.float() - want.float()).norm() / want.float().norm()
@@ -108,11 +114,12 @@ def test_chunked_matches_plain_cuda_bf16_compiled():
     # No full-batch fp32 logits: once compiled (warm-up call first, compile-time benchmarking
     # allocates too), the peak extra memory stays under the fp32 logits' 4 * N * V bytes.
     x = hidden.detach().clone().requires_grad_()
-    chunked_linear_cross_entropy(x, weight, labels, chunk_size=256).sum().backward()
+    kw = dict(chunk_size=256, recompute=recompute)
+    chunked_linear_cross_entropy(x, weight, labels, **kw).sum().backward()
     torch.cuda.synchronize()
     x.grad = None
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    chunked_linear_cross_entropy(x, weight, labels, chunk_size=256).sum().backward()
+    chunked_linear_cross_entropy(x, weight, labels, **kw).sum().backward()
     extra = torch.cuda.max_memory_allocated() - base
     assert extra < 4 * hidden.shape[0] * hidden.shape[1] * weight.shape[0]

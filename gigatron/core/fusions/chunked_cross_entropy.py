@@ -10,13 +10,13 @@ per-row max and sum of exp in fp32 (one all-reduce each over TP), loss = lse - z
 unscaled logit gradient D_c = softmax_c - onehot_c written into one [N, V/tp] buffer in the
 logits dtype. The fp32 logits of the whole batch never exist: fp32 appears only per chunk (and
 not at all when the elementwise helpers are compiled: they upcast in registers).
-Backward scales D by the per-token incoming gradient, then dX = D W and dW = D^T X (two big
-matmuls, no recompute of the logits).
+Backward applies the per-token incoming gradient g on the narrow side: dX = diag(g) (D W) and
+dW = D^T (diag(g) X) (two big matmuls, no pass over D, no recompute of the logits). With
+`recompute=True` D is not kept: backward rebuilds it chunk by chunk (one more logits matmul).
 
 Shapes: N: tokens (s*b), h: hidden, V: vocabulary, tp: tensor-parallel size, c: chunk tokens.
 Memory: D costs N*V/tp elements of the logits dtype (bf16: half of the fp32 logits the plain
-path keeps for its backward). The function consumes D in backward: double backward through it
-(retain_graph and backward twice) is not supported.
+path keeps for its backward); `recompute=True` keeps only x, W and the fp32 log-sum-exp [N].
 """
 
 from __future__ import annotations
@@ -60,48 +60,74 @@ def _helpers(compiled: bool):
     return _HELPERS[key]
 
 
+def _chunk_stats(x_c, weight, target_c, owned_c, tp_group, helpers):
+    """One chunk's logits [c, V/tp], log-sum-exp [c] and loss [c] (2 all-reduces under TP)."""
+    row_max_fn, row_stats_fn, _ = helpers
+    logits = torch.matmul(x_c, weight.t())  # [c, V/tp]
+    row_max = row_max_fn(logits)  # [c]
+    if tp_group is not None:
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=tp_group)
+    stats = row_stats_fn(logits, row_max, target_c, owned_c)  # [c, 2]
+    if tp_group is not None:
+        dist.all_reduce(stats, group=tp_group)
+    lse = row_max + stats[:, 1].log()  # [c]
+    return logits, lse, lse - row_max - stats[:, 0]
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Per-token loss of `x W^T` against global targets, vocabulary split over `tp_group`.
 
     forward:  x [N, h], W [V/tp, h], target [N] -> per chunk: matmul, all-reduce MAX,
               all-reduce SUM of (z_target, sum exp) -> loss fp32 [N]; keeps D [N, V/tp]
-    backward: grad [N] -> D *= grad -> dX = D W [N, h] (partial over TP: the caller's mapping
-              reduces it), dW = D^T X [V/tp, h] (no comm)
+              (with `recompute`: keeps only the log-sum-exp [N])
+    backward: grad g [N] -> dX = diag(g) (D W) [N, h] (partial over TP: the caller's mapping
+              reduces it), dW = D^T (diag(g) X) [V/tp, h] (no comm). Scaling the [N, h] sides
+              instead of D saves a pass over the [N, V/tp] buffer. With `recompute`, D is rebuilt
+              chunk by chunk from x, W and the saved log-sum-exp (one more logits matmul).
     """
 
     @staticmethod
-    def forward(ctx, x, weight, target, chunk_size, tp_group, compiled):
-        row_max_fn, row_stats_fn, logit_grad_fn = _helpers(compiled)
-        tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
+    def forward(ctx, x, weight, target, chunk_size, tp_group, compiled, recompute):
+        helpers = _helpers(compiled)
         tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
         n_tokens, vocab_per_rank = x.size(0), weight.size(0)
         start = tp_rank * vocab_per_rank
         owned = (target >= start) & (target < start + vocab_per_rank)  # [N]
         local_target = torch.where(owned, target - start, torch.zeros_like(target))
         loss = torch.empty(n_tokens, dtype=torch.float32, device=x.device)
-        grad_logits = torch.empty(n_tokens, vocab_per_rank, dtype=x.dtype, device=x.device)
+        lse_all = torch.empty(n_tokens, dtype=torch.float32, device=x.device)
+        grad_logits = None
+        if not recompute:
+            grad_logits = torch.empty(n_tokens, vocab_per_rank, dtype=x.dtype, device=x.device)
         for lo in range(0, n_tokens, chunk_size):
             hi = min(n_tokens, lo + chunk_size)
-            logits = torch.matmul(x[lo:hi], weight.t())  # [c, V/tp]
-            row_max = row_max_fn(logits)  # [c]
-            if tp_size > 1:
-                dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=tp_group)
-            stats = row_stats_fn(logits, row_max, local_target[lo:hi], owned[lo:hi])  # [c, 2]
-            if tp_size > 1:
-                dist.all_reduce(stats, group=tp_group)
-            lse = row_max + stats[:, 1].log()  # [c]
-            loss[lo:hi] = lse - row_max - stats[:, 0]
-            grad_logits[lo:hi] = logit_grad_fn(logits, lse, local_target[lo:hi], owned[lo:hi])
-        ctx.save_for_backward(x, weight, grad_logits)
+            t_c, o_c = local_target[lo:hi], owned[lo:hi]
+            logits, lse, loss_c = _chunk_stats(x[lo:hi], weight, t_c, o_c, tp_group, helpers)
+            loss[lo:hi], lse_all[lo:hi] = loss_c, lse
+            if not recompute:
+                grad_logits[lo:hi] = helpers[2](logits, lse, t_c, o_c)
+        ctx.chunk_size, ctx.compiled, ctx.recompute = chunk_size, compiled, recompute
+        ctx.save_for_backward(x, weight, grad_logits, lse_all, local_target, owned)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        x, weight, grad_logits = ctx.saved_tensors
-        grad_logits.mul_(grad_loss.to(grad_logits.dtype).unsqueeze(-1))  # [N, V/tp], in place
-        grad_x = grad_logits.matmul(weight)  # [N, h]
-        grad_weight = grad_logits.t().matmul(x)  # [V/tp, h]
-        return grad_x, grad_weight, None, None, None, None
+        x, weight, grad_logits, lse_all, local_target, owned = ctx.saved_tensors
+        g = grad_loss.to(x.dtype).unsqueeze(-1)  # [N, 1]
+        if not ctx.recompute:
+            grad_x = grad_logits.matmul(weight).mul_(g)  # [N, h]
+            grad_weight = grad_logits.t().matmul(x * g)  # [V/tp, h]
+            return grad_x, grad_weight, None, None, None, None, None
+        logit_grad_fn = _helpers(ctx.compiled)[2]
+        grad_x = torch.empty_like(x)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for lo in range(0, x.size(0), ctx.chunk_size):
+            hi = min(x.size(0), lo + ctx.chunk_size)
+            logits = torch.matmul(x[lo:hi], weight.t())  # [c, V/tp], recomputed
+            d = logit_grad_fn(logits, lse_all[lo:hi], local_target[lo:hi], owned[lo:hi])
+            grad_x[lo:hi] = d.matmul(weight).mul_(g[lo:hi])
+            grad_weight.add_(d.t().matmul(x[lo:hi] * g[lo:hi]))
+        return grad_x, grad_weight.to(weight.dtype), None, None, None, None, None
 
 
 def chunked_linear_cross_entropy(
@@ -113,6 +139,7 @@ def chunked_linear_cross_entropy(
     sequence_parallel: bool = False,
     tp_group=None,
     compiled: bool | None = None,
+    recompute: bool = False,
 ) -> Tensor:
     """Per-token fp32 loss [b, s] of `hidden_states` [s(/tp), b, h] through the output weight.
 
@@ -121,6 +148,8 @@ def chunked_linear_cross_entropy(
     sequence slice [s/tp, b, h] (it is all-gathered, its gradient reduce-scattered), as in
     ColumnParallelLinear. `tp_group=None` means parallel_state's TP group (or none when
     parallel_state is not initialized). `compiled=None` compiles the elementwise helpers on CUDA.
+    `recompute=True` keeps no [N, V/tp] buffer between forward and backward (the logits are
+    recomputed chunk by chunk in backward: one more logits matmul, less peak memory).
     Same result as GPTModel's output_layer + vocab_parallel_cross_entropy (no label smoothing).
     """
     from gigatron.core import parallel_state
@@ -155,5 +184,7 @@ def chunked_linear_cross_entropy(
     s = hidden_states.size(0)
     x = hidden_states.reshape(s * b, h)  # [N, h], token n = i*b + j for (seq i, batch j)
     target = labels.transpose(0, 1).reshape(s * b)  # [N] in the same order
-    loss = _ChunkedLinearCrossEntropy.apply(x, weight, target, chunk_size, tp_group, compiled)
+    loss = _ChunkedLinearCrossEntropy.apply(
+        x, weight, target, chunk_size, tp_group, compiled, recompute
+    )
     return loss.view(s, b).transpose(0, 1).contiguous()  # [b, s]
