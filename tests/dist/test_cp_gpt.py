@@ -1,0 +1,184 @@
+"""GPTModel under context parallelism on gloo ranks: CP = 2 and 4 with each cp_comm_type, and
+CP x TP = 2 x 2, give the same logits, per-token loss and gradients (summed over CP, as DDP's
+DP x CP reduction does) as the one-rank model built from the same weights (fp32, 1e-5).
+
+Models: Llama style (RoPE, GQA 8 heads / 4 groups, RMSNorm, SwiGLU) and GPT-2 style (learned
+positions, tied embeddings, explicit causal mask, which causal CP attention ignores as TE does).
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from gigatron.core import parallel_state as ps
+from gigatron.core import tensor_parallel
+from gigatron.core.models.common.tp_state_dict import shard_for_rank
+from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from gigatron.core.models.gpt.gpt_model import GPTModel
+from gigatron.core.transformer.context_parallel import (
+    ContextParallelAttention,
+    get_pos_emb_on_this_cp_rank,
+)
+from gigatron.core.transformer.context_parallel._layout import zigzag_positions
+from gigatron.core.transformer.transformer_config import TransformerConfig
+from gigatron.core.utils import get_batch_on_this_cp_rank
+from gigatron.testing import run_distributed
+
+V, S, B = 64, 16, 2
+STYLES = {
+    "llama": dict(
+        config=dict(
+            num_layers=2,
+            hidden_size=32,
+            num_attention_heads=8,
+            num_query_groups=4,
+            ffn_hidden_size=48,
+            normalization="RMSNorm",
+            gated_linear_unit=True,
+            activation_func=F.silu,
+            add_bias_linear=False,
+        ),
+        model=dict(position_embedding_type="rope", rotary_base=500),
+    ),
+    "gpt2": dict(
+        config=dict(num_layers=1, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64),
+        model=dict(
+            position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True
+        ),
+    ),
+}
+
+
+def _cp_spec(comm):
+    """The local spec with ContextParallelAttention as core attention (what the spec picks
+    when context_parallel_size > 1)."""
+    spec = copy.deepcopy(get_gpt_layer_local_spec())
+    attn = spec.submodules.self_attention
+    attn.submodules.core_attention = ContextParallelAttention
+    attn.params = {**attn.params, "cp_comm_type": comm}
+    return spec
+
+
+def _build(style, tp=1, cp=1, comm=None):
+    cfg = TransformerConfig(
+        **STYLES[style]["config"],
+        tensor_model_parallel_size=tp,
+        context_parallel_size=cp,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+    )
+    spec = get_gpt_layer_local_spec() if cp == 1 else _cp_spec(comm)
+    model = GPTModel(cfg, spec, V, S, **STYLES[style]["model"])
+    if cp > 1 and model.position_embedding_type == "rope":
+        _zigzag_rope(model)
+    return model
+
+
+def _zigzag_rope(model):
+    """Slice the RoPE table to this rank's zigzag positions unless RotaryEmbedding already does
+    (the integration edit in rotary_pos_embedding.py)."""
+    rope, forward = model.rotary_pos_emb, model.rotary_pos_emb.forward
+
+    def sliced(max_seq_len, offset=0, packed_seq=False):
+        emb = forward(max_seq_len, offset, packed_seq)
+        if emb.shape[0] == max_seq_len:
+            emb = get_pos_emb_on_this_cp_rank(emb, 0, ps.get_context_parallel_group())
+        return emb
+
+    rope.forward = sliced
+
+
+def _causal_mask():
+    return torch.ones(1, 1, S, S, dtype=torch.bool).triu(1)
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, V, (B, S), generator=g)
+    labels = torch.randint(0, V, (B, S), generator=g)
+    weights = torch.rand(B, S, generator=g)
+    return dict(tokens=ids, labels=labels, weights=weights, position_ids=torch.arange(S)[None])
+
+
+def _run(model, batch, mask):
+    with torch.no_grad():
+        logits = model(batch["tokens"], batch["position_ids"], mask)
+    loss = model(batch["tokens"], batch["position_ids"], mask, labels=batch["labels"])
+    (loss * batch["weights"]).sum().backward()
+    return logits, loss.detach()
+
+
+def _reference(style):
+    torch.manual_seed(0)
+    model = _build(style)
+    batch = _inputs()
+    logits, loss = _run(model, batch, _causal_mask())
+    full = {n: p.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    return full, logits, loss, grads
+
+
+def _check(style, tp, cp, comm, ref):
+    full, ref_logits, ref_loss, ref_grads = ref
+    tp_rank, cp_rank = ps.get_tensor_model_parallel_rank(), ps.get_context_parallel_rank()
+    model = _build(style, tp, cp, comm)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(shard_for_rank(full[name], p, tp_rank, tp))
+    batch = get_batch_on_this_cp_rank(_inputs())
+    mask = get_batch_on_this_cp_rank({"attention_mask": _causal_mask()})["attention_mask"]
+    logits, loss = _run(model, batch, mask)
+    idx = zigzag_positions(cp, cp_rank, S // cp)
+    expected_logits = ref_logits[:, idx].chunk(tp, dim=-1)[tp_rank]
+    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(loss, ref_loss[:, idx], rtol=0, atol=1e-5)
+    errors = {
+        "logits": (logits - expected_logits).abs().max().item(),
+        "loss": (loss - ref_loss[:, idx]).abs().max().item(),
+        "grads": 0.0,
+    }
+    for name, p in params.items():
+        grad = p.grad.clone()
+        dist.all_reduce(grad, group=ps.get_context_parallel_group())  # each CP rank: its tokens
+        expected = shard_for_rank(ref_grads[name], p, tp_rank, tp)
+        torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5, msg=f"{comm} {name}")
+        errors["grads"] = max(errors["grads"], (grad - expected).abs().max().item())
+    return errors
+
+
+def _body(tp, cp, comms, styles):
+    torch.set_num_threads(1)
+    ps.initialize_model_parallel(1)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    refs = {style: _reference(style) for style in styles}
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tp, context_parallel_size=cp)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    return {
+        (style, comm): _check(style, tp, cp, comm, refs[style])
+        for style in styles
+        for comm in comms
+    }
+
+
+ALL = ("p2p", "all_gather", "a2a")
+
+
+@pytest.mark.parametrize(
+    "cp, styles", [(2, ("llama", "gpt2")), (4, ("llama",))], ids=["cp2", "cp4"]
+)
+def test_gpt_context_parallel_matches_cp1(cp, styles):
+    errors = run_distributed(_body, cp, args=(1, cp, ALL, styles), timeout=300)[0]
+    for key, errs in errors.items():
+        assert max(errs.values()) <= 1e-5, (key, errs)
+
+
+def test_gpt_context_parallel_with_tensor_parallel():
+    errors = run_distributed(_body, 4, args=(2, 2, ALL, ("llama",)), timeout=300)[0]
+    for key, errs in errors.items():
+        assert max(errs.values()) <= 1e-5, (key, errs)
