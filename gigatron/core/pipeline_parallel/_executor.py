@@ -56,7 +56,7 @@ class RunSpec:
     forward_only: bool
     collect_non_loss_data: bool
     first_val_step: bool | None
-    warmup: int  # forwards before the first backward (for partial activation checkpoints)
+    warmup: int  # forwards before the first backward (slot grouping, partial checkpoints)
     sync_hooks: bool  # call grad_sync_func / param_sync_func (pipelined schedules)
     interleaved: bool
     comm: P2PCommunicator | None
