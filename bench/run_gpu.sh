@@ -105,6 +105,15 @@ final() {
     --config gpt-1.3b --impl fast --tp 2 --sp --label fast-tp2-sp
 }
 
+# Check of the chunked-CE change after the report's runs (kind nvidia-h200, one GPU).
+check() {
+  run gigatron.log $B --config gpt-125m --impl fast --label fast-ce-v2
+  run gigatron.log $B --config gpt-1.3b --impl fast --ce chunked-recompute --label fast-ce-recompute
+  timeout 60 python3 -m pytest tests/gpu/test_chunked_cross_entropy.py -q -p no:cacheprovider \
+    -k cuda >>"$OUT/tests.log" 2>&1
+  tail -1 "$OUT/tests.log"
+}
+
 multi() {
   unset CUDA_VISIBLE_DEVICES
   local T="torchrun --nproc-per-node 2 --master-port 29621"
@@ -130,11 +139,12 @@ case "${1:-single}" in
     ;;
   multi) multi ;;
   final) final ;;
+  check) check ;;
   round2)
     lane_profiles_gigatron &
     lane_profiles_anchor &
     wait
     ;;
-  *) echo "usage: $0 single|multi|round2|final" && exit 2 ;;
+  *) echo "usage: $0 single|multi|round2|final|check" && exit 2 ;;
 esac
 python3 bench/compare.py "$RES"
