@@ -44,8 +44,6 @@ class LanguageModelEmbedding(MegatronModule):
         super().__init__(config)
         from gigatron.core import tensor_parallel
 
-        if num_tokentypes:
-            raise ValueError(f"num_tokentypes ({num_tokentypes}) > 0 is not supported by gigatron")
         self.vocab_size = vocab_size
         self.max_sequence_length = max_sequence_length
         self.add_position_embedding = position_embedding_type == "learned_absolute"
@@ -69,10 +67,23 @@ class LanguageModelEmbedding(MegatronModule):
             )
             if config.perform_initialization:
                 config.embedding_init_method(self.position_embeddings.weight)
+        self.tokentype_embeddings = None
+        if num_tokentypes > 0:  # BERT's segment A/B embeddings
+            if self.reduce_scatter_embeddings:
+                raise ValueError(
+                    f"num_tokentypes ({num_tokentypes}) > 0 needs position embeddings or "
+                    "sequence_parallel off (the word embeddings are reduce-scattered otherwise)"
+                )
+            self.tokentype_embeddings = torch.nn.Embedding(
+                num_tokentypes, config.hidden_size, dtype=config.params_dtype
+            )
+            if config.perform_initialization:
+                config.embedding_init_method(self.tokentype_embeddings.weight)
         self.embedding_dropout = torch.nn.Dropout(config.hidden_dropout)
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None, tokentype_ids=None) -> Tensor:
-        """input_ids [b, s], position_ids [b, s] (None = 0..s-1) -> [s(/tp), b, h]."""
+        """input_ids [b, s], position_ids [b, s] (None = 0..s-1), tokentype_ids [b, s] (only
+        with num_tokentypes > 0) -> [s(/tp), b, h]."""
         from gigatron.core import tensor_parallel
 
         check_token_ids(input_ids, self.vocab_size)
@@ -86,6 +97,13 @@ class LanguageModelEmbedding(MegatronModule):
                     f"({self.max_sequence_length})"
                 )
             embeddings = embeddings + self.position_embeddings(position_ids)
+        if (tokentype_ids is None) != (self.tokentype_embeddings is None):
+            raise ValueError(
+                f"tokentype_ids must be given exactly when num_tokentypes ({self.num_tokentypes}) "
+                "> 0 (language_model_embedding.py)"
+            )
+        if tokentype_ids is not None:
+            embeddings = embeddings + self.tokentype_embeddings(tokentype_ids)  # [b, s, h]
         if not self.reduce_scatter_embeddings:
             embeddings = embeddings.transpose(0, 1).contiguous()  # [s, b, h]
         if self.config.fp32_residual_connection:

@@ -1,0 +1,202 @@
+"""BERT: embedding (word + position + tokentype) -> bidirectional TransformerBlock -> LM head
+(dense, gelu, layer norm, vocab projection with bias) and the binary (next-sentence) head.
+
+Mirrors `megatron.core.models.bert.bert_model.BertModel`: same constructor, forward and module
+names, so `state_dict()` keys are Megatron's (`embedding.word_embeddings.weight`,
+`encoder.layers.{i}.self_attention.linear_qkv.weight`, `encoder.final_layernorm.weight`,
+`lm_head.dense.weight`, `lm_head.layer_norm.weight`, `output_layer.bias`, `pooler.dense.weight`,
+`binary_head.weight`, ...). The attention mask is Megatron's: `attention_mask` [b, s] (1 = real
+token) becomes the bool [b, 1, s, s] mask `not (m_i and m_j)`, True = masked.
+
+Shapes: b: micro-batch, s: seq, h: hidden, V: (padded) vocabulary, tp: tensor-parallel size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gigatron.core import parallel_state
+from gigatron.core.models.bert.bert_lm_head import BertLMHead
+from gigatron.core.models.bert.pooler import Pooler, get_linear_layer
+from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from gigatron.core.models.common.language_module.language_module import LanguageModule
+from gigatron.core.transformer.enums import ModelType
+from gigatron.core.transformer.transformer_block import TransformerBlock
+
+_POSITION_TYPES = ("learned_absolute", "rope")
+
+
+class BertModel(LanguageModule):
+    """Encoder-only transformer with masked-LM and (optionally) next-sentence heads."""
+
+    def __init__(
+        self,
+        config,
+        num_tokentypes: int,
+        transformer_layer_spec,
+        vocab_size: int,
+        max_sequence_length: int,
+        pre_process: bool = True,
+        post_process: bool = True,
+        fp16_lm_cross_entropy: bool = False,
+        parallel_output: bool = True,
+        share_embeddings_and_output_weights: bool = False,
+        position_embedding_type: str = "learned_absolute",
+        rotary_percent: float = 1.0,
+        seq_len_interpolation_factor: float | None = None,
+        add_binary_head: bool = True,
+        return_embeddings: bool = False,
+        vp_stage: int | None = None,
+        pg_collection=None,
+    ) -> None:
+        super().__init__(config)
+        from gigatron.core import tensor_parallel
+
+        if position_embedding_type not in _POSITION_TYPES:
+            raise ValueError(
+                f"position_embedding_type ({position_embedding_type!r}) must be one of "
+                f"{_POSITION_TYPES} for BertModel"
+            )
+        if return_embeddings and not (post_process and add_binary_head):
+            raise ValueError("return_embeddings=True needs post_process and add_binary_head")
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        if vocab_size % tp != 0:
+            raise ValueError(
+                f"vocab_size ({vocab_size}) must be divisible by tensor_model_parallel_size ({tp})"
+            )
+        self.transformer_layer_spec = transformer_layer_spec
+        self.vocab_size = vocab_size
+        self.max_sequence_length = max_sequence_length
+        self.pre_process, self.post_process = pre_process, post_process
+        self.fp16_lm_cross_entropy = fp16_lm_cross_entropy
+        self.parallel_output = parallel_output
+        self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
+        self.position_embedding_type = position_embedding_type
+        self.add_binary_head = add_binary_head
+        self.return_embeddings = return_embeddings
+        self.vp_stage = vp_stage
+        self.model_type = ModelType.encoder_or_decoder
+
+        if pre_process:
+            self.embedding = LanguageModelEmbedding(
+                config=config,
+                vocab_size=vocab_size,
+                max_sequence_length=max_sequence_length,
+                position_embedding_type=position_embedding_type,
+                num_tokentypes=num_tokentypes,
+            )
+        if position_embedding_type == "rope":
+            self.rotary_pos_emb = RotaryEmbedding(
+                kv_channels=config.kv_channels,
+                rotary_percent=rotary_percent,
+                rotary_interleaved=config.rotary_interleaved,
+                seq_len_interpolation_factor=seq_len_interpolation_factor,
+                use_cpu_initialization=config.use_cpu_initialization,
+            )
+        self.encoder = TransformerBlock(
+            config=config,
+            spec=transformer_layer_spec,
+            pre_process=pre_process,
+            post_process=post_process,
+            vp_stage=vp_stage,
+        )
+        if post_process:
+            self.lm_head = BertLMHead(config.hidden_size, config)
+            self.output_layer = tensor_parallel.ColumnParallelLinear(
+                config.hidden_size,
+                vocab_size,
+                config=config,
+                init_method=config.init_method,
+                bias=True,
+                skip_bias_add=False,
+                gather_output=not parallel_output,
+                skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights,
+            )
+            self.binary_head = None
+            if add_binary_head:
+                self.binary_head = get_linear_layer(
+                    config.hidden_size, 2, config.init_method, config.perform_initialization
+                )
+                self.pooler = Pooler(
+                    config.hidden_size, config.init_method, config, config.sequence_parallel
+                )
+        if pre_process or post_process:
+            self.setup_embeddings_and_output_layer()
+
+    @staticmethod
+    def bert_extended_attention_mask(attention_mask: Tensor) -> Tensor:
+        """attention_mask [b, s] (1 = token, 0 = pad) -> bool [b, 1, s, s], True = masked: a
+        pair is kept only when both the query and the key are real tokens."""
+        pair = attention_mask.unsqueeze(1) * attention_mask.unsqueeze(2)  # [b, s, s]
+        return pair.unsqueeze(1) < 0.5  # [b, 1, s, s]
+
+    @staticmethod
+    def bert_position_ids(token_ids: Tensor) -> Tensor:
+        """[b, s] -> positions 0..s-1 broadcast to [b, s]."""
+        positions = torch.arange(token_ids.size(1), dtype=torch.long, device=token_ids.device)
+        return positions.unsqueeze(0).expand_as(token_ids)
+
+    def set_input_tensor(self, input_tensor) -> None:
+        """Pipeline input of this stage (a one-element list is accepted, as in Megatron)."""
+        if not isinstance(input_tensor, list):
+            input_tensor = [input_tensor]
+        if len(input_tensor) != 1:
+            raise ValueError(f"BertModel expects one input tensor, got {len(input_tensor)}")
+        self.encoder.set_input_tensor(input_tensor[0])
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        tokentype_ids: Tensor | None = None,
+        lm_labels: Tensor | None = None,
+        inference_context=None,
+        *,
+        inference_params=None,
+    ):
+        """input_ids/tokentype_ids [b, s], attention_mask [b, s] (1 = token) ->
+        (logits [b, s, V/tp] or, with lm_labels [b, s], fp32 loss [b, s]; binary logits [b, 2]
+        or None). Stages without post_process return hidden states [s, b, h]."""
+        extended_mask = self.bert_extended_attention_mask(attention_mask)  # [b, 1, s, s]
+        encoder_input = None
+        if self.pre_process:
+            position_ids = self.bert_position_ids(input_ids)
+            encoder_input = self.embedding(
+                input_ids=input_ids, position_ids=position_ids, tokentype_ids=tokentype_ids
+            )  # [s, b, h]
+        rotary_pos_emb = None
+        if self.position_embedding_type == "rope":
+            seq_len = self.rotary_pos_emb.get_rotary_seq_len(
+                None, self.encoder, encoder_input, self.config
+            )
+            rotary_pos_emb = self.rotary_pos_emb(seq_len)
+        hidden_states = self.encoder(
+            hidden_states=encoder_input,
+            attention_mask=extended_mask,
+            rotary_pos_emb=rotary_pos_emb,
+        )  # [s(/tp), b, h]
+        if not self.post_process:
+            return hidden_states
+        pooled = self.pooler(hidden_states, 0) if self.add_binary_head else None  # [b, h]
+        if self.return_embeddings:
+            return _mean_embeddings(hidden_states, attention_mask)
+        output_weight = None
+        if self.share_embeddings_and_output_weights:
+            output_weight = self.shared_embedding_or_output_weight()
+        transformed = self.lm_head(hidden_states=hidden_states)  # [s, b, h]
+        logits, _ = self.output_layer(transformed, weight=output_weight)  # [s, b, V/tp]
+        binary_logits = self.binary_head(pooled) if self.binary_head is not None else None
+        if lm_labels is None:
+            return logits.transpose(0, 1).contiguous(), binary_logits  # [b, s, V/tp], [b, 2]
+        return self.compute_language_model_loss(lm_labels, logits), binary_logits
+
+
+def _mean_embeddings(hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
+    """Mean of each sequence's hidden states without its first and last real token ([CLS],
+    [SEP]), as Megatron's return_embeddings. [s, b, h] -> fp32 [b, h]."""
+    embeddings = hidden_states.transpose(0, 1)  # [b, s, h]
+    lengths = attention_mask.sum(dim=1)  # [b]
+    rows = [emb[1 : int(n) - 1].float().mean(dim=0) for emb, n in zip(embeddings, lengths)]
+    return torch.stack(rows)
