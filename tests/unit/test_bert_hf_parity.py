@@ -10,8 +10,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gigatron.core import parallel_state, tensor_parallel
-from gigatron.core.models.bert import BertModel
-from gigatron.core.models.bert import hf_mapping
+from gigatron.core.models.bert import BertModel, hf_mapping
 from gigatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
 from gigatron.core.models.common.tp_state_dict import load_full_state_dict
 

@@ -82,7 +82,7 @@ def megatron_bert_to_megatron(hf_sd: dict[str, Tensor], num_heads: int) -> dict[
             continue
         for old, new in _LAYER.items():
             if rest.startswith(old):
-                out[f"encoder.layers.{index}.{new}{rest[len(old):]}"] = tensor
+                out[f"encoder.layers.{index}.{new}{rest[len(old) :]}"] = tensor
                 break
         else:
             raise ValueError(f"unmapped MegatronBert key {name!r}")
