@@ -1,0 +1,195 @@
+"""Per-tensor recipes: one Megatron checkpoint key <-> the HF tensors it is made of.
+
+A Recipe holds the HF names, `to_gig(*hf) -> megatron` and its exact inverse
+`to_hf(megatron) -> tuple(hf)`. Both are pure tensor functions, so the same recipe plans shapes on
+meta tensors, converts whole checkpoints one key at a time, and fills a TP/PP-sharded model.
+Layouts (see gigatron.core.models.gpt.hf_mapping): fused QKV rows per query group, GLU fc1
+[all gate; all up], GPT-2 Conv1D weights transposed, embedding/output rows padded with zeros to
+the padded vocabulary. Keys use Megatron's TE-style names (`linear_qkv.layer_norm_weight`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gigatron.core.models.gpt.hf_mapping import qkv_from_megatron, qkv_to_megatron
+
+
+@dataclass(frozen=True)
+class Recipe:
+    key: str
+    hf_keys: tuple[str, ...]
+    to_gig: Callable[..., Tensor]
+    to_hf: Callable[[Tensor], tuple[Tensor, ...]]
+
+
+def _same(key: str, hf_key: str) -> Recipe:
+    return Recipe(key, (hf_key,), lambda t: t, lambda t: (t,))
+
+
+def _transposed(key: str, hf_key: str) -> Recipe:  # GPT-2 Conv1D [in, out] <-> Linear [out, in]
+    return Recipe(key, (hf_key,), lambda t: t.t().contiguous(), lambda t: (t.t().contiguous(),))
+
+
+def _vocab(key: str, hf_key: str, vocab: int, padded: int) -> Recipe:
+    """Vocabulary rows [v, h] <-> [padded, h] (zero rows appended, dropped on export)."""
+
+    def to_gig(t):
+        return F.pad(t, (0, 0, 0, padded - t.shape[0])) if padded > t.shape[0] else t
+
+    return Recipe(key, (hf_key,), to_gig, lambda t: (t[:vocab].contiguous(),))
+
+
+def _qkv(key: str, q: str, k: str, v: str, heads: int, groups: int) -> Recipe:
+    return Recipe(
+        key,
+        (q, k, v),
+        lambda tq, tk, tv: qkv_to_megatron(tq, tk, tv, heads, groups),
+        lambda t: tuple(x.contiguous() for x in qkv_from_megatron(t, heads, groups)),
+    )
+
+
+def _gpt2_qkv(key: str, hf_key: str, heads: int) -> Recipe:
+    """Conv1D c_attn [h, 3h] (or bias [3h]) = [Q | K | V] columns <-> fused rows."""
+
+    def to_gig(t):
+        rows = t.t() if t.dim() == 2 else t  # [3h, h] = [Q; K; V]
+        return qkv_to_megatron(*rows.chunk(3, dim=0), heads, heads).contiguous()
+
+    def to_hf(t):
+        rows = torch.cat(qkv_from_megatron(t, heads, heads), dim=0)
+        return ((rows.t() if rows.dim() == 2 else rows).contiguous(),)
+
+    return Recipe(key, (hf_key,), to_gig, to_hf)
+
+
+def _glu(key: str, gate: str, up: str) -> Recipe:
+    return Recipe(
+        key,
+        (gate, up),
+        lambda g, u: torch.cat([g, u], dim=0),
+        lambda t: tuple(x.contiguous() for x in t.chunk(2, dim=0)),
+    )
+
+
+def gpt2_recipes(spec, names: set[str], padded: int) -> list[Recipe]:
+    """GPT-2 (GPT2LMHeadModel `transformer.` keys or bare GPT2Model keys)."""
+    p = "transformer." if "transformer.wte.weight" in names else ""
+    c = spec.config_kwargs
+    out = [
+        _vocab("embedding.word_embeddings.weight", p + "wte.weight", spec.vocab_size, padded),
+        _same("embedding.position_embeddings.weight", p + "wpe.weight"),
+    ]
+    for i in range(c["num_layers"]):
+        h, g = f"{p}h.{i}.", f"decoder.layers.{i}."
+        for s in ("weight", "bias"):
+            out += [
+                _same(f"{g}self_attention.linear_qkv.layer_norm_{s}", f"{h}ln_1.{s}"),
+                _gpt2_qkv(
+                    f"{g}self_attention.linear_qkv.{s}",
+                    f"{h}attn.c_attn.{s}",
+                    c["num_attention_heads"],
+                ),
+                _lin(f"{g}self_attention.linear_proj.{s}", f"{h}attn.c_proj.{s}"),
+                _same(f"{g}mlp.linear_fc1.layer_norm_{s}", f"{h}ln_2.{s}"),
+                _lin(f"{g}mlp.linear_fc1.{s}", f"{h}mlp.c_fc.{s}"),
+                _lin(f"{g}mlp.linear_fc2.{s}", f"{h}mlp.c_proj.{s}"),
+            ]
+    out += [_same(f"decoder.final_layernorm.{s}", f"{p}ln_f.{s}") for s in ("weight", "bias")]
+    if not spec.tied:
+        out.append(_vocab("output_layer.weight", "lm_head.weight", spec.vocab_size, padded))
+    return out
+
+
+def _lin(key: str, hf_key: str) -> Recipe:
+    return _transposed(key, hf_key) if key.endswith("weight") else _same(key, hf_key)
+
+
+def llama_recipes(spec, names: set[str], padded: int) -> list[Recipe]:
+    """Llama / Mistral / Qwen2 (and Mixtral's attention, norms and embeddings)."""
+    c = spec.config_kwargs
+    heads, groups = c["num_attention_heads"], c["num_query_groups"]
+    out = [
+        _vocab(
+            "embedding.word_embeddings.weight", "model.embed_tokens.weight", spec.vocab_size, padded
+        )
+    ]
+    for i in range(c["num_layers"]):
+        h, g = f"model.layers.{i}.", f"decoder.layers.{i}."
+        a = f"{h}self_attn."
+        out.append(
+            _same(f"{g}self_attention.linear_qkv.layer_norm_weight", f"{h}input_layernorm.weight")
+        )
+        for s in ("weight", "bias"):
+            if f"{a}q_proj.{s}" in names:
+                out.append(
+                    _qkv(
+                        f"{g}self_attention.linear_qkv.{s}",
+                        f"{a}q_proj.{s}",
+                        f"{a}k_proj.{s}",
+                        f"{a}v_proj.{s}",
+                        heads,
+                        groups,
+                    )
+                )
+            if f"{a}o_proj.{s}" in names:
+                out.append(_same(f"{g}self_attention.linear_proj.{s}", f"{a}o_proj.{s}"))
+        if spec.family == "mixtral":
+            from gigatron.convert._moe_recipes import mixtral_mlp_recipes
+
+            out += mixtral_mlp_recipes(spec, i, names)
+            continue
+        out.append(
+            _same(f"{g}mlp.linear_fc1.layer_norm_weight", f"{h}post_attention_layernorm.weight")
+        )
+        for s in ("weight", "bias"):
+            if f"{h}mlp.gate_proj.{s}" in names:
+                out.append(
+                    _glu(f"{g}mlp.linear_fc1.{s}", f"{h}mlp.gate_proj.{s}", f"{h}mlp.up_proj.{s}")
+                )
+            if f"{h}mlp.down_proj.{s}" in names:
+                out.append(_same(f"{g}mlp.linear_fc2.{s}", f"{h}mlp.down_proj.{s}"))
+    out.append(_same("decoder.final_layernorm.weight", "model.norm.weight"))
+    if not spec.tied:
+        out.append(_vocab("output_layer.weight", "lm_head.weight", spec.vocab_size, padded))
+    return out
+
+
+class _Every:
+    """A set containing every name (plans the recipes of every optional tensor)."""
+
+    def __contains__(self, name) -> bool:
+        return True
+
+
+def recipes_for_keys(spec, keys, padded: int | None = None) -> list[Recipe]:
+    """The recipes of the Megatron keys in `keys` (export: keys found in a checkpoint)."""
+    keys = set(keys)
+    fn = gpt2_recipes if spec.family == "gpt2" else llama_recipes
+    return [r for r in fn(spec, _Every(), padded or spec.padded_vocab_size) if r.key in keys]
+
+
+def recipes_for(spec, names, padded: int | None = None) -> list[Recipe]:
+    """All recipes of a model; `names` are the HF tensor names (for optional biases).
+
+    Raises ValueError listing HF tensors no recipe uses, or recipe inputs that are missing.
+    """
+    names = set(names)
+    padded = padded or spec.padded_vocab_size
+    fn = gpt2_recipes if spec.family == "gpt2" else llama_recipes
+    recipes = fn(spec, names, padded)
+    used = {k for r in recipes for k in r.hf_keys}
+    missing = sorted(used - names)
+    # Tied models may still store lm_head.weight (a copy): it is not needed.
+    unused = sorted(names - used - ({"lm_head.weight"} if spec.tied else set()))
+    if missing or unused:
+        raise ValueError(
+            f"{spec.family}: HF tensors missing {missing[:8]} / not mapped {unused[:8]} "
+            "(gigatron/convert/_recipes.py)"
+        )
+    return recipes

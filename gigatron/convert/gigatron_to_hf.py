@@ -1,0 +1,127 @@
+"""gigatron training checkpoint (torch_dist, any layout it was saved at) -> HF safetensors.
+
+No counterpart in megatron.core. Reads the checkpoint one Megatron key at a time (a
+dist_checkpointing load of that global tensor), applies the exact inverse of the import recipe
+(split QKV / GLU, transpose GPT-2 Conv1D weights, drop padded vocabulary rows) and streams the
+HF tensors into safetensors files whose headers were planned from the checkpoint metadata, so
+peak memory is about one tensor. Import then export gives bitwise the original tensors (names,
+dtypes, shapes, bytes). The HF config comes from `hf_config` (a directory or config.json), else
+from config.json next to the checkpoint's tracker, else from the args a converted checkpoint
+stores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from gigatron.convert._recipes import recipes_for_keys
+from gigatron.convert.hf_config import spec_from_hf_config
+from gigatron.convert.hf_io import write_safetensors
+from gigatron.convert.hf_to_gigatron import copy_side_files
+
+
+def find_checkpoint_dir(load: str) -> str:
+    """`load` itself if it is a torch_dist directory, else the one its tracker names."""
+    from gigatron.core.dist_checkpointing import check_is_distributed_checkpoint
+    from gigatron.training import _checkpoint_state as cs
+
+    if check_is_distributed_checkpoint(load):
+        return load
+    found = cs.read_tracker(load)
+    if found is None:
+        raise ValueError(
+            f"{load}: neither a torch_dist checkpoint nor a directory with {cs.TRACKER_FNAME}"
+        )
+    return cs.checkpoint_dir(load, *found)
+
+
+def _hf_config(load: str, ckpt_dir: str, hf_config) -> tuple[dict, str | None]:
+    """(config dict, directory to copy tokenizer files from)."""
+    if isinstance(hf_config, dict):
+        return hf_config, None
+    candidates = [hf_config] if hf_config else [load, os.path.dirname(ckpt_dir.rstrip("/"))]
+    for c in candidates:
+        path = os.path.join(c, "config.json") if os.path.isdir(c) else c
+        if os.path.isfile(path):
+            with open(path) as f:
+                return json.load(f), os.path.dirname(path)
+    if hf_config:
+        raise ValueError(
+            f"hf_config ({hf_config!r}) is neither config.json nor a directory with one"
+        )
+    from gigatron.core.dist_checkpointing import load_common_state_dict
+
+    args = load_common_state_dict(ckpt_dir).get("args")
+    if args is None or not getattr(args, "hf_config_json", None):
+        raise ValueError(
+            f"{load}: no config.json found and the checkpoint args carry none; pass "
+            "hf_config (the original HF directory or its config.json)"
+        )
+    return json.loads(args.hf_config_json), None
+
+
+def _load_global(key: str, meta, ckpt_dir: str) -> torch.Tensor:
+    from gigatron.core import dist_checkpointing
+    from gigatron.core.dist_checkpointing import ShardedTensor
+
+    target = torch.empty(tuple(meta.global_shape), dtype=meta.dtype)
+    request = {key: ShardedTensor.from_rank_offsets(key, target, replica_id=0)}
+    return dist_checkpointing.load(request, ckpt_dir)[key]
+
+
+def convert_gigatron_to_hf(
+    load: str, out_dir: str, *, hf_config=None, max_shard_bytes: int = 5 * 1024**3
+) -> list[str]:
+    """Write `out_dir/model*.safetensors` (+ index), config.json and tokenizer files.
+
+    load: a checkpoint root (with a tracker) or a torch_dist directory. Returns the weight files.
+    """
+    from gigatron.core import dist_checkpointing
+
+    ckpt_dir = find_checkpoint_dir(load)
+    cfg, side_dir = _hf_config(load, ckpt_dir, hf_config)
+    metadata = dist_checkpointing.load_tensors_metadata(ckpt_dir)
+    emb = metadata.get("embedding.word_embeddings.weight")
+    if emb is None:
+        raise ValueError(f"{ckpt_dir}: no embedding.word_embeddings.weight (not a GPT checkpoint?)")
+    spec = spec_from_hf_config(cfg)
+    padded = tuple(emb.global_shape)[0]
+    recipes = recipes_for_keys(spec, metadata, padded)
+    _check_complete(spec, recipes, metadata)
+    plan = []
+    for r in recipes:
+        m = metadata[r.key]
+        outs = r.to_hf(torch.empty(tuple(m.global_shape), dtype=m.dtype, device="meta"))
+        plan += [(k, tuple(t.shape), t.dtype) for k, t in zip(r.hf_keys, outs)]
+
+    def produce():
+        for r in recipes:
+            yield from zip(r.hf_keys, r.to_hf(_load_global(r.key, metadata[r.key], ckpt_dir)))
+
+    os.makedirs(out_dir, exist_ok=True)
+    files = write_safetensors(out_dir, plan, produce(), max_shard_bytes=max_shard_bytes)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+    for src in {side_dir, load, os.path.dirname(ckpt_dir.rstrip("/"))} - {None}:
+        if os.path.isdir(src) and os.path.abspath(src) != os.path.abspath(out_dir):
+            copy_side_files(src, out_dir, with_config=False)
+    return files
+
+
+def _check_complete(spec, recipes, metadata) -> None:
+    """Every model tensor of the checkpoint must be exported (none silently dropped)."""
+    from gigatron.convert._recipes import _Every, gpt2_recipes, llama_recipes
+
+    fn = gpt2_recipes if spec.family == "gpt2" else llama_recipes
+    possible = {r.key for r in fn(spec, _Every(), spec.padded_vocab_size)}
+    model_keys = {k for k in metadata if k.startswith(("embedding.", "decoder.", "output_layer."))}
+    unknown = sorted(model_keys - possible - ({"output_layer.weight"} if spec.tied else set()))
+    if unknown:
+        raise ValueError(f"checkpoint tensors with no HF mapping for {spec.family}: {unknown[:8]}")
+    needed = {r.key for r in fn(spec, _Every(), spec.padded_vocab_size)}
+    absent = sorted(k for k in needed - set(metadata) if not k.endswith(".bias"))
+    if absent:
+        raise ValueError(f"checkpoint lacks tensors the {spec.family} model needs: {absent[:8]}")

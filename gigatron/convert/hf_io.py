@@ -1,0 +1,214 @@
+"""Streaming safetensors I/O: read tensors as file-backed memory maps, write one tensor at a time.
+
+No counterpart in megatron.core (Megatron's HF bridges load whole state dicts). The safetensors
+format is an 8-byte little-endian header length, a JSON header
+`{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}` padded with
+spaces to a multiple of 8, then the raw little-endian bytes. Reading maps each tensor's byte
+range with NumPy (`np.memmap`), so a tensor costs page cache, not process memory; writing plans
+every file's header from (name, shape, dtype) first and then streams the bytes, so a model larger
+than memory converts. Sharded models use `model.safetensors.index.json`
+(`{"metadata": {"total_size"}, "weight_map": {name: file}}`), as transformers writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import torch
+
+INDEX_FNAME = "model.safetensors.index.json"
+SINGLE_FNAME = "model.safetensors"
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+# NumPy has no bf16/fp8: those are mapped as same-width integers and viewed back in torch.
+_NP_SAME_WIDTH = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _read_header(path: str) -> tuple[dict, int]:
+    """(JSON header, byte offset where the data section starts)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return header, 8 + n
+
+
+class HFReader:
+    """The tensors of a HF model directory (`model.safetensors` or an index + shards).
+
+    `shape_dtype(name)` reads the header only; `get(name)` returns a read-only, file-backed
+    tensor (zero copy: its bytes are paged in from the file when touched).
+    """
+
+    def __init__(self, hf_dir: str):
+        self.hf_dir = hf_dir
+        index = os.path.join(hf_dir, INDEX_FNAME)
+        if os.path.exists(index):
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+        elif os.path.exists(os.path.join(hf_dir, SINGLE_FNAME)):
+            weight_map = None
+        else:
+            found = sorted(os.listdir(hf_dir)) if os.path.isdir(hf_dir) else "not a directory"
+            raise ValueError(
+                f"{hf_dir}: no {SINGLE_FNAME} or {INDEX_FNAME} (found {found}); only safetensors "
+                "checkpoints are read (no pickle)"
+            )
+        self._entries: dict[str, tuple[str, dict, int]] = {}
+        self.file_metadata: dict = {}
+        files = sorted(set(weight_map.values())) if weight_map else [SINGLE_FNAME]
+        for fname in files:
+            path = os.path.join(hf_dir, fname)
+            header, start = _read_header(path)
+            self.file_metadata = header.pop("__metadata__", None) or self.file_metadata
+            for name, info in header.items():
+                self._entries[name] = (path, info, start)
+        if weight_map is not None:
+            missing = sorted(set(weight_map) - set(self._entries))
+            if missing:
+                raise ValueError(f"{INDEX_FNAME} names tensors absent from the shards: {missing}")
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def shape_dtype(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
+        _, info, _ = self._entry(name)
+        return tuple(info["shape"]), _dtype(info["dtype"])
+
+    def meta(self, name: str) -> torch.Tensor:
+        """An empty meta tensor with the stored shape and dtype (for shape planning)."""
+        shape, dtype = self.shape_dtype(name)
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    def get(self, name: str) -> torch.Tensor:
+        """The stored tensor, memory-mapped read-only from its file."""
+        path, info, start = self._entry(name)
+        shape, dtype = tuple(info["shape"]), _dtype(info["dtype"])
+        begin, end = info["data_offsets"]
+        width = torch.empty((), dtype=dtype).element_size()
+        count = (end - begin) // width
+        if count == 0:
+            return torch.empty(shape, dtype=dtype)
+        arr = np.memmap(
+            path, dtype=_NP_SAME_WIDTH[width], mode="r", offset=start + begin, shape=(count,)
+        )
+        import warnings
+
+        with warnings.catch_warnings():  # read-only mapping: torch warns, we never write to it
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.from_numpy(arr)
+        return flat.view(dtype).view(shape)
+
+    def _entry(self, name: str):
+        if name not in self._entries:
+            raise KeyError(f"tensor {name!r} is not in {self.hf_dir}")
+        return self._entries[name]
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"safetensors dtype {name!r} is not supported (known: {sorted(_DTYPES)})")
+    return _DTYPES[name]
+
+
+def _nbytes(shape, dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+
+
+def _header_bytes(plan: list[tuple[str, tuple, torch.dtype]], metadata: dict) -> bytes:
+    header, offset = {"__metadata__": metadata}, 0
+    for name, shape, dtype in plan:
+        n = _nbytes(shape, dtype)
+        header[name] = {
+            "dtype": _NAMES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + n],
+        }
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data section 8-byte aligned, as safetensors writes it
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def write_safetensors(
+    out_dir: str,
+    plan: list[tuple[str, tuple, torch.dtype]],
+    produce: Iterable[tuple[str, torch.Tensor]],
+    *,
+    max_shard_bytes: int = 5 * 1024**3,
+    metadata: dict | None = None,
+) -> list[str]:
+    """Write tensors in `plan` order, each produced once by `produce` (same order).
+
+    plan: [(name, shape, dtype)] known up front (headers are written first). Files are split at
+    `max_shard_bytes` (`model-0000i-of-0000n.safetensors` + index), or one `model.safetensors`.
+    Returns the file names written.
+    """
+    metadata = {"format": "pt", **(metadata or {})}
+    shards: list[list] = [[]]
+    size = 0
+    for entry in plan:
+        n = _nbytes(entry[1], entry[2])
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(entry)
+        size += n
+    if len(shards) == 1:
+        names = [SINGLE_FNAME]
+    else:
+        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    it = iter(produce)
+    for fname, shard in zip(names, shards):
+        with open(os.path.join(out_dir, fname), "wb") as f:
+            f.write(_header_bytes(shard, metadata))
+            for name, shape, dtype in shard:
+                got_name, tensor = next(it)
+                if got_name != name or tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+                    raise ValueError(
+                        f"write_safetensors: produced {got_name} {tuple(tensor.shape)} "
+                        f"{tensor.dtype}, planned {name} {tuple(shape)} {dtype}"
+                    )
+                _write_tensor(f, tensor)
+            f.flush()
+            os.fsync(f.fileno())
+    if len(shards) > 1:
+        total = sum(_nbytes(s, d) for _, s, d in plan)
+        weight_map = {name: fname for fname, shard in zip(names, shards) for name, _, _ in shard}
+        with open(os.path.join(out_dir, INDEX_FNAME), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    return names
+
+
+def _write_tensor(f, tensor: torch.Tensor) -> None:
+    t = tensor.detach().to("cpu").contiguous()
+    if t.numel():
+        f.write(t.view(-1).view(torch.uint8).numpy().tobytes())
+
+
+def iter_planned(
+    plan: list[tuple[str, tuple, torch.dtype]], make: Callable[[str], torch.Tensor]
+) -> Iterable[tuple[str, torch.Tensor]]:
+    """(name, make(name)) in plan order (a helper for write_safetensors)."""
+    for name, _, _ in plan:
+        yield name, make(name)

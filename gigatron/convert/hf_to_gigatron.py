@@ -1,0 +1,221 @@
+"""HF model directory -> gigatron training checkpoint (torch_dist), or straight into a model.
+
+No counterpart in megatron.core (Megatron ships converters under tools/checkpoint). Output layout
+is the one `gigatron.training.checkpointing` reads: `<out>/release/` (a torch_dist checkpoint
+holding `model`, `args`, `checkpoint_version`, `iteration`) and `latest_checkpointed_iteration.txt`
+= `release` (Megatron's convention: loading it is always a fine-tune start). Every tensor is stored
+as one global tensor, so the checkpoint loads at any TP x PP (x EP) layout; the target TP only
+decides the vocabulary padding. config.json, tokenizer files and `gigatron_flags.txt` (the
+`gigatron train` model flags) are copied / written next to the tracker.
+
+Memory: HF tensors are memory-mapped; tensors that need a transform (fused QKV, GLU fc1, GPT-2
+transposes, vocab padding) are computed one at a time into a scratch safetensors file, which is
+memory-mapped back for the save, so peak memory is about one tensor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+
+import torch
+
+from gigatron.convert._recipes import recipes_for
+from gigatron.convert.hf_config import HFModelSpec, read_hf_config, spec_from_hf_config
+from gigatron.convert.hf_io import HFReader, iter_planned, write_safetensors
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+FLAGS_FNAME = "gigatron_flags.txt"
+_SCRATCH = ".convert_scratch"
+
+
+def copy_side_files(src_dir: str, out_dir: str, *, with_config: bool = True) -> list[str]:
+    """Copy config.json (optional) and the tokenizer / generation files present in src_dir."""
+    names = (("config.json",) if with_config else ()) + TOKENIZER_FILES
+    copied = []
+    for name in names:
+        src = os.path.join(src_dir, name)
+        if os.path.exists(src):
+            shutil.copyfile(src, os.path.join(out_dir, name))
+            copied.append(name)
+    return copied
+
+
+def _gather_inputs(reader: HFReader, recipe, meta: bool):
+    return [reader.meta(k) if meta else reader.get(k) for k in recipe.hf_keys]
+
+
+def megatron_tensors(reader: HFReader, recipes, scratch_dir: str) -> dict[str, torch.Tensor]:
+    """{Megatron key: file-backed tensor}: renames map the HF file, transforms the scratch file."""
+    direct, plan = {}, []
+    for r in recipes:
+        inputs = _gather_inputs(reader, r, meta=True)
+        out = r.to_gig(*inputs)
+        if any(out is t for t in inputs):
+            direct[r.key] = reader.get(r.hf_keys[[out is t for t in inputs].index(True)])
+        else:
+            plan.append((r.key, tuple(out.shape), out.dtype))
+    if not plan:
+        return direct
+    os.makedirs(scratch_dir, exist_ok=True)
+    by_key = {r.key: r for r in recipes}
+    write_safetensors(
+        scratch_dir,
+        plan,
+        iter_planned(plan, lambda k: by_key[k].to_gig(*_gather_inputs(reader, by_key[k], False))),
+        max_shard_bytes=1 << 62,
+    )
+    scratch = HFReader(scratch_dir)
+    return {**direct, **{k: scratch.get(k) for k, _, _ in plan}}
+
+
+def _sharded_model_dict(tensors: dict[str, torch.Tensor]) -> dict:
+    from gigatron.core.dist_checkpointing import ShardedTensor
+
+    vocab_keys = ("embedding.word_embeddings.weight", "output_layer.weight")
+    return {
+        k: ShardedTensor.from_rank_offsets(k, t, replica_id=0, allow_shape_mismatch=k in vocab_keys)
+        for k, t in tensors.items()
+    }
+
+
+def _checkpoint_args(spec: HFModelSpec, tp: int, pp: int, ep: int, divisible_by: int):
+    return argparse.Namespace(
+        **spec.training_args(),
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+        make_vocab_size_divisible_by=divisible_by,
+        hf_model_type=spec.family,
+        hf_config_json=json.dumps(spec.hf_config, sort_keys=True),
+    )
+
+
+def convert_hf_to_gigatron(
+    hf_dir: str,
+    out_dir: str,
+    *,
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    expert_model_parallel_size: int = 1,
+    make_vocab_size_divisible_by: int = 128,
+) -> HFModelSpec:
+    """Write `out_dir/release` + tracker from the HF model in `hf_dir`; returns the spec.
+
+    The layout sizes are checked against the model (divisibility) and recorded in the args; the
+    checkpoint itself loads at any layout (dist_checkpointing reshards).
+    """
+    from gigatron.core import dist_checkpointing
+    from gigatron.training._checkpoint_state import CHECKPOINT_VERSION, TRACKER_FNAME
+
+    tp, pp, ep = (
+        tensor_model_parallel_size,
+        pipeline_model_parallel_size,
+        expert_model_parallel_size,
+    )
+    spec = spec_from_hf_config(
+        read_hf_config(hf_dir),
+        tensor_model_parallel_size=tp,
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+    )
+    # The config's own checks reject a layout the model cannot take (heads % tp, layers % pp ...).
+    spec.transformer_config(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+        pipeline_dtype=torch.float32,
+    )
+    if spec.config_kwargs["num_layers"] % pp:
+        raise ValueError(
+            f"num_layers ({spec.config_kwargs['num_layers']}) must be divisible by "
+            f"pipeline_model_parallel_size ({pp})"
+        )
+    reader = HFReader(hf_dir)
+    recipes = recipes_for(spec, reader.keys())
+    ckpt_dir = os.path.join(out_dir, "release")
+    scratch = os.path.join(out_dir, _SCRATCH)
+    os.makedirs(ckpt_dir, exist_ok=True)
+    try:
+        tensors = megatron_tensors(reader, recipes, scratch)
+        state = {
+            "model": _sharded_model_dict(tensors),
+            "args": _checkpoint_args(spec, tp, pp, ep, make_vocab_size_divisible_by),
+            "checkpoint_version": CHECKPOINT_VERSION,
+            "iteration": 0,
+            "num_floating_point_operations_so_far": 0,
+        }
+        dist_checkpointing.save(state, ckpt_dir)
+        del tensors, state
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    with open(os.path.join(out_dir, TRACKER_FNAME), "w") as f:
+        f.write("release")
+    copy_side_files(hf_dir, out_dir)
+    with open(os.path.join(out_dir, FLAGS_FNAME), "w") as f:
+        f.write(" ".join(spec.training_flags()) + "\n")
+    return spec
+
+
+def _unwrap(chunk):
+    while hasattr(chunk, "module"):  # DDP / Float16Module wrappers
+        chunk = chunk.module
+    return chunk
+
+
+def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
+    """Fill this rank's GPTModel chunks (any TP x PP x VP layout) from a HF directory.
+
+    Each rank reads only the tensors of its own layers (memory-mapped) and copies its TP shard
+    (Megatron's rule: tp * stride slices, this rank's every tp-th). Call it after the model is
+    built and before training; with a mixed-precision optimizer call
+    `optimizer.reload_model_params()` afterwards so the fp32 main copies follow.
+    """
+    from gigatron.core import parallel_state as ps
+    from gigatron.core.models.gpt._checkpoint_keys import megatron_sharded_keys
+
+    chunks = [
+        _unwrap(c) for c in (model_chunks if isinstance(model_chunks, list) else [model_chunks])
+    ]
+    tp_size = ps.get_tensor_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+    tp_rank = ps.get_tensor_model_parallel_rank() if ps.model_parallel_is_initialized() else 0
+    reader = HFReader(hf_dir)
+    spec = spec_from_hf_config(read_hf_config(hf_dir))
+    for chunk in chunks:
+        entries = megatron_sharded_keys(chunk)
+        vocab_entry = entries.get("embedding.word_embeddings.weight") or entries.get(
+            "output_layer.weight"
+        )
+        padded = None
+        if vocab_entry is not None:
+            local = vocab_entry.tensor.shape[0]
+            padded = local * tp_size if vocab_entry.tp_axis == 0 else local
+        by_key = {r.key: r for r in recipes_for(spec, reader.keys(), padded)}
+        if spec.tied and "output_layer.weight" not in by_key:
+            by_key["output_layer.weight"] = by_key["embedding.word_embeddings.weight"]
+        with torch.no_grad():
+            for key, entry in entries.items():
+                if key not in by_key:
+                    raise ValueError(f"load_hf_into_model: {key} has no HF source in {hf_dir}")
+                recipe = by_key[key]
+                full = recipe.to_gig(*_gather_inputs(reader, recipe, meta=False))
+                entry.tensor.data.copy_(_tp_shard(full, entry, tp_rank, tp_size))
+    return spec
+
+
+def _tp_shard(full: torch.Tensor, entry, tp_rank: int, tp_size: int) -> torch.Tensor:
+    if entry.tp_axis is None or tp_size == 1:
+        return full
+    pieces = torch.chunk(full, tp_size * entry.tp_stride, dim=entry.tp_axis)
+    return torch.cat(pieces[tp_rank::tp_size], dim=entry.tp_axis)

@@ -1,0 +1,82 @@
+"""Tiny random-weight HF models saved by `transformers` (safetensors), one per family, shared by
+the convert tests; plus checks that the fixtures are what they claim (sharded index, dtypes)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
+VOCAB = 100  # padded to 128 (x TP) by gigatron: padding is exercised
+
+
+def hf_config(family: str):
+    import transformers as t
+
+    common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    if family == "gpt2":
+        return t.GPT2Config(
+            n_layer=2,
+            n_embd=32,
+            n_head=4,
+            n_positions=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
+    llama_like = dict(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        **common,
+    )
+    if family == "llama":
+        return t.LlamaConfig(rope_theta=5000.0, **llama_like)
+    if family == "mistral":
+        return t.MistralConfig(sliding_window=None, head_dim=8, **llama_like)
+    if family == "qwen2":
+        return t.Qwen2Config(rope_theta=20000.0, **{**llama_like, "tie_word_embeddings": True})
+    if family == "mixtral":
+        return t.MixtralConfig(
+            num_local_experts=4, num_experts_per_tok=2, sliding_window=None, **llama_like
+        )
+    raise ValueError(family)
+
+
+def make_hf_model(family: str, path: str, *, seed: int = 0, max_shard_size=None):
+    """Save a random-weight model (norms and biases randomised too) to `path`; returns it."""
+    import transformers as t
+
+    torch.manual_seed(seed)
+    cls = {
+        "gpt2": t.GPT2LMHeadModel,
+        "llama": t.LlamaForCausalLM,
+        "mistral": t.MistralForCausalLM,
+        "qwen2": t.Qwen2ForCausalLM,
+        "mixtral": t.MixtralForCausalLM,
+    }[family]
+    model = cls(hf_config(family)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:  # HF inits norms to 1 / biases to 0: make their mapping observable
+                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name or "ln" in name else 0))
+    kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, safe_serialization=True, **kw)
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"model_max_length": 64}, f)  # stands in for tokenizer files (carried along)
+    return model
+
+
+def test_sharded_fixture_has_index(tmp_path):
+    pytest.importorskip("transformers")
+    make_hf_model("llama", str(tmp_path), max_shard_size="20KB")
+    with open(tmp_path / "model.safetensors.index.json") as f:
+        files = set(json.load(f)["weight_map"].values())
+    assert len(files) > 1
