@@ -112,8 +112,22 @@ def _one_rank_contract():
     )  # fmt: skip
     assert all(torch.isfinite(p.grad).all() and (p.grad == 0).all() for p in model.parameters())
 
-    # grad_scale_func scales what backward starts from
-    config = _Config(grad_scale_func=lambda loss: loss * 8.0)
+    # grad_scale_func scales what backward starts from; timers see every phase
+    timed = []
+
+    class _Timer:
+        def __init__(self, name):
+            self.name = name
+
+        def start(self, barrier=False):
+            timed.append(("start", self.name))
+
+        def stop(self):
+            timed.append(("stop", self.name))
+
+    config = _Config(
+        grad_scale_func=lambda loss: loss * 8.0, timers=lambda n, log_level=0: _Timer(n)
+    )
     model = Chunk(config, Full(3), 0, L, True, True)
     forward_backward_no_pipelining(
         forward_step_func=partial(_step, "three"), data_iterator=iter(data), model=model,
@@ -121,6 +135,9 @@ def _one_rank_contract():
     )  # fmt: skip
     for p, g in zip(model.parameters(), _expected_grads(data, "three")):
         _close(p.grad, g * 8.0)
+    assert timed[0] == ("start", "forward-backward") and timed[-1] == ("stop", "forward-backward")
+    for name in ("forward-compute", "backward-compute"):
+        assert timed.count(("start", name)) == timed.count(("stop", name)) == M
 
     # collect_non_loss_data / loss_func None / forward_only: raw results stored, no grads
     config = _Config(finalize_model_grads_func=finalize)
