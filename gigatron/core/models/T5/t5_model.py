@@ -1,0 +1,295 @@
+"""T5: a shared embedding feeding a bidirectional encoder and a causal decoder with cross
+attention to the encoder output, then the LM head.
+
+Mirrors `megatron.core.models.T5.t5_model` (T5Model, T5LMHead, t5_extended_attention_mask,
+t5_position_ids): same constructor, forward, masks (bool, True = masked; the local layers take
+[b, 1, sq, sk] masks) and module names, so `state_dict()` keys are Megatron's
+(`embedding.word_embeddings.weight`, `encoder.layers.{i}.*`, `decoder.layers.{i}.cross_attention.
+linear_q.weight`, `decoder.final_layernorm.weight`, `lm_head.output_layer.bias`, ...).
+
+Pipeline parallelism splits the model between encoder and decoder (Megatron's encoder-decoder
+split): a stage built with add_decoder=False runs the whole encoder and sends its output; a stage
+built with add_encoder=False receives it as `set_input_tensor([encoder_output])` and runs the
+decoder (embedding its own decoder tokens: pre_process=True there too, the word embedding shared
+with the encoder stage through the embedding group). Position embedding type 'relative' needs
+attention_bias, which gigatron's attention does not take: ValueError.
+
+Shapes: b: micro-batch, se / sd: encoder / decoder seq, h: hidden, V: (padded) vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from gigatron.core import parallel_state
+from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from gigatron.core.models.common.language_module.language_module import LanguageModule
+from gigatron.core.transformer.enums import ModelType
+from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.transformer_block import TransformerBlock
+
+_POSITION_TYPES = ("learned_absolute", "rope")
+
+
+class T5LMHead(MegatronModule):
+    """Decoder hidden states [sd, b, h] -> logits [sd, b, V/tp]. With tied weights the layer has
+    a bias and borrows the word-embedding weight (Megatron's arrangement)."""
+
+    def __init__(
+        self,
+        config,
+        parallel_output: bool,
+        vocab_size: int,
+        pre_process: bool = True,
+        share_embeddings_and_output_weights: bool = False,
+        tp_group=None,
+    ):
+        super().__init__(config)
+        from gigatron.core import tensor_parallel
+
+        self.parallel_output = parallel_output
+        self.output_layer = tensor_parallel.ColumnParallelLinear(
+            config.hidden_size,
+            vocab_size,
+            config=config,
+            init_method=config.init_method,
+            bias=share_embeddings_and_output_weights,
+            skip_bias_add=not share_embeddings_and_output_weights,
+            gather_output=not parallel_output,
+            skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights,
+        )
+
+    def forward(self, hidden_states: Tensor, word_embeddings_weight: Tensor | None) -> Tensor:
+        logits, _ = self.output_layer(hidden_states, weight=word_embeddings_weight)
+        return logits
+
+
+class T5Model(LanguageModule):
+    """Encoder-decoder transformer language model (Megatron's T5)."""
+
+    def __init__(
+        self,
+        config,
+        encoder_config,
+        transformer_encoder_layer_spec,
+        transformer_decoder_layer_spec,
+        vocab_size: int,
+        max_sequence_length: int,
+        pre_process: bool = True,
+        post_process: bool = True,
+        fp16_lm_cross_entropy: bool = False,
+        parallel_output: bool = True,
+        share_embeddings_and_output_weights: bool = False,
+        position_embedding_type: str = "learned_absolute",
+        rotary_percent: float = 1.0,
+        seq_len_interpolation_factor: float | None = None,
+        relative_attention_num_buckets: int = 32,
+        relative_attention_max_distance: int = 128,
+        add_encoder: bool = True,
+        add_decoder: bool = True,
+        pg_collection=None,
+    ) -> None:
+        super().__init__(config)
+        if position_embedding_type not in _POSITION_TYPES:
+            raise ValueError(
+                f"position_embedding_type ({position_embedding_type!r}) must be one of "
+                f"{_POSITION_TYPES} in gigatron's T5Model ('relative' needs attention_bias)"
+            )
+        if not (add_encoder or add_decoder):
+            raise ValueError("T5Model needs add_encoder or add_decoder (or both) to be True")
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        if vocab_size % tp != 0:
+            raise ValueError(
+                f"vocab_size ({vocab_size}) must be divisible by tensor_model_parallel_size ({tp})"
+            )
+        self.encoder_config = encoder_config
+        self.transformer_encoder_layer_spec = transformer_encoder_layer_spec
+        self.transformer_decoder_layer_spec = transformer_decoder_layer_spec
+        self.vocab_size = vocab_size
+        self.max_sequence_length = max_sequence_length
+        self.pre_process, self.post_process = pre_process, post_process
+        self.add_encoder, self.add_decoder = add_encoder, add_decoder
+        self.fp16_lm_cross_entropy = fp16_lm_cross_entropy
+        self.parallel_output = parallel_output
+        self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
+        self.position_embedding_type = position_embedding_type
+        self.encoder_hidden_state = None
+        self.model_type = ModelType.encoder_or_decoder
+        self.xattn_needed = True
+
+        self.position_embeddings = None
+        if pre_process:
+            self.embedding = LanguageModelEmbedding(
+                config=config,
+                vocab_size=vocab_size,
+                max_sequence_length=max_sequence_length,
+                position_embedding_type=position_embedding_type,
+            )
+            if position_embedding_type == "learned_absolute":
+                self.position_embeddings = self.embedding.position_embeddings
+        if position_embedding_type == "rope":
+            self.rotary_pos_emb = RotaryEmbedding(
+                kv_channels=config.kv_channels,
+                rotary_percent=rotary_percent,
+                rotary_interleaved=config.rotary_interleaved,
+                seq_len_interpolation_factor=seq_len_interpolation_factor,
+                use_cpu_initialization=config.use_cpu_initialization,
+            )
+        self.encoder = None
+        if add_encoder:
+            # Under the encoder/decoder pipeline split the encoder ends on its stage: it keeps
+            # its final norm even where the stage has no post_process.
+            self.encoder = TransformerBlock(
+                config=encoder_config,
+                spec=transformer_encoder_layer_spec,
+                pre_process=pre_process,
+                post_process=post_process or not add_decoder,
+            )
+        self.decoder = None
+        if add_decoder:
+            self.decoder = TransformerBlock(
+                config=config,
+                spec=transformer_decoder_layer_spec,
+                pre_process=pre_process,
+                post_process=post_process,
+            )
+        if post_process:
+            self.lm_head = T5LMHead(
+                config,
+                parallel_output,
+                vocab_size,
+                pre_process,
+                share_embeddings_and_output_weights,
+            )
+            self.output_layer = self.lm_head.output_layer
+        if pre_process or post_process:
+            self.setup_embeddings_and_output_layer()
+
+    def setup_embeddings_and_output_layer(self) -> None:
+        """Megatron's tying, plus the encoder/decoder split: both stages embed tokens, so both
+        word embeddings (and position embeddings) start equal (rank-0 stage's copy) and are
+        flagged so their grads get summed over the embedding group."""
+        split = self.config.pipeline_model_parallel_size > 1 and self.pre_process
+        if not split:
+            super().setup_embeddings_and_output_layer()
+            return
+        self.embedding.word_embeddings.weight.is_embedding_or_output_parameter = True
+        for weight in self._split_shared_weights():
+            weight.shared_embedding = True
+            if dist.is_initialized() and parallel_state.is_rank_in_embedding_group():
+                group = parallel_state.get_embedding_group()
+                with torch.no_grad():
+                    dist.broadcast(weight.data, dist.get_global_rank(group, 0), group=group)
+
+    def _split_shared_weights(self) -> list[Tensor]:
+        weights = [self.embedding.word_embeddings.weight]
+        if self.position_embeddings is not None:
+            weights.append(self.position_embeddings.weight)
+        return weights
+
+    def set_input_tensor(self, input_tensor) -> None:
+        """Encoder stage: its pipeline input. Decoder-only stage: [encoder output] or
+        [decoder input, encoder output]."""
+        if not isinstance(input_tensor, list):
+            input_tensor = [input_tensor]
+        if self.add_encoder:
+            if len(input_tensor) != 1:
+                raise ValueError(f"encoder stage expects one input tensor, got {len(input_tensor)}")
+            self.encoder.set_input_tensor(input_tensor[0])
+            return
+        if len(input_tensor) == 2:
+            self.decoder.set_input_tensor(input_tensor[0])
+            self.encoder_hidden_state = input_tensor[1]
+        elif len(input_tensor) == 1:
+            self.decoder.set_input_tensor(None)
+            self.encoder_hidden_state = input_tensor[0]
+        else:
+            raise ValueError(f"decoder stage expects 1 or 2 input tensors, got {len(input_tensor)}")
+
+    def _rotary(self, block, hidden):
+        if self.position_embedding_type != "rope":
+            return None
+        return self.rotary_pos_emb(
+            self.rotary_pos_emb.get_rotary_seq_len(None, block, hidden, self.config)
+        )
+
+    def forward(
+        self,
+        encoder_input_ids: Tensor,
+        decoder_input_ids: Tensor,
+        encoder_attn_mask: Tensor | None,
+        decoder_attn_mask: Tensor | None,
+        encoder_decoder_attn_mask: Tensor | None,
+        lm_labels: Tensor | None = None,
+        encoder_hidden_states: Tensor | None = None,
+        output_encoder_hidden_only: bool = False,
+        inference_context=None,
+        packed_seq_params=None,
+        *,
+        inference_params=None,
+    ) -> Tensor:
+        """ids [b, se] / [b, sd]; masks bool [b, 1, se, se], [b, 1, sd, sd], [b, 1, sd, se]
+        (True = masked) -> logits [b, sd, V/tp], or fp32 loss [b, sd] with lm_labels [b, sd];
+        the encoder output [se, b, h] on encoder-only stages or with output_encoder_hidden_only;
+        decoder hidden states [sd, b, h] on decoder stages without post_process."""
+        if packed_seq_params is not None:
+            raise ValueError("packed_seq_params is not supported by gigatron's T5Model")
+        if encoder_hidden_states is None:
+            if self.add_encoder:
+                encoder_input = None
+                if self.pre_process:
+                    encoder_input = self.embedding(
+                        input_ids=encoder_input_ids,
+                        position_ids=t5_position_ids(encoder_input_ids),
+                    )  # [se, b, h]
+                encoder_hidden_states = self.encoder(
+                    hidden_states=encoder_input,
+                    attention_mask=encoder_attn_mask,
+                    rotary_pos_emb=self._rotary(self.encoder, encoder_input),
+                )  # [se, b, h]
+            else:
+                encoder_hidden_states = self.encoder_hidden_state
+        if not self.add_decoder or output_encoder_hidden_only:
+            return encoder_hidden_states
+        decoder_input = None
+        if self.pre_process:
+            decoder_input = self.embedding(
+                input_ids=decoder_input_ids, position_ids=t5_position_ids(decoder_input_ids)
+            )  # [sd, b, h]
+        decoder_hidden_states = self.decoder(
+            hidden_states=decoder_input,
+            attention_mask=decoder_attn_mask,
+            context=encoder_hidden_states,
+            context_mask=encoder_decoder_attn_mask,
+            rotary_pos_emb=self._rotary(self.decoder, decoder_input),
+        )  # [sd, b, h]
+        if not self.post_process:
+            return decoder_hidden_states
+        output_weight = None
+        if self.share_embeddings_and_output_weights:
+            output_weight = self.shared_embedding_or_output_weight()
+        logits = self.lm_head(decoder_hidden_states, word_embeddings_weight=output_weight)
+        if lm_labels is None:
+            return logits.transpose(0, 1).contiguous()  # [b, sd, V/tp]
+        return self.compute_language_model_loss(lm_labels, logits)  # [b, sd]
+
+    def shared_embedding_or_output_weight(self) -> Tensor | None:
+        if self.pre_process:
+            return self.embedding.word_embeddings.weight
+        if self.post_process:
+            return self.lm_head.output_layer.weight
+        return None
+
+
+def t5_extended_attention_mask(attention_mask_list: list) -> list:
+    """[b, sq, sk] masks -> [b, 1, sq, sk] (None stays None)."""
+    return [m.unsqueeze(1) if m is not None else None for m in attention_mask_list]
+
+
+def t5_position_ids(token_ids: Tensor) -> Tensor:
+    """[b, s] -> positions 0..s-1 broadcast to [b, s]."""
+    positions = torch.arange(token_ids.size(1), dtype=torch.long, device=token_ids.device)
+    return positions.unsqueeze(0).expand_as(token_ids)
