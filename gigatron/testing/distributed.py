@@ -43,7 +43,7 @@ def _context():
     return _CTX
 
 
-def _worker(fn, rank, world_size, init_file, backend, timeout, args, kwargs, results):
+def _worker(fn, rank, world_size, init_file, backend, timeout, args, kwargs, results, done):
     import torch
     import torch.distributed as dist
 
@@ -68,6 +68,9 @@ def _worker(fn, rank, world_size, init_file, backend, timeout, args, kwargs, res
         # Plain pickle copies tensors by value; the queue's default reducer would pass them as
         # shared-memory file descriptors, which races with this process exiting.
         results.put(("ok", rank, pickle.dumps(value)))
+        # Stay connected until every rank has reported: a rank that closes its sockets early
+        # can break a peer still inside init_process_group or a final collective.
+        done.wait(timeout)
     except BaseException:  # report everything, including KeyboardInterrupt and SystemExit
         results.put(("error", rank, traceback.format_exc()))
     finally:
@@ -102,12 +105,24 @@ def run_distributed(
     """
     ctx = _context()
     results = ctx.Queue()
+    done = ctx.Event()
     with tempfile.TemporaryDirectory(prefix="gigatron-dist-") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(fn, r, world_size, init_file, backend, timeout, args, kwargs or {}, results),
+                args=(
+                    fn,
+                    r,
+                    world_size,
+                    init_file,
+                    backend,
+                    timeout,
+                    args,
+                    kwargs or {},
+                    results,
+                    done,
+                ),
                 daemon=True,
             )
             for r in range(world_size)
@@ -146,6 +161,7 @@ def run_distributed(
                     raise DistributedTestError(f"rank {rank} of {world_size} failed:\n{value}")
                 values[rank] = pickle.loads(value)
         finally:
+            done.set()
             for p in procs:
                 p.join(timeout=5 if len(values) == world_size else 0.1)
             for p in procs:
