@@ -41,6 +41,9 @@ def add_text_generation_args(parser: argparse.ArgumentParser) -> argparse.Argume
     g.add_argument("--top-p", type=float, default=0.0, help="nucleus sampling mass (0: off)")
     g.add_argument("--greedy", action="store_true", help="argmax decoding (same as --top-k 1)")
     g.add_argument("--return-log-probs", action="store_true", help="print token log probs")
+    g.add_argument(
+        "--use-checkpoint-args", action="store_true", help="Megatron's flag; always on here"
+    )
     return parser
 
 

@@ -148,3 +148,30 @@ def test_cache_overflow_and_sequence_parallel_errors():
             model(torch.zeros(1, 5, dtype=torch.long), None, None, inference_context=ctx)
     with pytest.raises(ValueError, match="max_sequence_length"):
         generate(model, None, [[1] * 30], top_k=1, num_tokens_to_generate=5)
+
+
+class _WordTokenizer:
+    """Ids as words 'w<id>'; eod set by the test; vocab smaller than the padded V."""
+
+    vocab_size = 60
+
+    def __init__(self, eod):
+        self.eod = eod
+
+    def tokenize(self, text):
+        return [int(w[1:]) for w in text.split()]
+
+    def detokenize(self, ids):
+        return "".join(f" w{i}" for i in ids)
+
+
+def test_text_prompts_stop_at_tokenizer_eod():
+    model = _model("gqa_rope")
+    free = generate(model, _WordTokenizer(eod=-1), ["w7 w1 w22"], top_k=1)[0]
+    assert len(free.generated_tokens) == 30 and max(free.generated_tokens) < 60
+    eod = free.generated_tokens[3]
+    out = generate(model, _WordTokenizer(eod=eod), ["w7 w1 w22"], top_k=1)[0]
+    n = free.generated_tokens.index(eod) + 1
+    assert out.stopped_on_termination and out.generated_tokens == free.generated_tokens[:n]
+    assert out.generated_text == "".join(f" w{i}" for i in free.generated_tokens[: n - 1])
+    assert out.text == "w7 w1 w22" + out.generated_text
