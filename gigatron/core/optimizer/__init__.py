@@ -148,12 +148,16 @@ def _get_param_groups(model_chunks, config, config_overrides, no_wd_cond, scale_
 def _torch_optimizer(config: OptimizerConfig, groups: list[dict]) -> torch.optim.Optimizer:
     if config.optimizer == "adam":
         cls = torch.optim.AdamW if config.decoupled_weight_decay else torch.optim.Adam
+        params = [p for g in groups for p in g["params"]]
+        # One fused kernel for the whole step when every parameter is on a GPU.
+        fused = bool(params) and all(p.is_cuda and p.dtype.is_floating_point for p in params)
         return cls(
             groups,
             lr=config.lr,
             weight_decay=config.weight_decay,
             betas=(config.adam_beta1, config.adam_beta2),
             eps=config.adam_eps,
+            **({"fused": True} if fused else {}),
         )
     return torch.optim.SGD(
         groups, lr=config.lr, weight_decay=config.weight_decay, momentum=config.sgd_momentum

@@ -144,6 +144,12 @@ def linear_with_grad_accumulation_and_async_allreduce(
     tp_group = get_tensor_model_parallel_group_if_none(tp_group)
     if group_size(tp_group) == 1:
         allreduce_dgrad = sequence_parallel = False
+    if not (allreduce_dgrad or sequence_parallel) and not (
+        gradient_accumulation_fusion and hasattr(weight, "main_grad")
+    ):
+        # Nothing to communicate or fuse: plain F.linear lets cuBLAS fuse the bias and
+        # torch.compile use its standard backward (same numbers as the Function below).
+        return torch.nn.functional.linear(input, weight, bias)
     return LinearWithGradAccumulationAndAsyncCommunication.apply(
         input,
         weight,

@@ -16,7 +16,12 @@ from gigatron.core.transformer.module import MegatronModule
 
 
 def check_token_ids(input_ids: Tensor, vocab_size: int) -> None:
-    """Raise ValueError naming the first id outside [0, vocab_size). One host sync per call."""
+    """Raise ValueError naming the first id outside [0, vocab_size). One host sync per call.
+
+    Skipped while torch.compile traces (a data-dependent branch would break the graph).
+    """
+    if torch.compiler.is_compiling():
+        return
     lo, hi = torch.aminmax(input_ids)
     lo, hi = int(lo), int(hi)
     if lo < 0 or hi >= vocab_size:
