@@ -121,6 +121,8 @@ class TransformerLayer(MegatronModule):
         self.cross_attn_bda = build_module(submodules.cross_attn_bda, config=config)
         self.pre_mlp_layernorm = build_module(submodules.pre_mlp_layernorm, **norm_kwargs)
         self.mlp = build_module(submodules.mlp, config=config)
+        if hasattr(self.mlp, "set_layer_number"):  # MoE layers file aux losses per layer
+            self.mlp.set_layer_number(self.layer_number)
         self.mlp_bda = build_module(submodules.mlp_bda)
         self.recompute_mlp = (
             config.recompute_granularity == "selective" and "mlp" in config.recompute_modules

@@ -4,7 +4,8 @@
 (causal) with column/row-parallel projections and DotProductAttention, MLP, bias-dropout-add.
 `get_gpt_layer_fast_spec` (gigatron): the same layer and parameter names with the SDPA core
 attention; numerically the same model, tested against the local spec.
-MoE arrives with the MoE issue.
+With `num_experts` the MLP slot holds an MoELayer (`moe_module_specs.get_moe_module_spec`);
+`get_gpt_decoder_block_spec` mixes dense and MoE layers by `config.moe_layer_freq`.
 """
 
 from __future__ import annotations
@@ -31,11 +32,6 @@ LOCAL_SHARDED_KEYS_MAP = {
 
 
 def _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization) -> None:
-    if num_experts is not None or moe_grouped_gemm:
-        raise ValueError(
-            f"num_experts={num_experts}, moe_grouped_gemm={moe_grouped_gemm}: MoE lands with the "
-            "MoE issue; gigatron's GPT specs are dense only for now"
-        )
     if multi_latent_attention:
         raise ValueError("multi_latent_attention=True is not supported by gigatron")
     if normalization not in (None, "LayerNorm", "RMSNorm"):
@@ -44,7 +40,9 @@ def _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization)
         )
 
 
-def _layer_spec(core_attention, qk_layernorm: bool) -> ModuleSpec:
+def _layer_spec(
+    core_attention, qk_layernorm: bool, num_experts=None, moe_grouped_gemm: bool = False
+) -> ModuleSpec:
     from gigatron.core import tensor_parallel
 
     return ModuleSpec(
@@ -64,7 +62,7 @@ def _layer_spec(core_attention, qk_layernorm: bool) -> ModuleSpec:
             ),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=WrappedTorchNorm,
-            mlp=get_mlp_module_spec(),
+            mlp=get_mlp_module_spec(num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm),
             mlp_bda=get_bias_dropout_add,
             sharded_state_dict_keys_map=dict(LOCAL_SHARDED_KEYS_MAP),
         ),
@@ -74,10 +72,14 @@ def _layer_spec(core_attention, qk_layernorm: bool) -> ModuleSpec:
 def get_mlp_module_spec(
     use_te: bool = False, num_experts=None, moe_grouped_gemm: bool = False, **unused
 ) -> ModuleSpec:
-    """Dense MLP spec with column/row-parallel fc1/fc2."""
+    """Dense MLP spec with column/row-parallel fc1/fc2; with `num_experts`, the MoE spec."""
     from gigatron.core import tensor_parallel
 
     _check(num_experts, moe_grouped_gemm, False, None)
+    if num_experts is not None:
+        from gigatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+
+        return get_moe_module_spec(use_te, num_experts, moe_grouped_gemm)
     return ModuleSpec(
         module=MLP,
         submodules=MLPSubmodules(
@@ -102,7 +104,7 @@ def get_gpt_layer_local_spec(
     _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization)
     if qk_l2_norm or use_kitchen or fp8 is not None:
         raise ValueError("qk_l2_norm, use_kitchen and fp8 are not supported by gigatron's specs")
-    return _layer_spec(DotProductAttention, qk_layernorm)
+    return _layer_spec(DotProductAttention, qk_layernorm, num_experts, moe_grouped_gemm)
 
 
 def get_gpt_layer_fast_spec(
@@ -119,7 +121,7 @@ def get_gpt_layer_fast_spec(
     _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization)
     if qk_l2_norm or fp8 is not None:
         raise ValueError("qk_l2_norm and fp8 are not supported by gigatron's specs")
-    return _layer_spec(SDPADotProductAttention, qk_layernorm)
+    return _layer_spec(SDPADotProductAttention, qk_layernorm, num_experts, moe_grouped_gemm)
 
 
 def get_gpt_decoder_block_spec(
@@ -130,7 +132,7 @@ def get_gpt_decoder_block_spec(
     vp_stage: int | None = None,
     pp_rank: int | None = None,
 ):
-    """Per-layer specs of this pipeline stage (dense only until the MoE issue).
+    """Per-layer specs of this pipeline stage: MoE layers where `config.moe_layer_freq` says.
 
     `use_transformer_engine=True` picks gigatron's fast spec (SDPA), the stand-in for Megatron's
     Transformer Engine spec.
@@ -138,14 +140,24 @@ def get_gpt_decoder_block_spec(
     from gigatron.core.transformer.transformer_block import TransformerBlockSubmodules
     from gigatron.core.transformer.transformer_layer import get_num_layers_to_build
 
-    if config.num_moe_experts is not None:
-        _check(config.num_moe_experts, config.moe_grouped_gemm, False, normalization)
     spec_fn = get_gpt_layer_fast_spec if use_transformer_engine else get_gpt_layer_local_spec
-    layer = spec_fn(
+    kwargs = dict(
         qk_layernorm=config.qk_layernorm, normalization=normalization, qk_l2_norm=qk_l2_norm
     )
+    layer = spec_fn(**kwargs)
     num_layers = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
-    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=WrappedTorchNorm)
+    layer_specs = [layer] * num_layers
+    if config.num_moe_experts is not None:
+        from gigatron.core.transformer.moe.moe_utils import get_moe_layer_pattern
+        from gigatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+        moe_layer = spec_fn(
+            num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm, **kwargs
+        )
+        pattern = get_moe_layer_pattern(config)
+        offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
+        layer_specs = [moe_layer if pattern[offset + i] else layer for i in range(num_layers)]
+    return TransformerBlockSubmodules(layer_specs=layer_specs, layer_norm=WrappedTorchNorm)
 
 
 def get_gpt_layer_with_transformer_engine_spec(
