@@ -64,6 +64,29 @@ def _as_list(x, name: str, length: int | None) -> list:
     return items
 
 
+def _check_inputs(kind, model, data_iterator, num_microbatches, adjust_tensor_shapes_fn):
+    """(model chunks, data iterators, config) after the checks that need no communication."""
+    if kind == "interleaved":
+        if not isinstance(model, list) or not isinstance(data_iterator, list):
+            raise ValueError(
+                "the interleaved schedule needs a list of model chunks and a list of data "
+                f"iterators (got {type(model).__name__} and {type(data_iterator).__name__})"
+            )
+        models = model
+        iterators = _as_list(data_iterator, "data_iterator", len(models))
+    else:
+        models = _as_list(model, "model", 1)
+        iterators = _as_list(data_iterator, "data_iterator", 1)
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches ({num_microbatches}) must be >= 1")
+    config = get_model_config(models[0])
+    if getattr(config, "overlap_p2p_comm", False):
+        raise ValueError("overlap_p2p_comm=True is not supported by gigatron's schedules")
+    if adjust_tensor_shapes_fn is not None and kind != "1f1b":
+        raise ValueError(f"adjust_tensor_shapes_fn is only supported by 1F1B (schedule: {kind})")
+    return models, iterators, config
+
+
 def _groups(pg_collection, p2p_communicator):
     """(pp_group, tp_group, cp_group), from pg_collection if given, else parallel_state."""
     if pg_collection is not None:
@@ -74,6 +97,44 @@ def _groups(pg_collection, p2p_communicator):
         parallel_state.get_tensor_model_parallel_group(),
         parallel_state.get_context_parallel_group(),
     )
+
+
+def _table(kind, config, pp_size, pp_rank, num_microbatches, num_chunks, forward_only, *, nccl):
+    """This rank's steps and warmup count; interleaving's extra rules checked first."""
+    if kind == "interleaved":
+        group = config.microbatch_group_size_per_vp_stage or pp_size
+        if nccl and group != pp_size:
+            raise ValueError(
+                f"microbatch_group_size_per_vp_stage ({group}) other than "
+                f"pipeline_model_parallel_size ({pp_size}) is only supported on gloo: its batches "
+                "would wait on each other over NCCL (gigatron/core/pipeline_parallel/schedules.py)"
+            )
+        if nccl and config.variable_seq_lengths and num_microbatches == pp_size > 2:
+            raise ValueError(
+                f"variable_seq_lengths with interleaving over NCCL needs num_microbatches "
+                f"({num_microbatches}) != pipeline_model_parallel_size ({pp_size}) when it is "
+                "> 2: the shapes-first exchange would wait in a circle "
+                "(gigatron/core/pipeline_parallel/schedules.py)"
+            )
+        steps = table.interleaved_table(
+            pp_size, pp_rank, num_microbatches, num_chunks,
+            microbatch_group_size_per_vp_stage=group, forward_only=forward_only,
+        )  # fmt: skip
+        warmup = table.num_warmup_microbatches(
+            pp_size=pp_size, pp_rank=pp_rank, num_microbatches=num_microbatches,
+            num_model_chunks=num_chunks, microbatch_group_size_per_vp_stage=group,
+            interleaved=True,
+        )  # fmt: skip
+        return steps, warmup
+    if kind == "1f1b":
+        steps = table.one_f_one_b_table(
+            pp_size, pp_rank, num_microbatches, forward_only=forward_only
+        )
+        warmup = table.num_warmup_microbatches(
+            pp_size=pp_size, pp_rank=pp_rank, num_microbatches=num_microbatches
+        )
+        return steps, warmup
+    return table.no_pipelining_table(num_microbatches, forward_only=forward_only), 0
 
 
 def _run(
@@ -95,26 +156,9 @@ def _run(
     force_all_reduce: bool | None,
 ) -> list:
     """Validate (before any communication), build this rank's table, run it, finalize grads."""
-    interleaved = kind == "interleaved"
-    if interleaved:
-        if not isinstance(model, list) or not isinstance(data_iterator, list):
-            raise ValueError(
-                "the interleaved schedule needs a list of model chunks and a list of data "
-                f"iterators (got {type(model).__name__} and {type(data_iterator).__name__})"
-            )
-        models = model
-        iterators = _as_list(data_iterator, "data_iterator", len(models))
-    else:
-        models = _as_list(model, "model", 1)
-        iterators = _as_list(data_iterator, "data_iterator", 1)
-    if num_microbatches < 1:
-        raise ValueError(f"num_microbatches ({num_microbatches}) must be >= 1")
-    config = get_model_config(models[0])
-    if getattr(config, "overlap_p2p_comm", False):
-        raise ValueError("overlap_p2p_comm=True is not supported by gigatron's schedules")
-    if adjust_tensor_shapes_fn is not None and kind != "1f1b":
-        raise ValueError(f"adjust_tensor_shapes_fn is only supported by 1F1B (schedule: {kind})")
-
+    models, iterators, config = _check_inputs(
+        kind, model, data_iterator, num_microbatches, adjust_tensor_shapes_fn
+    )
     pp_group, tp_group, cp_group = _groups(pg_collection, p2p_communicator)
     pp_size, pp_rank = (1, 0) if kind == "none" else (pp_group.size(), pp_group.rank())
     comm, recv_shape, grad_shape = None, None, None
@@ -140,41 +184,10 @@ def _run(
         recv_shape, grad_shape = tuple(recv_shapes[0]), tuple(send_shapes[0])
         comm = p2p_communicator or P2PCommunicator(pp_group, config)
 
-    if kind == "interleaved":
-        group = config.microbatch_group_size_per_vp_stage or pp_size
-        if group != pp_size and comm is not None and comm.device.type != "cpu":
-            raise ValueError(
-                f"microbatch_group_size_per_vp_stage ({group}) other than "
-                f"pipeline_model_parallel_size ({pp_size}) is only supported on gloo: its batches "
-                "would wait on each other over NCCL (gigatron/core/pipeline_parallel/schedules.py)"
-            )
-        nccl = comm is not None and comm.device.type != "cpu"
-        if nccl and config.variable_seq_lengths and num_microbatches == pp_size > 2:
-            raise ValueError(
-                f"variable_seq_lengths with interleaving over NCCL needs num_microbatches "
-                f"({num_microbatches}) != pipeline_model_parallel_size ({pp_size}) when it is "
-                "> 2: the shapes-first exchange would wait in a circle "
-                "(gigatron/core/pipeline_parallel/schedules.py)"
-            )
-        steps = table.interleaved_table(
-            pp_size, pp_rank, num_microbatches, len(models),
-            microbatch_group_size_per_vp_stage=group, forward_only=forward_only,
-        )  # fmt: skip
-        warmup = table.num_warmup_microbatches(
-            pp_size=pp_size, pp_rank=pp_rank, num_microbatches=num_microbatches,
-            num_model_chunks=len(models), microbatch_group_size_per_vp_stage=group,
-            interleaved=True,
-        )  # fmt: skip
-    elif kind == "1f1b":
-        steps = table.one_f_one_b_table(
-            pp_size, pp_rank, num_microbatches, forward_only=forward_only
-        )
-        warmup = table.num_warmup_microbatches(
-            pp_size=pp_size, pp_rank=pp_rank, num_microbatches=num_microbatches
-        )
-    else:
-        steps = table.no_pipelining_table(num_microbatches, forward_only=forward_only)
-        warmup = 0
+    steps, warmup = _table(
+        kind, config, pp_size, pp_rank, num_microbatches, len(models), forward_only,
+        nccl=comm is not None and comm.device.type != "cpu",
+    )  # fmt: skip
 
     if config.timers is not None:
         config.timers("forward-backward", log_level=1).start(
@@ -196,7 +209,7 @@ def _run(
         first_val_step=first_val_step,
         warmup=warmup,
         sync_hooks=kind != "none",
-        interleaved=interleaved,
+        interleaved=kind == "interleaved",
         comm=comm,
     )
     store, total_num_tokens = run_table(spec, steps)
