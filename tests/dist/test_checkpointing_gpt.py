@@ -8,6 +8,7 @@ Llama style (SwiGLU: the strided fc1 split, GQA, RMSNorm, RoPE, untied output), 
 
 import argparse
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -86,6 +87,7 @@ def _full(ckpt_dir):
     return dc.load_plain_tensors(f"{ckpt_dir}/iter_0000002")
 
 
+@pytest.mark.slow
 def test_gpt_checkpoint_reshards_weights_and_adam_moments(tmp_path):
     src = str(tmp_path / "tp2dp2")
     ref_losses = run_distributed(_train_save_continue, 4, args=(src,))[0]

@@ -54,8 +54,12 @@ def add_safe_globals(classes: list) -> None:
 
 def safe_torch_load(f, *, what: str) -> object:
     """`torch.load(f, weights_only=True)` with SAFE_GLOBALS allowed; clear error otherwise."""
+    # Only add what is not registered yet: leaving the context removes what it added, and must
+    # not unregister globals other libraries (e.g. megatron-core) registered process-wide.
+    registered = torch.serialization.get_safe_globals()
+    extra = [g for g in SAFE_GLOBALS if g not in registered]
     try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
+        with torch.serialization.safe_globals(extra):
             return torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise CheckpointingException(
