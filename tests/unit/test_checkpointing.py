@@ -197,3 +197,41 @@ def test_integrity_manifest_detects_a_flipped_byte(tmp_path):
     data.write_bytes(bytes(raw))
     with pytest.raises(dc.CheckpointingException, match="SHA-256"):
         ckpt.load_checkpoint(*_setup(seed=2), args=args)
+
+
+def _save_then_die(root):
+    """Child process: save iteration 1, then get SIGKILLed in the middle of saving iteration 2."""
+    import signal
+
+    model, opt, sched = _setup()
+    _step(model, opt, sched)
+    ckpt.save_checkpoint(1, model, opt, sched, args=_args(root))
+    torch.save(model.w1.detach(), os.path.join(root, "w1_at_1.pt"))
+    _step(model, opt, sched)
+    real_write = torch_strategy.PendingSave.write
+
+    def write_then_die(self):
+        real_write(self)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    torch_strategy.PendingSave.write = write_then_die
+    ckpt.save_checkpoint(2, model, opt, sched, args=_args(root))
+
+
+def test_process_killed_during_save_resumes_from_last_complete(tmp_path):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = (
+        "import sys; from tests.unit.test_checkpointing import _save_then_die as f; f(sys.argv[1])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=root, capture_output=True
+    )
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    assert (tmp_path / "iter_0000002").is_dir()  # the killed save got as far as its data files
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "1"
+    model, opt, sched = _setup(seed=7)
+    assert ckpt.load_checkpoint(model, opt, sched, args=_args(tmp_path))[0] == 1
+    assert torch.equal(model.w1.detach(), torch.load(tmp_path / "w1_at_1.pt"))
