@@ -149,6 +149,11 @@ def convert_hf_to_gigatron(
     os.makedirs(ckpt_dir, exist_ok=True)
     try:
         tensors = megatron_tensors(reader, recipes, scratch)
+        if spec.tied:
+            # gigatron's GPTModel asks for the last pipeline stage's tied output weight under
+            # `output_layer.weight` (Megatron: `embedding.word_embeddings.weight`, non-main
+            # replica), so a tied model also stores that key to load at PP > 1. Export skips it.
+            tensors["output_layer.weight"] = tensors["embedding.word_embeddings.weight"]
         state = {
             "model": _sharded_model_dict(tensors),
             "args": _checkpoint_args(spec, tp, pp, ep, make_vocab_size_divisible_by),
