@@ -2,10 +2,12 @@
 input grads and (through DDP + finalize_model_grads) correctly scaled router and expert grads.
 
 Every rank builds the unsharded EP = 1 twin on single-rank groups from the same full weights and
-runs it on the global batch [s, B, h]; the parallel layer gets this rank's slice (dense layout:
-s split over TP under SP, B over DP) and its experts' shards (experts split over EP, expert ffn
-over expert TP). Loss = sum(out * dy) over the global batch, so with DDP's 1/dp pre-scaling every
-main_grad must equal the twin's grad / dp. Each spawn runs both dispatchers and both expert kinds.
+runs it on each DP rank's micro-batch [s, b, h] of the global batch [s, B, h] (aux losses are
+per micro-batch, as in Megatron); the parallel layer gets this rank's slice (dense layout: s
+split over TP under SP, B over DP) and its experts' shards (experts split over EP, expert ffn
+over expert TP). Loss = sum(out * dy) (+ aux, sequence-aux and z losses) over the global batch,
+so with DDP's 1/dp pre-scaling every main_grad must equal the twin's summed grad / dp. Each
+spawn runs both dispatchers and both expert kinds.
 """
 
 import pytest
@@ -60,8 +62,9 @@ def _config(tp, ep, etp, dispatcher, grouped):
         sequence_parallel=tp > 1,
         moe_token_dispatcher_type=dispatcher,
         moe_grouped_gemm=grouped,
-        moe_router_load_balancing_type="none",
-        moe_aux_loss_coeff=0.0,
+        moe_router_load_balancing_type=["aux_loss", "seq_aux_loss"],
+        moe_aux_loss_coeff=[0.1, 0.05],
+        moe_z_loss_coeff=0.01,
     )
 
 
@@ -158,8 +161,13 @@ def _run_layout(tp, ep, etp):
             ref = _layer(_config(1, 1, 1, dispatcher, False), False, self_pg)
             _load(ref, weights, range(E), 1, 0)
             xr = x_full.clone().requires_grad_()
-            out_ref, _ = ref(xr)
-            (out_ref * dy_full).sum().backward()
+            outs = []
+            for d in range(dp):  # one micro-batch per DP rank: the aux losses are per batch
+                bs = slice(d * B_LOCAL, (d + 1) * B_LOCAL)
+                out_d, _ = ref(xr[:, bs])
+                (out_d * dy_full[:, bs]).sum().backward()
+                outs.append(out_d.detach())
+            out_ref = torch.cat(outs, dim=1)
 
             cfg = _config(tp, ep, etp, dispatcher, grouped)
             layer = _layer(cfg, grouped)
