@@ -1,0 +1,85 @@
+"""`gigatron convert`: Hugging Face <-> gigatron checkpoints (safetensors <-> torch_dist).
+
+    gigatron convert hf-to-gigatron --load HF_DIR --save OUT \
+        [--target-tensor-parallel-size 2] [--target-pipeline-parallel-size 2]
+    gigatron convert gigatron-to-hf --load CKPT_DIR --save HF_OUT [--hf-config HF_DIR]
+    gigatron convert --load X --save Y        # direction from X: config.json + safetensors = HF
+
+Megatron ships this as tools/checkpoint/convert.py (--loader/--saver plugins); the flag names
+--load/--save and --target-*-parallel-size follow it. Runs in one process on CPU, streaming
+tensor by tensor. See docs/convert.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+_DIRECTIONS = ("hf-to-gigatron", "gigatron-to-hf")
+
+
+def _size(text: str) -> int:
+    """'5GB', '500MB', '20KB' or a byte count."""
+    units = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+    t = text.strip().upper()
+    for unit, scale in units.items():
+        if t.endswith(unit):
+            return int(float(t[: -len(unit)]) * scale)
+    return int(t)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gigatron convert", description=__doc__.split("\n\n")[0])
+    p.add_argument("direction", nargs="?", choices=_DIRECTIONS, help="default: from --load")
+    p.add_argument("--load", required=True, help="HF model directory or gigatron checkpoint")
+    p.add_argument("--save", required=True, help="output directory")
+    p.add_argument(
+        "--target-tensor-parallel-size",
+        type=int,
+        default=1,
+        help="TP the checkpoint is meant for (vocab padding, layout checks)",
+    )
+    p.add_argument("--target-pipeline-parallel-size", type=int, default=1)
+    p.add_argument("--target-expert-parallel-size", type=int, default=1)
+    p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    p.add_argument(
+        "--hf-config",
+        default=None,
+        help="gigatron-to-hf: HF directory or config.json (default: next to --load)",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        type=_size,
+        default=_size("5GB"),
+        help="gigatron-to-hf: largest safetensors file, e.g. 5GB",
+    )
+    return p  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from gigatron.convert import convert_gigatron_to_hf, convert_hf_to_gigatron, is_hf_dir
+
+    direction = args.direction or ("hf-to-gigatron" if is_hf_dir(args.load) else "gigatron-to-hf")
+    if direction == "hf-to-gigatron":
+        spec = convert_hf_to_gigatron(
+            args.load,
+            args.save,
+            tensor_model_parallel_size=args.target_tensor_parallel_size,
+            pipeline_model_parallel_size=args.target_pipeline_parallel_size,
+            expert_model_parallel_size=args.target_expert_parallel_size,
+            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+        )
+        print(f"converted {spec.family} {args.load} -> {args.save} (torch_dist, release)")
+        print("train with: gigatron train --load", args.save, "--finetune",
+              " ".join(spec.training_flags()), "...")  # fmt: skip
+    else:
+        files = convert_gigatron_to_hf(
+            args.load, args.save, hf_config=args.hf_config, max_shard_bytes=args.max_shard_size
+        )
+        print(f"exported {args.load} -> {args.save}: {', '.join(files)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
