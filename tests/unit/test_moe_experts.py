@@ -208,3 +208,16 @@ def test_moe_layer_freq_pattern():
     ]
     with pytest.raises(ValueError, match="moe_layer_freq"):
         moe_utils.get_moe_layer_pattern(_config(num_layers=3, moe_layer_freq=[1, 0]))
+
+
+def test_permute_unpermute_round_trip_with_probs():
+    tokens = torch.arange(8.0).view(4, 2)
+    rmap = torch.tensor([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool)
+    probs = torch.rand(4, 3) * rmap
+    permuted, pprobs, idx = moe_utils.permute(tokens, rmap, probs)
+    assert idx.tolist() == [0, 2, 1, 2, 0, 3]  # expert-major, token order inside an expert
+    torch.testing.assert_close(pprobs, probs.t()[rmap.t()])
+    back = moe_utils.unpermute(permuted, idx, tokens.shape)
+    torch.testing.assert_close(back, tokens * rmap.sum(1, keepdim=True))
+    weighted = moe_utils.unpermute(permuted, idx, tokens.shape, probs=probs, routing_map=rmap)
+    torch.testing.assert_close(weighted, tokens * probs.sum(1, keepdim=True))

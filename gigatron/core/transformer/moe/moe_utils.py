@@ -227,10 +227,20 @@ def apply_router_token_dropping(
 
 
 # ---------------------------------------------------------------- permutation
-def permute(tokens: Tensor, routing_map: Tensor, probs: Tensor | None = None):
+def permute(
+    tokens: Tensor,
+    routing_map: Tensor,
+    probs: Tensor | None = None,
+    num_out_tokens: int | None = None,
+    fused: bool = False,
+    drop_and_pad: bool = False,
+):
     """Group tokens by expert: tokens [T, h], routing_map [T, E] ->
     (permuted [N, h] expert-major, token order inside an expert; permuted probs [N] or None;
-    sorted_indices [N]: the source token of each row)."""
+    sorted_indices [N]: the source token of each row). `num_out_tokens` / `drop_and_pad` are
+    Megatron's buffer-size hints and change nothing here (dropping is already in the map)."""
+    if fused:
+        raise ValueError("permute: fused=True needs Transformer Engine kernels")
     expert_major = routing_map.t()  # [E, T]
     sorted_indices = expert_major.nonzero(as_tuple=True)[1]  # [N]
     permuted = tokens.index_select(0, sorted_indices)
@@ -238,8 +248,26 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Tensor | None = None):
     return permuted, permuted_probs, sorted_indices
 
 
-def unpermute(permuted_tokens: Tensor, sorted_indices: Tensor, restore_shape) -> Tensor:
-    """Inverse of `permute`: sum the rows back onto their source tokens -> [T, h]."""
+def unpermute(
+    permuted_tokens: Tensor,
+    sorted_indices: Tensor,
+    restore_shape,
+    probs: Tensor | None = None,
+    routing_map: Tensor | None = None,
+    fused: bool = False,
+    drop_and_pad: bool = False,
+) -> Tensor:
+    """Inverse of `permute`: sum the rows back onto their source tokens -> [T, h].
+
+    With `probs` [T, E] and `routing_map`, each row is first weighted by its token's prob for
+    its expert (for experts that did not apply the probs themselves)."""
+    if fused:
+        raise ValueError("unpermute: fused=True needs Transformer Engine kernels")
+    if probs is not None:
+        if routing_map is None:
+            raise ValueError("unpermute: probs needs the routing_map it was permuted with")
+        weights = probs.t()[routing_map.t()].unsqueeze(-1)  # [N, 1]
+        permuted_tokens = permuted_tokens * weights.to(permuted_tokens.dtype)
     out = permuted_tokens.new_zeros(restore_shape)
     return out.index_add(0, sorted_indices, permuted_tokens)
 
