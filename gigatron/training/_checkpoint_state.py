@@ -155,6 +155,14 @@ def model_sharded_state_dict(module) -> dict:
     first_stage = not ps.model_parallel_is_initialized() or ps.is_pipeline_first_stage(
         ignore_virtual=True
     )
+    inner = module
+    while hasattr(inner, "module"):
+        inner = inner.module
+    if not first_stage and getattr(inner, "share_embeddings_and_output_weights", False):
+        # The last stage's copy of a tied output weight is saved as Megatron does: under the
+        # word-embedding key, as a non-main replica of the first stage's tensor.
+        if "output_layer.weight" in entries and "embedding.word_embeddings.weight" not in entries:
+            entries["embedding.word_embeddings.weight"] = entries.pop("output_layer.weight")
     tied = {k: v for k, v in entries.items() if k.startswith("embedding.") and not first_stage}
     rest = {k: v for k, v in entries.items() if k not in tied}
     out.update(sharded_state_dict_from_entries(rest))
