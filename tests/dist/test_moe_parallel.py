@@ -137,6 +137,28 @@ def _self_groups():
     return ProcessGroupCollection(**{n: mine for n in names})
 
 
+def _check_cpu_init_is_layout_invariant(tp, ep, etp, self_pg, ep_rank, etp_rank):
+    """CPU init (same seed) gives this rank exactly its shards of the EP = 1 experts, for
+    SequentialMLP and GroupedMLP alike."""
+    n_local = E // ep
+    torch.manual_seed(5)
+    ref = SequentialMLP(E, _config(1, 1, 1, "alltoall", False), MLP_SUB, pg_collection=self_pg)
+    for grouped in (False, True):
+        torch.manual_seed(5)
+        cfg = _config(tp, ep, etp, "alltoall", grouped)
+        layer = GroupedMLP(n_local, cfg) if grouped else SequentialMLP(n_local, cfg, MLP_SUB)
+        if grouped:
+            fc1, fc2 = sequential_weights_from_grouped(layer.weight1, layer.weight2, n_local)
+        else:
+            fc1 = [e.linear_fc1.weight for e in layer.local_experts]
+            fc2 = [e.linear_fc2.weight for e in layer.local_experts]
+        for i in range(n_local):
+            expert = ref.local_experts[ep_rank * n_local + i]
+            w1, w2 = _shard(expert.linear_fc1.weight, expert.linear_fc2.weight, etp, etp_rank)
+            torch.testing.assert_close(fc1[i], w1, rtol=0, atol=0)
+            torch.testing.assert_close(fc2[i], w2, rtol=0, atol=0)
+
+
 def _run_layout(tp, ep, etp):
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tp,
@@ -155,6 +177,7 @@ def _run_layout(tp, ep, etp):
     s_sl = slice(tp_rank * S // tp, (tp_rank + 1) * S // tp)
     b_sl = slice(dp_rank * B_LOCAL, (dp_rank + 1) * B_LOCAL)
     n_local = E // ep
+    _check_cpu_init_is_layout_invariant(tp, ep, etp, self_pg, ep_rank, etp_rank)
     report = []
     for dispatcher in ("allgather", "alltoall"):
         for grouped in (False, True):

@@ -25,10 +25,7 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from gigatron.core.tensor_parallel._groups import group_rank, group_size
-from gigatron.core.tensor_parallel._param_init import (
-    _initialize_affine_weight_cpu,
-    _initialize_affine_weight_gpu,
-)
+from gigatron.core.tensor_parallel._param_init import _initialize_affine_weight_gpu
 from gigatron.core.transformer.mlp import MLP, MLPSubmodules
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
@@ -60,16 +57,29 @@ class SequentialMLP(MegatronModule):
         self.num_local_experts = num_local_experts
         self.ep_group, self.tp_group = pg_collection.ep, pg_collection.expt_tp
         self.dp_group = pg_collection.expt_dp
-        self.local_experts = torch.nn.ModuleList(
-            MLP(
+
+        def build():
+            return MLP(
                 self.config,
                 submodules,
                 ffn_hidden_size=self.config.moe_ffn_hidden_size,
                 is_expert=True,
                 tp_group=self.tp_group,
             )
-            for _ in range(num_local_experts)
-        )
+
+        ep_size, ep_rank = group_size(self.ep_group), group_rank(self.ep_group)
+        if self.config.use_cpu_initialization and self.config.perform_initialization:
+            # CPU init draws every expert in global order and keeps this rank's: any EP layout
+            # then starts from the same experts (gigatron; Megatron repeats EP rank 0's).
+            first = ep_rank * num_local_experts
+            experts = []
+            for e in range(num_local_experts * ep_size):
+                expert = build()
+                if first <= e < first + num_local_experts:
+                    experts.append(expert)
+        else:
+            experts = [build() for _ in range(num_local_experts)]
+        self.local_experts = torch.nn.ModuleList(experts)
 
     def forward(
         self,
@@ -159,21 +169,7 @@ class GroupedMLP(MegatronModule):
         )
         if cfg.perform_initialization:
             if cfg.use_cpu_initialization:
-                for w, rows, cols, dim, init in (
-                    (self.weight1, h, fc1_out, 1, cfg.init_method),
-                    (self.weight2, fc2_in, h, 0, cfg.output_layer_init_method),
-                ):
-                    _initialize_affine_weight_cpu(
-                        w,
-                        rows,
-                        cols,
-                        w.shape[dim],
-                        dim,
-                        init,
-                        params_dtype=cfg.params_dtype,
-                        rank=tp_rank,
-                        world_size=tp_size,
-                    )
+                self._init_cpu_like_sequential(tp_size, tp_rank)
             else:  # on the expert-parallel RNG stream: each EP rank draws its own experts
                 _initialize_affine_weight_gpu(self.weight1, cfg.init_method, 1, is_expert=True)
                 _initialize_affine_weight_gpu(
@@ -182,6 +178,29 @@ class GroupedMLP(MegatronModule):
         for w, dim in ((self.weight1, 1), (self.weight2, 0)):
             w.allreduce = not self.expert_parallel
             w.tensor_model_parallel, w.partition_dim, w.partition_stride = True, dim, 1
+
+    def _init_cpu_like_sequential(self, tp_size: int, tp_rank: int) -> None:
+        """Draw each expert's full fc1 [glu*f, h] and fc2 [h, f] in global expert order, exactly
+        as SequentialMLP's CPU init does, and keep this rank's experts and expert-TP shards: the
+        same seed gives the same experts in both layouts and in every EP x ETP layout."""
+        cfg, n = self.config, self.num_local_experts
+        glu = 2 if cfg.gated_linear_unit else 1
+        h, f = cfg.hidden_size, cfg.moe_ffn_hidden_size
+        f_rank = f // tp_size
+        first = group_rank(self.ep_group) * n
+        fc1, fc2 = [], []
+        for e in range(n * group_size(self.ep_group)):
+            w1 = torch.empty(glu * f, h)
+            cfg.init_method(w1)
+            w2 = torch.empty(h, f)
+            cfg.output_layer_init_method(w2)
+            if first <= e < first + n:  # rows [gate_r; up_r] and columns r of the ffn dim
+                fc1.append(torch.cat(torch.split(w1, f_rank, dim=0)[tp_rank::tp_size], dim=0))
+                fc2.append(torch.split(w2, f_rank, dim=1)[tp_rank])
+        w1, w2 = grouped_weights_from_sequential(fc1, fc2)
+        with torch.no_grad():
+            self.weight1.copy_(w1.to(cfg.params_dtype))
+            self.weight2.copy_(w2.to(cfg.params_dtype))
 
     def forward(
         self,
