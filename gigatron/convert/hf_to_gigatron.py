@@ -211,12 +211,33 @@ def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
             by_key["output_layer.weight"] = by_key["embedding.word_embeddings.weight"]
         with torch.no_grad():
             for key, entry in entries.items():
+                rank, size = tp_rank, tp_size
+                if ".local_experts." in key:  # this EP rank's experts; expert-TP shards
+                    key, rank, size = _expert_key_and_tp(key, spec.config_kwargs["num_moe_experts"])
                 if key not in by_key:
                     raise ValueError(f"load_hf_into_model: {key} has no HF source in {hf_dir}")
                 recipe = by_key[key]
                 full = recipe.to_gig(*_gather_inputs(reader, recipe, meta=False))
-                entry.tensor.data.copy_(_tp_shard(full, entry, tp_rank, tp_size))
+                entry.tensor.data.copy_(_tp_shard(full, entry, rank, size))
     return spec
+
+
+def _expert_key_and_tp(key: str, num_experts: int) -> tuple[str, int, int]:
+    """(key with the global expert index, expert-TP rank, expert-TP size) for a local expert:
+    EP rank r holds experts r * E/ep .. (r + 1) * E/ep - 1."""
+    from gigatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return key, 0, 1
+    head, rest = key.split(".local_experts.", 1)
+    local, tail = rest.split(".", 1)
+    num_local = num_experts // ps.get_expert_model_parallel_world_size()
+    global_e = ps.get_expert_model_parallel_rank() * num_local + int(local)
+    return (
+        f"{head}.local_experts.{global_e}.{tail}",
+        ps.get_expert_tensor_parallel_rank(),
+        ps.get_expert_tensor_parallel_world_size(),
+    )
 
 
 def _tp_shard(full: torch.Tensor, entry, tp_rank: int, tp_size: int) -> torch.Tensor:

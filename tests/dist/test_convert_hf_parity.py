@@ -73,7 +73,7 @@ def _rank_fn(hf_dir, ckpt_root, ids):
     return results if last else None
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "mixtral"])
 def test_convert_tp2_pp2_logits_and_bitwise_export(family, tmp_path):
     from gigatron.convert import convert_gigatron_to_hf, convert_hf_to_gigatron
     from gigatron.convert.hf_io import HFReader
