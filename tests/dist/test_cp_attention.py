@@ -65,6 +65,23 @@ def _all_cases(cp):
     return worst
 
 
+def _fused_ring_cases(cp):
+    """The ring through the fused-kernel adapter (CPU flash kernel standing in for CUDA's)."""
+    from gigatron.core.transformer.context_parallel import _kernels
+
+    _kernels.FUSED_ON_CPU = True
+    worst = 0.0
+    for causal in (True, False):
+        worst = max(worst, _parity(cp, "p2p", causal, 2))
+        ps.destroy_model_parallel()
+    return worst
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_ring_fused_kernels_match_full_sequence(cp):
+    assert max(run_distributed(_fused_ring_cases, cp, args=(cp,))) <= 1e-5
+
+
 @pytest.mark.parametrize("cp", [2, 4])
 def test_cp_attention_matches_full_sequence(cp):
     errors = run_distributed(_all_cases, cp, args=(cp,), timeout=240)

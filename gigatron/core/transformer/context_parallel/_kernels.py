@@ -6,8 +6,13 @@ where ng = K/V heads (query groups), g = query heads per group (np = ng * g). Al
 fp32 and follows FlashAttention's formulation (Dao et al., 2022): `lse = logsumexp(q.k^T * scale)`,
 `p = exp(s - lse)`; backward with `D = rowsum(dout * out)`, `ds = p * (dp - D)`.
 
-Plain PyTorch is the reference path (CPU). `attention` (the differentiable, masked entry used by the
-all-gather and a2a modes) takes `F.scaled_dot_product_attention` on CUDA tensors.
+Plain PyTorch is the reference path. Fused path (the one adapter to PyTorch's kernels): for CUDA
+fp16/bf16 blocks the ring calls the FlashAttention op that returns the LSE
+(`aten._scaled_dot_product_flash_attention` and its backward), so no `[sq, sk]` score matrix is
+materialised; `FUSED_ON_CPU = True` routes CPU blocks through PyTorch's CPU flash kernel
+(`_scaled_dot_product_flash_attention_for_cpu`), which is how the adapter is tested without a GPU.
+`attention` (the differentiable, masked entry used by the all-gather and a2a modes) takes
+`F.scaled_dot_product_attention` on CUDA tensors.
 """
 
 from __future__ import annotations
@@ -27,23 +32,86 @@ def _scores(q: Tensor, k: Tensor, scale: float, causal: bool) -> Tensor:
     return s
 
 
+FUSED_ON_CPU = False
+
+
+def _fused(q: Tensor) -> bool:
+    if q.is_cuda:
+        return q.dtype in (torch.float16, torch.bfloat16)
+    return FUSED_ON_CPU
+
+
+def _heads(q: Tensor, k: Tensor, v: Tensor):
+    """Grouped layout -> the fused kernels' [b, np, s, hn] (K/V repeated per query head)."""
+    b, ng, g, sq, hn = q.shape
+    q4 = q.reshape(b, ng * g, sq, hn)
+    k4 = k.repeat_interleave(g, dim=1).contiguous()
+    v4 = v.repeat_interleave(g, dim=1).contiguous()
+    return q4, k4, v4
+
+
+def _fused_forward(q, k, v, scale, causal):
+    b, ng, g, sq, hn = q.shape
+    q4, k4, v4 = _heads(q, k, v)
+    if q.is_cuda:
+        res = torch.ops.aten._scaled_dot_product_flash_attention(
+            q4, k4, v4, 0.0, causal, False, scale=scale
+        )
+        out, lse, meta = res[0], res[1], tuple(res[2:8])
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q4, k4, v4, 0.0, causal, scale=scale
+        )
+        meta = None
+    lse = lse[..., :sq].float().reshape(b, ng, g, sq)
+    return out.float().reshape(b, ng, g, sq, hn), lse, meta
+
+
+def _fused_backward(dout, out, q, k, v, lse, scale, causal, meta):
+    b, ng, g, sq, hn = q.shape
+    q4, k4, v4 = _heads(q, k, v)
+    dout4 = dout.to(q.dtype).reshape(b, ng * g, sq, hn).contiguous()
+    out4 = out.to(q.dtype).reshape(b, ng * g, sq, hn).contiguous()
+    lse4 = lse.reshape(b, ng * g, sq).contiguous()
+    if q.is_cuda:
+        cum_q, cum_k, max_q, max_k, seed, offset = meta
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            dout4, q4, k4, v4, out4, lse4, cum_q, cum_k, max_q, max_k, 0.0, causal, seed,
+            offset, scale=scale,
+        )  # fmt: skip
+    else:
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout4, q4, k4, v4, out4, lse4, 0.0, causal, scale=scale
+        )
+    sk = k.shape[2]
+    dk = dk.float().reshape(b, ng, g, sk, hn).sum(dim=2)
+    dv = dv.float().reshape(b, ng, g, sk, hn).sum(dim=2)
+    return dq.float().reshape(b, ng, g, sq, hn), dk, dv
+
+
 def block_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool):
-    """One block: (out fp32 [b, ng, g, sq, hn], lse fp32 [b, ng, g, sq])."""
+    """One block: (out fp32 [b, ng, g, sq, hn], lse fp32 [b, ng, g, sq], kernel metadata that
+    the fused backward needs, or None)."""
+    if _fused(q):
+        return _fused_forward(q, k, v, scale, causal)
     s = _scores(q, k, scale, causal)
     lse = torch.logsumexp(s, dim=-1)  # [b, ng, g, sq]
     p = torch.exp(s - lse.unsqueeze(-1))
     out = torch.matmul(p, v.float().unsqueeze(2))  # [b, ng, g, sq, hn]
-    return out, lse
+    return out, lse, None
 
 
 def block_backward(
-    dout: Tensor, delta: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, scale, causal
-):
-    """Gradients of one block given the *final* (merged) lse and delta = rowsum(dout * out).
+    dout: Tensor, out: Tensor, delta: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor,
+    scale: float, causal: bool, meta=None,
+):  # fmt: skip
+    """Gradients of one block given the *final* (merged) out, lse and delta = rowsum(dout * out).
 
-    dout [b, ng, g, sq, hn] fp32, delta/lse [b, ng, g, sq] -> dq [b, ng, g, sq, hn],
+    dout/out [b, ng, g, sq, hn] fp32, delta/lse [b, ng, g, sq] -> dq [b, ng, g, sq, hn],
     dk / dv [b, ng, sk, hn] (summed over the g query heads of each group), all fp32.
     """
+    if _fused(q):
+        return _fused_backward(dout, out, q, k, v, lse, scale, causal, meta)
     s = _scores(q, k, scale, causal)
     p = torch.exp(s - lse.unsqueeze(-1))  # this block's share of the final softmax
     dv = torch.matmul(p.transpose(-1, -2), dout).sum(dim=2)  # [b, ng, sk, hn]

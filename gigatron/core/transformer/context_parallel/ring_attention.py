@@ -85,19 +85,22 @@ class _RingAttention(torch.autograd.Function):
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
         kv = torch.stack([k, v]).contiguous()  # [2, b, ng, s, hn]: one message per hop
+        metas = []  # per-step metadata of the fused kernel (None on the plain path)
         for step in range(cp_size):
             if step < cp_size - 1:  # post the next block's transfer before computing this one
                 next_kv, reqs = comm.send_recv(kv)
             rows, cols, diag = _block_plan(step, cp_rank, cp_size, causal, s)
-            block_out, block_lse = _kernels.block_forward(
+            block_out, block_lse, meta = _kernels.block_forward(
                 q[..., rows, :], kv[0, ..., cols, :], kv[1, ..., cols, :], scale, diag
             )
+            metas.append(meta)
             _kernels.merge(out, lse, block_out, block_lse, rows)
             if step < cp_size - 1:
                 comm.wait(reqs)
                 kv = next_kv
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.scale, ctx.causal, ctx.group, ctx.global_ranks = scale, causal, group, global_ranks
+        ctx.metas = metas
         return out.to(q.dtype)
 
     @staticmethod
@@ -118,6 +121,7 @@ class _RingAttention(torch.autograd.Function):
             rows, cols, diag = _block_plan(step, cp_rank, cp_size, ctx.causal, s)
             dq_part, dk_part, dv_part = _kernels.block_backward(
                 dout[..., rows, :],
+                out[..., rows, :],
                 delta[..., rows],
                 q[..., rows, :],
                 kv[0, ..., cols, :],
@@ -125,6 +129,7 @@ class _RingAttention(torch.autograd.Function):
                 lse[..., rows],
                 ctx.scale,
                 diag,
+                ctx.metas[step],
             )
             dq[..., rows, :] += dq_part
             dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
