@@ -10,6 +10,8 @@ so with DDP's 1/dp pre-scaling every main_grad must equal the twin's summed grad
 spawn runs both dispatchers and both expert kinds.
 """
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -31,6 +33,8 @@ from gigatron.core.transformer.moe.experts import (
     sequential_weights_from_grouped,
 )
 from gigatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+from gigatron.core.transformer.moe.moe_utils import update_router_expert_bias
+from gigatron.core.transformer.moe.router import TopKRouter
 from gigatron.core.transformer.spec_utils import ModuleSpec
 from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.testing import run_distributed
@@ -159,6 +163,32 @@ def _check_cpu_init_is_layout_invariant(tp, ep, etp, self_pg, ep_rank, etp_rank)
             torch.testing.assert_close(fc2[i], w2, rtol=0, atol=0)
 
 
+def _check_expert_bias_counts_every_rank(tp, ep, etp):
+    """The aux-loss-free bias step uses the token counts of all TP x DP ranks together."""
+    cfg = dataclasses.replace(
+        _config(tp, ep, etp, "alltoall", False),
+        moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True,
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        moe_z_loss_coeff=None,
+        moe_router_bias_update_rate=0.5,
+    )
+    router = TopKRouter(cfg).train()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(world, 6, 1, E, generator=g)
+    logits[:, :, :, 0] += 3.0 * (torch.arange(world) % 2 == 0).view(-1, 1, 1)  # even ranks
+    router.routing(logits[rank])
+    update_router_expert_bias([router], cfg)
+    counts = torch.zeros(E)
+    for r in range(world):
+        top = torch.topk(torch.sigmoid(logits[r].view(-1, E)), TOPK, dim=-1).indices
+        counts += torch.zeros(6, E).scatter(1, top, 1.0).sum(0)
+    expected = torch.sign(counts.mean() - counts) * 0.5
+    torch.testing.assert_close(router.expert_bias, expected, rtol=0, atol=0)
+
+
 def _run_layout(tp, ep, etp):
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tp,
@@ -178,6 +208,7 @@ def _run_layout(tp, ep, etp):
     b_sl = slice(dp_rank * B_LOCAL, (dp_rank + 1) * B_LOCAL)
     n_local = E // ep
     _check_cpu_init_is_layout_invariant(tp, ep, etp, self_pg, ep_rank, etp_rank)
+    _check_expert_bias_counts_every_rank(tp, ep, etp)
     report = []
     for dispatcher in ("allgather", "alltoall"):
         for grouped in (False, True):
