@@ -236,8 +236,10 @@ class TopKRouter(Router):
 
     def forward(self, input: Tensor, padding_mask: Tensor | None = None):
         """input [s, b, h] -> (probs [T, E], routing_map [T, E])."""
-        if self.expert_bias is not None and self.expert_bias.dtype != torch.float32:
-            self.expert_bias.data = self.expert_bias.data.float()  # Float16Module casts buffers
+        # Float16Module casts floating buffers to fp16/bf16: keep the bias and counts exact.
+        for buf in (self.expert_bias, self.local_tokens_per_expert):
+            if buf is not None and buf.dtype != torch.float32:
+                buf.data = buf.data.float()
         input = self.apply_input_jitter(input)
         logits = self.gating(input)
         return self.routing(logits, padding_mask=padding_mask)
