@@ -1,6 +1,6 @@
 """GPTModel under context parallelism on gloo ranks: CP = 2 and 4 with each cp_comm_type, and
-CP x TP = 2 x 2, give the same logits, per-token loss and gradients (summed over CP, as DDP's
-DP x CP reduction does) as the one-rank model built from the same weights (fp32, 1e-5).
+CP x TP = 2 x 2 (with and without SP), give the same logits, per-token loss and gradients (summed
+over CP, as DDP's DP x CP reduction does) as the one-rank model from the same weights (fp32, 1e-5).
 
 Models: Llama style (RoPE, GQA 8 heads / 4 groups, RMSNorm, SwiGLU) and GPT-2 style (learned
 positions, tied embeddings, explicit causal mask, which causal CP attention ignores as TE does).
@@ -62,10 +62,11 @@ def _cp_spec(comm):
     return spec
 
 
-def _build(style, tp=1, cp=1, comm=None):
+def _build(style, tp=1, cp=1, comm=None, sp=False):
     cfg = TransformerConfig(
         **STYLES[style]["config"],
         tensor_model_parallel_size=tp,
+        sequence_parallel=sp,
         context_parallel_size=cp,
         hidden_dropout=0.0,
         attention_dropout=0.0,
@@ -122,10 +123,10 @@ def _reference(style):
     return full, logits, loss, grads
 
 
-def _check(style, tp, cp, comm, ref):
+def _check(style, tp, cp, comm, ref, sp=False):
     full, ref_logits, ref_loss, ref_grads = ref
     tp_rank, cp_rank = ps.get_tensor_model_parallel_rank(), ps.get_context_parallel_rank()
-    model = _build(style, tp, cp, comm)
+    model = _build(style, tp, cp, comm, sp)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in params.items():
@@ -145,13 +146,15 @@ def _check(style, tp, cp, comm, ref):
     for name, p in params.items():
         grad = p.grad.clone()
         dist.all_reduce(grad, group=ps.get_context_parallel_group())  # each CP rank: its tokens
+        if sp and getattr(p, "sequence_parallel", False):  # finalize_model_grads' SP rule
+            dist.all_reduce(grad, group=ps.get_tensor_model_parallel_group())
         expected = shard_for_rank(ref_grads[name], p, tp_rank, tp)
         torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5, msg=f"{comm} {name}")
         errors["grads"] = max(errors["grads"], (grad - expected).abs().max().item())
     return errors
 
 
-def _body(tp, cp, comms, styles):
+def _body(tp, cp, comms, styles, sps=(False,)):
     torch.set_num_threads(1)
     ps.initialize_model_parallel(1)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
@@ -160,9 +163,10 @@ def _body(tp, cp, comms, styles):
     ps.initialize_model_parallel(tp, context_parallel_size=cp)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     return {
-        (style, comm): _check(style, tp, cp, comm, refs[style])
+        (style, comm, sp): _check(style, tp, cp, comm, refs[style], sp)
         for style in styles
         for comm in comms
+        for sp in sps
     }
 
 
@@ -179,6 +183,7 @@ def test_gpt_context_parallel_matches_cp1(cp, styles):
 
 
 def test_gpt_context_parallel_with_tensor_parallel():
-    errors = run_distributed(_body, 4, args=(2, 2, ALL, ("llama",)), timeout=300)[0]
+    """CP x TP = 2 x 2, with and without sequence parallelism."""
+    errors = run_distributed(_body, 4, args=(2, 2, ALL, ("llama",), (False, True)), timeout=300)[0]
     for key, errs in errors.items():
         assert max(errs.values()) <= 1e-5, (key, errs)
