@@ -161,3 +161,20 @@ def test_cuda_flash_blocks_match_plain_path():
     )
     for a, b in zip(fused, plain):
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+
+
+def test_get_cp_core_attention_swaps_only_dot_product_attention():
+    from gigatron.core.transformer.context_parallel import (
+        ContextParallelAttention,
+        get_cp_core_attention,
+    )
+    from gigatron.core.transformer.dot_product_attention import DotProductAttention
+    from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
+    from gigatron.core.transformer.spec_utils import ModuleSpec
+
+    cp2, cp1 = SimpleNamespace(context_parallel_size=2), SimpleNamespace(context_parallel_size=1)
+    assert get_cp_core_attention(DotProductAttention, cp2) is ContextParallelAttention
+    assert get_cp_core_attention(SDPADotProductAttention, cp2) is ContextParallelAttention
+    assert get_cp_core_attention(ModuleSpec(DotProductAttention), cp2) is ContextParallelAttention
+    assert get_cp_core_attention(DotProductAttention, cp1) is DotProductAttention
+    assert get_cp_core_attention(torch.nn.Identity, cp2) is torch.nn.Identity

@@ -6,6 +6,7 @@ from gigatron.core.transformer.context_parallel.a2a_attention import a2a_attenti
 from gigatron.core.transformer.context_parallel.all_gather_attention import all_gather_attention
 from gigatron.core.transformer.context_parallel.context_parallel_attention import (
     ContextParallelAttention,
+    get_cp_core_attention,
     resolve_cp_comm_type,
 )
 from gigatron.core.transformer.context_parallel.ring_attention import ring_attention
@@ -14,6 +15,7 @@ __all__ = [
     "ContextParallelAttention",
     "a2a_attention",
     "all_gather_attention",
+    "get_cp_core_attention",
     "get_pos_emb_on_this_cp_rank",
     "resolve_cp_comm_type",
     "ring_attention",

@@ -53,6 +53,24 @@ def resolve_cp_comm_type(cp_comm_type, config, layer_number: int) -> str:
     return value
 
 
+def get_cp_core_attention(core_attention, config):
+    """`ContextParallelAttention` in place of a `DotProductAttention` (or its SDPA subclass) core
+    attention when `config.context_parallel_size > 1`; any other spec is returned unchanged.
+
+    Called by `Attention` when it builds its core attention, so every GPT spec (local, fast,
+    TE-named, decoder block) runs context parallel without being rebuilt.
+    """
+    if config.context_parallel_size <= 1:
+        return core_attention
+    from gigatron.core.transformer.dot_product_attention import DotProductAttention
+    from gigatron.core.transformer.spec_utils import ModuleSpec
+
+    module = core_attention.module if isinstance(core_attention, ModuleSpec) else core_attention
+    if isinstance(module, type) and issubclass(module, DotProductAttention):
+        return ContextParallelAttention
+    return core_attention
+
+
 class ContextParallelAttention(MegatronModule):
     """Scaled dot-product attention of this rank's queries against the whole sequence."""
 
