@@ -24,6 +24,7 @@ from gigatron.core.distributed import (
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
+from gigatron.core.models.gpt.hf_mapping_moe import load_full_moe_state_dict
 from gigatron.core.process_groups_config import ProcessGroupCollection
 from gigatron.core.transformer.mlp import MLPSubmodules
 from gigatron.core.transformer.moe.experts import (
@@ -189,6 +190,23 @@ def _check_expert_bias_counts_every_rank(tp, ep, etp):
     torch.testing.assert_close(router.expert_bias, expected, rtol=0, atol=0)
 
 
+def _check_full_state_dict_reshards(ref, layer, grouped):
+    """The EP = 1 twin's state dict loads into this layout's layer as exactly its shards."""
+    full = {k: v for k, v in ref.state_dict().items() if not k.endswith("_extra_state")}
+    if grouped:
+        key = "experts.local_experts.{}.linear_fc{}.weight"
+        fc1 = [full.pop(key.format(e, 1)) for e in range(E)]
+        fc2 = [full.pop(key.format(e, 2)) for e in range(E)]
+        full["experts.weight1"], full["experts.weight2"] = grouped_weights_from_sequential(fc1, fc2)
+    expected = {n: p.detach().clone() for n, p in layer.named_parameters()}
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.zero_()
+    load_full_moe_state_dict(layer, full)
+    for name, p in layer.named_parameters():
+        torch.testing.assert_close(p.detach(), expected[name], rtol=0, atol=0, msg=name)
+
+
 def _run_layout(tp, ep, etp):
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tp,
@@ -226,6 +244,7 @@ def _run_layout(tp, ep, etp):
             cfg = _config(tp, ep, etp, dispatcher, grouped)
             layer = _layer(cfg, grouped)
             _load(layer, weights, range(ep_rank * n_local, (ep_rank + 1) * n_local), etp, etp_rank)
+            _check_full_state_dict_reshards(ref, layer, grouped)
             ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(), layer)
             x = x_full[s_sl, b_sl].clone().requires_grad_()
             out, _ = ddp(x)
