@@ -137,6 +137,12 @@ def convert_hf_to_gigatron(
         expert_model_parallel_size=ep,
         pipeline_dtype=torch.float32,
     )
+    if ep > 1:
+        raise ValueError(
+            f"expert_model_parallel_size ({ep}) must be 1 for a converted checkpoint: gigatron's "
+            "GPTModel names experts by their local index in sharded_state_dict, so a torch_dist "
+            "checkpoint does not reshard over EP yet; load_hf_into_model handles EP > 1"
+        )
     if spec.config_kwargs["num_layers"] % pp:
         raise ValueError(
             f"num_layers ({spec.config_kwargs['num_layers']}) must be divisible by "

@@ -46,21 +46,22 @@ def _pipeline_logits(model, ids):
     return out
 
 
-def _rank_fn(hf_dir, ckpt_root, ids):
+def _rank_fn(hf_dir, ckpt_root, ids, tp=2, pp=2, ep=1, sources=("checkpoint", "hf")):
     from gigatron.convert import load_hf_into_model, read_hf_config, spec_from_hf_config
     from gigatron.core import parallel_state as ps
     from gigatron.core import tensor_parallel
     from gigatron.training.checkpointing import load_checkpoint
 
-    ps.initialize_model_parallel(2, 2)
+    ps.initialize_model_parallel(tp, pp, expert_model_parallel_size=ep)
     tensor_parallel.model_parallel_cuda_manual_seed(7)
-    spec = spec_from_hf_config(read_hf_config(hf_dir), tensor_model_parallel_size=2)
+    spec = spec_from_hf_config(read_hf_config(hf_dir), tensor_model_parallel_size=tp)
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     results = []
-    for source in ("checkpoint", "hf"):
+    for source in sources:
         model = spec.build_model(
-            pre_process=first, post_process=last, tensor_model_parallel_size=2,
-            pipeline_model_parallel_size=2, pipeline_dtype=torch.float32,
+            pre_process=first, post_process=last, tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
+            pipeline_dtype=torch.float32,
         ).eval()  # fmt: skip
         if source == "checkpoint":
             load_checkpoint([model], None, None, args=argparse.Namespace(load=ckpt_root))
@@ -106,3 +107,19 @@ def test_convert_tp2_pp2_logits_and_bitwise_export(family, tmp_path):
     reloaded = type(hf).from_pretrained(back).eval()
     with torch.no_grad():
         assert torch.equal(reloaded(input_ids=ids).logits, ref)
+
+
+def test_mixtral_expert_parallel_from_hf(tmp_path):
+    """TP1 x EP2 x PP2: load_hf_into_model gives each EP rank its global experts."""
+    hf_dir = str(tmp_path / "hf")
+    hf = make_hf_model("mixtral", hf_dir, seed=1)
+    ids = torch.randint(0, VOCAB, (B, S), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = hf(input_ids=ids).logits
+    per_rank = run_distributed(_rank_fn, 4, args=(hf_dir, None, ids, 1, 2, 2, ("hf",)), timeout=240)
+    got = [r for r in per_rank if r is not None]
+    assert len(got) == 2  # the two EP (= DP) ranks of the last stage
+    for (logits,) in got:
+        err = (logits - ref).abs().max().item()
+        print(f"mixtral EP2: max |logits - transformers| = {err:.2e}")
+        assert err <= 1e-5, err
