@@ -15,12 +15,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gigatron.core.tensor_parallel._groups import group_size
+from gigatron.core.tensor_parallel._groups import default_device, group_size
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
 from gigatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
 _ROUTER_DTYPES = {None: None, "fp32": torch.float32, "fp64": torch.float64}
+
+
+def _param_device(config) -> torch.device:
+    """Where the other layers put their parameters: CPU under CPU init, else the accelerator."""
+    return torch.device("cpu") if config.use_cpu_initialization else default_device()
 
 
 class Router(MegatronModule):
@@ -35,11 +40,11 @@ class Router(MegatronModule):
         self.tp_group, self.cp_group = pg_collection.tp, pg_collection.cp
         self.tp_cp_group = pg_collection.tp_cp
         self.tp_dp_cp_group = pg_collection.tp_dp_cp
-        self.weight = torch.nn.Parameter(
-            torch.empty(config.num_moe_experts, config.hidden_size, dtype=torch.float32)
-        )
+        device = _param_device(config)
+        e, h = config.num_moe_experts, config.hidden_size
+        self.weight = torch.nn.Parameter(torch.empty(e, h, dtype=torch.float32, device=device))
         if config.add_bias_linear:
-            self.bias = torch.nn.Parameter(torch.empty(config.num_moe_experts, dtype=torch.float32))
+            self.bias = torch.nn.Parameter(torch.empty(e, dtype=torch.float32, device=device))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -77,8 +82,11 @@ class TopKRouter(Router):
         self.enable_expert_bias = config.moe_router_enable_expert_bias
         if self.enable_expert_bias:
             e = config.num_moe_experts
-            self.register_buffer("local_tokens_per_expert", torch.zeros(e), persistent=False)
-            self.register_buffer("expert_bias", torch.zeros(e))
+            device = _param_device(config)
+            self.register_buffer(
+                "local_tokens_per_expert", torch.zeros(e, device=device), persistent=False
+            )
+            self.register_buffer("expert_bias", torch.zeros(e, device=device))
         else:
             self.local_tokens_per_expert = None
             self.expert_bias = None
