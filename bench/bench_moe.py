@@ -83,7 +83,7 @@ def _build(cfg, grouped: bool, dtype, device):
         attention_dropout=0.0,
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
-        use_cpu_initialization=True,
+        use_cpu_initialization=device.type == "cpu",
     )
     spec = get_gpt_layer_local_spec(num_experts=cfg["experts"], moe_grouped_gemm=grouped)
     model = GPTModel(
