@@ -221,3 +221,26 @@ def test_permute_unpermute_round_trip_with_probs():
     torch.testing.assert_close(back, tokens * rmap.sum(1, keepdim=True))
     weighted = moe_utils.unpermute(permuted, idx, tokens.shape, probs=probs, routing_map=rmap)
     torch.testing.assert_close(weighted, tokens * probs.sum(1, keepdim=True))
+
+
+@pytest.mark.parametrize("dispatcher", ["allgather", "alltoall"])
+@pytest.mark.parametrize("pad", [False, True])
+def test_moe_layer_with_capacity_dropping_and_padding(dispatcher, pad):
+    cfg = _config(
+        moe_token_dispatcher_type=dispatcher,
+        moe_expert_capacity_factor=0.5,
+        moe_pad_expert_input_to_capacity=pad,
+    )
+    spec = ModuleSpec(module=SequentialMLP, submodules=MLP_SUB)
+    layer = MoELayer(cfg, MoESubmodules(experts=spec)).eval()
+    x = torch.randn(6, 2, 16)
+    _, rmap = layer.router(x)
+    capacity = 3  # ceil(12 tokens * k=2 / 4 experts * 0.5)
+    if pad:
+        assert rmap.sum(0).tolist() == [capacity] * 4
+    else:
+        assert (rmap.sum(0) <= capacity).all() and rmap.sum() < 24  # some tokens dropped
+    out, _ = layer(x)
+    with torch.no_grad():
+        ref = _reference(layer, x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
