@@ -27,11 +27,7 @@ UNSUPPORTED = {
     "use_te_rng_tracker": "the Transformer Engine RNG tracker is not available",
     "moe_latent_size": "latent MoE is not implemented",
     "activation_func_clamp_value": "activation clamping is not implemented",
-    "num_layers_in_first_pipeline_stage": "uneven pipeline splits are not implemented",
-    "num_layers_in_last_pipeline_stage": "uneven pipeline splits are not implemented",
     "pipeline_model_parallel_layout": "explicit pipeline layouts are not implemented",
-    "account_for_embedding_in_pipeline_split": "uneven pipeline splits are not implemented",
-    "account_for_loss_in_pipeline_split": "uneven pipeline splits are not implemented",
 }
 
 SUPPORTED_RECOMPUTE_MODULES = ("core_attn", "mlp")

@@ -36,10 +36,24 @@ def _vp_stage_or_default(config, vp_stage):
 
 
 def get_num_layers_to_build(config, vp_stage: int | None = None, pp_rank: int | None = None) -> int:
-    """Layers held by one pipeline stage (one virtual chunk of it under VPP)."""
-    per_stage = config.num_layers // config.pipeline_model_parallel_size
-    vp_size = config.virtual_pipeline_model_parallel_size
-    return per_stage if vp_size is None else per_stage // vp_size
+    """Layers held by one pipeline stage (one virtual chunk of it under VPP), including uneven
+    first/last stages and the embedding/loss accounting flags (pipeline_parallel._layer_split)."""
+    from gigatron.core.pipeline_parallel._layer_split import get_num_layers_to_build as split
+
+    even = not (
+        config.num_layers_in_first_pipeline_stage
+        or config.num_layers_in_last_pipeline_stage
+        or config.account_for_embedding_in_pipeline_split
+        or config.account_for_loss_in_pipeline_split
+    )
+    if (
+        even
+        and vp_stage is None
+        and config.virtual_pipeline_model_parallel_size is not None
+        and parallel_state.get_virtual_pipeline_model_parallel_rank() is None
+    ):
+        vp_stage = 0  # even split: every chunk holds the same number of layers
+    return split(config, _vp_stage_or_default(config, vp_stage), pp_rank)
 
 
 def get_transformer_layer_offset(config, vp_stage: int | None = None, pp_rank: int | None = None):
@@ -48,18 +62,9 @@ def get_transformer_layer_offset(config, vp_stage: int | None = None, pp_rank: i
     Interleaved (VPP) layout: chunk v of stage p holds layers
     v * (L / vp) + p * (L / pp / vp) ... so consecutive stages take consecutive chunks.
     """
-    pp_size = config.pipeline_model_parallel_size
-    if pp_size == 1:
-        return 0
-    if pp_rank is None:
-        pp_rank = parallel_state.get_pipeline_model_parallel_rank()
-    per_stage = config.num_layers // pp_size
-    vp_size = config.virtual_pipeline_model_parallel_size
-    if vp_size is None:
-        return pp_rank * per_stage
-    vp_stage = _vp_stage_or_default(config, vp_stage)
-    per_chunk = per_stage // vp_size
-    return vp_stage * (config.num_layers // vp_size) + pp_rank * per_chunk
+    from gigatron.core.pipeline_parallel._layer_split import get_transformer_layer_offset as off
+
+    return off(config, _vp_stage_or_default(config, vp_stage), pp_rank)
 
 
 @dataclass
