@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from gigatron.core import parallel_state as ps
 from gigatron.core import tensor_parallel
 from gigatron.core.models.common.tp_state_dict import shard_for_rank
-from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from gigatron.core.models.gpt.gpt_model import GPTModel
-from gigatron.core.transformer.context_parallel import (
-    ContextParallelAttention,
-    get_pos_emb_on_this_cp_rank,
+from gigatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_fast_spec,
+    get_gpt_layer_local_spec,
 )
+from gigatron.core.models.gpt.gpt_model import GPTModel
+from gigatron.core.transformer.context_parallel import ContextParallelAttention
 from gigatron.core.transformer.context_parallel._layout import zigzag_positions
 from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.core.utils import get_batch_on_this_cp_rank
@@ -52,17 +52,21 @@ STYLES = {
 }
 
 
-def _cp_spec(comm):
-    """The local spec with ContextParallelAttention as core attention (what the spec picks
-    when context_parallel_size > 1)."""
-    spec = copy.deepcopy(get_gpt_layer_local_spec())
+def _cp_spec(comm, spec_fn):
+    """The spec with cp_comm_type set per test (config.cp_comm_type is still refused by the
+    config checks); `comm=None` leaves the spec untouched: Attention swaps in
+    ContextParallelAttention (default "p2p") by itself."""
+    spec = spec_fn()
+    if comm is None:
+        return spec
+    spec = copy.deepcopy(spec)
     attn = spec.submodules.self_attention
     attn.submodules.core_attention = ContextParallelAttention
     attn.params = {**attn.params, "cp_comm_type": comm}
     return spec
 
 
-def _build(style, tp=1, cp=1, comm=None, sp=False):
+def _build(style, tp=1, cp=1, comm=None, sp=False, spec_fn=get_gpt_layer_local_spec):
     cfg = TransformerConfig(
         **STYLES[style]["config"],
         tensor_model_parallel_size=tp,
@@ -72,25 +76,8 @@ def _build(style, tp=1, cp=1, comm=None, sp=False):
         attention_dropout=0.0,
         use_cpu_initialization=True,
     )
-    spec = get_gpt_layer_local_spec() if cp == 1 else _cp_spec(comm)
-    model = GPTModel(cfg, spec, V, S, **STYLES[style]["model"])
-    if cp > 1 and model.position_embedding_type == "rope":
-        _zigzag_rope(model)
-    return model
-
-
-def _zigzag_rope(model):
-    """Slice the RoPE table to this rank's zigzag positions unless RotaryEmbedding already does
-    (the integration edit in rotary_pos_embedding.py)."""
-    rope, forward = model.rotary_pos_emb, model.rotary_pos_emb.forward
-
-    def sliced(max_seq_len, offset=0, packed_seq=False):
-        emb = forward(max_seq_len, offset, packed_seq)
-        if emb.shape[0] == max_seq_len:
-            emb = get_pos_emb_on_this_cp_rank(emb, 0, ps.get_context_parallel_group())
-        return emb
-
-    rope.forward = sliced
+    spec = get_gpt_layer_local_spec() if cp == 1 else _cp_spec(comm, spec_fn)
+    return GPTModel(cfg, spec, V, S, **STYLES[style]["model"])
 
 
 def _causal_mask():
@@ -123,10 +110,10 @@ def _reference(style):
     return full, logits, loss, grads
 
 
-def _check(style, tp, cp, comm, ref, sp=False):
+def _check(style, tp, cp, comm, ref, sp=False, spec_fn=get_gpt_layer_local_spec):
     full, ref_logits, ref_loss, ref_grads = ref
     tp_rank, cp_rank = ps.get_tensor_model_parallel_rank(), ps.get_context_parallel_rank()
-    model = _build(style, tp, cp, comm, sp)
+    model = _build(style, tp, cp, comm, sp, spec_fn)
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in params.items():
@@ -154,7 +141,7 @@ def _check(style, tp, cp, comm, ref, sp=False):
     return errors
 
 
-def _body(tp, cp, comms, styles, sps=(False,)):
+def _body(tp, cp, comms, styles, sps=(False,), spec_fn=get_gpt_layer_local_spec):
     torch.set_num_threads(1)
     ps.initialize_model_parallel(1)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
@@ -163,7 +150,7 @@ def _body(tp, cp, comms, styles, sps=(False,)):
     ps.initialize_model_parallel(tp, context_parallel_size=cp)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     return {
-        (style, comm, sp): _check(style, tp, cp, comm, refs[style], sp)
+        (style, comm, sp): _check(style, tp, cp, comm, refs[style], sp, spec_fn)
         for style in styles
         for comm in comms
         for sp in sps
@@ -185,5 +172,13 @@ def test_gpt_context_parallel_matches_cp1(cp, styles):
 def test_gpt_context_parallel_with_tensor_parallel():
     """CP x TP = 2 x 2, with and without sequence parallelism."""
     errors = run_distributed(_body, 4, args=(2, 2, ALL, ("llama",), (False, True)), timeout=300)[0]
+    for key, errs in errors.items():
+        assert max(errs.values()) <= 1e-5, (key, errs)
+
+
+@pytest.mark.parametrize("spec_fn", [get_gpt_layer_local_spec, get_gpt_layer_fast_spec])
+def test_gpt_context_parallel_unmodified_spec(spec_fn):
+    """Megatron's usual specs as they are: CP attention and zigzag RoPE come by themselves."""
+    errors = run_distributed(_body, 2, args=(1, 2, (None,), ("llama",), (False,), spec_fn))[0]
     for key, errs in errors.items():
         assert max(errs.values()) <= 1e-5, (key, errs)

@@ -83,8 +83,11 @@ class Attention(MegatronModule):
             core_config = dataclasses.replace(config, num_query_groups=tp_size)
         else:
             self.num_query_groups_per_partition = divide(config.num_query_groups, tp_size)
+        # context_parallel_size > 1: DotProductAttention (or SDPA) -> ContextParallelAttention
+        from gigatron.core.transformer.context_parallel import get_cp_core_attention
+
         self.core_attention = build_module(
-            submodules.core_attention,
+            get_cp_core_attention(submodules.core_attention, config),
             config=core_config,
             layer_number=layer_number,
             attn_mask_type=attn_mask_type,

@@ -42,7 +42,8 @@ class DotProductAttention(MegatronModule):
         if config.context_parallel_size != 1:
             raise ValueError(
                 f"context_parallel_size ({config.context_parallel_size}) > 1 is not supported by "
-                "gigatron's DotProductAttention"
+                "gigatron's DotProductAttention; Attention swaps it for "
+                "gigatron.core.transformer.context_parallel.ContextParallelAttention"
             )
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type

@@ -19,7 +19,8 @@ __all__ = ["RotaryEmbedding", "apply_rotary_pos_emb"]
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Produces RoPE angles `[s, 1, 1, dim]` for `forward(max_seq_len, offset=0)`."""
+    """Produces RoPE angles `[s, 1, 1, dim]` for `forward(max_seq_len, offset=0)` (this context-
+    parallel rank's zigzag rows, `[s/cp, 1, 1, dim]`, when the CP group has more than one rank)."""
 
     def __init__(
         self,
@@ -47,6 +48,12 @@ class RotaryEmbedding(torch.nn.Module):
             inv_freq = _llama3_scaling(inv_freq, rope_scaling_factor)
         # Not saved in checkpoints (Megatron keeps it out of the state dict too).
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        if cp_group is None:
+            from gigatron.core import parallel_state
+
+            cp_group = parallel_state.get_context_parallel_group(check_initialized=False)
+        # Context parallel: forward returns the angles of this rank's zigzag tokens (as Megatron).
+        self.cp_group = cp_group if cp_group is not None and cp_group.size() > 1 else None
 
     def get_freqs_non_repeated(self, max_seq_len: int, offset: int = 0) -> Tensor:
         """Angles `[s, dim/2]` = position * inv_freq."""
@@ -66,7 +73,12 @@ class RotaryEmbedding(torch.nn.Module):
             emb = torch.stack((freqs, freqs), dim=-1).view(freqs.shape[0], -1)  # f0 f0 f1 f1 ..
         else:
             emb = torch.cat((freqs, freqs), dim=-1)  # f0 f1 .. f0 f1 ..
-        return emb[:, None, None, :]
+        emb = emb[:, None, None, :]
+        if self.cp_group is not None and not packed_seq:
+            from gigatron.core.transformer.context_parallel import get_pos_emb_on_this_cp_rank
+
+            emb = get_pos_emb_on_this_cp_rank(emb, 0, self.cp_group)  # [s/cp, 1, 1, dim]
+        return emb
 
     def get_rotary_seq_len(
         self, inference_context, transformer, transformer_input, transformer_config, *a, **k
