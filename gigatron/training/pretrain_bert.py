@@ -1,0 +1,206 @@
+"""`python -m gigatron.training.pretrain_bert`: Megatron's pretrain_bert.py.
+
+BertModel (local spec) trained on BERTMaskedWordPieceDataset samples: masked-LM loss (mean over
+the masked positions) plus, with the binary head, the sentence-order/next-sentence loss.
+Megatron's flags plus its BERT ones (`--bert-no-binary-head`, `--mask-prob`,
+`--short-seq-prob`). The tokenizer must know [CLS], [SEP], [MASK] and [PAD]: the WordPiece
+specials are looked up in its vocabulary (e.g. `--tokenizer-type HuggingFaceTokenizer
+--tokenizer-model DIR_WITH_A_WORDPIECE_tokenizer.json`) when it lacks those attributes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from gigatron.core.transformer.enums import ModelType
+from gigatron.training.global_vars import get_args, get_tokenizer
+from gigatron.training.training import pretrain
+from gigatron.training.utils import print_rank_0
+
+_SPECIALS = {
+    "cls": ("[CLS]", "<cls>"),
+    "sep": ("[SEP]", "<sep>"),
+    "mask": ("[MASK]", "<mask>"),
+    "pad": ("[PAD]", "<pad>"),
+    "bos": ("[BOS]", "<s>"),
+    "eos": ("[EOS]", "</s>"),
+}
+
+
+class MaskedLMTokenizer:
+    """The attributes the masked datasets read (cls, sep, mask, pad, bos, eos, inv_vocab,
+    additional_special_tokens_ids = the `<extra_id_i>` sentinels), taken from the wrapped
+    tokenizer when it has them, else looked up in its vocabulary by the usual token strings."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        vocab = tokenizer.vocab
+        self.inv_vocab = dict(tokenizer.inv_vocab)
+        self.vocab_size = tokenizer.vocab_size
+        for name, strings in _SPECIALS.items():
+            value = _attr(tokenizer, name)
+            if value is None:
+                value = next((vocab[s] for s in strings if s in vocab), None)
+            setattr(self, name, value)
+        sentinels = _attr(tokenizer, "additional_special_tokens_ids") or []
+        i = 0
+        while not sentinels and f"<extra_id_{i}>" in vocab:
+            i += 1
+        self.additional_special_tokens_ids = sentinels or [
+            vocab[f"<extra_id_{k}>"] for k in range(i)
+        ]
+        self.unique_identifiers = OrderedDict(
+            [
+                ("class", type(self).__name__),
+                ("tokenizer", getattr(tokenizer, "unique_identifiers", None)),
+            ]
+        )
+
+    def require(self, *names: str) -> MaskedLMTokenizer:
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise ValueError(
+                f"the tokenizer has no {missing} token(s); looked for "
+                f"{[_SPECIALS[n] for n in missing]} in its vocabulary (pretrain_bert.py)"
+            )
+        return self
+
+
+def _attr(tokenizer, name):
+    try:
+        return getattr(tokenizer, name)
+    except (AttributeError, NotImplementedError):
+        return None
+
+
+def add_bert_args(parser):
+    """Megatron's BERT/masking flags."""
+    g = parser.add_argument_group("bert")
+    g.add_argument("--bert-no-binary-head", action="store_false", dest="bert_binary_head",
+                   help="no next-sentence (binary) head")  # fmt: skip
+    g.add_argument("--mask-prob", type=float, default=0.15, help="masking probability")
+    g.add_argument("--short-seq-prob", type=float, default=0.1,
+                   help="probability of a shorter sample")  # fmt: skip
+    return parser
+
+
+def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None):
+    """BertModel from the flags (Megatron's local BERT layer)."""
+    from gigatron.core.models.bert import BertModel
+    from gigatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
+    from gigatron.training._config_from_args import core_transformer_config_from_args
+
+    args = get_args()
+    return BertModel(
+        config=core_transformer_config_from_args(args),
+        num_tokentypes=2 if args.bert_binary_head else 0,
+        transformer_layer_spec=bert_layer_local_spec,
+        vocab_size=args.padded_vocab_size,
+        max_sequence_length=args.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+        position_embedding_type=args.position_embedding_type,
+        add_binary_head=args.bert_binary_head,
+        vp_stage=vp_stage,
+    )
+
+
+def get_batch(data_iterator):
+    """(tokens, types, sentence_order, loss_mask, lm_labels, padding_mask) of one micro-batch."""
+    batch = next(data_iterator)
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    )
+    keys = ("text", "types", "is_random", "loss_mask", "labels", "padding_mask")
+    out = [batch[k].long() for k in keys]
+    return [t.to(device) if device is not None else t for t in out]
+
+
+def loss_func(loss_mask, sentence_order, output_tensor):
+    """Masked-LM mean over masked positions (+ binary-head CE); [value, 1] reports."""
+    lm_loss_, sop_logits = output_tensor
+    loss_mask = loss_mask.float()
+    lm_loss = torch.sum(lm_loss_.view(-1).float() * loss_mask.view(-1)) / loss_mask.sum().clamp(
+        min=1
+    )
+    one = torch.ones(1, device=lm_loss.device)
+    reports = {"lm loss": torch.cat([lm_loss.detach().view(1), one])}
+    loss = lm_loss
+    if sop_logits is not None:
+        sop_loss = F.cross_entropy(
+            sop_logits.view(-1, 2).float(), sentence_order.view(-1), ignore_index=-1
+        )
+        loss = lm_loss + sop_loss
+        reports["sop loss"] = torch.cat([sop_loss.detach().view(1), one])
+    return loss, reports
+
+
+def forward_step(data_iterator, model):
+    tokens, types, sentence_order, loss_mask, lm_labels, padding_mask = get_batch(data_iterator)
+    if not get_args().bert_binary_head:
+        types = None
+    output_tensor = model(tokens, padding_mask, tokentype_ids=types, lm_labels=lm_labels)
+    return output_tensor, partial(loss_func, loss_mask, sentence_order)
+
+
+def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
+    """BERTMaskedWordPieceDataset splits from --data-path / --split (Megatron's settings)."""
+    from gigatron.core.datasets.bert_dataset import (
+        BERTMaskedWordPieceDataset,
+        BERTMaskedWordPieceDatasetConfig,
+    )
+    from gigatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from gigatron.core.datasets.utils import get_blend_from_list
+
+    args = get_args()
+    tokenizer = MaskedLMTokenizer(get_tokenizer()).require("cls", "sep", "mask", "pad")
+    config = BERTMaskedWordPieceDatasetConfig(
+        random_seed=args.seed,
+        sequence_length=args.seq_length,
+        blend=get_blend_from_list(args.data_path),
+        split=args.split,
+        path_to_cache=args.data_cache_path,
+        tokenizer=tokenizer,
+        masking_probability=args.mask_prob,
+        short_sequence_probability=args.short_seq_prob,
+        masking_max_ngram=3,
+        masking_do_full_word=True,
+        masking_do_permutation=False,
+        masking_use_longer_ngrams=False,
+        masking_use_geometric_distribution=False,
+        classification_head=args.bert_binary_head,
+    )
+    print_rank_0("> building BERT train, validation and test datasets ...")
+    return BlendedMegatronDatasetBuilder(
+        BERTMaskedWordPieceDataset, train_val_test_num_samples, lambda: True, config
+    ).build()
+
+
+train_valid_test_datasets_provider.is_distributed = True
+
+
+def main(argv: list[str] | None = None):
+    """Parse Megatron's flags (plus the BERT ones) and train; returns pretrain's result."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return pretrain(
+        train_valid_test_datasets_provider,
+        model_provider,
+        ModelType.encoder_or_decoder,
+        forward_step,
+        extra_args_provider=add_bert_args,
+        argv=argv,
+    )
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
