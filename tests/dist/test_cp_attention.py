@@ -101,7 +101,9 @@ def _a2a_heads_error():
     x = torch.randn(4, 1, 6, 4)
     with pytest.raises(ValueError, match="divisible by context_parallel_size"):
         attn(x, x, x, None)
+    with pytest.raises(ValueError, match="must be even"):
+        attn(x[:3], x[:3], x[:3], None)
 
 
-def test_a2a_needs_heads_divisible_by_cp():
+def test_a2a_needs_heads_divisible_by_cp_and_even_local_sequence():
     run_distributed(_a2a_heads_error, 4)

@@ -147,6 +147,11 @@ class ContextParallelAttention(MegatronModule):
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         causal = self._is_causal(attention_mask, mask_type)
         s, b, np_, hn = query.shape
+        if causal and s % 2 and self.cp_group.size() > 1:
+            raise ValueError(
+                f"local sequence length ({s}) must be even under causal context parallelism: "
+                "each rank holds two zigzag chunks (get_batch_on_this_cp_rank)"
+            )
         kw = dict(scale=self.softmax_scale, causal=causal, group=self.cp_group)
         if self.cp_group.size() == 1:
             q, k, v = _layout.to_grouped(query, key, value)

@@ -152,11 +152,6 @@ def ring_attention(
     query: Tensor, key: Tensor, value: Tensor, *, scale: float, causal: bool, group, global_ranks
 ) -> Tensor:
     """q [s, b, np, hn], k/v [s, b, ng, hn] (this rank's zigzag tokens) -> [s, b, np, hn]."""
-    if causal and query.shape[0] % 2:
-        raise ValueError(
-            f"local sequence length ({query.shape[0]}) must be even under causal context "
-            "parallelism (two zigzag chunks per rank) (context_parallel/ring_attention.py)"
-        )
     q, k, v = _layout.to_grouped(query, key, value)
     out = _RingAttention.apply(q, k, v, scale, causal, group, list(global_ranks))
     return _layout.from_grouped(out)
