@@ -140,14 +140,16 @@ def check_recompute(cfg) -> None:
 
 
 def check_pipeline(cfg) -> None:
-    pp, vp = cfg.pipeline_model_parallel_size, cfg.virtual_pipeline_model_parallel_size
-    if cfg.num_layers % pp != 0:
-        raise ValueError(
-            f"num_layers ({cfg.num_layers}) must be divisible by "
-            f"pipeline_model_parallel_size ({pp})"
-        )
-    if vp is not None and (cfg.num_layers // pp) % vp != 0:
-        raise ValueError(
-            f"layers per pipeline stage ({cfg.num_layers // pp}) must be divisible by "
-            f"virtual_pipeline_model_parallel_size ({vp})"
-        )
+    """The layer split must exist: even (L divisible by PP, and by VPP per stage) or uneven with
+    num_layers_in_first/last_pipeline_stage and the accounting flags (same rules as Megatron)."""
+    from gigatron.core.pipeline_parallel._layer_split import layer_split
+
+    layer_split(
+        cfg.num_layers,
+        cfg.pipeline_model_parallel_size,
+        cfg.virtual_pipeline_model_parallel_size,
+        num_layers_in_first_pipeline_stage=cfg.num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=cfg.num_layers_in_last_pipeline_stage,
+        account_for_embedding_in_pipeline_split=cfg.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=cfg.account_for_loss_in_pipeline_split,
+    )
