@@ -16,6 +16,7 @@ _LAZY = {
     "DistributedDataParallel": "gigatron.core.distributed:DistributedDataParallel",
     "DistributedDataParallelConfig": "gigatron.core.distributed:DistributedDataParallelConfig",
     "Timers": "gigatron.core.timers:Timers",
+    "InferenceParams": "gigatron.core.inference_params:InferenceParams",
     "utils": "gigatron.core.utils",
     "dist_checkpointing": "gigatron.core.dist_checkpointing",
     "pipeline_parallel": "gigatron.core.pipeline_parallel",
