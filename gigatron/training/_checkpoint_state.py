@@ -165,9 +165,20 @@ def model_sharded_state_dict(module) -> dict:
             entries["embedding.word_embeddings.weight"] = entries.pop("output_layer.weight")
     tied = {k: v for k, v in entries.items() if k.startswith("embedding.") and not first_stage}
     rest = {k: v for k, v in entries.items() if k not in tied}
-    out.update(sharded_state_dict_from_entries(rest))
+    stack = _homogeneous_num_layers(inner)
+    out.update(sharded_state_dict_from_entries(rest, stack_layers=stack))
     out.update(sharded_state_dict_from_entries(tied, replicated_on_pp_stage=True))
     return out
+
+
+def _homogeneous_num_layers(module) -> int | None:
+    """The decoder's total num_layers when its layers are all alike (dense), else None."""
+    config = getattr(module, "config", None)
+    if getattr(module, "decoder", None) is None or config is None:
+        return None
+    if getattr(config, "num_moe_experts", None):
+        return None  # MoE stacks keep per-layer keys (Megatron does too when heterogeneous)
+    return getattr(config, "num_layers", None)
 
 
 def model_keys(model: list) -> list[str]:

@@ -92,9 +92,9 @@ def test_gpt_checkpoint_reshards_weights_and_adam_moments(tmp_path):
     src = str(tmp_path / "tp2dp2")
     ref_losses = run_distributed(_train_save_continue, 4, args=(src,))[0]
     source = _full(src)
-    assert any(
-        k.startswith("optimizer.state.exp_avg_sq.decoder.layers.1.mlp.linear_fc1") for k in source
-    )
+    # Megatron's stacked layer keys: a leading num_layers axis; GLU fc1 as [all gate; all up]
+    assert source["decoder.layers.mlp.linear_fc1.weight"].shape == (2, 2 * 48, 32)
+    assert source["optimizer.state.exp_avg_sq.decoder.layers.mlp.linear_fc1.weight"].shape[0] == 2
     layouts = (("tp2dp2", 4, 2), ("tp1dp4", 4, 1), ("tp4dp1", 4, 4), ("tp1dp1", 1, 1))
     for name, world, tp in layouts:
         dst = str(tmp_path / name)

@@ -119,7 +119,7 @@ def optimizer_sharded_state_dict(
     units, distributed = _units(optimizer)
     layouts = _model_layouts(model_sharded_sd)
     tensors, steps = {}, set()
-    for torch_opt, param, main, lo, hi in units:
+    for n, (torch_opt, param, main, lo, hi) in enumerate(units):
         found = layouts.get((param.data_ptr(), tuple(param.shape)))
         if found is None:
             raise CheckpointingException(
@@ -140,7 +140,7 @@ def optimizer_sharded_state_dict(
             else:
                 flat = value.detach().view(-1)
             for i, sh in enumerate(_flat_pieces(key, flat, base, pieces, lo, hi, replica)):
-                tensors[f"{key}#{i}"] = sh
+                tensors[f"{key}#{n}.{i}"] = sh  # stacked layers share a key
     if len(steps) > 1:
         raise CheckpointingException(f"optimizer params disagree on 'step': {sorted(steps)}")
     common = {

@@ -13,6 +13,8 @@ fragments j * tp + tp_rank of s * tp, i.e. the checkpoint holds Megatron's [all 
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
@@ -64,34 +66,59 @@ def make_tp_sharded_tensor_for_checkpoint(
     )  # fmt: skip
 
 
-def _strided(key, tensor, axis, stride, tp_rank, tp_size, replica_id, mismatch):
+def _strided(key, tensor, axis, stride, tp_rank, tp_size, replica_id, mismatch, pre=()):
     """Factory: s pieces of the local tensor at fragments j * tp + tp_rank of s * tp."""
+    p = len(pre)
 
     def build(key, data, replica_id, flattened_range):
         pieces = torch.chunk(data, stride, dim=axis)
+        frag = stride * tp_size
         return [
             ShardedTensor.from_rank_offsets(
                 key,
                 piece,
-                (axis, j * tp_size + tp_rank, stride * tp_size),
+                *pre,
+                (axis + p, j * tp_size + tp_rank, frag),
                 replica_id=replica_id,
+                prepend_axis_num=p,
                 allow_shape_mismatch=mismatch,
-            )  # fmt: skip
+            )
             for j, piece in enumerate(pieces)
         ]
 
-    return ShardedTensorFactory(key, tensor, build, lambda pieces: torch.cat(pieces, dim=axis),
-                                replica_id)  # fmt: skip
+    merge = lambda pieces: torch.cat(pieces, dim=axis)
+    return ShardedTensorFactory(key, tensor, build, merge, replica_id)
+
+
+_LAYER_KEY = re.compile(r"^(?P<head>(?:.*\.)?decoder\.layers\.)(?P<i>\d+)\.(?P<rest>.+)$")
+
+
+def _stacked(key: str, num_layers: int | None) -> tuple[str, tuple]:
+    """Megatron's stacked form: `decoder.layers.{i}.x` -> (`decoder.layers.x`, ((0, i, L),))."""
+    m = _LAYER_KEY.match(key) if num_layers else None
+    if m is None:
+        return key, ()
+    i = int(m.group("i"))
+    if i >= num_layers:
+        raise ValueError(f"{key}: layer index {i} must be < num_layers ({num_layers})")
+    return m.group("head") + m.group("rest"), ((0, i, num_layers),)
 
 
 def sharded_state_dict_from_entries(
-    entries: dict, *, prefix: str = "", replicated_on_pp_stage: bool = False
+    entries: dict,
+    *,
+    prefix: str = "",
+    replicated_on_pp_stage: bool = False,
+    stack_layers: int | None = None,
 ) -> dict:
     """{key: ShardedTensor | ShardedTensorFactory} from {key: (tensor, tp_axis, stride, mismatch)}.
 
     `tp_axis` None means TP-replicated. `replicated_on_pp_stage` marks every entry as a
     non-main copy (e.g. the tied word embedding held again by the last pipeline stage).
-    Entries that already are ShardedTensors pass through.
+    `stack_layers` = the decoder's total num_layers: per-layer keys `decoder.layers.{i}.<name>`
+    (global i) become Megatron's stacked `decoder.layers.<name>` with a leading num_layers axis
+    (what megatron-core writes for homogeneous stacks). Entries that already are ShardedTensors
+    pass through.
     """
     tp_rank, tp_size, dp_rank = _ranks()
     first = 1 if replicated_on_pp_stage else 0
@@ -102,18 +129,20 @@ def sharded_state_dict_from_entries(
             continue
         tensor, axis, stride, mismatch = (tuple(entry) + (None, 1, False))[:4]
         tensor = tensor.detach()
+        skey, pre = _stacked(prefix + key, stack_layers)
+        kw = dict(prepend_axis_num=len(pre), allow_shape_mismatch=mismatch)
         if axis is None or tp_size == 1:
+            replica = (first, tp_rank, dp_rank)
             out[prefix + key] = ShardedTensor.from_rank_offsets(
-                prefix + key, tensor, replica_id=(first, tp_rank, dp_rank),
-                allow_shape_mismatch=mismatch,
-            )  # fmt: skip
+                skey, tensor, *pre, replica_id=replica, **kw
+            )
         elif stride == 1:
+            split = (axis + len(pre), tp_rank, tp_size)
             out[prefix + key] = ShardedTensor.from_rank_offsets(
-                prefix + key, tensor, (axis, tp_rank, tp_size), replica_id=(first, 0, dp_rank),
-                allow_shape_mismatch=mismatch,
-            )  # fmt: skip
+                skey, tensor, *pre, split, replica_id=(first, 0, dp_rank), **kw
+            )
         else:
             out[prefix + key] = _strided(
-                prefix + key, tensor, axis, stride, tp_rank, tp_size, (first, 0, dp_rank), mismatch
+                skey, tensor, axis, stride, tp_rank, tp_size, (first, 0, dp_rank), mismatch, pre
             )
     return out
