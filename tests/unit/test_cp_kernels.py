@@ -178,3 +178,27 @@ def test_get_cp_core_attention_swaps_only_dot_product_attention():
     assert get_cp_core_attention(ModuleSpec(DotProductAttention), cp2) is ContextParallelAttention
     assert get_cp_core_attention(DotProductAttention, cp1) is DotProductAttention
     assert get_cp_core_attention(torch.nn.Identity, cp2) is torch.nn.Identity
+
+
+def test_attention_causal_is_aligned_bottom_right():
+    """Queries that are the last rows of the sequence see every key up to their own position."""
+    q, k, v = _qkv(3)
+    h = S // 2
+    out = _kernels.attention(q[..., h:, :], k, v, 0.6, True)
+    torch.testing.assert_close(out, _plain(q, k, v, 0.6, True)[..., h:, :], atol=1e-5, rtol=1e-5)
+    full = _kernels.attention(q, k, v, 0.6, False)
+    torch.testing.assert_close(full, _plain(q, k, v, 0.6, False), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_attention_matches_plain_path():
+    """SDPA with the lower-right causal bias (bf16, GQA) against the plain fp32 math."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q = torch.randn(1, 2, 2, 64, 64, device="cuda", generator=g).bfloat16()
+    k = torch.randn(1, 2, 192, 64, device="cuda", generator=g).bfloat16()
+    v = torch.randn(1, 2, 192, 64, device="cuda", generator=g).bfloat16()
+    for causal in (True, False):
+        out = _kernels.attention(q, k, v, 0.125, causal).float().cpu()
+        ref = _kernels.attention(*(t.float().cpu() for t in (q, k, v)), 0.125, causal)
+        torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)

@@ -132,23 +132,24 @@ def merge(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor, rows: 
     lse[..., rows] = new
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None) -> Tensor:
-    """Differentiable attention. q [b, ng, g, sq, hn], k/v [b, ng, sk, hn], mask bool [sq, sk]
-    (True = masked) or None -> [b, ng, g, sq, hn] in q's dtype."""
+def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor:
+    """Differentiable attention, causal aligned bottom-right (query i of sq sees keys up to
+    sk - sq + i) or full. q [b, ng, g, sq, hn], k/v [b, ng, sk, hn] -> [b, ng, g, sq, hn]."""
     b, ng, g, sq, hn = q.shape
-    if q.is_cuda:  # fused kernels (flash / memory-efficient); GQA without repeating K/V
+    sk = k.shape[2]
+    if q.is_cuda:  # fused kernels; the causal bias object never materialises a [sq, sk] mask
+        from torch.nn.attention.bias import causal_lower_right
+
+        q4, k4, v4 = _heads(q, k, v)
+        bias = causal_lower_right(sq, sk) if causal and sq != sk else None
         out = F.scaled_dot_product_attention(
-            q.reshape(b, ng * g, sq, hn),
-            k,
-            v,
-            attn_mask=None if mask is None else ~mask,
-            scale=scale,
-            enable_gqa=g > 1,
+            q4, k4, v4, attn_mask=bias, is_causal=causal and sq == sk, scale=scale
         )
         return out.view(b, ng, g, sq, hn)
     s = torch.matmul(q.float(), k.float().unsqueeze(2).transpose(-1, -2)) * scale
-    if mask is not None:
-        s = s.masked_fill(mask, float("-inf"))
+    if causal:
+        future = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(1 + sk - sq)
+        s = s.masked_fill(future, float("-inf"))
     p = torch.softmax(s, dim=-1)
     return torch.matmul(p, v.float().unsqueeze(2)).to(q.dtype)
 

@@ -58,11 +58,7 @@ def a2a_attention(
     pos = _layout.gathered_positions(cp_size, s, device=query.device)  # [S] position of row i
     to_pos = torch.argsort(pos)
     q, k, v = (t.index_select(0, to_pos) for t in (q, k, v))
-    mask = None
-    if causal:
-        S = q.shape[0]
-        mask = torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1)
     qg, kg, vg = _layout.to_grouped(q, k, v)
-    out = _layout.from_grouped(_kernels.attention(qg, kg, vg, scale, mask))  # [S, b, np/cp, hn]
+    out = _layout.from_grouped(_kernels.attention(qg, kg, vg, scale, causal))  # [S, b, np/cp, hn]
     out = out.index_select(0, pos)  # position order -> rank order
     return _heads_to_seq(out, group, cp_size)

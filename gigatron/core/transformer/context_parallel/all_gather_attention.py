@@ -2,8 +2,9 @@
 
 gigatron's plain-PyTorch counterpart of Transformer Engine's `AttnFuncWithCPAndKVAllGather`:
 all-gather K and V over the CP group (no overlap), then the local queries attend to the whole
-sequence. Under the zigzag layout the gathered keys are in rank order, not position order, so the
-causal mask is built from global positions: query at position p sees keys at positions <= p.
+sequence. Under the zigzag layout the gathered keys are in rank order; they are put in position
+order and each of the two local query chunks attends to the keys up to its own end (causal,
+aligned bottom-right), so no [s, cp*s] mask is built.
 Backward of the gather is a reduce-scatter of dK/dV (tensor_parallel's mapping, CP group).
 
 Shapes: s: local seq, b: micro-batch, np / ng: query / K/V heads, hn: head dim.
@@ -26,10 +27,16 @@ def all_gather_attention(
     s = query.shape[0]
     kv = torch.stack([key, value], dim=1)  # [s, 2, b, ng, hn]
     kv = gather_from_sequence_parallel_region(kv, True, group=group)  # [cp*s, 2, b, ng, hn]
-    q, k, v = _layout.to_grouped(query, kv[:, 0], kv[:, 1])  # k/v [b, ng, cp*s, hn]
-    mask = None
-    if causal:
-        q_pos = _layout.zigzag_positions(cp_size, cp_rank, s, device=query.device)
-        k_pos = _layout.gathered_positions(cp_size, s, device=query.device)
-        mask = k_pos[None, :] > q_pos[:, None]  # [s, cp*s], True = masked (a future key)
-    return _layout.from_grouped(_kernels.attention(q, k, v, scale, mask))
+    if not causal:  # key order does not matter
+        q, k, v = _layout.to_grouped(query, kv[:, 0], kv[:, 1])  # k/v [b, ng, cp*s, hn]
+        return _layout.from_grouped(_kernels.attention(q, k, v, scale, False))
+    # rank order -> position order; then each local chunk sees the keys up to its own end
+    pos = _layout.gathered_positions(cp_size, s, device=query.device)
+    kv = kv.index_select(0, torch.argsort(pos))
+    c = s // 2
+    outs = []
+    for chunk, rows in ((cp_rank, slice(0, c)), (2 * cp_size - 1 - cp_rank, slice(c, s))):
+        end = (chunk + 1) * c  # keys 0 .. end-1; the last c of them form the causal diagonal
+        q, k, v = _layout.to_grouped(query[rows], kv[:end, 0], kv[:end, 1])
+        outs.append(_layout.from_grouped(_kernels.attention(q, k, v, scale, True)))
+    return torch.cat(outs, dim=0)  # [s, b, np, hn]

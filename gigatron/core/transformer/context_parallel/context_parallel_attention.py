@@ -155,8 +155,8 @@ class ContextParallelAttention(MegatronModule):
         kw = dict(scale=self.softmax_scale, causal=causal, group=self.cp_group)
         if self.cp_group.size() == 1:
             q, k, v = _layout.to_grouped(query, key, value)
-            mask = _kernels.causal_mask(s, query.device) if causal else None
-            context = _layout.from_grouped(_kernels.attention(q, k, v, self.softmax_scale, mask))
+            out = _kernels.attention(q, k, v, self.softmax_scale, causal)
+            context = _layout.from_grouped(out)
         elif self.cp_comm_type == "p2p":
             context = ring_attention(query, key, value, global_ranks=self.cp_global_ranks, **kw)
         elif self.cp_comm_type == "all_gather":
