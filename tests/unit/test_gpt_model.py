@@ -174,17 +174,6 @@ def test_sharded_state_dict_uses_megatron_keys():
     assert stacked["output_layer.weight"].layer is None
 
 
-def test_moe_spec_is_rejected_until_the_moe_issue():
-    from gigatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_with_transformer_engine_spec,
-    )
-
-    with pytest.raises(ValueError, match="MoE lands with the MoE issue"):
-        get_gpt_layer_local_spec(num_experts=4)
-    with pytest.raises(ValueError, match="MoE lands with the MoE issue"):
-        get_gpt_layer_with_transformer_engine_spec(num_experts=4, moe_grouped_gemm=True)
-
-
 def test_decoder_block_spec_builds_the_same_model():
     from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
@@ -200,6 +189,3 @@ def test_decoder_block_spec_builds_the_same_model():
     ids = torch.randint(0, 100, (2, 8))
     with torch.no_grad():
         torch.testing.assert_close(model(ids, None, None), base(ids, None, None), atol=1e-5, rtol=0)
-    moe = dataclasses.replace(base.config, num_moe_experts=4)
-    with pytest.raises(ValueError, match="MoE lands with the MoE issue"):
-        get_gpt_decoder_block_spec(moe, use_transformer_engine=False)
