@@ -323,6 +323,7 @@ def train(
             )
             iteration += 1
             args.iteration = iteration
+            losses = {**losses, **_moe_losses(args, config, iteration)}
             batch = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
             args.consumed_train_samples += batch
             flops_so_far += _step_flops(args, batch)
@@ -384,6 +385,28 @@ def train(
         bar.close()
         exit_signal.restore()
     return iteration, flops_so_far
+
+
+def _moe_losses(args, config, iteration: int) -> dict[str, float]:
+    """MoE aux / z losses of this iteration, averaged over MoE layers (every rank calls it:
+    the tracker reduces across ranks), also written to TensorBoard / W&B, per layer if asked."""
+    if not args.num_experts:
+        return {}
+    from gigatron.core.transformer.moe.moe_utils import track_moe_metrics
+    from gigatron.training import global_vars
+
+    totals: dict = {}
+    track_moe_metrics(
+        loss_scale=1.0 / get_num_microbatches(),
+        iteration=iteration,
+        writer=global_vars.get_tensorboard_writer(),
+        wandb_writer=global_vars.get_wandb_writer(),
+        total_loss_dict=totals,
+        per_layer_logging=config.moe_per_layer_logging,
+        num_layers=config.num_layers,
+        moe_layer_freq=config.moe_layer_freq,
+    )
+    return {name: float(value) for name, value in totals.items()}
 
 
 def _step_flops(args, batch: int) -> float:

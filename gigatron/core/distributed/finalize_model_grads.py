@@ -125,6 +125,11 @@ def finalize_model_grads(
     config = _model_config(model[0])
     _allreduce_non_tensor_model_parallel_grads(model, config, tp_group)
     _allreduce_word_embedding_grads(model, ps)
+    if getattr(config, "moe_router_enable_expert_bias", False):
+        # Aux-loss-free balancing: one bias step per iteration from the tokens each expert got.
+        from gigatron.core.transformer.moe.moe_utils import update_router_expert_bias
+
+        update_router_expert_bias(model, config)
 
     if num_tokens is not None:
         last_rank = dist.get_global_rank(pp_group, dist.get_world_size(pp_group) - 1)
