@@ -19,11 +19,15 @@ Shapes: b: micro-batch, se / sd: encoder / decoder seq, h: hidden, V: (padded) v
 
 from __future__ import annotations
 
+import contextlib
+import zlib
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gigatron.core import parallel_state
+from gigatron.core import _init_rng, parallel_state
+from gigatron.core._init_rng import init_rng_scope
 from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from gigatron.core.models.common.language_module.language_module import LanguageModule
@@ -122,12 +126,13 @@ class T5Model(LanguageModule):
 
         self.position_embeddings = None
         if pre_process:
-            self.embedding = LanguageModelEmbedding(
-                config=config,
-                vocab_size=vocab_size,
-                max_sequence_length=max_sequence_length,
-                position_embedding_type=position_embedding_type,
-            )
+            with init_rng_scope(config, "embedding"):
+                self.embedding = LanguageModelEmbedding(
+                    config=config,
+                    vocab_size=vocab_size,
+                    max_sequence_length=max_sequence_length,
+                    position_embedding_type=position_embedding_type,
+                )
             if position_embedding_type == "learned_absolute":
                 self.position_embeddings = self.embedding.position_embeddings
         if position_embedding_type == "rope":
@@ -150,20 +155,22 @@ class T5Model(LanguageModule):
             )
         self.decoder = None
         if add_decoder:
-            self.decoder = TransformerBlock(
-                config=config,
-                spec=transformer_decoder_layer_spec,
-                pre_process=pre_process,
-                post_process=post_process,
-            )
+            with _stack_init_seed("decoder"):
+                self.decoder = TransformerBlock(
+                    config=config,
+                    spec=transformer_decoder_layer_spec,
+                    pre_process=pre_process,
+                    post_process=post_process,
+                )
         if post_process:
-            self.lm_head = T5LMHead(
-                config,
-                parallel_output,
-                vocab_size,
-                pre_process,
-                share_embeddings_and_output_weights,
-            )
+            with init_rng_scope(config, "output_layer"):
+                self.lm_head = T5LMHead(
+                    config,
+                    parallel_output,
+                    vocab_size,
+                    pre_process,
+                    share_embeddings_and_output_weights,
+                )
             self.output_layer = self.lm_head.output_layer
         if pre_process or post_process:
             self.setup_embeddings_and_output_layer()
@@ -282,6 +289,21 @@ class T5Model(LanguageModule):
         if self.post_process:
             return self.lm_head.output_layer.weight
         return None
+
+
+@contextlib.contextmanager
+def _stack_init_seed(name: str):
+    """Under layout-invariant init, layers are seeded by global layer number; give the decoder
+    its own base seed so decoder layer i does not start as a copy of encoder layer i."""
+    base = _init_rng.get_layout_invariant_init_seed()
+    if base is None:
+        yield
+        return
+    _init_rng.set_layout_invariant_init_seed(zlib.crc32(f"{base}:{name}".encode()) & 0x7FFFFFFF)
+    try:
+        yield
+    finally:
+        _init_rng.set_layout_invariant_init_seed(base)
 
 
 def t5_extended_attention_mask(attention_mask_list: list) -> list:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from gigatron.core import parallel_state
+from gigatron.core._init_rng import init_rng_scope
 from gigatron.core.models.bert.bert_lm_head import BertLMHead
 from gigatron.core.models.bert.pooler import Pooler, get_linear_layer
 from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
@@ -52,7 +53,6 @@ class BertModel(LanguageModule):
         pg_collection=None,
     ) -> None:
         super().__init__(config)
-        from gigatron.core import tensor_parallel
 
         if position_embedding_type not in _POSITION_TYPES:
             raise ValueError(
@@ -80,13 +80,14 @@ class BertModel(LanguageModule):
         self.model_type = ModelType.encoder_or_decoder
 
         if pre_process:
-            self.embedding = LanguageModelEmbedding(
-                config=config,
-                vocab_size=vocab_size,
-                max_sequence_length=max_sequence_length,
-                position_embedding_type=position_embedding_type,
-                num_tokentypes=num_tokentypes,
-            )
+            with init_rng_scope(config, "embedding"):
+                self.embedding = LanguageModelEmbedding(
+                    config=config,
+                    vocab_size=vocab_size,
+                    max_sequence_length=max_sequence_length,
+                    position_embedding_type=position_embedding_type,
+                    num_tokentypes=num_tokentypes,
+                )
         if position_embedding_type == "rope":
             self.rotary_pos_emb = RotaryEmbedding(
                 kv_channels=config.kv_channels,
@@ -103,27 +104,35 @@ class BertModel(LanguageModule):
             vp_stage=vp_stage,
         )
         if post_process:
-            self.lm_head = BertLMHead(config.hidden_size, config)
-            self.output_layer = tensor_parallel.ColumnParallelLinear(
-                config.hidden_size,
-                vocab_size,
-                config=config,
-                init_method=config.init_method,
-                bias=True,
-                skip_bias_add=False,
-                gather_output=not parallel_output,
-                skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights,
-            )
-            self.binary_head = None
-            if add_binary_head:
-                self.binary_head = get_linear_layer(
-                    config.hidden_size, 2, config.init_method, config.perform_initialization
-                )
-                self.pooler = Pooler(
-                    config.hidden_size, config.init_method, config, config.sequence_parallel
-                )
+            with init_rng_scope(config, "output_layer"):
+                self._build_heads(config, vocab_size, add_binary_head)
         if pre_process or post_process:
             self.setup_embeddings_and_output_layer()
+
+    def _build_heads(self, config, vocab_size: int, add_binary_head: bool) -> None:
+        """LM head, output layer (with bias) and, optionally, pooler + binary head."""
+        from gigatron.core import tensor_parallel
+
+        self.lm_head = BertLMHead(config.hidden_size, config)
+        self.output_layer = tensor_parallel.ColumnParallelLinear(
+            config.hidden_size,
+            vocab_size,
+            config=config,
+            init_method=config.init_method,
+            bias=True,
+            skip_bias_add=False,
+            gather_output=not self.parallel_output,
+            skip_weight_param_allocation=self.pre_process
+            and self.share_embeddings_and_output_weights,
+        )
+        self.binary_head = None
+        if add_binary_head:
+            self.binary_head = get_linear_layer(
+                config.hidden_size, 2, config.init_method, config.perform_initialization
+            )
+            self.pooler = Pooler(
+                config.hidden_size, config.init_method, config, config.sequence_parallel
+            )
 
     @staticmethod
     def bert_extended_attention_mask(attention_mask: Tensor) -> Tensor:
