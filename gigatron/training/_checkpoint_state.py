@@ -167,7 +167,32 @@ def model_sharded_state_dict(module) -> dict:
     rest = {k: v for k, v in entries.items() if k not in tied}
     stack = _homogeneous_num_layers(inner)
     out.update(sharded_state_dict_from_entries(rest, stack_layers=stack))
+    if stack:
+        out.update(_layer_extra_states(inner, stack))
     out.update(sharded_state_dict_from_entries(tied, replicated_on_pp_stage=True))
+    return out
+
+
+def _layer_extra_states(module, num_layers: int) -> dict:
+    """Megatron's `decoder.layers.<linear>._extra_state` objects (one per global layer index).
+
+    megatron-core's local-spec layers save them (payload None); megatron-core cannot load a
+    checkpoint without them, so gigatron writes them too. TP ranks hold replicas.
+    """
+    (_, tp_rank, dp_rank), _ = _ranks()
+    out = {}
+    for layer in module.decoder.layers:
+        i = layer.layer_number - 1
+        for name, sub in layer.named_modules():
+            if name and type(sub).get_extra_state is not torch.nn.Module.get_extra_state:
+                key = f"decoder.layers.{name}._extra_state"
+                out[f"decoder.layers.{i}.{name}._extra_state"] = ShardedObject(
+                    key,
+                    sub.get_extra_state(),
+                    (num_layers,),
+                    (i,),
+                    replica_id=(0, tp_rank, dp_rank),
+                )
     return out
 
 

@@ -250,6 +250,8 @@ def _restore(state, request, model, optimizer, opt_param_scheduler, with_optim, 
         sharded = cs.model_sharded_state_dict(module)
         with torch.no_grad():
             for name, sh in sharded.items():
+                if not hasattr(sh.data, "copy_"):
+                    continue  # `_extra_state` objects: nothing to restore in gigatron's layers
                 target = sh.data
                 loaded = state[key][name]
                 if target.data_ptr() != loaded.data_ptr():
