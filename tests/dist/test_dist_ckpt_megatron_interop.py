@@ -5,9 +5,11 @@ harness's daemonic ranks may not): megatron-core saves a sharded state dict (row
 stacked layers with a prepended axis, a ShardedObject, common state with an argparse.Namespace);
 gigatron loads it at another sharding, and the reverse. Every loaded tensor must equal the
 source bitwise. Then a small Llama-style GPTModel at TP2: megatron-core's checkpoint loaded into
-gigatron's GPTModel (and gigatron's into megatron-core's) gives the saving side's logits (1e-5). On a CPU-only torch the test stubs what megatron-core's writer needs from CUDA
-(`torch.cuda.synchronize`, `torch.cuda.current_device` -> "cpu") and, without psutil, its
-memory logging.
+gigatron's GPTModel (and gigatron's into megatron-core's) gives the saving side's logits (1e-5).
+
+On a CPU-only torch the test stubs what megatron-core needs from CUDA (`torch.cuda.synchronize`,
+`torch.cuda.current_device` -> "cpu", its RNG tracker's CUDA state) and, without psutil, its
+writer's memory logging.
 """
 
 import json
