@@ -1,10 +1,12 @@
 """T5Model on gloo ranks equals the one-rank model built from the same full weights (fp32):
-TP = 2 (logits, loss, every gradient) and PP = 2 with Megatron's encoder/decoder split (encoder
-on stage 0, decoder + LM head on stage 1) run through the 1F1B schedule (loss, every gradient;
-the word/position embeddings live on both stages and their grads are summed)."""
+TP = 2 with learned or relative positions (logits, loss, every gradient) and PP = 2 with
+Megatron's encoder/decoder split (encoder on stage 0, decoder + LM head on stage 1) run through
+the 1F1B schedule (loss, every gradient; the word/position embeddings live on both stages and
+their grads are summed)."""
 
 import dataclasses
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -23,7 +25,7 @@ from gigatron.testing import run_distributed
 V, SE, SD, B = 64, 12, 8, 2
 
 
-def _build(tp=1, pp=1, add_encoder=True, add_decoder=True, post_process=True):
+def _build(tp=1, pp=1, add_encoder=True, add_decoder=True, post_process=True, position=None):
     cfg = TransformerConfig(
         num_layers=2,
         hidden_size=32,
@@ -50,6 +52,7 @@ def _build(tp=1, pp=1, add_encoder=True, add_decoder=True, post_process=True):
         add_encoder=add_encoder,
         add_decoder=add_decoder,
         post_process=post_process,
+        position_embedding_type=position or "learned_absolute",
     )
 
 
@@ -75,11 +78,11 @@ def _inputs(i=0):
     )
 
 
-def _reference(num_microbatches=1):
+def _reference(num_microbatches=1, position=None):
     parallel_state.initialize_model_parallel(1)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     torch.manual_seed(0)
-    model = _build()
+    model = _build(position=position)
     batch = _inputs()
     with torch.no_grad():
         logits = model(**{k: v for k, v in batch.items() if k != "lm_labels"})
@@ -95,13 +98,13 @@ def _reference(num_microbatches=1):
     return full, logits, loss.detach(), grads
 
 
-def _tp_body(tp):
+def _tp_body(tp, position):
     torch.set_num_threads(1)
-    full, ref_logits, ref_loss, ref_grads = _reference()
+    full, ref_logits, ref_loss, ref_grads = _reference(position=position)
     parallel_state.initialize_model_parallel(tp)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    model = _build(tp=tp)
+    model = _build(tp=tp, position=position)
     params = dict(model.named_parameters())
     assert set(params) == set(full)
     with torch.no_grad():
@@ -124,8 +127,9 @@ def _tp_body(tp):
     return errors
 
 
-def test_t5_tensor_parallel_matches_one_rank():
-    errors = run_distributed(_tp_body, 2, args=(2,), timeout=240)
+@pytest.mark.parametrize("position", ["learned_absolute", "relative"])
+def test_t5_tensor_parallel_matches_one_rank(position):
+    errors = run_distributed(_tp_body, 2, args=(2, position), timeout=240)
     print(errors)
     for errs in errors:
         assert max(errs.values()) <= 1e-5, errs

@@ -1,6 +1,6 @@
 """T5Model on one rank: causal decoder (a later decoder token cannot change earlier logits),
 padded encoder tokens are invisible under the local-spec masks, Megatron's key names, and the
-'relative' position type is refused."""
+'relative' positions (bias on every self-attention) change the output and get grads."""
 
 import dataclasses
 import tempfile
@@ -106,6 +106,26 @@ def test_megatron_key_names():
     assert "lm_head.output_layer.weight" in untied and "lm_head.output_layer.bias" not in untied
 
 
-def test_relative_positions_refused():
+def test_unknown_position_type_refused():
     with pytest.raises(ValueError, match="position_embedding_type"):
-        _model(position_embedding_type="relative")
+        _model(position_embedding_type="alibi")
+
+
+def test_relative_positions_shape_attention():
+    """With 'relative' (no learned positions) the bias is the only position signal: the
+    encoder output depends on it, and its grads reach both tables."""
+    model = _model(position_embedding_type="relative")
+    assert not hasattr(model.embedding, "position_embeddings")
+    g = torch.Generator().manual_seed(0)
+    enc, dec = torch.randint(1, 32, (2, 10), generator=g), torch.randint(1, 32, (2, 6), generator=g)
+    masks = _masks(enc, dec)
+    loss = model(enc, dec, *masks, lm_labels=torch.randint(0, 32, (2, 6), generator=g))
+    loss.sum().backward()
+    for stack in ("encoder", "decoder"):
+        grad = getattr(model, f"{stack}_relative_pos_emb").relative_attention_bias.weight.grad
+        assert grad is not None and grad.abs().sum() > 0, stack
+    with torch.no_grad():
+        base = model(enc, dec, *masks)
+        table = model.encoder_relative_pos_emb.relative_attention_bias.weight
+        table.copy_(torch.randn(table.shape, generator=g) * 3)
+        assert (model(enc, dec, *masks) - base).abs().max() > 5e-4  # logits are ~0.1 here

@@ -111,15 +111,22 @@ class Attention(MegatronModule):
             tp_comm_buffer_name="proj",
         )
 
-    def _core_attention(self, query, key, value, attention_mask, attn_mask_type) -> Tensor:
+    def _core_attention(
+        self, query, key, value, attention_mask, attn_mask_type, attention_bias=None
+    ) -> Tensor:
+        # attention_bias (e.g. T5's relative positions, [1|b, np, sq, sk]) is passed only when
+        # given: the core attentions that do not take it keep refusing it themselves.
+        extra = {} if attention_bias is None else {"attention_bias": attention_bias}
         if not (self.checkpoint_core_attention and self.training):
             return self.core_attention(
-                query, key, value, attention_mask, attn_mask_type=attn_mask_type
+                query, key, value, attention_mask, attn_mask_type=attn_mask_type, **extra
             )
         from gigatron.core import tensor_parallel
 
         def run(q, k, v):
-            return self.core_attention(q, k, v, attention_mask, attn_mask_type=attn_mask_type)
+            return self.core_attention(
+                q, k, v, attention_mask, attn_mask_type=attn_mask_type, **extra
+            )
 
         # Recompute the [b, np, sq, sk] scores/probs in backward instead of storing them.
         return tensor_parallel.checkpoint(run, False, query, key, value)
@@ -142,8 +149,8 @@ class Attention(MegatronModule):
     ) -> tuple[Tensor, Tensor | None]:
         """hidden_states [s(/tp under SP), b, h] -> (output [s(/tp), b, h], bias [h] or None)."""
         inference_context = inference_context if inference_context is not None else inference_params
-        if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError("packed_seq_params / attention_bias are not supported by gigatron")
+        if packed_seq_params is not None:
+            raise ValueError("packed_seq_params is not supported by gigatron")
         query, key, value = self.get_query_key_value_tensors(hidden_states, key_value_states)
         if rotary_pos_emb is not None:
             if not isinstance(rotary_pos_emb, tuple):
@@ -157,7 +164,9 @@ class Attention(MegatronModule):
             key = apply_rotary_pos_emb(key, k_pos_emb, config=self.config)
         if inference_context is not None:
             key, value = self._adjust_key_value_for_inference(inference_context, key, value)
-        context = self._core_attention(query, key, value, attention_mask, self.attn_mask_type)
+        context = self._core_attention(
+            query, key, value, attention_mask, self.attn_mask_type, attention_bias
+        )
         output, bias = self.linear_proj(context)  # [sq, b, np*hn] -> [sq(/tp), b, h]
         return output, bias
 

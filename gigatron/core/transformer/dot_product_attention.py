@@ -95,8 +95,11 @@ class DotProductAttention(MegatronModule):
         attention_bias: Tensor | None = None,
         packed_seq_params=None,
     ) -> Tensor:
-        """q [sq, b, np, hn], k/v [sk, b, ng, hn], mask bool [b|1, 1, sq, sk] -> [sq, b, np*hn]."""
-        self._check_unsupported(attention_bias, packed_seq_params)
+        """q [sq, b, np, hn], k/v [sk, b, ng, hn], mask bool [b|1, 1, sq, sk] -> [sq, b, np*hn].
+        attention_bias [1|b, np, sq, sk] (T5's relative positions) is added to the scaled
+        scores before masking (Transformer Engine's post_scale_bias; Megatron's local path has
+        none)."""
+        self._check_unsupported(None, packed_seq_params)
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         sq, b, np_, hn = query.shape
         sk = key.shape[0]
@@ -106,6 +109,8 @@ class DotProductAttention(MegatronModule):
         q = query.permute(1, 2, 0, 3).reshape(b * np_, sq, hn)  # [b*np, sq, hn]
         k = key.permute(1, 2, 3, 0).reshape(b * np_, hn, sk)  # [b*np, hn, sk]
         scores = torch.bmm(q, k).mul_(self.softmax_scale).view(b, np_, sq, sk)  # [b, np, sq, sk]
+        if attention_bias is not None:
+            scores = scores + attention_bias
         probs = self._scale_mask_softmax(scores, attention_mask, mask_type)
         with self._dropout_rng():
             probs = self.attention_dropout(probs)

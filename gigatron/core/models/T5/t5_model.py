@@ -11,8 +11,9 @@ Pipeline parallelism splits the model between encoder and decoder (Megatron's en
 split): a stage built with add_decoder=False runs the whole encoder and sends its output; a stage
 built with add_encoder=False receives it as `set_input_tensor([encoder_output])` and runs the
 decoder (embedding its own decoder tokens: pre_process=True there too, the word embedding shared
-with the encoder stage through the embedding group). Position embedding type 'relative' needs
-attention_bias, which gigatron's attention does not take: ValueError.
+with the encoder stage through the embedding group). Position embedding type 'relative' adds
+`RelativePositionEmbedding`'s bias to every self-attention's scores (gigatron's
+DotProductAttention takes attention_bias; Megatron needs Transformer Engine for it).
 
 Shapes: b: micro-batch, se / sd: encoder / decoder seq, h: hidden, V: (padded) vocabulary.
 """
@@ -35,7 +36,7 @@ from gigatron.core.transformer.enums import ModelType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.transformer_block import TransformerBlock
 
-_POSITION_TYPES = ("learned_absolute", "rope")
+_POSITION_TYPES = ("learned_absolute", "rope", "relative")
 
 
 class T5LMHead(MegatronModule):
@@ -100,7 +101,7 @@ class T5Model(LanguageModule):
         if position_embedding_type not in _POSITION_TYPES:
             raise ValueError(
                 f"position_embedding_type ({position_embedding_type!r}) must be one of "
-                f"{_POSITION_TYPES} in gigatron's T5Model ('relative' needs attention_bias)"
+                f"{_POSITION_TYPES} for T5Model"
             )
         if not (add_encoder or add_decoder):
             raise ValueError("T5Model needs add_encoder or add_decoder (or both) to be True")
@@ -143,6 +144,20 @@ class T5Model(LanguageModule):
                 seq_len_interpolation_factor=seq_len_interpolation_factor,
                 use_cpu_initialization=config.use_cpu_initialization,
             )
+        if position_embedding_type == "relative":
+            from gigatron.core.models.T5.relative_pos_embedding import RelativePositionEmbedding
+
+            with init_rng_scope(config, "relative_pos_emb"):
+                self.encoder_relative_pos_emb, self.decoder_relative_pos_emb = (
+                    RelativePositionEmbedding(
+                        bidirectional=bidirectional,
+                        init_method=config.init_method,
+                        num_attention_heads=config.num_attention_heads,
+                        relative_attention_num_buckets=relative_attention_num_buckets,
+                        relative_attention_max_distance=relative_attention_max_distance,
+                    )
+                    for bidirectional in (True, False)
+                )
         self.encoder = None
         if add_encoder:
             # Under the encoder/decoder pipeline split the encoder ends on its stage: it keeps
@@ -196,6 +211,18 @@ class T5Model(LanguageModule):
         if self.position_embeddings is not None:
             weights.append(self.position_embeddings.weight)
         return weights
+
+    def _relative_bias(self, which: str, ids: Tensor) -> Tensor | None:
+        """This TP rank's heads of the relative position bias [1, np/tp, s, s] (or None)."""
+        if self.position_embedding_type != "relative":
+            return None
+        from gigatron.core import tensor_parallel
+
+        emb = getattr(self, f"{which}_relative_pos_emb")
+        bias = emb(ids.size(1), ids.size(1)).permute(0, 2, 3, 1)  # [1, s, s, np]
+        # Split the heads over TP (backward all-gathers: the table's grad is whole on each rank).
+        bias = tensor_parallel.scatter_to_tensor_model_parallel_region(bias)  # [1, s, s, np/tp]
+        return bias.permute(0, 3, 1, 2)  # [1, np/tp, s, s]
 
     def set_input_tensor(self, input_tensor) -> None:
         """Encoder stage: its pipeline input. Decoder-only stage: [encoder output] or
@@ -256,6 +283,7 @@ class T5Model(LanguageModule):
                     hidden_states=encoder_input,
                     attention_mask=encoder_attn_mask,
                     rotary_pos_emb=self._rotary(self.encoder, encoder_input),
+                    attention_bias=self._relative_bias("encoder", encoder_input_ids),
                 )  # [se, b, h]
             else:
                 encoder_hidden_states = self.encoder_hidden_state
@@ -272,6 +300,7 @@ class T5Model(LanguageModule):
             context=encoder_hidden_states,
             context_mask=encoder_decoder_attn_mask,
             rotary_pos_emb=self._rotary(self.decoder, decoder_input),
+            attention_bias=self._relative_bias("decoder", decoder_input_ids),
         )  # [sd, b, h]
         if not self.post_process:
             return decoder_hidden_states
