@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 
 import torch
 
+from gigatron.convert._ckpt_layout import entry_shape, load_entry, per_layer_entries
 from gigatron.convert._recipes import recipes_for_keys
 from gigatron.convert.hf_config import spec_from_hf_config
 from gigatron.convert.hf_io import write_safetensors
@@ -64,17 +64,6 @@ def _hf_config(load: str, ckpt_dir: str, hf_config) -> tuple[dict, str | None]:
     return json.loads(args.hf_config_json), None
 
 
-def _load_global(key: str, meta, ckpt_dir: str) -> torch.Tensor:
-    from gigatron.core import dist_checkpointing
-    from gigatron.core.dist_checkpointing import ShardedTensor
-
-    target = torch.empty(tuple(meta.global_shape), dtype=meta.dtype)
-    request = {key: ShardedTensor.from_rank_offsets(key, target, replica_id=0)}
-    with warnings.catch_warnings():  # one process without a process group is the intent here
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        return dist_checkpointing.load(request, ckpt_dir)[key]
-
-
 def convert_gigatron_to_hf(
     load: str, out_dir: str, *, hf_config=None, max_shard_bytes: int = 5 * 1024**3
 ) -> list[str]:
@@ -86,23 +75,23 @@ def convert_gigatron_to_hf(
 
     ckpt_dir = find_checkpoint_dir(load)
     cfg, side_dir = _hf_config(load, ckpt_dir, hf_config)
-    metadata = dist_checkpointing.load_tensors_metadata(ckpt_dir)
-    emb = metadata.get("embedding.word_embeddings.weight")
+    entries = per_layer_entries(dist_checkpointing.load_tensors_metadata(ckpt_dir))
+    emb = entries.get("embedding.word_embeddings.weight")
     if emb is None:
         raise ValueError(f"{ckpt_dir}: no embedding.word_embeddings.weight (not a GPT checkpoint?)")
     spec = spec_from_hf_config(cfg)
-    padded = tuple(emb.global_shape)[0]
-    recipes = recipes_for_keys(spec, metadata, padded)
-    _check_complete(spec, recipes, metadata)
+    recipes = recipes_for_keys(spec, entries, entry_shape(emb)[0])
+    _check_complete(spec, recipes, entries)
     plan = []
     for r in recipes:
-        m = metadata[r.key]
-        outs = r.to_hf(torch.empty(tuple(m.global_shape), dtype=m.dtype, device="meta"))
-        plan += [(k, tuple(t.shape), t.dtype) for k, t in zip(r.hf_keys, outs)]
+        meta = torch.empty(
+            entry_shape(entries[r.key]), dtype=entries[r.key][2].dtype, device="meta"
+        )
+        plan += [(k, tuple(t.shape), t.dtype) for k, t in zip(r.hf_keys, r.to_hf(meta))]
 
     def produce():
         for r in recipes:
-            yield from zip(r.hf_keys, r.to_hf(_load_global(r.key, metadata[r.key], ckpt_dir)))
+            yield from zip(r.hf_keys, r.to_hf(load_entry(entries[r.key], ckpt_dir)))
 
     os.makedirs(out_dir, exist_ok=True)
     files = write_safetensors(out_dir, plan, produce(), max_shard_bytes=max_shard_bytes)
@@ -114,17 +103,17 @@ def convert_gigatron_to_hf(
     return files
 
 
-def _check_complete(spec, recipes, metadata) -> None:
+def _check_complete(spec, recipes, entries) -> None:
     """Every model tensor of the checkpoint must be exported (none silently dropped)."""
     from gigatron.convert._recipes import _Every, gpt2_recipes, llama_recipes
 
     fn = gpt2_recipes if spec.family == "gpt2" else llama_recipes
     possible = {r.key for r in fn(spec, _Every(), spec.padded_vocab_size)}
-    model_keys = {k for k in metadata if k.startswith(("embedding.", "decoder.", "output_layer."))}
+    model_keys = {k for k in entries if k.startswith(("embedding.", "decoder.", "output_layer."))}
     unknown = sorted(model_keys - possible - ({"output_layer.weight"} if spec.tied else set()))
     if unknown:
         raise ValueError(f"checkpoint tensors with no HF mapping for {spec.family}: {unknown[:8]}")
     needed = {r.key for r in fn(spec, _Every(), spec.padded_vocab_size)}
-    absent = sorted(k for k in needed - set(metadata) if not k.endswith(".bias"))
+    absent = sorted(k for k in needed - set(entries) if not k.endswith(".bias"))
     if absent:
         raise ValueError(f"checkpoint lacks tensors the {spec.family} model needs: {absent[:8]}")

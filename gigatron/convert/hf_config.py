@@ -64,7 +64,7 @@ class HFModelSpec:
         """A GPTModel for this HF model (parallel sizes go in `config_overrides`)."""
         from gigatron.core.models.gpt import GPTModel
 
-        config = self.transformer_config(use_cpu_initialization=True, **config_overrides)
+        config = self.transformer_config(**{"use_cpu_initialization": True, **config_overrides})
         return GPTModel(
             config,
             self.layer_spec(fast),

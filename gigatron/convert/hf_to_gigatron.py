@@ -22,6 +22,7 @@ import shutil
 
 import torch
 
+from gigatron.convert._ckpt_layout import fill_request, model_request, one_rank_world
 from gigatron.convert._recipes import recipes_for
 from gigatron.convert.hf_config import HFModelSpec, read_hf_config, spec_from_hf_config
 from gigatron.convert.hf_io import HFReader, iter_planned, write_safetensors
@@ -79,16 +80,6 @@ def megatron_tensors(reader: HFReader, recipes, scratch_dir: str) -> dict[str, t
     )
     scratch = HFReader(scratch_dir)
     return {**direct, **{k: scratch.get(k) for k, _, _ in plan}}
-
-
-def _sharded_model_dict(tensors: dict[str, torch.Tensor]) -> dict:
-    from gigatron.core.dist_checkpointing import ShardedTensor
-
-    vocab_keys = ("embedding.word_embeddings.weight", "output_layer.weight")
-    return {
-        k: ShardedTensor.from_rank_offsets(k, t, replica_id=0, allow_shape_mismatch=k in vocab_keys)
-        for k, t in tensors.items()
-    }
 
 
 def _checkpoint_args(spec: HFModelSpec, tp: int, pp: int, ep: int, divisible_by: int):
@@ -155,19 +146,15 @@ def convert_hf_to_gigatron(
     os.makedirs(ckpt_dir, exist_ok=True)
     try:
         tensors = megatron_tensors(reader, recipes, scratch)
-        if spec.tied:
-            # gigatron's GPTModel asks for the last pipeline stage's tied output weight under
-            # `output_layer.weight` (Megatron: `embedding.word_embeddings.weight`, non-main
-            # replica), so a tied model also stores that key to load at PP > 1. Export skips it.
-            tensors["output_layer.weight"] = tensors["embedding.word_embeddings.weight"]
-        state = {
-            "model": _sharded_model_dict(tensors),
-            "args": _checkpoint_args(spec, tp, pp, ep, make_vocab_size_divisible_by),
-            "checkpoint_version": CHECKPOINT_VERSION,
-            "iteration": 0,
-            "num_floating_point_operations_so_far": 0,
-        }
-        dist_checkpointing.save(state, ckpt_dir)
+        with one_rank_world():
+            state = {
+                "model": fill_request(model_request(spec), tensors),
+                "args": _checkpoint_args(spec, tp, pp, ep, make_vocab_size_divisible_by),
+                "checkpoint_version": CHECKPOINT_VERSION,
+                "iteration": 0,
+                "num_floating_point_operations_so_far": 0,
+            }
+            dist_checkpointing.save(state, ckpt_dir)
         del tensors, state
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
