@@ -253,7 +253,9 @@ def _restore(state, request, model, optimizer, opt_param_scheduler, with_optim, 
                 if not hasattr(sh.data, "copy_"):
                     continue  # `_extra_state` objects: nothing to restore in gigatron's layers
                 target = sh.data
-                loaded = state[key][name]
+                loaded = state.get(key, {}).get(name)
+                if loaded is None:  # dropped as "unexpected" by a non-strict load
+                    continue
                 if target.data_ptr() != loaded.data_ptr():
                     target.copy_(loaded)
     if with_optim and optimizer is not None and _reshardable(optimizer):

@@ -235,3 +235,16 @@ def test_process_killed_during_save_resumes_from_last_complete(tmp_path):
     model, opt, sched = _setup(seed=7)
     assert ckpt.load_checkpoint(model, opt, sched, args=_args(tmp_path))[0] == 1
     assert torch.equal(model.w1.detach(), torch.load(tmp_path / "w1_at_1.pt"))
+
+
+def test_strict_and_non_strict_load_of_a_model_with_a_new_tensor(tmp_path):
+    model, opt, sched = _setup()
+    ckpt.save_checkpoint(1, model, opt, sched, args=_args(tmp_path))
+    grown = Tiny(seed=9)
+    grown.w3 = torch.nn.Parameter(torch.ones(2))
+    entries = grown.sharded_state_dict()
+    grown.sharded_state_dict = lambda **kw: {**entries, "layer.w3": (grown.w3, None, 1, False)}
+    with pytest.raises(dc.CheckpointingException, match="layer.w3"):
+        ckpt.load_checkpoint(grown, None, None, args=_args(tmp_path))
+    ckpt.load_checkpoint(grown, None, None, strict=False, args=_args(tmp_path))
+    assert torch.equal(grown.w1, model.w1) and torch.equal(grown.w3, torch.ones(2))

@@ -160,7 +160,9 @@ def load_optimizer_state_dict(optimizer, request: dict, loaded: dict) -> None:
     """Copy what `load` returned for `optimizer_sharded_state_dict` into the optimizer."""
     with torch.no_grad():
         for name, sh in request["sharded"].items():
-            got = loaded["sharded"][name]
+            got = loaded.get("sharded", {}).get(name)
+            if got is None:  # not in the checkpoint (non-strict load)
+                continue
             if got.data_ptr() != sh.data.data_ptr():
                 sh.data.copy_(got)
     units, _ = _units(optimizer)

@@ -1,0 +1,1 @@
+"""Checkpoint format strategies (mirrors `megatron.core.dist_checkpointing.strategies`)."""

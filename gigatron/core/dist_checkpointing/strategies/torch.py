@@ -322,6 +322,27 @@ def _check_coverage(fqn, md, reqs, read_items) -> None:
             )
 
 
+def _precheck(sharded_tensors, object_keys, checkpoint_dir) -> None:
+    """Clear errors for absent keys or wrong global shapes before DCP (which wraps errors)."""
+    md_all = read_dcp_metadata(checkpoint_dir).state_dict_metadata
+    for sh in sharded_tensors:
+        md = md_all.get(sh.key)
+        if not isinstance(md, TensorStorageMetadata):
+            raise CheckpointingException(
+                f"{checkpoint_dir}: tensor {sh.key!r} is not in the checkpoint"
+            )
+        if tuple(md.size) != tuple(sh.global_shape) and not sh.allow_shape_mismatch:
+            raise CheckpointingException(
+                f"{sh.key}: global shape in checkpoint {tuple(md.size)} != requested "
+                f"{tuple(sh.global_shape)} (set allow_shape_mismatch for padded tensors)"
+            )
+    for key in object_keys:
+        if not isinstance(md_all.get(key), BytesStorageMetadata):
+            raise CheckpointingException(
+                f"{checkpoint_dir}: object {key!r} is not in the checkpoint"
+            )
+
+
 def load_sharded(
     sharded_tensors: list[ShardedTensor], object_keys: list[str], checkpoint_dir: str
 ) -> dict[str, Any]:
@@ -337,6 +358,7 @@ def load_sharded(
                 sh.data = sh.data.to("cpu").contiguous()
             if sh.allow_shape_mismatch:
                 sh.data.zero_()
+    _precheck(sharded_tensors, object_keys, checkpoint_dir)
     planner = _LoadPlanner(sharded_tensors, object_keys)
     no_dist = not (dist.is_available() and dist.is_initialized())
     dcp_load({}, storage_reader=SafeFileSystemReader(str(checkpoint_dir)), planner=planner,
