@@ -312,6 +312,13 @@ class T5Model(LanguageModule):
             return logits.transpose(0, 1).contiguous()  # [b, sd, V/tp]
         return self.compute_language_model_loss(lm_labels, logits)  # [b, sd]
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
+        """{Megatron checkpoint key: ShardedEntry}: `encoder.layers.{i}.*` and
+        `decoder.layers.{i}.*` (each stack whole on its stage), embedding, LM head."""
+        from gigatron.core.models.bert._checkpoint_keys import sharded_keys
+
+        return sharded_keys(self, ("encoder", "decoder"), prefix=prefix, local_index=True)
+
     def shared_embedding_or_output_weight(self) -> Tensor | None:
         if self.pre_process:
             return self.embedding.word_embeddings.weight
