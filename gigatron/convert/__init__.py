@@ -8,13 +8,18 @@ See docs/convert.md.
 
 from gigatron.convert.gigatron_to_hf import convert_gigatron_to_hf
 from gigatron.convert.hf_config import HFModelSpec, is_hf_dir, read_hf_config, spec_from_hf_config
-from gigatron.convert.hf_to_gigatron import convert_hf_to_gigatron, load_hf_into_model
+from gigatron.convert.hf_to_gigatron import (
+    convert_hf_to_gigatron,
+    load_hf_for_training,
+    load_hf_into_model,
+)
 
 __all__ = [
     "HFModelSpec",
     "convert_gigatron_to_hf",
     "convert_hf_to_gigatron",
     "is_hf_dir",
+    "load_hf_for_training",
     "load_hf_into_model",
     "read_hf_config",
     "spec_from_hf_config",

@@ -238,3 +238,17 @@ def _tp_shard(full: torch.Tensor, entry, tp_rank: int, tp_size: int) -> torch.Te
         return full
     pieces = torch.chunk(full, tp_size * entry.tp_stride, dim=entry.tp_axis)
     return torch.cat(pieces[tp_rank::tp_size], dim=entry.tp_axis)
+
+
+def load_hf_for_training(model_chunks, optimizer, load_dir: str | None) -> bool:
+    """The training loop's hook: if `load_dir` is a HF directory, fill the model from it,
+    refresh the optimizer's fp32 main copies, and return True (start at iteration 0, as
+    --finetune); otherwise do nothing and return False (load a gigatron checkpoint instead)."""
+    from gigatron.convert.hf_config import is_hf_dir
+
+    if not is_hf_dir(load_dir):
+        return False
+    load_hf_into_model(model_chunks, load_dir)
+    if optimizer is not None and hasattr(optimizer, "reload_model_params"):
+        optimizer.reload_model_params()
+    return True

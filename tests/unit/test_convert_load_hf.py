@@ -91,3 +91,47 @@ def test_llama31_rope_scaling_matches_transformers(tmp_path):
     torch.testing.assert_close(model.rotary_pos_emb.inv_freq, theirs, rtol=1e-6, atol=0)
     plain = 1.0 / (500000.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
     assert not torch.allclose(theirs, plain)
+
+
+@pytest.mark.parametrize("reload", [True, False])
+def test_training_hook_refreshes_bf16_main_params(reload, tmp_path):
+    """bf16 model + distributed optimizer: after load_hf_for_training an lr=0 step keeps the HF
+    weights; filling the model without refreshing the fp32 main copies (the negative control)
+    lets the step write the random init back."""
+    from gigatron.convert import (
+        load_hf_for_training,
+        load_hf_into_model,
+        read_hf_config,
+        spec_from_hf_config,
+    )
+    from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from gigatron.core.transformer.module import Float16Module
+
+    hf = make_hf_model("llama", str(tmp_path))
+    spec = spec_from_hf_config(read_hf_config(str(tmp_path)))
+    model = spec.build_model(fast=True, bf16=True, params_dtype=torch.bfloat16)
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                               use_distributed_optimizer=True)  # fmt: skip
+    ddp = DistributedDataParallel(model.config, ddp_config, Float16Module(model.config, model))
+    opt_config = OptimizerConfig(lr=0.0, bf16=True, params_dtype=torch.bfloat16,
+                                 use_distributed_optimizer=True)  # fmt: skip
+    opt = get_megatron_optimizer(opt_config, [ddp])
+    if reload:
+        assert load_hf_for_training([ddp], opt, str(tmp_path))
+    else:
+        load_hf_into_model([ddp], str(tmp_path))
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(2))
+    ddp(ids, None, None, labels=ids).float().mean().backward()
+    assert opt.step()[0]
+    w = dict(model.named_parameters())["decoder.layers.0.self_attention.linear_proj.weight"]
+    ref = hf.model.layers[0].self_attn.o_proj.weight.to(torch.bfloat16)
+    assert torch.equal(w.detach(), ref) == reload
+
+
+def test_training_hook_ignores_gigatron_checkpoints(tmp_path):
+    from gigatron.convert import load_hf_for_training
+
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("release")
+    assert load_hf_for_training([], None, str(tmp_path)) is False
+    assert load_hf_for_training([], None, None) is False
