@@ -1,7 +1,8 @@
 """Pipeline-parallel training checkpoints: GPTModel (tied embeddings) trained with the 1F1B
-schedule at TP2 x PP2 x DP2 with the distributed optimizer, saved, and loaded at TP1 x PP1 x DP1
-and TP4 x PP2 x DP1: every full tensor (weights, Adam moments) bitwise equal after re-saving,
-and two further steps equal to the run that never changed layout (<= 1e-6).
+schedule at TP2 x PP2 x DP2 with the distributed optimizer, saved, and loaded at TP1 x PP1 x DP1,
+TP4 x PP2 x DP1 and TP1 x PP2 (2 virtual stages, interleaved) x DP2: every full tensor (weights,
+Adam moments) bitwise equal after re-saving, and two further steps equal to the run that never
+changed layout (<= 1e-6).
 """
 
 import argparse
@@ -27,28 +28,34 @@ from gigatron.training import checkpointing as ckpt
 V, H, L, S, B, MICRO = 32, 16, 4, 8, 2, 4  # MICRO microbatches per step, globally
 
 
-def _build(tp, pp):
-    ps.initialize_model_parallel(tp, pp)
+def _build(tp, pp, vp=None):
+    ps.initialize_model_parallel(tp, pp, vp)
     torch.manual_seed(0)
     cfg = TransformerConfig(
         num_layers=L, hidden_size=H, num_attention_heads=4, hidden_dropout=0.0,
         attention_dropout=0.0, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        pipeline_dtype=torch.float32, use_cpu_initialization=True,
+        virtual_pipeline_model_parallel_size=vp, pipeline_dtype=torch.float32,
+        use_cpu_initialization=True,
     )  # fmt: skip
     pp_rank = ps.get_pipeline_model_parallel_rank()
-    model = GPTModel(
-        cfg, get_gpt_layer_local_spec(), V, S, pre_process=pp_rank == 0,
-        post_process=pp_rank == pp - 1, share_embeddings_and_output_weights=True,
-    )  # fmt: skip
-    ddp = DistributedDataParallel(
-        cfg, DistributedDataParallelConfig(use_distributed_optimizer=True), model
-    )
-    cfg.no_sync_func = ddp.no_sync
+    chunks = []
+    for c in range(vp or 1):
+        model = GPTModel(
+            cfg, get_gpt_layer_local_spec(), V, S, pre_process=pp_rank == 0 and c == 0,
+            post_process=pp_rank == pp - 1 and c == (vp or 1) - 1,
+            share_embeddings_and_output_weights=True, vp_stage=None if vp is None else c,
+        )  # fmt: skip
+        chunks.append(
+            DistributedDataParallel(
+                cfg, DistributedDataParallelConfig(use_distributed_optimizer=True), model
+            )
+        )
+    cfg.no_sync_func = [d.no_sync for d in chunks] if vp else chunks[0].no_sync
     cfg.finalize_model_grads_func = finalize_model_grads
     opt = get_megatron_optimizer(
-        OptimizerConfig(lr=1e-2, use_distributed_optimizer=True, weight_decay=0.0), [ddp]
+        OptimizerConfig(lr=1e-2, use_distributed_optimizer=True, weight_decay=0.0), chunks
     )
-    return ddp, opt
+    return chunks, opt
 
 
 def _loss_func(per_token_loss):
@@ -68,14 +75,18 @@ def _step(ddp, opt, step):
     data = [(t, torch.roll(t, -1, 1)) for t in torch.randint(0, V, (MICRO, B, S), generator=g)]
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     mine = data[dp_rank * MICRO // dp : (dp_rank + 1) * MICRO // dp]
-    ddp.zero_grad_buffer()
+    for d in ddp:
+        d.zero_grad_buffer()
     opt.zero_grad()
+    many = len(ddp) > 1
     out = get_forward_backward_func()(
-        forward_step_func=_forward_step, data_iterator=iter(mine), model=ddp,
-        num_microbatches=len(mine), seq_length=S, micro_batch_size=B,
+        forward_step_func=_forward_step,
+        data_iterator=[iter(mine) for _ in ddp] if many else iter(mine),
+        model=ddp if many else ddp[0], num_microbatches=len(mine), seq_length=S,
+        micro_batch_size=B,
     )  # fmt: skip
     assert opt.step()[0]
-    if not ps.is_pipeline_last_stage():
+    if not ps.is_pipeline_last_stage(ignore_virtual=True):
         return None
     total = torch.stack([r["lm loss"] for r in out]).sum(0)
     torch.distributed.all_reduce(total, group=ps.get_data_parallel_group())
@@ -90,14 +101,14 @@ def _train_save_continue(save_dir):
     ddp, opt = _build(2, 2)
     for step in range(2):
         _step(ddp, opt, step)
-    ckpt.save_checkpoint(2, [ddp], opt, None, args=_args(save_dir, save_dir))
+    ckpt.save_checkpoint(2, ddp, opt, None, args=_args(save_dir, save_dir))
     return [_step(ddp, opt, step) for step in (2, 3)]
 
 
-def _load_resave_continue(load_dir, resave_dir, tp, pp):
-    ddp, opt = _build(tp, pp)
-    assert ckpt.load_checkpoint([ddp], opt, None, args=_args(resave_dir, load_dir))[0] == 2
-    ckpt.save_checkpoint(2, [ddp], opt, None, args=_args(resave_dir, load_dir))
+def _load_resave_continue(load_dir, resave_dir, tp, pp, vp=None):
+    ddp, opt = _build(tp, pp, vp)
+    assert ckpt.load_checkpoint(ddp, opt, None, args=_args(resave_dir, load_dir))[0] == 2
+    ckpt.save_checkpoint(2, ddp, opt, None, args=_args(resave_dir, load_dir))
     return [_step(ddp, opt, step) for step in (2, 3)]
 
 
