@@ -16,7 +16,7 @@ def _args(tmp, iters):
         "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "32", "--max-position-embeddings", "32",
         "--micro-batch-size", "16", "--global-batch-size", "16",
-        "--lr", "1e-2", "--min-lr", "1e-3", "--lr-decay-style", "cosine",
+        "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine",
         "--train-iters", str(iters), "--seed", "3",
         "--data-path", prefix, "--split", "90,5,5", "--data-cache-path", f"{tmp}/cache",
         "--tokenizer-type", "HuggingFaceTokenizer",
@@ -50,6 +50,7 @@ def _check(history, window, drop):
 def test_bert_loss_falls_in_30_steps(tmp_path):
     (history,) = run_distributed(_train, 1, args=(str(tmp_path), 30), timeout=300)
     assert len(history) == 30
+    # 30 steps get below the unigram level (ln 64 = 4.16 -> ~3.9); the slow run learns context.
     _check(history, 5, 0.2)
 
 
