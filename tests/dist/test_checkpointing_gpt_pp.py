@@ -102,14 +102,20 @@ def _train_save_continue(save_dir):
     for step in range(2):
         _step(ddp, opt, step)
     ckpt.save_checkpoint(2, ddp, opt, None, args=_args(save_dir, save_dir))
-    return [_step(ddp, opt, step) for step in (2, 3)]
+    losses = [_step(ddp, opt, step) for step in (2, 3)]
+    final = save_dir + "_final"
+    ckpt.save_checkpoint(4, ddp, opt, None, args=_args(final, final))
+    return losses
 
 
 def _load_resave_continue(load_dir, resave_dir, tp, pp, vp=None):
     ddp, opt = _build(tp, pp, vp)
     assert ckpt.load_checkpoint(ddp, opt, None, args=_args(resave_dir, load_dir))[0] == 2
     ckpt.save_checkpoint(2, ddp, opt, None, args=_args(resave_dir, load_dir))
-    return [_step(ddp, opt, step) for step in (2, 3)]
+    losses = [_step(ddp, opt, step) for step in (2, 3)]
+    final = resave_dir + "_final"
+    ckpt.save_checkpoint(4, ddp, opt, None, args=_args(final, final))
+    return losses
 
 
 def _losses(results):
@@ -121,16 +127,26 @@ def test_tp2_pp2_dp2_checkpoint_loads_at_other_layouts(tmp_path):
     src = str(tmp_path / "tp2pp2dp2")
     ref = _losses(run_distributed(_train_save_continue, 8, args=(src,), timeout=240))
     source = dc.load_plain_tensors(f"{src}/iter_0000002")
+    ref_final = dc.load_plain_tensors(f"{src}_final/iter_0000004")
     assert "output_layer.weight" not in source  # tied: saved once, under the embedding key
-    for name, world, tp, pp in (("tp1pp1dp1", 1, 1, 1), ("tp4pp2dp1", 8, 4, 2)):
+    layouts = (
+        ("resume", 8, 2, 2, None),  # same layout, new process group: exact resume
+        ("tp1pp1dp1", 1, 1, 1, None),
+        ("tp4pp2dp1", 8, 4, 2, None),
+        ("tp1pp2vp2dp2", 4, 1, 2, 2),
+    )
+    for name, world, tp, pp, vp in layouts:
         dst = str(tmp_path / name)
-        results = run_distributed(
-            _load_resave_continue, world, args=(src, dst, tp, pp), timeout=240
-        )
+        args = (src, dst, tp, pp, vp)
+        losses = _losses(run_distributed(_load_resave_continue, world, args=args, timeout=240))
         again = dc.load_plain_tensors(f"{dst}/iter_0000002")
         assert sorted(again) == sorted(source), name
         for key in source:
             assert torch.equal(again[key], source[key]), (name, key)
-        torch.testing.assert_close(
-            torch.tensor(_losses(results)), torch.tensor(ref), rtol=0, atol=1e-6
-        )
+        final = dc.load_plain_tensors(f"{dst}_final/iter_0000004")
+        if name == "resume":  # identical losses and final weights and moments, bitwise
+            assert losses == ref
+            assert all(torch.equal(final[k], ref_final[k]) for k in ref_final)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=0, atol=1e-6)
+        for k in ref_final:
+            torch.testing.assert_close(final[k], ref_final[k], rtol=0, atol=1e-5, msg=k)
