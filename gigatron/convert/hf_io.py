@@ -202,8 +202,8 @@ def write_safetensors(
 
 def _write_tensor(f, tensor: torch.Tensor) -> None:
     t = tensor.detach().to("cpu").contiguous()
-    if t.numel():
-        f.write(t.view(-1).view(torch.uint8).numpy().tobytes())
+    if t.numel():  # the array's buffer is written directly: no bytes copy
+        f.write(t.view(-1).view(torch.uint8).numpy().data)
 
 
 def iter_planned(
