@@ -67,8 +67,12 @@ def _cp_spec(comm, spec_fn):
 
 
 def _build(style, tp=1, cp=1, comm=None, sp=False, spec_fn=get_gpt_layer_local_spec):
+    cfg_comm = None
+    if isinstance(comm, tuple):  # per-layer list through config.cp_comm_type
+        cfg_comm, comm = list(comm), None
     cfg = TransformerConfig(
         **STYLES[style]["config"],
+        cp_comm_type=cfg_comm,
         tensor_model_parallel_size=tp,
         sequence_parallel=sp,
         context_parallel_size=cp,
@@ -179,6 +183,7 @@ def test_gpt_context_parallel_with_tensor_parallel():
 @pytest.mark.parametrize("spec_fn", [get_gpt_layer_local_spec, get_gpt_layer_fast_spec])
 def test_gpt_context_parallel_unmodified_spec(spec_fn):
     """Megatron's usual specs as they are: CP attention and zigzag RoPE come by themselves."""
-    errors = run_distributed(_body, 2, args=(1, 2, (None,), ("llama",), (False,), spec_fn))[0]
+    comms = (None, ("a2a", "all_gather"))  # default p2p; config.cp_comm_type, one per layer
+    errors = run_distributed(_body, 2, args=(1, 2, comms, ("llama",), (False,), spec_fn))[0]
     for key, errs in errors.items():
         assert max(errs.values()) <= 1e-5, (key, errs)

@@ -21,7 +21,6 @@ UNSUPPORTED = {
     "experimental_attention_variant": "experimental attention variants are not implemented",
     "enable_cuda_graph": "CUDA graphs are not implemented",
     "cuda_graph_impl": "CUDA graphs are not implemented",
-    "cp_comm_type": "context-parallel attention is not implemented",
     "use_kitchen": "kitchen quantisation is not implemented",
     "init_model_with_meta_device": "meta-device initialisation is not implemented",
     "use_te_rng_tracker": "the Transformer Engine RNG tracker is not available",

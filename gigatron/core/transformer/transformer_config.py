@@ -213,7 +213,8 @@ class TransformerConfig(ModelParallelConfig):
     cuda_graph_impl: str = "none"
     """CUDA graph implementation (only 'none')."""
     cp_comm_type: str | list[str] | None = None
-    """Context-parallel communication type (context parallel attention is not implemented)."""
+    """Context-parallel attention: "p2p" (ring; None means "p2p"), "all_gather" or "a2a", or a list
+    with one per layer; "a2a+p2p" is refused (gigatron.core.transformer.context_parallel)."""
     use_kitchen: bool = False
     """NVIDIA kitchen quantisation (not implemented)."""
     init_model_with_meta_device: bool = False
