@@ -6,6 +6,17 @@ import torch
 import torch.nn.functional as F
 
 
+def openai_gelu(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (GPT-2's), Megatron's `--openai-gelu`."""
+    return F.gelu(x, approximate="tanh")
+
+
+def _activation(args):
+    if args.swiglu:
+        return F.silu
+    return openai_gelu if args.openai_gelu else F.gelu
+
+
 def core_transformer_config_from_args(args, config_class=None):
     """`TransformerConfig` for the model the flags describe (Megatron's helper of the same name)."""
     from gigatron.core.transformer.transformer_config import TransformerConfig
@@ -25,7 +36,7 @@ def core_transformer_config_from_args(args, config_class=None):
         add_bias_linear=not args.disable_bias_linear,
         add_qkv_bias=args.add_qkv_bias,
         gated_linear_unit=args.swiglu,
-        activation_func=F.silu if args.swiglu else F.gelu,
+        activation_func=_activation(args),
         normalization=args.normalization,
         qk_layernorm=args.qk_layernorm,
         rotary_interleaved=args.rotary_interleaved,

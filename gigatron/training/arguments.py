@@ -63,6 +63,7 @@ def _model_args(p):
     )
     _add(g, "--norm-epsilon", float, 1e-5, "epsilon of the norms")
     _add(g, "--swiglu", bool, help_="SwiGLU MLP")
+    _add(g, "--openai-gelu", bool, help_="tanh-approximated GELU (GPT-2)")
     _add(g, "--disable-bias-linear", bool, help_="no biases in linear layers")
     _add(g, "--add-qkv-bias", bool, help_="bias in the QKV projection only")
     _add(g, "--qk-layernorm", bool, help_="normalise queries and keys")

@@ -457,9 +457,15 @@ def pretrain(
     config = get_model_config(model[0])
     iteration, flops_so_far = 0, 0.0
     if args.load:
+        from gigatron.convert import load_hf_for_training
         from gigatron.training.checkpointing import load_checkpoint
 
-        iteration, flops_so_far = load_checkpoint(model, optimizer, scheduler)
+        # A Hugging Face directory (config.json + safetensors) starts a fine-tune from its
+        # weights; anything else is a gigatron/Megatron checkpoint directory.
+        if load_hf_for_training(model, optimizer, args.load):
+            iteration, flops_so_far = 0, 0.0
+        else:
+            iteration, flops_so_far = load_checkpoint(model, optimizer, scheduler)
         args.consumed_train_samples = getattr(args, "consumed_train_samples", 0)
         if iteration:
             print_rank_0(f"resumed from {args.load} at iteration {iteration}")
