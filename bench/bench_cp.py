@@ -19,7 +19,6 @@ clamp((T_compute + T_comm - T_ring) / T_comm, 0, 1). The last line on rank 0 is 
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import importlib
 import json
@@ -84,6 +83,7 @@ def _config(args, comm):
         num_attention_heads=heads,
         num_query_groups=groups,
         context_parallel_size=args.cp,
+        cp_comm_type=comm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         bf16=args.dtype == "bf16",
@@ -119,10 +119,9 @@ def _gpt_step(args, comm):
     from gigatron.core.transformer.context_parallel import ContextParallelAttention
 
     cfg = _config(args, comm)
-    spec = copy.deepcopy(get_gpt_layer_local_spec())
-    attn_spec = spec.submodules.self_attention
-    attn_spec.submodules.core_attention = ContextParallelAttention
-    attn_spec.params = {**attn_spec.params, "cp_comm_type": comm}
+    spec = get_gpt_layer_local_spec()  # Attention swaps in ContextParallelAttention (cp > 1)
+    if args.cp == 1:  # still the CP module (its single-rank path), for like-for-like numbers
+        spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
     vocab = CONFIGS[args.config][4]
     model = GPTModel(cfg, spec, vocab, args.seq, position_embedding_type="learned_absolute")
     model = model.to(args.device)

@@ -53,9 +53,9 @@ STYLES = {
 
 
 def _cp_spec(comm, spec_fn):
-    """The spec with cp_comm_type set per test (config.cp_comm_type is still refused by the
-    config checks); `comm=None` leaves the spec untouched: Attention swaps in
-    ContextParallelAttention (default "p2p") by itself."""
+    """The spec with ContextParallelAttention and cp_comm_type set explicitly (spec params win
+    over config.cp_comm_type); `comm=None` leaves the spec untouched: Attention swaps in
+    ContextParallelAttention by itself."""
     spec = spec_fn()
     if comm is None:
         return spec
