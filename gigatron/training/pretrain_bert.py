@@ -40,7 +40,9 @@ class MaskedLMTokenizer:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         vocab = tokenizer.vocab
-        self.inv_vocab = dict(tokenizer.inv_vocab)
+        # Sorted by id: the datasets draw random replacement tokens by position in inv_vocab,
+        # and a Hugging Face tokenizer's vocabulary comes in a different order in each process.
+        self.inv_vocab = dict(sorted(tokenizer.inv_vocab.items()))
         self.vocab_size = tokenizer.vocab_size
         for name, strings in _SPECIALS.items():
             value = _attr(tokenizer, name)

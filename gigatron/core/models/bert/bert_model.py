@@ -104,8 +104,7 @@ class BertModel(LanguageModule):
             vp_stage=vp_stage,
         )
         if post_process:
-            with init_rng_scope(config, "output_layer"):
-                self._build_heads(config, vocab_size, add_binary_head)
+            self._build_heads(config, vocab_size, add_binary_head)
         if pre_process or post_process:
             self.setup_embeddings_and_output_layer()
 
@@ -113,26 +112,31 @@ class BertModel(LanguageModule):
         """LM head, output layer (with bias) and, optionally, pooler + binary head."""
         from gigatron.core import tensor_parallel
 
-        self.lm_head = BertLMHead(config.hidden_size, config)
-        self.output_layer = tensor_parallel.ColumnParallelLinear(
-            config.hidden_size,
-            vocab_size,
-            config=config,
-            init_method=config.init_method,
-            bias=True,
-            skip_bias_add=False,
-            gather_output=not self.parallel_output,
-            skip_weight_param_allocation=self.pre_process
-            and self.share_embeddings_and_output_weights,
-        )
+        # One init scope per piece: the output layer allocates a weight only on stages without
+        # the (tied) embedding, which must not shift the other heads' random draws.
+        with init_rng_scope(config, "lm_head"):
+            self.lm_head = BertLMHead(config.hidden_size, config)
+        with init_rng_scope(config, "output_layer"):
+            self.output_layer = tensor_parallel.ColumnParallelLinear(
+                config.hidden_size,
+                vocab_size,
+                config=config,
+                init_method=config.init_method,
+                bias=True,
+                skip_bias_add=False,
+                gather_output=not self.parallel_output,
+                skip_weight_param_allocation=self.pre_process
+                and self.share_embeddings_and_output_weights,
+            )
         self.binary_head = None
         if add_binary_head:
-            self.binary_head = get_linear_layer(
-                config.hidden_size, 2, config.init_method, config.perform_initialization
-            )
-            self.pooler = Pooler(
-                config.hidden_size, config.init_method, config, config.sequence_parallel
-            )
+            with init_rng_scope(config, "binary_head"):
+                self.binary_head = get_linear_layer(
+                    config.hidden_size, 2, config.init_method, config.perform_initialization
+                )
+                self.pooler = Pooler(
+                    config.hidden_size, config.init_method, config, config.sequence_parallel
+                )
 
     @staticmethod
     def bert_extended_attention_mask(attention_mask: Tensor) -> Tensor:
