@@ -1,7 +1,7 @@
 """Small shared pieces of the datasets package: the Split enum, weight normalisation, blends.
 
-Mirrors `megatron.core.datasets.utils` (minus `compile_helpers`: gigatron's index builders are
-NumPy, see `helpers.py`).
+Mirrors `megatron.core.datasets.utils`. `compile_helpers` is a no-op kept for scripts that call
+it: gigatron's index builders are NumPy (see `helpers.py`), there is no C++ extension to build.
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ import numpy
 import torch
 
 logger = logging.getLogger(__name__)
+
+
+def compile_helpers() -> None:
+    """No-op: Megatron builds its C++ dataset helpers here; gigatron's are NumPy (helpers.py)."""
 
 
 class Split(Enum):

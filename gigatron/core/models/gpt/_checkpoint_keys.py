@@ -67,3 +67,21 @@ def megatron_sharded_keys(model, prefix: str = "", stacked: bool = False) -> dic
         else:
             out[prefix + key] = entry
     return out
+
+
+def module_state_dict_from_checkpoint_keys(model, state_dict: dict) -> dict:
+    """What `dist_checkpointing.load(model.sharded_state_dict(), d)` returns (per-layer Megatron
+    checkpoint keys, global layer index) -> the module's own state-dict names, so Megatron
+    scripts' `model.load_state_dict(checkpoint)` works. Module `_extra_state`s the checkpoint
+    does not name are kept as they are (the local spec's carry nothing). Module keys pass through.
+    """
+    own = model.state_dict(keep_vars=True)
+    if all(k in own for k in state_dict):
+        return state_dict
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    names = {k: by_id[id(e.tensor)] for k, e in megatron_sharded_keys(model).items()}
+    out = {names.get(k, k): v for k, v in state_dict.items()}
+    for k, v in own.items():
+        if k.endswith("_extra_state") and k not in out:
+            out[k] = v
+    return out

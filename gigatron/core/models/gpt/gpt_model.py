@@ -200,6 +200,16 @@ class GPTModel(LanguageModule):
         stacked = bool((metadata or {}).get("stacked", False))
         return megatron_sharded_keys(self, prefix=prefix, stacked=stacked)
 
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Module keys, or the per-layer checkpoint keys `dist_checkpointing.load(
+        self.sharded_state_dict(), d)` returns (as Megatron's example scripts pass it)."""
+        from gigatron.core.models.gpt._checkpoint_keys import (
+            module_state_dict_from_checkpoint_keys,
+        )
+
+        state_dict = module_state_dict_from_checkpoint_keys(self, state_dict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
 
 def _inference_position_ids(model, inference_context, input_ids, position_ids):
     """Positions of the new tokens under a KV cache: offset .. offset+s-1 unless given."""

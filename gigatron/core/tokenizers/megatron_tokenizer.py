@@ -1,0 +1,67 @@
+"""`MegatronTokenizer.from_pretrained` for metadata-only (null) tokenizers.
+
+Mirrors `megatron.core.tokenizers.megatron_tokenizer.MegatronTokenizer`. Megatron reads a
+metadata dict (or a metadata.json path) naming a tokenizer library; gigatron supports the null
+library (`{"library": "null"}`, also spelled `"null-text"` in Megatron's examples), which needs
+no files: ids are integers, EOD is the extra id `vocab_size`, so the tokenizer's `vocab_size` is
+the argument + 1 (as in Megatron). Other libraries raise a ValueError pointing at
+`gigatron.training.tokenizer.build_tokenizer`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from gigatron.training.tokenizer.tokenizer import _NullTokenizer
+
+_NULL_LIBRARIES = ("null", "null-text")
+
+
+class MegatronTokenizer:
+    """Factory; `from_pretrained` returns a tokenizer object (never an instance of this class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(
+            "MegatronTokenizer is a factory: call MegatronTokenizer.from_pretrained("
+            "metadata_path={'library': 'null'}, vocab_size=N)"
+        )
+
+    @staticmethod
+    def from_pretrained(
+        tokenizer_path: str | None = None,
+        metadata_path: str | dict | None = None,
+        **kwargs: Any,
+    ) -> _NullTokenizer:
+        """Build the tokenizer described by `metadata_path` (a dict or a metadata.json path).
+
+        Args:
+            tokenizer_path: unused by the null library (Megatron's folder holding metadata.json).
+            metadata_path: `{"library": "null"}` / `{"library": "null-text"}` or a json file.
+            **kwargs: `vocab_size` (required for the null library).
+        Returns:
+            a `_NullTokenizer` with `vocab_size == kwargs["vocab_size"] + 1` and `eod` the last id.
+        """
+        if metadata_path is None and tokenizer_path is not None:
+            metadata_path = os.path.join(tokenizer_path, "metadata.json")
+        if isinstance(metadata_path, str):
+            with open(metadata_path) as f:
+                metadata = json.load(f)
+        elif isinstance(metadata_path, dict):
+            metadata = metadata_path
+        else:
+            raise ValueError(
+                f"metadata_path ({metadata_path!r}) must be a dict or a path to metadata.json "
+                "(gigatron/core/tokenizers/megatron_tokenizer.py)"
+            )
+        library = metadata.get("library")
+        if library not in _NULL_LIBRARIES:
+            raise ValueError(
+                f"tokenizer library ({library!r}) is not supported by gigatron's "
+                f"MegatronTokenizer.from_pretrained (only {_NULL_LIBRARIES}); build text "
+                "tokenizers with gigatron.training.tokenizer.build_tokenizer"
+            )
+        if "vocab_size" not in kwargs:
+            raise ValueError("the null tokenizer needs vocab_size=N (ids 0..N-1, EOD is id N)")
+        return _NullTokenizer(int(kwargs["vocab_size"]))
