@@ -282,7 +282,10 @@ def _save(iteration, model, optimizer, scheduler, flops_so_far) -> None:
     from gigatron.training.checkpointing import save_checkpoint
 
     args = get_args()
+    if getattr(args, "last_saved_iteration", None) == iteration:
+        return  # already saved at this step (interval and end of training coincide)
     save_checkpoint(iteration, model, optimizer, scheduler, flops_so_far)
+    args.last_saved_iteration = iteration
     print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
 
 
@@ -490,7 +493,13 @@ def pretrain(
         result["iteration"] = iteration
         if args.save and iteration == args.train_iters:
             _save(iteration, model, optimizer, scheduler, flops_so_far)
-    if valid_iter is not None and args.eval_iters and iteration == args.train_iters:
+    evaluated_here = bool(args.eval_interval) and iteration % args.eval_interval == 0
+    if (
+        valid_iter is not None
+        and args.eval_iters
+        and iteration == args.train_iters
+        and not evaluated_here
+    ):
         result["valid"] = evaluate(
             forward_step_func, _chunk_iterators(valid_iter, model), model, config
         )
