@@ -191,9 +191,11 @@ class T5Model(LanguageModule):
             self.setup_embeddings_and_output_layer()
 
     def setup_embeddings_and_output_layer(self) -> None:
-        """Megatron's tying, plus the encoder/decoder split: both stages embed tokens, so both
-        word embeddings (and position embeddings) start equal (rank-0 stage's copy) and are
-        flagged so their grads get summed over the embedding group."""
+        """Megatron's tying, plus the encoder/decoder split: both stages embed tokens, so their
+        word (and position) embeddings start equal (the first stage's copy) and are flagged
+        `shared_embedding`. Their grads must be summed over the embedding group:
+        finalize_model_grads does it for the tied word embedding only, so position embeddings
+        are not yet handled there (pretrain_t5 refuses PP > 1)."""
         split = self.config.pipeline_model_parallel_size > 1 and self.pre_process
         if not split:
             super().setup_embeddings_and_output_layer()
