@@ -190,6 +190,24 @@ def _checkpoint_logging_args(p):
     _add(g, "--no-load-rng", bool, help_="do not load RNG state")
     _add(g, "--finetune", bool, help_="load weights only and reset the iteration")
     _add(g, "--ckpt-format", str, "torch_dist", "torch_dist only", choices=["torch_dist"])
+    _add(
+        g,
+        "--dist-ckpt-strictness",
+        str,
+        None,
+        "unexpected/missing keys on load",
+        choices=[
+            "assume_ok_unexpected",
+            "log_unexpected",
+            "log_all",
+            "raise_unexpected",
+            "raise_all",
+            "return_unexpected",
+            "return_all",
+            "ignore_all",
+        ],
+    )
+    _add(g, "--ckpt-verify-integrity", bool, help_="check the SHA-256 manifest on load (gigatron)")
     g = p.add_argument_group("logging")
     _add(g, "--log-interval", int, 100, "iterations between log lines")
     _add(g, "--eval-interval", int, 1000, "iterations between evaluations")

@@ -365,6 +365,10 @@ def train(
                     forward_step_func, _chunk_iterators(valid_iter, model), model, config
                 )
                 tlog.log_validation(args, f"iteration {iteration}", losses_v, iteration)
+            if args.async_save:
+                from gigatron.training.checkpointing import maybe_finalize_async_save
+
+                maybe_finalize_async_save(blocking=False)  # moves the tracker once a save is done
             saved = False
             if args.save and args.save_interval and iteration % args.save_interval == 0:
                 _save(iteration, model, optimizer, scheduler, flops_so_far)
@@ -387,6 +391,10 @@ def train(
     finally:
         bar.close()
         exit_signal.restore()
+        if args.async_save:
+            from gigatron.training.checkpointing import maybe_finalize_async_save
+
+            maybe_finalize_async_save(blocking=True)
     return iteration, flops_so_far
 
 
@@ -493,6 +501,10 @@ def pretrain(
         result["iteration"] = iteration
         if args.save and iteration == args.train_iters:
             _save(iteration, model, optimizer, scheduler, flops_so_far)
+            if args.async_save:
+                from gigatron.training.checkpointing import maybe_finalize_async_save
+
+                maybe_finalize_async_save(blocking=True)
     evaluated_here = bool(args.eval_interval) and iteration % args.eval_interval == 0
     if (
         valid_iter is not None
