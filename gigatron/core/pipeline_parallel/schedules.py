@@ -6,7 +6,8 @@ Mirrors `megatron.core.pipeline_parallel.schedules`: `get_forward_backward_func`
 Megatron's keyword-only signature, forward_step_func contract, loss scaling and config hooks.
 Each schedule validates its inputs, asks `_schedule_table` for this rank's order of steps and hands
 it to the one executor in `_executor`. Returns the per-microbatch loss reports on the last
-pipeline stage and [] elsewhere.
+pipeline stage and [] elsewhere, as a `list` subclass whose tensor methods (`.backward()`, used by
+GradScaler tutorials) raise a helpful TypeError (`_loss_reports.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from gigatron.core import parallel_state
 from gigatron.core.pipeline_parallel import _schedule_table as table
 from gigatron.core.pipeline_parallel._executor import RunSpec, run_table
+from gigatron.core.pipeline_parallel._loss_reports import LossReports
 from gigatron.core.pipeline_parallel._steps import (  # noqa: F401  (Megatron's public names)
     backward_step,
     custom_backward,
@@ -221,7 +223,7 @@ def _run(
         config.finalize_model_grads_func(models, total_num_tokens if per_token else None, **kwargs)
     if config.timers is not None:
         config.timers("forward-backward").stop()
-    return store
+    return LossReports(store)
 
 
 def forward_backward_no_pipelining(

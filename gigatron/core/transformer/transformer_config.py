@@ -237,14 +237,40 @@ class TransformerConfig(ModelParallelConfig):
         _config_checks.check_pipeline(self)
 
 
+# Names third-party Megatron tutorials use that Megatron never had -> what to use instead.
+# (Checked by tests/unit/test_compat_errors.py: every suggested field exists.)
+_NOT_MEGATRON_FIELDS = {
+    "moe_expert_parallel_size": "expert_model_parallel_size (a parallel_state / "
+    "ModelParallelConfig size, also passed to initialize_model_parallel)",
+    "expert_parallel_size": "expert_model_parallel_size",
+    "moe_router_use_second_place": "moe_router_topk=2 (top-k routing already keeps the 2nd choice)",
+    "moe_min_capacity": "moe_expert_capacity_factor (capacity = factor * tokens * topk / "
+    "num_moe_experts; with moe_pad_expert_input_to_capacity=True to pad up to it)",
+    "moe_capacity_factor": "moe_expert_capacity_factor",
+    "moe_num_experts": "num_moe_experts",
+    "num_experts": "num_moe_experts",
+    "moe_top_k": "moe_router_topk",
+    "moe_topk": "moe_router_topk",
+    "moe_aux_loss_weight": "moe_aux_loss_coeff",
+    "tensor_parallel_size": "tensor_model_parallel_size",
+    "pipeline_parallel_size": "pipeline_model_parallel_size",
+}
+
+
 def _add_unknown_name_hint(cls):
-    """Make unknown keywords raise TypeError naming the closest valid field."""
+    """Make unknown keywords raise TypeError naming the closest valid field (or, for names
+    tutorials invent, the field to use instead: `_NOT_MEGATRON_FIELDS`)."""
     dataclass_init = cls.__init__
 
     def __init__(self, *args, **kwargs):
         valid = {f.name for f in fields(type(self)) if f.init}
         for name in kwargs:
             if name not in valid:
+                if name in _NOT_MEGATRON_FIELDS:
+                    raise TypeError(
+                        f"{type(self).__name__} has no field {name!r} (it is not a Megatron "
+                        f"field either); use {_NOT_MEGATRON_FIELDS[name]}"
+                    )
                 close = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.5)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise TypeError(f"{type(self).__name__} has no field {name!r}{hint}")

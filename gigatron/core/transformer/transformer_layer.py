@@ -86,6 +86,19 @@ class TransformerLayerSubmodules:
 class TransformerLayer(MegatronModule):
     """A single transformer layer built from `submodules`."""
 
+    def __new__(cls, *args, **kwargs):
+        # Checked here, not in __init__, so __init__ keeps Megatron's signature.
+        submodules = args[1] if len(args) > 1 else kwargs.get("submodules")
+        if submodules is None or hasattr(submodules, "module"):
+            got = "none" if submodules is None else "a ModuleSpec (the whole layer spec)"
+            raise TypeError(
+                f"{cls.__name__} needs submodules=TransformerLayerSubmodules (got {got}); build "
+                "it from a layer spec: spec = get_gpt_layer_local_spec() (gigatron.core.models."
+                "gpt.gpt_layer_specs), then TransformerLayer(config, spec.submodules) or "
+                "build_module(spec, config=config)"
+            )
+        return super().__new__(cls)
+
     def __init__(
         self,
         config,
