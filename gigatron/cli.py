@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gigatron: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    result = module.main(rest)
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -47,8 +47,8 @@ def _model_args(p):
         "--position-embedding-type",
         str,
         "learned_absolute",
-        "learned_absolute | rope | none",
-        choices=["learned_absolute", "rope", "none"],
+        "learned_absolute | rope | none | relative (T5)",
+        choices=["learned_absolute", "rope", "none", "relative"],
     )
     _add(g, "--rotary-base", int, 10000, "RoPE base")
     _add(g, "--rotary-percent", float, 1.0, "fraction of the head dimension rotated")
