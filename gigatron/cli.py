@@ -14,12 +14,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gigatron.training.pretrain_gpt",
         "train a GPT model (Megatron's pretrain_gpt.py flags)",
     ),
+    "train-bert": ("gigatron.training.pretrain_bert", "train a BERT model (pretrain_bert.py)"),
+    "train-t5": ("gigatron.training.pretrain_t5", "train a T5 model (pretrain_t5.py)"),
     "preprocess": ("gigatron.tools.preprocess_data", "tokenize JSON lines / text into .bin/.idx"),
     "merge": ("gigatron.tools.merge_datasets", "merge several .bin/.idx prefixes into one"),
     "train-tokenizer": ("gigatron.tools.train_tokenizer", "train a BPE tokenizer on a corpus"),
     "generate": ("gigatron.tools.generate", "generate text from a checkpoint"),
     "convert": ("gigatron.tools.convert", "convert Hugging Face <-> gigatron checkpoints"),
-    "bench": ("gigatron.tools.bench", "benchmark a training step"),
 }
 
 
