@@ -97,9 +97,9 @@ def _resolve(path: str):
     module_name, _, name = path.rpartition(".")
     try:
         module = importlib.import_module(module_name)
-    except Exception:
+        return getattr(module, name, None)
+    except Exception:  # modules may raise a helpful ImportError for names they lack
         return None
-    return getattr(module, name, None)
 
 
 def api_rows():
@@ -186,6 +186,19 @@ def main() -> None:
         "`gigatron.`, and accepts every listed parameter).\n"
     )
     print("Summary: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ".\n")
+    by_module: dict[str, dict[str, int]] = {}
+    for path, kind, status, _ in rows:
+        module = path.rsplit(".", 2 if kind == "field" else 1)[0]
+        by_module.setdefault(module, {}).setdefault(status, 0)
+        by_module[module][status] += 1
+    print("| module | supported | partial | default only | not supported |")
+    print("|---|---|---|---|---|")
+    for module, c in by_module.items():
+        cells = [
+            str(c.get(k, 0)) for k in ("supported", "partial", "default only", "not supported")
+        ]
+        print(f"| `{module}` | " + " | ".join(cells) + " |")
+    print()
     print("| Megatron name | kind | status | parameters |")
     print("|---|---|---|---|")
     for path, kind, status, params in rows:
