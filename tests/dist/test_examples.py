@@ -40,3 +40,57 @@ def test_simple_mcore_train_loop_through_alias(tmp_path):
     assert losses[-1] < losses[0], losses
     assert "loaded back equal" in out
     assert (tmp_path / "c" / "metadata.json").exists()
+
+
+def _flag(out: str, text: str) -> bool:
+    return f"{text}: True" in out
+
+
+@pytest.mark.timeout(120)
+def test_tensor_parallel_example():
+    out = _torchrun(2, "examples/tensor_parallel.py")
+    assert _flag(out, "tensor parallel MLP matches the unsharded MLP"), out
+    assert "fc1.weight (32, 16)" in out
+
+
+@pytest.mark.timeout(120)
+def test_pipeline_parallel_example():
+    out = _torchrun(2, "examples/pipeline_parallel.py", "--steps", "6")
+    assert "pp rank 1: layers [3, 4], embedding False, output layer True" in out
+    losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", out)]
+    assert len(losses) == 6 and losses[-1] < losses[0] - 0.1, losses
+
+
+@pytest.mark.timeout(180)
+def test_hybrid_tp_pp_example_matches_pipeline_only():
+    hybrid = _torchrun(4, "examples/hybrid_tp_pp.py", "--steps", "3")
+    assert "tp rank 1, pp rank 1, dp rank 0, layers [3, 4], linear_qkv (48, 32)" in hybrid
+    pp_only = _torchrun(2, "examples/hybrid_tp_pp.py", "--tp", "1", "--steps", "3")
+    a = [float(x) for x in re.findall(r"loss ([0-9.]+)", hybrid)]
+    b = [float(x) for x in re.findall(r"loss ([0-9.]+)", pp_only)]
+    assert len(a) == 3 and a == pytest.approx(b, abs=2e-4), (a, b)
+
+
+@pytest.mark.timeout(120)
+def test_moe_expert_parallel_example():
+    out = _torchrun(2, "examples/moe_expert_parallel.py", "--steps", "4")
+    assert "ep rank 1, holds experts [2, 3] of 4" in out
+    losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", out)]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+
+
+@pytest.mark.timeout(120)
+def test_dist_checkpoint_example_reshards(tmp_path):
+    out = _torchrun(2, "examples/dist_checkpoint.py", "--ckpt-dir", str(tmp_path))
+    assert "linear_qkv per rank (48, 32)" in out and "linear_qkv per rank (96, 32)" in out
+    assert _flag(out, "loaded at a different layout equal"), out
+
+
+@pytest.mark.timeout(120)
+def test_mixed_precision_grad_accum_example():
+    out = _torchrun(2, "examples/mixed_precision_grad_accum.py", "--steps", "4")
+    assert _flag(out, "gradient accumulation equals the large batch"), out
+    assert "model param dtype torch.bfloat16, optimizer main param dtype torch.float32" in out
+    assert _flag(out, "bf16 model param == bf16(fp32 main param) after the steps"), out
+    losses = [float(x) for x in re.findall(r"step \d+: loss ([0-9.]+)", out)]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
