@@ -13,12 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _torchrun(nproc: int, *args: str, timeout: int = 150) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+def _torchrun(nproc: int, *args: str, timeout: int = 150, gpu: bool = False) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks over gloo
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", *args]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -40,6 +43,16 @@ def test_simple_mcore_train_loop_through_alias(tmp_path):
     assert losses[-1] < losses[0], losses
     assert "loaded back equal" in out
     assert (tmp_path / "c" / "metadata.json").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.timeout(300)
+def test_simple_mcore_train_loop_through_alias_on_two_gpus(tmp_path):
+    script = "examples/run_simple_mcore_train_loop.py"
+    out = _torchrun(2, "-m", "gigatron.compat.megatron", script, "--ckpt-dir", str(tmp_path / "c"),
+                    gpu=True)  # fmt: skip
+    assert len(_losses(out)) == 5 and "loaded back equal" in out, out
 
 
 def _flag(out: str, text: str) -> bool:
