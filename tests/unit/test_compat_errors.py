@@ -155,3 +155,27 @@ def _cuda_amp_scaler():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecated / disabled without CUDA: same misuse
         return torch.cuda.amp.GradScaler(enabled=torch.cuda.is_available())
+
+
+@pytest.mark.parametrize("library", ["null", "null-text"])
+def test_megatron_tokenizer_null_library(library):
+    from gigatron.core.tokenizers import MegatronTokenizer
+
+    tok = MegatronTokenizer.from_pretrained(metadata_path={"library": library}, vocab_size=64)
+    assert tok.vocab_size == 65 and tok.eod == 64
+    assert tok.tokenize("3 5 7") == [3, 5, 7]
+
+
+def test_megatron_tokenizer_other_library_points_to_build_tokenizer():
+    from gigatron.core.tokenizers import MegatronTokenizer
+
+    with pytest.raises(ValueError, match="build_tokenizer"):
+        MegatronTokenizer.from_pretrained(metadata_path={"library": "huggingface"}, vocab_size=8)
+    with pytest.raises(ValueError, match="vocab_size"):
+        MegatronTokenizer.from_pretrained(metadata_path={"library": "null"})
+
+
+def test_compile_helpers_is_a_no_op():
+    from gigatron.core.datasets.utils import compile_helpers
+
+    assert compile_helpers() is None
