@@ -159,6 +159,7 @@ def run_distributed(
                         continue
                 if status == "error":
                     raise DistributedTestError(f"rank {rank} of {world_size} failed:\n{value}")
+                # Bytes pickled by our own child process just above (never external input).
                 values[rank] = pickle.loads(value)
         finally:
             done.set()
