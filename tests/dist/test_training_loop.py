@@ -1,5 +1,6 @@
 """The training loop on gloo ranks: NaN handling, layouts against one rank, resume."""
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -182,3 +183,31 @@ def test_sigterm_saves_and_resume_matches_uninterrupted(tmp_path):
         assert first[rank][1] + losses == full[rank][1]  # bitwise equal loss curve
         for a, b in zip(weights, full[rank][2]):
             assert torch.equal(a, b)
+
+
+def _train_with_tensorboard(tb_dir):
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.training import pretrain
+
+    _reset_globals()
+    pretrain(
+        pretrain_gpt.train_valid_test_datasets_provider,
+        pretrain_gpt.model_provider,
+        None,
+        pretrain_gpt.forward_step,
+        argv=ARGS
+        + ["--train-iters", "4", "--log-interval", "2", "--eval-interval", "2"]
+        + ["--tensorboard-dir", tb_dir],
+    )
+
+
+def test_tensorboard_scalars(tmp_path):
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator"
+    )
+    run_distributed(_train_with_tensorboard, 2, args=(str(tmp_path),), timeout=240)
+    acc = event_accumulator.EventAccumulator(str(tmp_path))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"lm loss", "learning-rate", "grad-norm", "tokens-per-sec", "lm loss validation"} <= tags
+    assert [e.step for e in acc.Scalars("lm loss")] == [2, 4]
