@@ -211,3 +211,24 @@ def test_tensorboard_scalars(tmp_path):
     tags = set(acc.Tags()["scalars"])
     assert {"lm loss", "learning-rate", "grad-norm", "tokens-per-sec", "lm loss validation"} <= tags
     assert [e.step for e in acc.Scalars("lm loss")] == [2, 4]
+
+
+def _train_with_duration_limit(ckpt):
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.training import pretrain
+
+    _reset_globals()
+    result = pretrain(
+        pretrain_gpt.train_valid_test_datasets_provider,
+        pretrain_gpt.model_provider,
+        None,
+        pretrain_gpt.forward_step,
+        argv=ARGS + ["--train-iters", "50", "--exit-duration-in-mins", "0.00001", "--save", ckpt],
+    )
+    return result["iteration"]
+
+
+def test_exit_duration_saves_and_stops(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    assert run_distributed(_train_with_duration_limit, 2, args=(ckpt,), timeout=240) == [1, 1]
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
