@@ -9,6 +9,9 @@ Replica ids follow Megatron: `(0, tp_rank, dp_rank)` for a TP-replicated tensor 
 `(0, 0, dp_rank)` for a TP-split one (dp over DP x CP), so exactly one rank writes each element.
 A TP split with `partition_stride` s (GLU fc1: [gate_r; up_r] per rank) is written as s boxes at
 fragments j * tp + tp_rank of s * tp, i.e. the checkpoint holds Megatron's [all gate; all up].
+MoE expert entries (`entry.expert` set) use the expert-TP rank/size and the expert-DP rank
+instead (Megatron's `(0, etp_rank or 0, expt_dp_rank)`); GroupedMLP entries (`expert_shape`)
+are saved as a view with the leading axis = block ep_rank of ep_size of the global expert axis.
 """
 
 from __future__ import annotations
@@ -90,6 +93,47 @@ def _strided(key, tensor, axis, stride, tp_rank, tp_size, replica_id, mismatch, 
     return ShardedTensorFactory(key, tensor, build, merge, replica_id)
 
 
+def _expert_ranks() -> tuple[int, int, int]:
+    """(expert-TP rank, expert-TP size, expert-DP rank); trivial without parallel_state."""
+    from gigatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return 0, 1, 0
+    return (
+        ps.get_expert_tensor_parallel_rank(),
+        ps.get_expert_tensor_parallel_world_size(),
+        ps.get_expert_data_parallel_rank(),
+    )
+
+
+def _grouped(key, tensor, shape, ep, axis, stride, tp_rank, tp_size, replica_id):
+    """Factory: `tensor` viewed as `shape` [n_local, ...], expert block ep[0] of ep[1] along
+    axis 0, TP piece(s) along `axis` (s = stride pieces at fragments j * tp + tp_rank)."""
+    tp_size = 1 if axis is None else tp_size
+    stride = stride if tp_size > 1 else 1
+
+    def build(key, data, replica_id, flattened_range):
+        view = data.view(shape)
+        pieces = torch.chunk(view, stride, dim=axis) if stride > 1 else [view]
+        frag = stride * tp_size
+        return [
+            ShardedTensor.from_rank_offsets(
+                key,
+                piece,
+                (0, ep[0], ep[1]),
+                *(((axis, j * tp_size + tp_rank, frag),) if frag > 1 else ()),
+                replica_id=replica_id,
+            )
+            for j, piece in enumerate(pieces)
+        ]
+
+    def merge(pieces):
+        whole = torch.cat(pieces, dim=axis) if len(pieces) > 1 else pieces[0]
+        return whole.reshape(tensor.shape)
+
+    return ShardedTensorFactory(key, tensor, build, merge, replica_id)
+
+
 _LAYER_KEY = re.compile(r"^(?P<head>(?:.*\.)?decoder\.layers\.)(?P<i>\d+)\.(?P<rest>.+)$")
 
 
@@ -120,7 +164,7 @@ def sharded_state_dict_from_entries(
     (what megatron-core writes for homogeneous stacks). Entries that already are ShardedTensors
     pass through.
     """
-    tp_rank, tp_size, dp_rank = _ranks()
+    dense_ranks = _ranks()
     first = 1 if replicated_on_pp_stage else 0
     out = {}
     for key, entry in entries.items():
@@ -129,6 +173,15 @@ def sharded_state_dict_from_entries(
             continue
         tensor, axis, stride, mismatch = (tuple(entry) + (None, 1, False))[:4]
         tensor = tensor.detach()
+        expert = getattr(entry, "expert", None)
+        tp_rank, tp_size, dp_rank = dense_ranks if expert is None else _expert_ranks()
+        shape = getattr(entry, "expert_shape", None)
+        if shape is not None:  # GroupedMLP: a leading global expert axis
+            replica = (first, 0, dp_rank)  # TP-split (or ETP 1): one writer per box
+            out[prefix + key] = _grouped(
+                prefix + key, tensor, shape, expert, axis, stride, tp_rank, tp_size, replica
+            )
+            continue
         skey, pre = _stacked(prefix + key, stack_layers)
         kw = dict(prepend_axis_num=len(pre), allow_shape_mismatch=mismatch)
         if axis is None or tp_size == 1:
