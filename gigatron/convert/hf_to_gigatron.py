@@ -128,12 +128,6 @@ def convert_hf_to_gigatron(
         expert_model_parallel_size=ep,
         pipeline_dtype=torch.float32,
     )
-    if ep > 1:
-        raise ValueError(
-            f"expert_model_parallel_size ({ep}) must be 1 for a converted checkpoint: gigatron's "
-            "GPTModel names experts by their local index in sharded_state_dict, so a torch_dist "
-            "checkpoint does not reshard over EP yet; load_hf_into_model handles EP > 1"
-        )
     if spec.config_kwargs["num_layers"] % pp:
         raise ValueError(
             f"num_layers ({spec.config_kwargs['num_layers']}) must be divisible by "
@@ -205,8 +199,8 @@ def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
         with torch.no_grad():
             for key, entry in entries.items():
                 rank, size = tp_rank, tp_size
-                if ".local_experts." in key:  # this EP rank's experts; expert-TP shards
-                    key, rank, size = _expert_key_and_tp(key, spec.config_kwargs["num_moe_experts"])
+                if ".local_experts." in key:  # global expert keys; expert-TP shards
+                    rank, size = _expert_tp()
                 if key not in by_key:
                     raise ValueError(f"load_hf_into_model: {key} has no HF source in {hf_dir}")
                 recipe = by_key[key]
@@ -215,22 +209,14 @@ def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
     return spec
 
 
-def _expert_key_and_tp(key: str, num_experts: int) -> tuple[str, int, int]:
-    """(key with the global expert index, expert-TP rank, expert-TP size) for a local expert:
-    EP rank r holds experts r * E/ep .. (r + 1) * E/ep - 1."""
+def _expert_tp() -> tuple[int, int]:
+    """(expert-TP rank, expert-TP size): experts are TP-split over the expert-TP group. Their
+    keys already carry the global expert index (`megatron_sharded_keys`)."""
     from gigatron.core import parallel_state as ps
 
     if not ps.model_parallel_is_initialized():
-        return key, 0, 1
-    head, rest = key.split(".local_experts.", 1)
-    local, tail = rest.split(".", 1)
-    num_local = num_experts // ps.get_expert_model_parallel_world_size()
-    global_e = ps.get_expert_model_parallel_rank() * num_local + int(local)
-    return (
-        f"{head}.local_experts.{global_e}.{tail}",
-        ps.get_expert_tensor_parallel_rank(),
-        ps.get_expert_tensor_parallel_world_size(),
-    )
+        return 0, 1
+    return ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
 
 
 def _tp_shard(full: torch.Tensor, entry, tp_rank: int, tp_size: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ through `gigatron.training.checkpointing.load_checkpoint` and run the pipeline s
 model filled by `load_hf_into_model` straight from the HF files must give the same logits. The
 reference logits come from transformers in this process (fp32, <= 1e-5). The checkpoint exported
 with `convert_gigatron_to_hf` holds bitwise the original tensors (names, dtypes, shapes).
+Mixtral is also converted for, and loaded at, TP1 x EP2 x PP2 (global expert keys).
 """
 
 import argparse
@@ -112,17 +113,24 @@ def test_convert_tp2_pp2_logits_and_bitwise_export(family, tmp_path):
         assert torch.equal(reloaded(input_ids=ids).logits, ref)
 
 
-def test_mixtral_expert_parallel_from_hf(tmp_path):
-    """TP1 x EP2 x PP2: load_hf_into_model gives each EP rank its global experts."""
-    hf_dir = str(tmp_path / "hf")
+def test_mixtral_expert_parallel_from_hf_and_converted_checkpoint(tmp_path):
+    """TP1 x EP2 x PP2: load_hf_into_model gives each EP rank its global experts, and so does
+    load_checkpoint from a checkpoint converted with target EP2 (global expert keys)."""
+    from gigatron.convert import convert_hf_to_gigatron
+
+    hf_dir, ckpt = str(tmp_path / "hf"), str(tmp_path / "gt")
     hf = make_hf_model("mixtral", hf_dir, seed=1)
+    convert_hf_to_gigatron(
+        hf_dir, ckpt, pipeline_model_parallel_size=2, expert_model_parallel_size=2
+    )
     ids = torch.randint(0, VOCAB, (B, S), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         ref = hf(input_ids=ids).logits
-    per_rank = run_distributed(_rank_fn, 4, args=(hf_dir, None, ids, 1, 2, 2, ("hf",)), timeout=240)
+    per_rank = run_distributed(_rank_fn, 4, args=(hf_dir, ckpt, ids, 1, 2, 2), timeout=240)
     got = [r for r in per_rank if r is not None]
     assert len(got) == 2  # the two EP (= DP) ranks of the last stage
-    for (logits,) in got:
-        err = (logits - ref).abs().max().item()
+    for from_ckpt, from_hf in got:
+        err = (from_ckpt - ref).abs().max().item()
         print(f"mixtral EP2: max |logits - transformers| = {err:.2e}")
         assert err <= 1e-5, err
+        torch.testing.assert_close(from_hf, from_ckpt, rtol=0, atol=0)
