@@ -5,7 +5,7 @@ one step and saved with `gigatron.training.checkpointing.save_checkpoint` at EP2
 (4 gloo ranks), then loaded at EP1 (1 rank) and EP4 (4 ranks) and saved again: every full
 tensor of the re-saved checkpoint (weights and Adam moments, experts included) equals the
 source's bitwise, and the loaded model's logits equal the source model's (<= 1e-6) on the same
-input. EP1 -> EP2 likewise.
+input. EP1 -> EP2 and TP2 x ETP2 x EP2 -> TP1 x EP1 likewise.
 """
 
 import argparse
@@ -17,7 +17,11 @@ import torch.nn.functional as F
 from gigatron.core import dist_checkpointing as dc
 from gigatron.core import parallel_state as ps
 from gigatron.core import tensor_parallel
-from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from gigatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -28,8 +32,8 @@ from gigatron.training import checkpointing as ckpt
 E, V, S, B = 4, 64, 16, 2
 
 
-def _build(ep: int, grouped: bool, seed: int):
-    ps.initialize_model_parallel(expert_model_parallel_size=ep)
+def _build(ep: int, grouped: bool, seed: int, tp: int = 1):
+    ps.initialize_model_parallel(tp, expert_model_parallel_size=ep)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
     cfg = TransformerConfig(
@@ -39,6 +43,7 @@ def _build(ep: int, grouped: bool, seed: int):
         gated_linear_unit=True, activation_func=F.silu, normalization="RMSNorm",
         add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
         use_cpu_initialization=True, expert_model_parallel_size=ep,
+        tensor_model_parallel_size=tp, sequence_parallel=tp > 1,
     )  # fmt: skip
     spec = get_gpt_layer_local_spec(num_experts=E, moe_grouped_gemm=grouped)
     model = GPTModel(cfg, spec, V, S, position_embedding_type="rope")
@@ -54,28 +59,31 @@ def _ids(seed: int):
 def _logits(model):
     model.eval()
     with torch.no_grad():
-        return model(_ids(7), None, None)  # [b, s, V] (TP 1)
+        out = model(_ids(7), None, None)  # [b, s, V/tp]
+    parts = [torch.empty_like(out) for _ in range(ps.get_tensor_model_parallel_world_size())]
+    torch.distributed.all_gather(parts, out, group=ps.get_tensor_model_parallel_group())
+    return torch.cat(parts, dim=-1)  # [b, s, V]
 
 
 def _args(save, load):
     return argparse.Namespace(save=save, load=load, consumed_train_samples=0)
 
 
-def _train_save(save_dir: str, ep: int, grouped: bool):
+def _train_save(save_dir: str, ep: int, grouped: bool, tp: int = 1):
     """Differently seeded per layout: the loaded weights must come from the checkpoint."""
-    model, ddp, opt = _build(ep, grouped, seed=1)
+    model, ddp, opt = _build(ep, grouped, seed=1, tp=tp)
     ddp.zero_grad_buffer()
     opt.zero_grad()
     ids = _ids(3)
     ddp(ids, None, None, labels=ids).mean().backward()
-    ddp.finish_grad_sync()
+    finalize_model_grads([ddp])  # DP/expert-DP grads, and SP norm/router grads over TP
     assert opt.step()[0]
     ckpt.save_checkpoint(1, [ddp], opt, None, args=_args(save_dir, save_dir))
     return _logits(model)
 
 
-def _load_resave(load_dir: str, resave_dir: str, ep: int, grouped: bool):
-    model, ddp, opt = _build(ep, grouped, seed=2)
+def _load_resave(load_dir: str, resave_dir: str, ep: int, grouped: bool, tp: int = 1):
+    model, ddp, opt = _build(ep, grouped, seed=2, tp=tp)
     it, _ = ckpt.load_checkpoint([ddp], opt, None, args=_args(resave_dir, load_dir))
     assert it == 1
     ckpt.save_checkpoint(1, [ddp], opt, None, args=_args(resave_dir, load_dir))
@@ -131,3 +139,13 @@ def test_moe_checkpoint_ep1_to_ep2(tmp_path):
     got = run_distributed(_load_resave, 2, args=(src, dst, 2, False), timeout=240)
     _check(source, ref, dst, got[0], "ep1->ep2", False)
     torch.testing.assert_close(got[1], got[0], rtol=0, atol=0)  # both EP ranks agree
+
+
+def test_moe_checkpoint_tp2_etp2_ep2_to_ep1_tp1(tmp_path):
+    """Experts TP-split over the expert-TP group (TP2 = ETP2 x EP2, 4 ranks) -> one rank."""
+    src, dst = str(tmp_path / "tp2ep2"), str(tmp_path / "ep1")
+    ref = run_distributed(_train_save, 4, args=(src, 2, False, 2), timeout=240)[0]
+    source = _full(src)
+    _expert_keys(source, False)
+    got = run_distributed(_load_resave, 1, args=(src, dst, 1, False), timeout=240)
+    _check(source, ref, dst, got[0], "tp2etp2ep2->ep1", False)
