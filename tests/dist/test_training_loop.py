@@ -232,3 +232,38 @@ def test_exit_duration_saves_and_stops(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     assert run_distributed(_train_with_duration_limit, 2, args=(ckpt,), timeout=240) == [1, 1]
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+
+
+def _train_with_wandb(save_dir):
+    import os
+
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.training import pretrain
+
+    os.environ["WANDB_MODE"] = "offline"  # no network: W&B writes its run files locally
+    os.environ["WANDB_SILENT"] = "true"
+    _reset_globals()
+    pretrain(
+        pretrain_gpt.train_valid_test_datasets_provider,
+        pretrain_gpt.model_provider,
+        None,
+        pretrain_gpt.forward_step,
+        argv=ARGS
+        + ["--train-iters", "4", "--log-interval", "2"]
+        + ["--wandb-project", "gigatron-test", "--wandb-save-dir", save_dir],
+    )
+    import wandb
+
+    run_dir = wandb.run.dir if wandb.run is not None else None
+    if wandb.run is not None:
+        wandb.finish()
+    return run_dir
+
+
+def test_wandb_offline_logging(tmp_path):
+    pytest.importorskip("wandb")
+    out = run_distributed(_train_with_wandb, 2, args=(str(tmp_path),), timeout=240)
+    last = out[-1]  # the last rank logs
+    assert last is not None and last.startswith(str(tmp_path))
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs and list(runs[0].glob("*.wandb"))
