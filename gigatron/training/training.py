@@ -30,14 +30,15 @@ from gigatron.core.num_microbatches_calculator import (
 )
 from gigatron.training import _config_from_args as cfa
 from gigatron.training import _training_log as tlog
+from gigatron.training._train_step import (  # noqa: F401  (Megatron's public names live here)
+    NonFiniteGradientError,
+    evaluate,
+    train_step,
+)
 from gigatron.training.data_samplers import build_pretraining_data_loader
 from gigatron.training.global_vars import get_args
 from gigatron.training.initialize import initialize_megatron
 from gigatron.training.utils import print_rank_0
-
-
-class NonFiniteGradientError(RuntimeError):
-    """A step produced NaN/Inf gradients and the run was not asked to skip such steps."""
 
 
 # ---------------------------------------------------------------- model and optimizer
@@ -109,120 +110,6 @@ def _wire_config_hooks(model, optimizer) -> None:
     if args.overlap_param_gather and args.use_distributed_optimizer:
         params_sync = [m.start_param_sync for m in model]
         config.param_sync_func = params_sync[0] if len(model) == 1 else params_sync
-
-
-# ---------------------------------------------------------------- one step
-def _nonfinite_grad_ranks(model) -> list[int]:
-    """Global ranks whose gradients hold NaN/Inf, agreed on every rank (one all-gather)."""
-    bad = 0.0
-    for chunk in model:
-        for p in chunk.parameters():
-            g = getattr(p, "main_grad", None)
-            g = p.grad if g is None else g
-            if g is not None and not torch.isfinite(g).all():
-                bad = 1.0
-                break
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    flags = torch.zeros(dist.get_world_size(), device=device)
-    flags[dist.get_rank()] = bad
-    dist.all_reduce(flags)
-    return [r for r, f in enumerate(flags.tolist()) if f]
-
-
-def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config):
-    """One iteration: forward/backward over all microbatches, then the update.
-
-    Returns (losses dict on the last stage else {}, skipped_iter, grad_norm, num_zeros, nan_iter).
-    """
-    from gigatron.core.pipeline_parallel import get_forward_backward_func
-
-    args = get_args()
-    for chunk in model:
-        chunk.zero_grad_buffer()
-    optimizer.zero_grad()
-    losses_reduced = get_forward_backward_func()(
-        forward_step_func=forward_step_func,
-        data_iterator=data_iterator,
-        model=model,
-        num_microbatches=get_num_microbatches(),
-        seq_length=args.seq_length,
-        micro_batch_size=args.micro_batch_size,
-        decoder_seq_length=args.seq_length,
-        forward_only=False,
-    )
-    bad_ranks = _nonfinite_grad_ranks(model)
-    nan_iter = 0
-    if bad_ranks:
-        nan_iter = 1
-        message = f"non-finite gradient at iteration {args.iteration + 1} on ranks {bad_ranks}"
-        if not args.skip_nan_steps:
-            raise NonFiniteGradientError(message + " (pass --skip-nan-steps to skip such steps)")
-        print_rank_0(f"WARNING: {message}; skipping the update on every rank")
-        update_successful, grad_norm, num_zeros = False, None, None
-    else:
-        update_successful, grad_norm, num_zeros = optimizer.step()
-    if update_successful:
-        increment = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
-        opt_param_scheduler.step(increment=increment)
-    skipped = 0 if update_successful else 1
-    if not ps.is_pipeline_last_stage(ignore_virtual=True):
-        return {}, skipped, grad_norm, num_zeros, nan_iter
-    return _reduce_losses(losses_reduced), skipped, grad_norm, num_zeros, nan_iter
-
-
-def _reduce_losses(losses_reduced: list[dict]) -> dict[str, float]:
-    """[sum, count] report pairs are summed over microbatches and DP×CP, then divided."""
-    out = {}
-    if not losses_reduced:
-        return out
-    for key in losses_reduced[0]:
-        values = [x[key].detach().float().view(-1) for x in losses_reduced]
-        if values[0].numel() == 2:
-            total = torch.vstack(values).sum(dim=0)
-            dist.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
-            out[key] = (total[0] / total[1].clamp(min=1)).item()
-        else:
-            out[key] = torch.cat(values).mean().item()
-    return out
-
-
-# ---------------------------------------------------------------- evaluation
-def evaluate(forward_step_func, data_iterator, model, config, verbose: bool = False):
-    """Mean losses over `--eval-iters` forward-only iterations (last stage; {} elsewhere)."""
-    from gigatron.core.pipeline_parallel import get_forward_backward_func
-
-    args = get_args()
-    for chunk in model:
-        chunk.eval()
-    sums: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for _ in range(args.eval_iters):
-            losses = get_forward_backward_func()(
-                forward_step_func=forward_step_func,
-                data_iterator=data_iterator,
-                model=model,
-                num_microbatches=get_num_microbatches(),
-                seq_length=args.seq_length,
-                micro_batch_size=args.micro_batch_size,
-                decoder_seq_length=args.seq_length,
-                forward_only=True,
-            )
-            if ps.is_pipeline_last_stage(ignore_virtual=True):
-                for report in losses:
-                    for key, value in report.items():
-                        value = value.detach().float().view(-1)
-                        if value.numel() == 1:  # legacy mean-per-microbatch reports
-                            value = torch.cat([value, torch.ones(1)])
-                        sums[key] = sums.get(key, torch.zeros(2)) + value.cpu()
-            args.consumed_valid_samples += args.global_batch_size
-    for chunk in model:
-        chunk.train()
-    out = {}
-    for key, total in sums.items():
-        total = total.to("cuda" if dist.get_backend() == "nccl" else "cpu")
-        dist.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
-        out[key] = (total[0] / total[1].clamp(min=1)).item()
-    return out
 
 
 # ---------------------------------------------------------------- data
