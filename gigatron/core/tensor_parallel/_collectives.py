@@ -4,6 +4,12 @@ Each helper takes an explicit process group and returns a new tensor; none of th
 input. At group size 1 they return the input unchanged and issue no communication. Layout rules
 follow `megatron.core.tensor_parallel.mappings`: "first dim" is the sequence dim of `[s, b, h]`,
 "last dim" is the hidden dim; last-dim gathers are dim-0 collectives followed by a concatenation.
+
+Under `torch.compile` (`torch.compiler.is_compiling()`) the same helpers issue the traceable
+functional collectives (`torch.ops._c10d_functional`: one op that starts the collective and
+returns its result tensor, plus `wait_tensor`), so dynamo keeps them in the graph
+(`fullgraph=True` works) and Inductor may move them. Eager keeps the `torch.distributed` calls
+(and their counts) unchanged; both paths give the same numbers.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core.tensor_parallel._groups import group_rank, group_size
+
+_C10D = torch.ops._c10d_functional
 
 
 def _all_gather_into(out: torch.Tensor, inp: torch.Tensor, group) -> None:
@@ -26,6 +34,53 @@ def _reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group, async_op: 
     return fn(out, inp, group=group, async_op=async_op)
 
 
+# --- traced (functional) collectives: used while torch.compile traces -----------------------
+# The ops take the group's name (a string in every torch from 2.11 on); `group.group_name` is
+# what torch's own functional-collective wrappers read, so dynamo traces it.
+
+
+def _group_name(group) -> str:
+    return (group if group is not None else dist.group.WORLD).group_name
+
+
+def _start_all_gather(inp: torch.Tensor, group) -> torch.Tensor:
+    """Issue a traced all-gather along dim 0; `_wait` the result before using it."""
+    return _C10D.all_gather_into_tensor(inp, group_size(group), _group_name(group))
+
+
+def _start_reduce_scatter(inp: torch.Tensor, group) -> torch.Tensor:
+    """Issue a traced sum reduce-scatter along dim 0; `_wait` the result before using it."""
+    return _C10D.reduce_scatter_tensor(inp, "sum", group_size(group), _group_name(group))
+
+
+def _start_all_reduce(inp: torch.Tensor, group) -> torch.Tensor:
+    """Issue a traced sum all-reduce (out of place); `_wait` the result before using it."""
+    return _C10D.all_reduce(inp, "sum", _group_name(group))
+
+
+def _wait(t: torch.Tensor) -> torch.Tensor:
+    """Wait for a traced collective's result (stream sync on CUDA, blocking on CPU)."""
+    return _C10D.wait_tensor(t)
+
+
+def _gathered_dim0(inp: torch.Tensor, group) -> torch.Tensor:
+    """`[n, ...] -> [tp*n, ...]`: all-gather along dim 0 (`inp` contiguous)."""
+    if torch.compiler.is_compiling():
+        return _wait(_start_all_gather(inp, group))
+    out = inp.new_empty((inp.size(0) * group_size(group), *inp.shape[1:]))
+    _all_gather_into(out, inp, group)
+    return out
+
+
+def _reduce_scattered_dim0(inp: torch.Tensor, group) -> torch.Tensor:
+    """`[tp*n, ...] -> [n, ...]`: sum over ranks; keep this rank's dim-0 chunk."""
+    if torch.compiler.is_compiling():
+        return _wait(_start_reduce_scatter(inp, group))
+    out = inp.new_empty((inp.size(0) // group_size(group), *inp.shape[1:]))
+    _reduce_scatter_into(out, inp, group)
+    return out
+
+
 def _check_divisible(what: str, size: int, world_size: int, fn: str) -> None:
     if size % world_size != 0:
         raise ValueError(
@@ -38,6 +93,8 @@ def _reduce(x: torch.Tensor, group) -> torch.Tensor:
     """All-reduce (sum) a copy of `x`; the caller's tensor is left untouched."""
     if group_size(group) == 1:
         return x
+    if torch.compiler.is_compiling():
+        return _wait(_start_all_reduce(x.contiguous(), group))
     out = x.clone(memory_format=torch.contiguous_format)
     dist.all_reduce(out, group=group)
     return out
@@ -76,9 +133,7 @@ def _gather_along_first_dim(x: torch.Tensor, group, output_split_sizes=None) -> 
         return x
     x = x.contiguous()
     if output_split_sizes is None:
-        out = torch.empty((x.size(0) * world_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        _all_gather_into(out, x, group)
-        return out
+        return _gathered_dim0(x, group)
     sizes = list(output_split_sizes)
     if len(sizes) != world_size or sizes[group_rank(group)] != x.size(0):
         raise ValueError(
@@ -88,8 +143,7 @@ def _gather_along_first_dim(x: torch.Tensor, group, output_split_sizes=None) -> 
     longest = max(sizes)
     padded = x.new_zeros((longest, *x.shape[1:]))
     padded[: x.size(0)] = x
-    out = torch.empty((longest * world_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    _all_gather_into(out, padded, group)
+    out = _gathered_dim0(padded, group)
     return torch.cat([out[i * longest : i * longest + n] for i, n in enumerate(sizes)], dim=0)
 
 
@@ -113,9 +167,7 @@ def _reduce_scatter_along_first_dim(x: torch.Tensor, group, input_split_sizes=No
     x = x.contiguous()
     if input_split_sizes is None:
         _check_divisible("dim 0", x.size(0), world_size, "reduce-scatter along first dim")
-        out = torch.empty((x.size(0) // world_size, *x.shape[1:]), dtype=x.dtype, device=x.device)
-        _reduce_scatter_into(out, x, group)
-        return out
+        return _reduce_scattered_dim0(x, group)
     sizes = list(input_split_sizes)
     if len(sizes) != world_size or sum(sizes) != x.size(0):
         raise ValueError(
@@ -127,8 +179,7 @@ def _reduce_scatter_along_first_dim(x: torch.Tensor, group, input_split_sizes=No
     padded = x.new_zeros((longest * world_size, *x.shape[1:]))
     for i, chunk in enumerate(x.split(sizes, dim=0)):
         padded[i * longest : i * longest + chunk.size(0)] = chunk
-    out = torch.empty((longest, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    _reduce_scatter_into(out, padded, group)
+    out = _reduce_scattered_dim0(padded, group)
     return out[: sizes[group_rank(group)]].contiguous()
 
 
@@ -157,6 +208,14 @@ def _all_to_all(x: torch.Tensor, group, output_split_sizes=None, input_split_siz
     x = x.contiguous()
     if output_split_sizes is None:
         _check_divisible("dim 0", x.size(0), world_size, "all_to_all")
+    if torch.compiler.is_compiling():
+        even = [x.size(0) // world_size] * world_size
+        return _wait(
+            _C10D.all_to_all_single(
+                x, output_split_sizes or even, input_split_sizes or even, _group_name(group)
+            )
+        )
+    if output_split_sizes is None:
         out = torch.empty_like(x)
     else:
         out = x.new_empty((sum(output_split_sizes), *x.shape[1:]))

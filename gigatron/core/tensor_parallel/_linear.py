@@ -15,6 +15,9 @@ import torch.distributed as dist
 from gigatron.core.tensor_parallel._collectives import (
     _gather_along_first_dim,
     _reduce_scatter_into,
+    _start_all_reduce,
+    _start_reduce_scatter,
+    _wait,
 )
 from gigatron.core.tensor_parallel._groups import (
     get_tensor_model_parallel_group_if_none,
@@ -59,11 +62,16 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
         input_, weight = ctx.saved_tensors
         group = ctx.tp_group
         need_dgrad, need_wgrad, _ = ctx.needs_input_grad[:3]
+        traced = torch.compiler.is_compiling()
 
-        handle = grad_input = None
+        handle = pending = grad_input = None
         if need_dgrad:
             grad_input = grad_output.matmul(weight)  # [s, b, h]
-            if ctx.sequence_parallel:
+            if traced and (ctx.sequence_parallel or ctx.allreduce_dgrad):
+                # Graph ops instead of a handle: issued here, waited after the wgrad matmul.
+                start = _start_reduce_scatter if ctx.sequence_parallel else _start_all_reduce
+                pending = start(grad_input.contiguous(), group)  # [s/tp, b, h] or [s, b, h]
+            elif ctx.sequence_parallel:
                 tp_size = group_size(group)
                 sub_grad_input = grad_input.new_empty(
                     (grad_input.size(0) // tp_size, *grad_input.shape[1:])
@@ -84,6 +92,8 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
             grad_weight = _weight_grad(ctx, weight, grad_output_2d, total_input_2d)
         grad_bias = grad_output_2d.sum(dim=0) if ctx.use_bias else None
 
+        if pending is not None:
+            grad_input = _wait(pending)
         if handle is not None:
             handle.wait()
             if ctx.sequence_parallel:
@@ -92,8 +102,16 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
 
 
 def _weight_grad(ctx, weight, grad_output_2d, total_input_2d):
-    """dW = dY^T X; with gradient_accumulation_fusion and `weight.main_grad`, add it there."""
-    if not (ctx.gradient_accumulation_fusion and hasattr(weight, "main_grad")):
+    """dW = dY^T X; with gradient_accumulation_fusion and `weight.main_grad`, add it there.
+
+    Under torch.compile a weight carrying DDP's `grad_added_to_main_grad` flag gets a plain
+    `.grad` instead: dynamo cannot trace setting an attribute inside backward, and DDP's hook
+    then adds `.grad` into `main_grad` itself (the same sum, one transient grad per weight).
+    """
+    fuse = ctx.gradient_accumulation_fusion and hasattr(weight, "main_grad")
+    if fuse and torch.compiler.is_compiling() and hasattr(weight, "grad_added_to_main_grad"):
+        fuse = False
+    if not fuse:
         return grad_output_2d.t().matmul(total_input_2d)
     main_grad = weight.main_grad
     main_grad.add_(grad_output_2d.t().matmul(total_input_2d).to(main_grad.dtype))
