@@ -155,7 +155,7 @@ def _args(argv=None):
         "--fullgraph",
         choices=["auto", "on", "off"],
         default="auto",
-        help="layer compile without graph breaks; auto: on at TP=1 (async TP collectives break)",
+        help="layer compile without graph breaks; auto: on (TP/SP collectives are traced)",
     )
     p.add_argument("--inductor-tuning", action="store_true", help="coordinate-descent tuning")
     p.add_argument(
@@ -333,7 +333,7 @@ def main(argv=None) -> dict:
         ddp_cfg = DistributedDataParallelConfig(overlap_grad_reduce=a.overlap_grad_reduce)
         ddp = DistributedDataParallel(cfg, ddp_cfg, model)
     if a.compile == "layers":
-        fullgraph = a.fullgraph == "on" or (a.fullgraph == "auto" and a.tp == 1)
+        fullgraph = a.fullgraph != "off"
         options = {"coordinate_descent_tuning": True} if a.inductor_tuning else None
         compile_transformer_layers(model, fullgraph=fullgraph, options=options)
     opt = _optimizer(a, [p for p in model.parameters() if p.requires_grad])
