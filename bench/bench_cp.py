@@ -51,6 +51,13 @@ def _args(argv=None):
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--recompute", action="store_true", help="full recompute of every layer")
+    p.add_argument(
+        "--recompute-layers",
+        type=int,
+        default=None,
+        help="full recompute of only the first N layers of the stage (Megatron's block method)",
+    )
+    p.add_argument("--train", action="store_true", help="GPT level: also an AdamW step")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=3)
     return p.parse_args(argv)
@@ -77,6 +84,12 @@ def _config(args, comm):
     from gigatron.core.transformer.transformer_config import TransformerConfig
 
     layers, hidden, heads, groups, _ = CONFIGS[args.config]
+    recompute = args.recompute or args.recompute_layers is not None
+    method, num = None, None
+    if args.recompute_layers is not None:
+        method, num = "block", args.recompute_layers
+    elif args.recompute:
+        method, num = "uniform", 1
     return TransformerConfig(
         num_layers=layers if args.level == "gpt" else 1,
         hidden_size=hidden,
@@ -87,9 +100,9 @@ def _config(args, comm):
         hidden_dropout=0.0,
         attention_dropout=0.0,
         bf16=args.dtype == "bf16",
-        recompute_granularity="full" if args.recompute else None,
-        recompute_method="uniform" if args.recompute else None,
-        recompute_num_layers=1 if args.recompute else None,
+        recompute_granularity="full" if recompute else None,
+        recompute_method=method,
+        recompute_num_layers=num,
         params_dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
         pipeline_dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
     )
@@ -129,11 +142,25 @@ def _gpt_step(args, comm):
     tokens = torch.randint(0, vocab, (args.batch, s), device=args.device)
     pos = torch.arange(s, device=args.device)[None] + dist.get_rank() * s  # any in-range ids
 
+    opt = None
+    if args.train:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda")
+
     def step():
         model.zero_grad(set_to_none=True)
         model(tokens, pos, None, labels=tokens).mean().backward()
+        if opt is not None:  # CP ranks hold the same weights: sum their grads first
+            for param in model.parameters():
+                dist.all_reduce(param.grad, group=_cp_group())
+            opt.step()
 
     return step
+
+
+def _cp_group():
+    from gigatron.core import parallel_state as ps
+
+    return ps.get_context_parallel_group()
 
 
 def _null_forward(q, k, v, *unused):
@@ -177,7 +204,9 @@ def run(args) -> dict:
     tensor_parallel.model_parallel_cuda_manual_seed(0)
     torch.manual_seed(0)
     results = {}
+    step = None
     for comm in args.modes.split(","):
+        step = None  # free the previous mode's model before building the next
         if args.device == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()

@@ -159,6 +159,14 @@ def _args(argv=None):
     )
     p.add_argument("--inductor-tuning", action="store_true", help="coordinate-descent tuning")
     p.add_argument(
+        "--compile-mode", default=None, help="torch.compile mode (reduce-overhead: CUDA graphs)"
+    )
+    p.add_argument(
+        "--no-input-checks",
+        action="store_true",
+        help="skip the embedding's token/position id range check (its one host sync per step)",
+    )
+    p.add_argument(
         "--ce", choices=["plain", "chunked", "chunked-recompute"], help="default: per --impl"
     )
     p.add_argument("--sdpa", default=None, help="comma list, e.g. cudnn,flash ('default': torch)")
@@ -166,7 +174,15 @@ def _args(argv=None):
     p.add_argument("--sp", action="store_true", help="sequence parallelism (TP > 1)")
     p.add_argument("--ddp", choices=["auto", "on", "off"], default="auto", help="auto: DP > 1")
     p.add_argument("--overlap-grad-reduce", action="store_true")
-    p.add_argument("--optimizer", default="torch-fused", choices=["torch-fused", "torch-foreach"])
+    p.add_argument(
+        "--optimizer",
+        default="torch-fused",
+        choices=["torch-fused", "torch-foreach", "compiled"],
+        help="compiled: torch.compile of a foreach AdamW step (Inductor-fused kernels)",
+    )
+    p.add_argument(
+        "--sync-debug", action="store_true", help="report the host syncs of one step (source lines)"
+    )
     p.add_argument("--micro-batch-size", type=int, default=None)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--warmup", type=int, default=5)
@@ -220,7 +236,7 @@ class _Step:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.loss_fn = gpt_loss
         if a.compile == "model":  # whole forward + loss in one torch.compile (graph breaks ok)
-            self.loss_fn = torch.compile(gpt_loss)
+            self.loss_fn = torch.compile(gpt_loss, mode=a.compile_mode)
 
     def __call__(self) -> torch.Tensor:
         if self.ddp is not None:
@@ -242,7 +258,24 @@ class _Step:
 
 def _optimizer(a, params):
     kw = {"fused": True} if a.optimizer == "torch-fused" else {"foreach": True}
-    return torch.optim.AdamW(params, lr=1e-4, **kw)
+    opt = torch.optim.AdamW(params, lr=1e-4, **kw)
+    if a.optimizer == "compiled":  # constant lr here (a scheduler would want lr as a tensor)
+        opt.step = torch.compile(opt.step)
+    return opt
+
+
+def _host_syncs(step) -> list[str]:
+    """Run one step with CUDA sync debugging on; return where each host sync came from."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return [f"{w.filename}:{w.lineno}: {str(w.message)[:80]}" for w in caught][:20]
 
 
 def _time(step, a, device):
@@ -274,6 +307,31 @@ def _category(name: str) -> str:
     return "other (eager elementwise, copies, embedding)"
 
 
+def _idle_gaps(prof, n: int) -> dict:
+    """GPU idle time between kernels (ms per step) and the 12 largest gaps with the kernels
+    around them: where the GPU waits on the CPU (launch overhead, host syncs)."""
+    from torch.autograd import DeviceType
+
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and "#" not in e.name  # not the optimizer annotation
+    )
+    gaps, reach = [], None
+    for (start, _end, name), prev in zip(spans[1:], spans[:-1]):
+        reach = prev[1] if reach is None else max(reach, prev[1])
+        if start > reach:
+            gaps.append((start - reach, prev[2][:70], name[:70]))
+    by_next: dict[str, float] = {}
+    for gap, _, after in gaps:
+        by_next[after] = by_next.get(after, 0.0) + gap / n / 1e3
+    return {
+        "idle_ms_per_step": round(sum(g[0] for g in gaps) / n / 1e3, 2),
+        "largest_us": [(round(g, 1), before, after) for g, before, after in sorted(gaps)[-12:]],
+        "by_next_kernel_ms": dict(sorted(by_next.items(), key=lambda x: -x[1])[:12]),
+    }
+
+
 def profile_step(step, path: str | None, iter_s: float, n: int = 3) -> dict:
     """Profile `n` steps; write the GPU kernels (device time per step, by category and the top
     30) to `path`. `busy` = kernel time / measured step time (below 1: the GPU waits on the
@@ -300,6 +358,7 @@ def profile_step(step, path: str | None, iter_s: float, n: int = 3) -> dict:
         for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:30]
     ]
     summary = {
+        "idle": _idle_gaps(prof, n),
         "kernel_ms_per_step": round(total, 2),
         "step_ms": round(iter_s * 1e3, 2),
         "busy": round(total / (iter_s * 1e3), 3),
@@ -335,7 +394,11 @@ def main(argv=None) -> dict:
     if a.compile == "layers":
         fullgraph = a.fullgraph != "off"
         options = {"coordinate_descent_tuning": True} if a.inductor_tuning else None
-        compile_transformer_layers(model, fullgraph=fullgraph, options=options)
+        compile_transformer_layers(model, fullgraph=fullgraph, mode=a.compile_mode, options=options)
+    if a.no_input_checks:
+        from gigatron.core.models.common.embeddings import language_model_embedding
+
+        language_model_embedding.CHECK_INPUT_IDS = False
     opt = _optimizer(a, [p for p in model.parameters() if p.requires_grad])
     dev = torch.device(a.device, torch.cuda.current_device() if a.device == "cuda" else None)
     g = torch.Generator(device=dev).manual_seed(1234 + parallel_state.get_data_parallel_rank())
@@ -383,6 +446,8 @@ def main(argv=None) -> dict:
             "compile": a.compile,
             "fullgraph": a.fullgraph,
             "inductor_tuning": a.inductor_tuning,
+            "compile_mode": a.compile_mode,
+            "input_checks": not a.no_input_checks,
             "ce": a.ce,
             "sdpa": a.sdpa,
             "ddp": use_ddp,
@@ -393,6 +458,8 @@ def main(argv=None) -> dict:
         "versions": _versions(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+    if a.sync_debug and a.device == "cuda":
+        result["host_syncs"] = _host_syncs(step)
     if a.profile and a.device == "cuda":
         # Every rank steps (collectives); rank 0 writes.
         result["profile"] = profile_step(step, a.profile if rank == 0 else None, dt)

@@ -55,7 +55,10 @@ class MLP(MegatronModule):
             init_method=config.init_method,
             gather_output=False,
             bias=config.add_bias_linear,
-            skip_bias_add=True,
+            # Megatron adds the fc1 bias in the MLP (skip_bias_add=True); gigatron lets the
+            # GEMM add it (cuBLAS epilogue), which also gives torch.compile the cheap 2-D
+            # bias-gradient reduction instead of one fused into the activation backward.
+            skip_bias_add=False,
             is_expert=is_expert,
             tp_comm_buffer_name="fc1",
             stride=2 if glu else 1,

@@ -14,21 +14,38 @@ from torch import Tensor
 
 from gigatron.core.transformer.module import MegatronModule
 
+CHECK_INPUT_IDS = True  # module switch: False skips the one host sync of check_token_ids
 
-def check_token_ids(input_ids: Tensor, vocab_size: int) -> None:
-    """Raise ValueError naming the first id outside [0, vocab_size). One host sync per call.
 
-    Skipped while torch.compile traces (a data-dependent branch would break the graph).
+def check_token_ids(
+    input_ids: Tensor,
+    vocab_size: int,
+    position_ids: Tensor | None = None,
+    max_sequence_length: int | None = None,
+) -> None:
+    """Raise ValueError naming the first id outside [0, vocab_size) (and the first position id
+    outside [0, max_sequence_length) when given). One host sync per call for both checks.
+
+    Skipped while torch.compile traces (a data-dependent branch would break the graph) and when
+    `CHECK_INPUT_IDS` is False (benchmarks measuring a sync-free step).
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not CHECK_INPUT_IDS:
         return
-    lo, hi = torch.aminmax(input_ids)
-    lo, hi = int(lo), int(hi)
+    stats = [torch.aminmax(input_ids)]
+    if position_ids is not None:
+        stats.append(torch.aminmax(position_ids))
+    lo, hi, *pos_range = torch.stack([v for pair in stats for v in pair]).tolist()
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
         pos = (input_ids == bad).nonzero()[0].tolist()
         raise ValueError(
             f"token id {bad} at input_ids{pos} is outside the vocabulary [0, {vocab_size}) "
+            "(gigatron/core/models/common/embeddings/language_model_embedding.py)"
+        )
+    if pos_range and (pos_range[0] < 0 or pos_range[1] >= max_sequence_length):
+        bad = pos_range[0] if pos_range[0] < 0 else pos_range[1]
+        raise ValueError(
+            f"position id {bad} is outside [0, max_sequence_length={max_sequence_length}) "
             "(gigatron/core/models/common/embeddings/language_model_embedding.py)"
         )
 
@@ -91,16 +108,17 @@ class LanguageModelEmbedding(MegatronModule):
         with num_tokentypes > 0) -> [s(/tp), b, h]."""
         from gigatron.core import tensor_parallel
 
-        check_token_ids(input_ids, self.vocab_size)
+        checked_positions = position_ids if self.add_position_embedding else None
+        check_token_ids(input_ids, self.vocab_size, checked_positions, self.max_sequence_length)
         embeddings = self.word_embeddings(input_ids)  # [b, s, h] ([s/tp, b, h] if reduce-scatter)
         if self.add_position_embedding:
             if position_ids is None:
                 position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
-            if int(position_ids.max()) >= self.max_sequence_length:
-                raise ValueError(
-                    f"position id {int(position_ids.max())} >= max_sequence_length "
-                    f"({self.max_sequence_length})"
-                )
+                if input_ids.shape[1] > self.max_sequence_length:
+                    raise ValueError(
+                        f"sequence length {input_ids.shape[1]} > max_sequence_length "
+                        f"({self.max_sequence_length}) (language_model_embedding.py)"
+                    )
             embeddings = embeddings + self.position_embeddings(position_ids)
         if (tokentype_ids is None) != (self.tokentype_embeddings is None):
             raise ValueError(
