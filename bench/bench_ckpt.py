@@ -24,6 +24,7 @@ tests/dist/test_dist_ckpt_megatron_interop.py; the JSON's `payload` field says w
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import datetime
@@ -45,7 +46,8 @@ sys.path.insert(0, _HERE)
 
 from bench_gpt import CONFIGS  # noqa: E402  (layers, hidden, heads, seq, vocab per config)
 
-IMPLS = ("gigatron", "megatron")
+IMPLS = ("gigatron", "megatron", "gigatron-training")  # the last one: opt-in
+Side = collections.namedtuple("Side", "make_state params model optimizer")
 STEP_TOKENS = 256  # sequence length of the one training step that creates the Adam state
 
 
@@ -55,7 +57,7 @@ def _args(argv=None):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dir", default=None, help="parent of the checkpoints (default: a temp dir)")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--impls", default=",".join(IMPLS))
+    p.add_argument("--impls", default="gigatron,megatron")
     p.add_argument("--dist-opt", action=argparse.BooleanOptionalAction, default=True,
                    help="use_distributed_optimizer on both sides (default on)")  # fmt: skip
     p.add_argument("--megatron-sharding-type", default="dp_reshardable",
@@ -108,6 +110,15 @@ def _fresh(sd):
     return sd
 
 
+def _data(sd):
+    """Same structure, every sharded tensor replaced by its data tensor."""
+    if isinstance(sd, dict):
+        return {k: _data(v) for k, v in sd.items()}
+    if isinstance(sd, list):
+        return [_data(v) for v in sd]
+    return sd.data if _is_tensor_leaf(sd) else sd
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes (NaN-safe, -0.0 != +0.0): megatron's padding is uninitialised memory."""
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
@@ -123,7 +134,7 @@ def _verify(reference: dict, loaded) -> tuple[bool, int, str]:
             torch.is_tensor(got)
             and got.dtype == want.dtype
             and got.shape == want.shape
-            and got.data_ptr() != want.data_ptr()
+            and (got.numel() == 0 or got.data_ptr() != want.data_ptr())  # not the saved tensor
             and torch.equal(_bits(got.to(want.device)), _bits(want))
         )
         if not same:
@@ -230,7 +241,8 @@ def _gigatron_setup(args):
         model_sd = model_sharded_state_dict(model)
         return {"model": model_sd, "optimizer": optimizer_sharded_state_dict(optimizer, model_sd)}
 
-    return make_state, sum(p.numel() for p in model.parameters())
+    params = sum(p.numel() for p in model.parameters())
+    return Side(make_state, params, ddp, optimizer)
 
 
 def _megatron_setup(args):
@@ -272,21 +284,21 @@ def _megatron_setup(args):
         optim_sd = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=metadata)
         return {"model": model_sd, "optimizer": optim_sd}
 
-    return make_state, sum(p.numel() for p in model.parameters())
+    return Side(make_state, sum(p.numel() for p in model.parameters()), ddp, optimizer)
 
 
 def _megatron_plain_setup(args):
     """CPU stand-in: one plain megatron ShardedTensor per tensor of gigatron's payload."""
     from megatron.core.dist_checkpointing import ShardedTensor
 
-    make_gigatron, params = _gigatron_setup(args)
-    reference = _reference(make_gigatron())
+    gigatron = _gigatron_setup(args)
+    reference = _reference(gigatron.make_state())
     tensors = {"/".join(map(str, p)): t.detach().contiguous().clone() for p, t in reference.items()}
 
     def make_state():
         return {k: ShardedTensor.from_rank_offsets(k, t) for k, t in tensors.items()}
 
-    return make_state, params
+    return Side(make_state, gigatron.params, None, None)
 
 
 @contextlib.contextmanager
@@ -347,6 +359,44 @@ def _time_repeats(args, lib, make_state, root: str) -> dict:
     return out
 
 
+def _time_training(args, side: Side, root: str) -> dict:
+    """The training loop's path: gigatron.training.checkpointing.save_checkpoint (iter_0000001/,
+    tracker, RNG states, args) and load_checkpoint into the live model and optimizer, whose
+    tensors are set to NaN first; afterwards they must equal a copy taken before the save."""
+    from gigatron.training import checkpointing
+
+    out = dict(save_s=[], load_s=[], verified=True, verified_tensors=0)
+    for r in range(args.repeats):
+        ckpt = os.path.join(root, f"train_{r}")
+        flags = argparse.Namespace(save=ckpt, load=ckpt)
+        live = _reference(side.make_state())
+        snapshot = {path: t.clone() for path, t in live.items()}
+        _sync(args.device)
+        t0 = time.perf_counter()
+        checkpointing.save_checkpoint(1, side.model, side.optimizer, None, args=flags)
+        _sync(args.device)
+        out["save_s"].append(time.perf_counter() - t0)
+        out["bytes_on_disk"], out["du_bytes"] = _dir_bytes(ckpt)
+        out["payload_bytes"] = _payload_bytes(snapshot)
+        if args.drop_cache:
+            _evict(ckpt)
+        with torch.no_grad():
+            for t in live.values():
+                t.fill_(float("nan") if t.is_floating_point() else -1)
+        _sync(args.device)
+        t0 = time.perf_counter()
+        checkpointing.load_checkpoint(side.model, side.optimizer, None, args=flags)
+        _sync(args.device)
+        out["load_s"].append(time.perf_counter() - t0)
+        ok, out["verified_tensors"], bad = _verify(snapshot, _data(side.make_state()))
+        out["verified"] = out["verified"] and ok
+        if not ok:
+            out["first_mismatch"] = bad
+        del live, snapshot
+        shutil.rmtree(ckpt)
+    return out
+
+
 def _summary(timed: dict) -> dict:
     gb = timed["bytes_on_disk"] / 1e9
     save, load = timed["save_s"], timed["load_s"]
@@ -365,11 +415,14 @@ def run_impl(args, impl: str, root: str) -> dict:
                 load_source="disk (evicted)" if args.drop_cache else "page cache")  # fmt: skip
     t0 = time.perf_counter()
     stubs = contextlib.nullcontext()
-    if impl == "gigatron":
+    if impl.startswith("gigatron"):
         from gigatron.core import dist_checkpointing as lib
 
         setup = _gigatron_setup
         base.update(payload="GPTModel + optimizer (gigatron.training checkpoint layout)")
+        if impl == "gigatron-training":
+            base.update(payload="save_checkpoint/load_checkpoint: GPTModel + optimizer + RNG "
+                        "+ args, tracker file")  # fmt: skip
     else:
         try:
             from megatron.core import dist_checkpointing as lib
@@ -384,9 +437,12 @@ def run_impl(args, impl: str, root: str) -> dict:
             base.update(payload="plain ShardedTensors, one per gigatron payload tensor "
                         "(megatron-core's GPTModel/optimizer need CUDA)")  # fmt: skip
     with stubs:
-        make_state, params = setup(args)
-        base.update(params=params, setup_s=time.perf_counter() - t0)
-        timed = _time_repeats(args, lib, make_state, root)
+        side = setup(args)
+        base.update(params=side.params, setup_s=time.perf_counter() - t0)
+        if impl == "gigatron-training":
+            timed = _time_training(args, side, root)
+        else:
+            timed = _time_repeats(args, lib, side.make_state, root)
     summary = _summary(timed)
     del timed["save_s"], timed["load_s"]
     return {**base, **timed, **summary}

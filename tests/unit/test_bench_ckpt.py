@@ -60,11 +60,27 @@ def test_tiny_config_both_impls_verified(tmp_path):
     assert os.listdir(tmp_path) == []  # every checkpoint deleted
 
 
-def test_plain_optimizer_and_evicted_load(tmp_path):
-    r = _run("--config", "tiny", "--device", "cpu", "--repeats", "1", "--impls", "gigatron",
-             "--no-dist-opt", "--drop-cache", "--dir", str(tmp_path))["gigatron"]  # fmt: skip
-    _check_timings(r, 1)
-    assert r["dist_opt"] is False and r["load_source"] == "disk (evicted)"
+def test_plain_optimizer_evicted_load_and_training_path(tmp_path):
+    results = _run("--config", "tiny", "--device", "cpu", "--repeats", "1", "--impls",
+                   "gigatron,gigatron-training", "--no-dist-opt", "--drop-cache",
+                   "--dir", str(tmp_path))  # fmt: skip
+    for r in results.values():
+        _check_timings(r, 1)
+        assert r["dist_opt"] is False and r["load_source"] == "disk (evicted)"
+    assert results["gigatron-training"]["payload"].startswith("save_checkpoint/load_checkpoint")
+    # Same tensors as the bare dist_checkpointing payload, plus RNG states, args and the tracker.
+    assert results["gigatron-training"]["payload_bytes"] == results["gigatron"]["payload_bytes"]
+    assert results["gigatron-training"]["bytes_on_disk"] > results["gigatron"]["bytes_on_disk"]
+
+
+@pytest.mark.gpu
+def test_tiny_config_cuda_real_megatron_models(tmp_path):
+    """Not run on the CPU machine: megatron-core's own GPTModel and optimizer on CUDA."""
+    results = _run("--config", "tiny", "--device", "cuda", "--repeats", "1", "--dir", str(tmp_path))
+    for impl in ("gigatron", "megatron"):
+        _check_timings(results[impl], 1)
+    assert results["megatron"]["payload"] == "GPTModel + optimizer (megatron-core)"
+    assert results["megatron"]["params"] == results["gigatron"]["params"]
 
 
 class _NoOpLoad:
