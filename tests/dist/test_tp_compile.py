@@ -1,0 +1,266 @@
+"""torch.compile(fullgraph=True) of tensor-parallel code on 2 gloo ranks: a TP = 2 GPT
+TransformerLayer (with and without sequence parallelism), a whole tiny GPTModel, the mappings
+and the linears' gradient-accumulation-fusion path give the eager numbers (fp32, 1e-6) for
+outputs, input grads and every weight grad. The compiled graph holds the collectives as
+`_c10d_functional` ops, and no `torch.distributed` call runs outside it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gigatron.core import parallel_state, tensor_parallel
+from gigatron.core.model_parallel_config import ModelParallelConfig
+from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
+from gigatron.core.models.gpt.gpt_model import GPTModel
+from gigatron.core.tensor_parallel import mappings as M
+from gigatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from gigatron.core.transformer._compile import compile_transformer_layers
+from gigatron.core.transformer.transformer_config import TransformerConfig
+from gigatron.testing import run_distributed
+from tests.dist.test_tp_mappings import count_collectives
+
+TP, S, B, H, V = 2, 8, 2, 32, 64  # ranks, sequence, batch, hidden, vocab
+TOL = dict(rtol=1e-6, atol=1e-6)
+
+
+def _rand(seed, *shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+class _Recorder:
+    """A dynamo backend that records the collective ops of every graph it compiles (forward
+    and the autograd.Function backward subgraphs), then hands the graph to `backend`."""
+
+    def __init__(self, backend: str):
+        from torch._dynamo.backends.registry import lookup_backend
+
+        self.backend = lookup_backend(backend)
+        self.num_graphs = 0
+        self.collectives: set[str] = set()
+
+    def __call__(self, gm, example_inputs):
+        self.num_graphs += 1
+        for mod in gm.modules():  # the autograd.Function fwd/bwd graphs are submodules
+            if isinstance(mod, torch.fx.GraphModule):
+                for node in mod.graph.nodes:
+                    name = str(node.target)  # e.g. "_c10d_functional.all_reduce.default"
+                    if name.startswith("_c10d_functional."):
+                        self.collectives.add(name.split(".")[1])
+        return self.backend(gm, example_inputs)
+
+
+def _fwd_bwd(fn, params, inputs, grad_seed, grad_scale=1.0):
+    """Run `out = fn(*inputs)`, backward a fixed random grad; return (out, input grads, param
+    grads) and clear the grads."""
+    out = fn(*inputs)
+    out.backward(_rand(grad_seed, *out.shape) * grad_scale)
+    grads = [x.grad.clone() for x in inputs if x.requires_grad]
+    pgrads = {n: p.grad.clone() for n, p in params}
+    for x in inputs:
+        x.grad = None
+    for _, p in params:
+        p.grad = None
+    return out.detach(), grads, pgrads
+
+
+def _compare(eager, compiled, what):
+    """assert_close on output, input grads and param grads; returns the largest
+    |compiled - eager| / (1 + |eager|) (<= 1e-6 exactly when the assert_close calls pass)."""
+    pairs = [(compiled[0], eager[0], "output")]
+    pairs += [(a, b, "input grad") for a, b in zip(compiled[1], eager[1], strict=True)]
+    assert compiled[2].keys() == eager[2].keys()
+    pairs += [(compiled[2][n], g, f"grad of {n}") for n, g in eager[2].items()]
+    for a, b, name in pairs:
+        torch.testing.assert_close(a, b, **TOL, msg=f"{what}: {name}")
+    return max(((a - b).abs() / (1 + b.abs())).max().item() for a, b, _ in pairs)
+
+
+def _eager_vs_compiled(fn, params, inputs, backend, what):
+    """fn eager, then compiled with fullgraph=True: same numbers. Returns (max error, the
+    recorder holding the compiled graph's collectives)."""
+    with count_collectives() as eager_counts:
+        eager = _fwd_bwd(fn, params, inputs, grad_seed=99)
+    assert sum(eager_counts.values()) > 0, what
+    recorder = _Recorder(backend)
+    # fullgraph=True: one graph for all of fn, its autograd.Function backwards included, or an
+    # error (so no collective can run outside the graph).
+    compiled_fn = torch.compile(fn, fullgraph=True, backend=recorder)
+    compiled = _fwd_bwd(compiled_fn, params, inputs, grad_seed=99)
+    assert recorder.num_graphs == 1, (what, recorder.num_graphs)
+    return _compare(eager, compiled, what), recorder
+
+
+def _gpt_config(sp, num_layers):
+    return TransformerConfig(
+        num_layers=num_layers,
+        hidden_size=H,
+        num_attention_heads=4,
+        ffn_hidden_size=64,
+        activation_func=F.gelu,
+        tensor_model_parallel_size=TP,
+        sequence_parallel=sp,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+    )
+
+
+def _layer_case(sp, backend):
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    model = GPTModel(_gpt_config(sp, 1), get_gpt_layer_fast_spec(), V, S)
+    layer = model.decoder.layers[0]
+    # SP: each rank holds its own sequence slice; TP only: every rank holds the same input.
+    x = (_rand(10 + rank, S // TP, B, H) if sp else _rand(10, S, B, H)).requires_grad_()
+    causal = torch.ones(1, 1, S, S, dtype=torch.bool).triu(1)
+    err, rec = _eager_vs_compiled(
+        lambda h: layer(h, causal)[0], list(layer.named_parameters()), [x], backend, f"sp={sp}"
+    )
+    expected = {"all_gather_into_tensor", "reduce_scatter_tensor"} if sp else {"all_reduce"}
+    assert expected <= rec.collectives, (sp, rec.collectives)
+    return err
+
+
+def _model_case(sp, backend):
+    model = GPTModel(
+        _gpt_config(sp, 2), get_gpt_layer_fast_spec(), V, S, position_embedding_type="rope"
+    )
+    g = torch.Generator().manual_seed(3)
+    ids, labels = torch.randint(0, V, (B, S), generator=g), torch.randint(0, V, (B, S), generator=g)
+
+    def loss(ids, labels):
+        return model(ids, None, None, labels=labels)  # [b, s]
+
+    params = list(model.named_parameters())
+    if backend != "fast-path":  # the whole forward and loss in one graph
+        return _eager_vs_compiled(loss, params, [ids, labels], backend, "gpt")[0]
+    # The fast path as bench_gpt.py runs it: each TransformerLayer compiled (Inductor,
+    # fullgraph). Per-token loss weights of a mean (1/(b*s)) keep grads O(1): Inductor sums in
+    # another order, an fp32 rounding difference that grows with the values.
+    eager = _fwd_bwd(loss, params, [ids, labels], 99, grad_scale=1 / (B * S))
+    assert compile_transformer_layers(model, fullgraph=True) == 2
+    compiled = _fwd_bwd(loss, params, [ids, labels], 99, grad_scale=1 / (B * S))
+    return _compare(eager, compiled, "fast path")
+
+
+def _mappings_chain(x, group):
+    """Every mapping once, in an order whose shapes line up: [s/tp, b, h] -> scalar-ish tensor."""
+    y = M.gather_from_sequence_parallel_region(x, group=group)  # [s, b, h]
+    y = M.copy_to_tensor_model_parallel_region(y, group=group)
+    y = M.scatter_to_tensor_model_parallel_region(y * 1.5, group=group)  # [s, b, h/tp]
+    y = M.gather_from_tensor_model_parallel_region(y.sin(), group=group)  # [s, b, h]
+    y = M.all_gather_last_dim_from_tensor_parallel_region(y[..., : H // TP], group=group)
+    y = M.reduce_scatter_last_dim_to_tensor_parallel_region(y.cos(), group=group)  # [s, b, h/tp]
+    y = M.reduce_from_tensor_model_parallel_region(y, group=group)
+    y = M.all_to_all_hp2sp(M.all_to_all_sp2hp(y, group=group), group=group)
+    y = M.reduce_scatter_to_sequence_parallel_region(y.reshape(S, B, -1), group=group)
+    z = M.gather_from_sequence_parallel_region(
+        y, tensor_parallel_output_grad=False, group=group, output_split_sizes=[S // TP] * TP
+    )
+    return M.scatter_to_sequence_parallel_region(z.tanh(), group=group)  # [s/tp, b, h/tp]
+
+
+def _mappings_case(backend):
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    group = parallel_state.get_tensor_model_parallel_group()
+    x = _rand(20 + rank, S // TP, B, H).requires_grad_()
+    err, rec = _eager_vs_compiled(lambda t: _mappings_chain(t, group), [], [x], backend, "maps")
+    assert {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"} <= rec.collectives
+    assert "all_to_all_single" in rec.collectives
+    return err
+
+
+def _fusion_case(backend):
+    """gradient_accumulation_fusion: a weight with `main_grad` gets dW added there (eager and
+    compiled alike); one that also carries DDP's `grad_added_to_main_grad` flag gets a plain
+    `.grad` under compile (DDP's hook adds it to main_grad) with the same values."""
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    cfg = ModelParallelConfig(
+        tensor_model_parallel_size=TP,
+        sequence_parallel=True,
+        gradient_accumulation_fusion=True,
+        use_cpu_initialization=True,
+    )
+    col = ColumnParallelLinear(H, 2 * H, config=cfg, init_method=torch.nn.init.normal_, bias=True)
+    row = RowParallelLinear(
+        2 * H, H, config=cfg, init_method=torch.nn.init.normal_, bias=True,
+        input_is_parallel=True, skip_bias_add=False,
+    )  # fmt: skip
+    weights = [col.weight, row.weight]
+    x = _rand(30 + rank, S // TP, B, H).requires_grad_()
+
+    def fn(t):
+        return row(F.gelu(col(t)[0]))[0]
+
+    def run(f, ddp_flag):
+        for w in weights:
+            w.main_grad = torch.zeros_like(w)
+            if ddp_flag:
+                w.grad_added_to_main_grad = False
+            elif hasattr(w, "grad_added_to_main_grad"):
+                del w.grad_added_to_main_grad
+        out = f(x)
+        out.backward(_rand(31, *out.shape))
+        dx, x.grad = x.grad, None
+        res = [out.detach(), dx, [w.main_grad.clone() for w in weights]]
+        res.append([None if w.grad is None else w.grad.clone() for w in weights])
+        for p in (*col.parameters(), *row.parameters()):
+            p.grad = None
+        return res
+
+    compiled_fn = torch.compile(fn, fullgraph=True, backend=backend)
+    eager, compiled = run(fn, False), run(compiled_fn, False)
+    for a, b in zip(compiled[:2] + compiled[2], eager[:2] + eager[2], strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+    with_flag = run(compiled_fn, True)
+    torch.testing.assert_close(with_flag[0], eager[0], **TOL)
+    for main_grad, grad, expected in zip(with_flag[2], with_flag[3], eager[2], strict=True):
+        assert main_grad.abs().max().item() == 0.0  # left to DDP's hook
+        torch.testing.assert_close(grad, expected, **TOL)
+
+
+def _body(backend, cases):
+    torch.set_num_threads(1)
+    parallel_state.initialize_model_parallel(TP)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    errors, times = {}, {}
+    for case in cases:
+        torch._dynamo.reset()
+        start = time.perf_counter()
+        if case.startswith("layer"):
+            errors[case] = _layer_case(case.endswith("sp"), backend)
+        elif case.startswith("gpt"):
+            errors[case] = _model_case(case.endswith("sp"), backend)
+        elif case == "mappings":
+            errors[case] = _mappings_case(backend)
+        elif case == "fusion":
+            _fusion_case(backend)
+        times[case] = round(time.perf_counter() - start, 2)
+    return errors, times
+
+
+def test_tp_compile_fullgraph_aot_eager_matches_eager():
+    cases = ["layer", "layer-sp", "gpt", "gpt-sp", "mappings", "fusion"]
+    errors, times = run_distributed(_body, TP, args=("aot_eager", cases), timeout=240)[0]
+    print(f"max |c - e| / (1 + |e|): {errors}, seconds: {times}")
+    assert max(errors.values()) <= 1e-6, errors
+
+
+def _cxx_compiler_works() -> bool:
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        return bool(get_cpp_compiler())
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _cxx_compiler_works(), reason="Inductor on CPU needs a C++ compiler")
+def test_tp_compile_transformer_layers_inductor_matches_eager():
+    """compile_transformer_layers (Inductor, fullgraph) on a TP = 2 + SP GPTModel."""
+    errors, times = run_distributed(_body, TP, args=("fast-path", ["gpt-sp"]), timeout=240)[0]
+    print(f"max |c - e| / (1 + |e|): {errors}, seconds: {times}")
+    assert max(errors.values()) <= 1e-6, errors
