@@ -44,8 +44,11 @@ class DistributedDataParallelConfig:
     """Megatron's large-grad detector (not implemented; must be False)."""
 
     bucket_size: int | None = None
-    """Max params per bucket; None -> max(40M, 1M * dp). Ignored (one bucket per buffer) unless
-    overlap_grad_reduce."""
+    """Params per bucket (a bucket closes at the first param reaching it); None -> max(40M,
+    1M * dp). Ignored (one bucket per buffer) unless overlap_grad_reduce. A bucket's collective
+    starts once all its params have grads, so on small models the default leaves few buckets
+    (gpt-125m: 3, the second ready only at the end of backward): about one layer's params
+    overlaps best (docs/ddp_overlap.md)."""
 
     pad_buckets_for_high_nccl_busbw: bool = False
     """Pad bucket sizes to a multiple of 2**16 (distributed optimizer)."""
