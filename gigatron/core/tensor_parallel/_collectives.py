@@ -22,10 +22,10 @@ from gigatron.core.tensor_parallel._groups import group_rank, group_size
 _C10D = torch.ops._c10d_functional
 
 
-def _all_gather_into(out: torch.Tensor, inp: torch.Tensor, group) -> None:
+def _all_gather_into(out: torch.Tensor, inp: torch.Tensor, group, async_op: bool = False):
     """All-gather `inp` along dim 0 into `out` (torch >= 2.12 name, else the older alias)."""
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(out, inp, group=group)
+    return fn(out, inp, group=group, async_op=async_op)
 
 
 def _reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group, async_op: bool = False):
@@ -61,6 +61,37 @@ def _start_all_reduce(inp: torch.Tensor, group) -> torch.Tensor:
 def _wait(t: torch.Tensor) -> torch.Tensor:
     """Wait for a traced collective's result (stream sync on CUDA, blocking on CPU)."""
     return _C10D.wait_tensor(t)
+
+
+def _start_async(kind: str, x: torch.Tensor, group) -> tuple[torch.Tensor, object]:
+    """Start a dim-0 collective without waiting: `kind` is "all_gather" (`[n, ...] ->
+    [tp*n, ...]`), "reduce_scatter" (`[tp*n, ...] -> [n, ...]`, sum) or "all_reduce" (sum, in
+    place on `x` in eager: pass a tensor you own). Returns `(result, handle)` for `_finish`;
+    eager gives a buffer and an async work handle, torch.compile a graph tensor and None.
+    """
+    x = x.contiguous()
+    if torch.compiler.is_compiling():
+        start = {
+            "all_gather": _start_all_gather,
+            "reduce_scatter": _start_reduce_scatter,
+            "all_reduce": _start_all_reduce,
+        }[kind]
+        return start(x, group), None
+    if kind == "all_reduce":
+        return x, dist.all_reduce(x, group=group, async_op=True)
+    if kind == "all_gather":
+        out = x.new_empty((x.size(0) * group_size(group), *x.shape[1:]))
+        return out, _all_gather_into(out, x, group, async_op=True)
+    out = x.new_empty((x.size(0) // group_size(group), *x.shape[1:]))
+    return out, _reduce_scatter_into(out, x, group, async_op=True)
+
+
+def _finish(result: torch.Tensor, handle) -> torch.Tensor:
+    """Wait for a collective from `_start_async`; returns its result."""
+    if handle is None:
+        return _wait(result)
+    handle.wait()
+    return result
 
 
 def _gathered_dim0(inp: torch.Tensor, group) -> torch.Tensor:

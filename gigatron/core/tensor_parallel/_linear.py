@@ -10,14 +10,11 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.distributed as dist
 
 from gigatron.core.tensor_parallel._collectives import (
+    _finish,
     _gather_along_first_dim,
-    _reduce_scatter_into,
-    _start_all_reduce,
-    _start_reduce_scatter,
-    _wait,
+    _start_async,
 )
 from gigatron.core.tensor_parallel._groups import (
     get_tensor_model_parallel_group_if_none,
@@ -31,7 +28,9 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
     forward:  x [s/tp, b, h] -(SP: all-gather dim 0)-> [s, b, h] @ W^T [h, o/tp] -> [s, b, o/tp]
     backward: dgrad [s, b, h] -> all-reduce (allreduce_dgrad) or reduce-scatter dim 0 (SP), started
               asynchronously and overlapped with the weight-gradient matmul. Under SP the input
-              is all-gathered again in backward instead of being kept (saves activation memory).
+              is all-gathered again in backward instead of being kept (saves activation memory);
+              that gather is started first and overlaps the input-gradient matmul.
+    Under torch.compile the same order is expressed with functional collectives in the graph.
     """
 
     @staticmethod
@@ -62,42 +61,30 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
         input_, weight = ctx.saved_tensors
         group = ctx.tp_group
         need_dgrad, need_wgrad, _ = ctx.needs_input_grad[:3]
-        traced = torch.compiler.is_compiling()
 
-        handle = pending = grad_input = None
+        # Megatron's order: (SP) the input re-gather runs during the input-gradient matmul,
+        # then the input-gradient collective runs during the weight-gradient matmul.
+        gather = None
+        if need_wgrad and ctx.sequence_parallel:
+            gather = _start_async("all_gather", input_, group)  # -> [s, b, h]
+        grad_input = dgrad_comm = None
         if need_dgrad:
             grad_input = grad_output.matmul(weight)  # [s, b, h]
-            if traced and (ctx.sequence_parallel or ctx.allreduce_dgrad):
-                # Graph ops instead of a handle: issued here, waited after the wgrad matmul.
-                start = _start_reduce_scatter if ctx.sequence_parallel else _start_all_reduce
-                pending = start(grad_input.contiguous(), group)  # [s/tp, b, h] or [s, b, h]
-            elif ctx.sequence_parallel:
-                tp_size = group_size(group)
-                sub_grad_input = grad_input.new_empty(
-                    (grad_input.size(0) // tp_size, *grad_input.shape[1:])
-                )
-                handle = _reduce_scatter_into(sub_grad_input, grad_input, group, async_op=True)
-            elif ctx.allreduce_dgrad:
-                # grad_input is a fresh tensor we own, so reducing in place is safe.
-                handle = dist.all_reduce(grad_input, group=group, async_op=True)
+        total_input = input_ if gather is None else _finish(*gather)  # [s, b, h]
+        if need_dgrad and (ctx.sequence_parallel or ctx.allreduce_dgrad):
+            # grad_input is a fresh tensor we own, so the eager all-reduce may work in place.
+            kind = "reduce_scatter" if ctx.sequence_parallel else "all_reduce"
+            dgrad_comm = _start_async(kind, grad_input, group)
 
-        # The weight gradient runs while the input-gradient collective is in flight.
         grad_output_2d = grad_output.reshape(-1, grad_output.size(-1))  # [s*b, o/tp]
         grad_weight = None
         if need_wgrad:  # a frozen weight gets no gradient (Megatron's linear_with_frozen_weight)
-            total_input = input_
-            if ctx.sequence_parallel:
-                total_input = _gather_along_first_dim(input_, group)  # [s, b, h]
             total_input_2d = total_input.reshape(-1, total_input.size(-1))  # [s*b, h]
             grad_weight = _weight_grad(ctx, weight, grad_output_2d, total_input_2d)
         grad_bias = grad_output_2d.sum(dim=0) if ctx.use_bias else None
 
-        if pending is not None:
-            grad_input = _wait(pending)
-        if handle is not None:
-            handle.wait()
-            if ctx.sequence_parallel:
-                grad_input = sub_grad_input
+        if dgrad_comm is not None:
+            grad_input = _finish(*dgrad_comm)  # [s/tp, b, h] (SP) or [s, b, h]
         return grad_input, grad_weight, grad_bias, None, None, None, None
 
 
