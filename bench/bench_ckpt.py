@@ -19,6 +19,11 @@ megatron-core's models and optimizers need CUDA; with `--device cpu` its side sa
 payload instead (one plain ShardedTensor per tensor of gigatron's payload) through its writer,
 with `torch.cuda.synchronize` / `current_device` stubbed as in
 tests/dist/test_dist_ckpt_megatron_interop.py; the JSON's `payload` field says which was used.
+megatron-core's writer starts helper processes on every save: a fixed cost of a few seconds.
+
+`--impls gigatron-training` (opt-in) times gigatron.training.checkpointing's save_checkpoint /
+load_checkpoint instead (iter dir, tracker file, RNG states, args; restored into the live model
+and optimizer after setting them to NaN).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import contextlib
 import dataclasses
 import datetime
 import gc
+import importlib
 import json
 import os
 import platform
@@ -46,6 +52,7 @@ sys.path.insert(0, _HERE)
 
 from bench_gpt import CONFIGS  # noqa: E402  (layers, hidden, heads, seq, vocab per config)
 
+GPT_CONFIGS = sorted(c for c in CONFIGS if not CONFIGS[c].get("swiglu"))  # plain GPT shapes
 IMPLS = ("gigatron", "megatron", "gigatron-training")  # the last one: opt-in
 Side = collections.namedtuple("Side", "make_state params model optimizer")
 STEP_TOKENS = 256  # sequence length of the one training step that creates the Adam state
@@ -53,7 +60,7 @@ STEP_TOKENS = 256  # sequence length of the one training step that creates the A
 
 def _args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
+    p.add_argument("--config", choices=GPT_CONFIGS, default="tiny")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dir", default=None, help="parent of the checkpoints (default: a temp dir)")
     p.add_argument("--repeats", type=int, default=2)
@@ -200,40 +207,47 @@ def _train_step(ddp, optimizer, shape, device) -> None:
         raise RuntimeError("the optimizer skipped its step (bench_ckpt): no Adam state to save")
 
 
-def _gigatron_setup(args):
-    """(make_state, params): make_state() -> model + optimizer sharded state dict."""
-    from gigatron.core import parallel_state as ps
-    from gigatron.core.dist_checkpointing.optimizer import optimizer_sharded_state_dict
-    from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from gigatron.core.models.gpt import GPTModel
-    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from gigatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    from gigatron.core.transformer.transformer_config import TransformerConfig
-    from gigatron.training._checkpoint_state import model_sharded_state_dict
+def _build(pkg: str, args):
+    """(model, ddp, optimizer) from `pkg` ("gigatron.core" or "megatron.core": the same names)
+    after one training step: GPTModel (local spec, bf16, tied embeddings), DDP, Adam."""
+
+    def mod(name):
+        return importlib.import_module(f"{pkg}.{name}")
 
     shape, bf16 = _shape(args), torch.bfloat16
-    ps.initialize_model_parallel()
+    mod("parallel_state").initialize_model_parallel()
     torch.manual_seed(1234)
-    model_parallel_cuda_manual_seed(1234)
-    cfg = TransformerConfig(
+    mod("tensor_parallel.random").model_parallel_cuda_manual_seed(1234)
+    cfg = mod("transformer.transformer_config").TransformerConfig(
         num_layers=shape["layers"], hidden_size=shape["hidden"],
         num_attention_heads=shape["heads"], hidden_dropout=0.0, attention_dropout=0.0,
         bf16=True, params_dtype=bf16, pipeline_dtype=bf16,
     )  # fmt: skip
+    spec = mod("models.gpt.gpt_layer_specs").get_gpt_layer_local_spec()
     with torch.device(args.device):
-        model = GPTModel(cfg, get_gpt_layer_local_spec(), shape["vocab"], shape["seq"],
-                         share_embeddings_and_output_weights=True,
-                         position_embedding_type="learned_absolute")  # fmt: skip
+        model = mod("models.gpt").GPTModel(
+            config=cfg, transformer_layer_spec=spec, vocab_size=shape["vocab"],
+            max_sequence_length=shape["seq"], share_embeddings_and_output_weights=True,
+            position_embedding_type="learned_absolute",
+        )  # fmt: skip
     model = model.to(device=args.device, dtype=bf16)
-    ddp_config = DistributedDataParallelConfig(
+    distributed, optim = mod("distributed"), mod("optimizer")
+    ddp_config = distributed.DistributedDataParallelConfig(
         use_distributed_optimizer=args.dist_opt, grad_reduce_in_fp32=True
     )
-    ddp = DistributedDataParallel(cfg, ddp_config, model)
-    opt_config = OptimizerConfig(lr=1e-4, bf16=True, params_dtype=bf16,
-                                 use_distributed_optimizer=args.dist_opt)  # fmt: skip
-    optimizer = get_megatron_optimizer(opt_config, [ddp])
+    ddp = distributed.DistributedDataParallel(config=cfg, ddp_config=ddp_config, module=model)
+    opt_config = optim.OptimizerConfig(optimizer="adam", lr=1e-4, bf16=True, params_dtype=bf16,
+                                       use_distributed_optimizer=args.dist_opt)  # fmt: skip
+    optimizer = optim.get_megatron_optimizer(opt_config, [ddp])
     _train_step(ddp, optimizer, shape, args.device)
+    return model, ddp, optimizer
+
+
+def _gigatron_setup(args) -> Side:
+    from gigatron.core.dist_checkpointing.optimizer import optimizer_sharded_state_dict
+    from gigatron.training._checkpoint_state import model_sharded_state_dict
+
+    model, ddp, optimizer = _build("gigatron.core", args)
 
     def make_state():
         # What gigatron.training's checkpoints save: stacked-layer model keys and the
@@ -241,42 +255,12 @@ def _gigatron_setup(args):
         model_sd = model_sharded_state_dict(model)
         return {"model": model_sd, "optimizer": optimizer_sharded_state_dict(optimizer, model_sd)}
 
-    params = sum(p.numel() for p in model.parameters())
-    return Side(make_state, params, ddp, optimizer)
+    return Side(make_state, sum(p.numel() for p in model.parameters()), ddp, optimizer)
 
 
-def _megatron_setup(args):
-    """megatron-core's GPTModel / DDP / get_megatron_optimizer of the same shape (CUDA only)."""
-    from megatron.core import parallel_state as mps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    shape, bf16 = _shape(args), torch.bfloat16
-    mps.initialize_model_parallel()
-    torch.manual_seed(1234)
-    model_parallel_cuda_manual_seed(1234)
-    cfg = TransformerConfig(
-        num_layers=shape["layers"], hidden_size=shape["hidden"],
-        num_attention_heads=shape["heads"], hidden_dropout=0.0, attention_dropout=0.0,
-        bf16=True, params_dtype=bf16, pipeline_dtype=bf16,
-    )  # fmt: skip
-    model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(),
-                     vocab_size=shape["vocab"], max_sequence_length=shape["seq"],
-                     share_embeddings_and_output_weights=True,
-                     position_embedding_type="learned_absolute")  # fmt: skip
-    model = model.to(device=args.device, dtype=bf16)
-    ddp_config = DistributedDataParallelConfig(
-        use_distributed_optimizer=args.dist_opt, grad_reduce_in_fp32=True
-    )
-    ddp = DistributedDataParallel(config=cfg, ddp_config=ddp_config, module=model)
-    opt_config = OptimizerConfig(optimizer="adam", lr=1e-4, bf16=True, params_dtype=bf16,
-                                 use_distributed_optimizer=args.dist_opt)  # fmt: skip
-    optimizer = get_megatron_optimizer(opt_config, [ddp])
-    _train_step(ddp, optimizer, shape, args.device)
+def _megatron_setup(args) -> Side:
+    """megatron-core's own model and optimizer state (CUDA only: its optimizer checks for it)."""
+    model, ddp, optimizer = _build("megatron.core", args)
     metadata = {"distrib_optim_sharding_type": args.megatron_sharding_type}
 
     def make_state():
