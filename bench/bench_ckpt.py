@@ -70,6 +70,9 @@ def _args(argv=None):
     p.add_argument("--megatron-sharding-type", default="dp_reshardable",
                    help="distrib_optim_sharding_type (Megatron training's default)")  # fmt: skip
     p.add_argument("--drop-cache", action="store_true", help="evict the files before each load")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds for the whole run: later repeats are skipped (>= 1 per impl) "
+                   "when they would not fit in the impl's share")  # fmt: skip
     args = p.parse_args(argv)
     unknown = set(args.impls.split(",")) - set(IMPLS)
     if unknown or args.repeats < 1:
@@ -307,10 +310,22 @@ def _megatron_cpu_stubs():
 # ------------------------------------------------------------------ timing
 
 
+def _repeat_indices(args):
+    """0 .. repeats-1, stopping early (after one) when the next repeat, taking as long as the
+    last one, would end after `args.deadline` (set from --time-budget)."""
+    last = 0.0
+    for r in range(args.repeats):
+        start = time.perf_counter()
+        if r and getattr(args, "deadline", None) is not None and start + last > args.deadline:
+            return
+        yield r
+        last = time.perf_counter() - start
+
+
 def _time_repeats(args, lib, make_state, root: str) -> dict:
     """Save / load / verify `--repeats` times; seconds, bytes and the verification outcome."""
     out = dict(save_s=[], load_s=[], state_dict_s=[], verified=True, verified_tensors=0)
-    for r in range(args.repeats):
+    for r in _repeat_indices(args):
         ckpt = os.path.join(root, f"ckpt_{r}")
         shutil.rmtree(ckpt, ignore_errors=True)
         os.makedirs(ckpt)
@@ -350,7 +365,7 @@ def _time_training(args, side: Side, root: str) -> dict:
     from gigatron.training import checkpointing
 
     out = dict(save_s=[], load_s=[], verified=True, verified_tensors=0)
-    for r in range(args.repeats):
+    for r in _repeat_indices(args):
         ckpt = os.path.join(root, f"train_{r}")
         flags = argparse.Namespace(save=ckpt, load=ckpt)
         live = _reference(side.make_state())
@@ -427,6 +442,7 @@ def run_impl(args, impl: str, root: str) -> dict:
             timed = _time_training(args, side, root)
         else:
             timed = _time_repeats(args, lib, side.make_state, root)
+    timed["repeats_done"] = len(timed["save_s"])
     summary = _summary(timed)
     del timed["save_s"], timed["load_s"]
     return {**base, **timed, **summary}
@@ -473,9 +489,12 @@ def main(argv=None) -> list[dict]:
     if dist.get_world_size() != 1:
         raise ValueError(f"WORLD_SIZE ({dist.get_world_size()}) must be 1: one-GPU benchmark")
     root = tempfile.mkdtemp(prefix="bench_ckpt_", dir=args.dir)
-    results = []
+    results, impls, start = [], args.impls.split(","), time.perf_counter()
     try:
-        for impl in args.impls.split(","):
+        for i, impl in enumerate(impls):
+            if args.time_budget is not None:  # an equal share of what is left
+                now = time.perf_counter()
+                args.deadline = now + (args.time_budget - (now - start)) / (len(impls) - i)
             try:
                 result = run_impl(args, impl, root)
             except Exception as err:  # report and go on to the other side
