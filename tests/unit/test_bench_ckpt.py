@@ -78,6 +78,7 @@ def test_plain_optimizer_evicted_load_training_path_and_time_budget(tmp_path):
 @pytest.mark.gpu
 def test_tiny_config_cuda_real_megatron_models(tmp_path):
     """Not run on the CPU machine: megatron-core's own GPTModel and optimizer on CUDA."""
+    pytest.importorskip("megatron.core")
     results = _run("--config", "tiny", "--device", "cuda", "--repeats", "1", "--dir", str(tmp_path))
     for impl in ("gigatron", "megatron"):
         _check_timings(results[impl], 1)
