@@ -175,6 +175,9 @@ def _args(argv=None):
     p.add_argument("--ddp", choices=["auto", "on", "off"], default="auto", help="auto: DP > 1")
     p.add_argument("--overlap-grad-reduce", action="store_true")
     p.add_argument(
+        "--bucket-size", type=int, default=None, help="DDP bucket elements (default Megatron's)"
+    )
+    p.add_argument(
         "--optimizer",
         default="torch-fused",
         choices=["torch-fused", "torch-foreach", "compiled"],
@@ -389,7 +392,11 @@ def main(argv=None) -> dict:
     if use_ddp:
         from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-        ddp_cfg = DistributedDataParallelConfig(overlap_grad_reduce=a.overlap_grad_reduce)
+        ddp_cfg = DistributedDataParallelConfig(
+            overlap_grad_reduce=a.overlap_grad_reduce,
+            average_in_collective=True,  # NCCL AVG: no separate 1/dp pass over the grads
+            bucket_size=a.bucket_size,
+        )
         ddp = DistributedDataParallel(cfg, ddp_cfg, model)
     if a.compile == "layers":
         fullgraph = a.fullgraph != "off"
@@ -452,6 +459,7 @@ def main(argv=None) -> dict:
             "sdpa": a.sdpa,
             "ddp": use_ddp,
             "overlap_grad_reduce": a.overlap_grad_reduce,
+            "bucket_size": a.bucket_size,
             "optimizer": a.optimizer,
         },
         "shape": shape,

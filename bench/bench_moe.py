@@ -143,6 +143,8 @@ def main() -> None:
     args = parser.parse_args()
     cfg = CONFIGS[args.config]
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)  # the first visible GPU
     dtype_name = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
 

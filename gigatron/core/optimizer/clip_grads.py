@@ -33,6 +33,15 @@ def _is_not_tp_duplicate(param: torch.Tensor, tp_group=None) -> bool:
     return param_is_not_tensor_parallel_duplicate(param, tp_group=tp_group)
 
 
+def _stats_device(tensors, group) -> torch.device:
+    """Where the reduced statistic lives: the grads' device, else the group's (NCCL: CUDA)."""
+    if tensors:
+        return tensors[0].device
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _all_reduce(t: torch.Tensor, op, group) -> None:
     if dist.is_initialized():
         dist.all_reduce(t, op=op, group=group)
@@ -49,10 +58,12 @@ def get_grad_norm_fp32(
     norm_type = float(norm_type)
     if norm_type == math.inf:
         local = max((g.detach().abs().max().float() for g in grads_for_norm), default=None)
-        total = torch.zeros(1) if local is None else local.reshape(1).clone()
+        device = _stats_device(grads_for_norm, grad_stats_parallel_group)
+        total = torch.zeros(1, device=device) if local is None else local.reshape(1).clone()
         _all_reduce(total, dist.ReduceOp.MAX, grad_stats_parallel_group)
         return total.item()
-    total = torch.zeros(1, dtype=torch.float32)
+    device = _stats_device(grads_for_norm, grad_stats_parallel_group)
+    total = torch.zeros(1, dtype=torch.float32, device=device)
     if grads_for_norm:
         grads = [g.detach().float() for g in grads_for_norm]
         norms = torch._foreach_norm(grads, norm_type)
@@ -79,7 +90,9 @@ def count_zeros_fp32(
     """Number of zero grad entries, deduplicated like the norm, summed over the group."""
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
-    total = torch.zeros(1, dtype=torch.float32)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    device = _stats_device(grads, grad_stats_parallel_group)
+    total = torch.zeros(1, dtype=torch.float32, device=device)
     for p in parameters:
         if p.grad is None or not param_is_not_shared(p) or not _is_not_tp_duplicate(p, tp_group):
             continue

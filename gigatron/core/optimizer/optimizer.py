@@ -198,11 +198,14 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
 
     def _unscale_main_grads_and_check_for_nan(self) -> bool:
         """Divide main grads by the loss scale; True if any rank saw inf/NaN."""
+        from gigatron.core.optimizer.clip_grads import _stats_device
+
         grads = [p.grad for p in self.get_parameters() if p.grad is not None]
-        found_inf = torch.zeros(1, dtype=torch.float32)
-        if grads:
+        device = _stats_device(grads, self.get_grad_stats_parallel_group())
+        found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+        if grads:  # found_inf and the scale on the grads' device (CUDA under NCCL)
             torch._amp_foreach_non_finite_check_and_unscale_(
-                grads, found_inf, self.grad_scaler.inv_scale
+                grads, found_inf, self.grad_scaler.inv_scale.to(device)
             )
         if dist.is_initialized():
             # Every rank must agree, or some would step and others not.
