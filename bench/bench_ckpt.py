@@ -108,25 +108,23 @@ def _reference(sd) -> dict:
     return {p: v.data for p, v in _leaves(sd) if _is_tensor_leaf(v)}
 
 
+def _map(sd, fn):
+    """Same nested structure with `fn` applied to every sharded-tensor leaf."""
+    if isinstance(sd, dict):
+        return {k: _map(v, fn) for k, v in sd.items()}
+    if isinstance(sd, list):
+        return [_map(v, fn) for v in sd]
+    return fn(sd) if _is_tensor_leaf(sd) else sd
+
+
 def _fresh(sd):
-    """Same structure, every sharded tensor's data replaced by a NaN (or -1) tensor."""
-    if isinstance(sd, dict):
-        return {k: _fresh(v) for k, v in sd.items()}
-    if isinstance(sd, list):
-        return [_fresh(v) for v in sd]
-    if _is_tensor_leaf(sd):
-        fill = float("nan") if sd.data.is_floating_point() else -1
-        return dataclasses.replace(sd, data=torch.full_like(sd.data, fill))
-    return sd
+    """Load targets: same layout, every sharded tensor's data a new NaN (or -1) tensor."""
 
+    def nan_like(v):
+        fill = float("nan") if v.data.is_floating_point() else -1
+        return dataclasses.replace(v, data=torch.full_like(v.data, fill))
 
-def _data(sd):
-    """Same structure, every sharded tensor replaced by its data tensor."""
-    if isinstance(sd, dict):
-        return {k: _data(v) for k, v in sd.items()}
-    if isinstance(sd, list):
-        return [_data(v) for v in sd]
-    return sd.data if _is_tensor_leaf(sd) else sd
+    return _map(sd, nan_like)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -138,8 +136,11 @@ def _verify(reference: dict, loaded) -> tuple[bool, int, str]:
     """(all equal bitwise, tensors checked, first mismatch) of loaded vs reference tensors."""
     for path, want in reference.items():
         got = loaded
-        for k in path:
-            got = got[k]
+        try:
+            for k in path:
+                got = got[k]
+        except (KeyError, IndexError, TypeError):
+            return False, len(reference), "/".join(map(str, path))
         same = (
             torch.is_tensor(got)
             and got.dtype == want.dtype
@@ -387,7 +388,8 @@ def _time_training(args, side: Side, root: str) -> dict:
         checkpointing.load_checkpoint(side.model, side.optimizer, None, args=flags)
         _sync(args.device)
         out["load_s"].append(time.perf_counter() - t0)
-        ok, out["verified_tensors"], bad = _verify(snapshot, _data(side.make_state()))
+        restored = _map(side.make_state(), lambda v: v.data)
+        ok, out["verified_tensors"], bad = _verify(snapshot, restored)
         out["verified"] = out["verified"] and ok
         if not ok:
             out["first_mismatch"] = bad
