@@ -17,6 +17,7 @@ from gigatron.core.model_parallel_config import ModelParallelConfig
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.tensor_parallel import mappings as M
+from gigatron.core.tensor_parallel._linear import linear_with_grad_accumulation_and_async_allreduce
 from gigatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from gigatron.core.transformer._compile import compile_transformer_layers
 from gigatron.core.transformer.transformer_config import TransformerConfig
@@ -32,25 +33,36 @@ def _rand(seed, *shape):
 
 
 class _Recorder:
-    """A dynamo backend that records the collective ops of every graph it compiles (forward
-    and the autograd.Function backward subgraphs), then hands the graph to `backend`."""
+    """A dynamo backend that records the op sequence of every graph it compiles (forward and
+    the autograd.Function fwd/bwd subgraphs), then hands the graph to `backend`."""
 
     def __init__(self, backend: str):
         from torch._dynamo.backends.registry import lookup_backend
 
         self.backend = lookup_backend(backend)
         self.num_graphs = 0
-        self.collectives: set[str] = set()
+        self.sequences: dict[str, list[str]] = {}  # (sub)graph name -> op names, in order
 
     def __call__(self, gm, example_inputs):
         self.num_graphs += 1
-        for mod in gm.modules():  # the autograd.Function fwd/bwd graphs are submodules
+        for name, mod in gm.named_modules():  # autograd.Function fwd/bwd graphs: submodules
             if isinstance(mod, torch.fx.GraphModule):
-                for node in mod.graph.nodes:
-                    name = str(node.target)  # e.g. "_c10d_functional.all_reduce.default"
-                    if name.startswith("_c10d_functional."):
-                        self.collectives.add(name.split(".")[1])
+                key = f"{self.num_graphs}:{name}"
+                self.sequences[key] = [_op_name(n.target) for n in mod.graph.nodes]
         return self.backend(gm, example_inputs)
+
+    @property
+    def collectives(self) -> set[str]:
+        return {op for seq in self.sequences.values() for op in seq if op.startswith("c10d.")}
+
+
+def _op_name(target) -> str:
+    """ "c10d.all_reduce" for `torch.ops._c10d_functional.all_reduce.default`, else a short name
+    ("matmul" for torch.matmul)."""
+    name = str(target)
+    if name.startswith("_c10d_functional."):
+        return "c10d." + name.split(".")[1]
+    return getattr(target, "__name__", name)
 
 
 def _fwd_bwd(fn, params, inputs, grad_seed, grad_scale=1.0):
@@ -119,7 +131,8 @@ def _layer_case(sp, backend):
     err, rec = _eager_vs_compiled(
         lambda h: layer(h, causal)[0], list(layer.named_parameters()), [x], backend, f"sp={sp}"
     )
-    expected = {"all_gather_into_tensor", "reduce_scatter_tensor"} if sp else {"all_reduce"}
+    expected = {"c10d.all_gather_into_tensor", "c10d.reduce_scatter_tensor"}
+    expected = expected if sp else {"c10d.all_reduce"}
     assert expected <= rec.collectives, (sp, rec.collectives)
     return err
 
@@ -168,8 +181,13 @@ def _mappings_case(backend):
     group = parallel_state.get_tensor_model_parallel_group()
     x = _rand(20 + rank, S // TP, B, H).requires_grad_()
     err, rec = _eager_vs_compiled(lambda t: _mappings_chain(t, group), [], [x], backend, "maps")
-    assert {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"} <= rec.collectives
-    assert "all_to_all_single" in rec.collectives
+    assert rec.collectives == {
+        "c10d.all_gather_into_tensor",
+        "c10d.reduce_scatter_tensor",
+        "c10d.all_reduce",
+        "c10d.all_to_all_single",
+        "c10d.wait_tensor",
+    }
     return err
 
 
@@ -222,6 +240,36 @@ def _fusion_case(backend):
         torch.testing.assert_close(grad, expected, **TOL)
 
 
+def _overlap_case(backend):
+    """tp_comm_overlap: the SP all-gather overlapped with this rank's rows' matmul gives the
+    plain path's numbers and collectives, eager and compiled; in the compiled forward a matmul
+    sits between the all-gather and its wait."""
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    weight = (_rand(40 + rank, 24, H) * 0.3).requires_grad_()  # this rank's [o/tp, h]
+    bias = _rand(42 + rank, 24).requires_grad_()
+    x = _rand(44 + rank, S // TP, B, H).requires_grad_()  # [s/tp, b, h]
+    params = [("weight", weight), ("bias", bias)]
+
+    def linear(overlap):
+        return lambda t: linear_with_grad_accumulation_and_async_allreduce(
+            t, weight, bias, False, False, True, tp_comm_overlap=overlap
+        )  # [s, b, o/tp]
+
+    with count_collectives() as plain_counts:
+        plain = _fwd_bwd(linear(False), params, [x], grad_seed=98)
+    with count_collectives() as overlap_counts:
+        overlapped = _fwd_bwd(linear(True), params, [x], grad_seed=98)
+    assert plain_counts == overlap_counts, (plain_counts, overlap_counts)
+    err = _compare(plain, overlapped, "tp_comm_overlap eager")
+    rec = _Recorder(backend)
+    compiled_fn = torch.compile(linear(True), fullgraph=True, backend=rec)
+    err = max(err, _compare(plain, _fwd_bwd(compiled_fn, params, [x], 98), "compiled"))
+    fwd = next(q for k, q in rec.sequences.items() if "fwd" in k)
+    start = fwd.index("c10d.all_gather_into_tensor")
+    assert "matmul" in fwd[start : fwd.index("c10d.wait_tensor", start)], fwd
+    return err
+
+
 def _body(backend, cases):
     torch.set_num_threads(1)
     parallel_state.initialize_model_parallel(TP)
@@ -236,6 +284,8 @@ def _body(backend, cases):
             errors[case] = _model_case(case.endswith("sp"), backend)
         elif case == "mappings":
             errors[case] = _mappings_case(backend)
+        elif case == "overlap":
+            errors[case] = _overlap_case(backend)
         elif case == "fusion":
             _fusion_case(backend)
         times[case] = round(time.perf_counter() - start, 2)
@@ -243,7 +293,7 @@ def _body(backend, cases):
 
 
 def test_tp_compile_fullgraph_aot_eager_matches_eager():
-    cases = ["layer", "layer-sp", "gpt", "gpt-sp", "mappings", "fusion"]
+    cases = ["layer", "layer-sp", "gpt", "gpt-sp", "mappings", "fusion", "overlap"]
     errors, times = run_distributed(_body, TP, args=("aot_eager", cases), timeout=240)[0]
     print(f"max |c - e| / (1 + |e|): {errors}, seconds: {times}")
     assert max(errors.values()) <= 1e-6, errors

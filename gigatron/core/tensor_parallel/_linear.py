@@ -18,6 +18,7 @@ from gigatron.core.tensor_parallel._collectives import (
 )
 from gigatron.core.tensor_parallel._groups import (
     get_tensor_model_parallel_group_if_none,
+    group_rank,
     group_size,
 )
 
@@ -43,6 +44,7 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
         allreduce_dgrad,
         sequence_parallel,
         tp_group,
+        tp_comm_overlap=False,
     ):
         ctx.save_for_backward(input_, weight)
         ctx.use_bias = bias is not None
@@ -50,8 +52,11 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
         ctx.allreduce_dgrad = allreduce_dgrad
         ctx.sequence_parallel = sequence_parallel
         ctx.tp_group = tp_group
-        total_input = _gather_along_first_dim(input_, tp_group) if sequence_parallel else input_
-        output = torch.matmul(total_input, weight.t())
+        if sequence_parallel and tp_comm_overlap:
+            output = _gather_matmul_overlapped(input_, weight, tp_group)  # [s, b, o/tp]
+        else:
+            total_input = _gather_along_first_dim(input_, tp_group) if sequence_parallel else input_
+            output = torch.matmul(total_input, weight.t())  # [s, b, o/tp]
         if bias is not None:
             output = output + bias
         return output
@@ -85,7 +90,33 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
 
         if dgrad_comm is not None:
             grad_input = _finish(*dgrad_comm)  # [s/tp, b, h] (SP) or [s, b, h]
-        return grad_input, grad_weight, grad_bias, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None
+
+
+def _gather_matmul_overlapped(input_, weight, group):
+    """`[s/tp, b, h] -> [s, b, o/tp]`: all-gather along dim 0, then `@ W^T`, overlapped.
+
+    This rank's rows need no communication, so their matmul runs while the all-gather is in
+    flight; the other ranks' rows follow once it lands (a 1/tp share of the GEMM hides the
+    gather). Row blocks of a matmul are independent, so the result equals the plain path's.
+    Eager writes each block into one output buffer; the traced version concatenates.
+    """
+    tp_rank, rows = group_rank(group), input_.size(0)
+    mine = slice(tp_rank * rows, (tp_rank + 1) * rows)
+    gather = _start_async("all_gather", input_, group)  # -> [s, b, h]
+    if torch.compiler.is_compiling():
+        local = torch.matmul(input_, weight.t())  # [s/tp, b, o/tp], overlaps the all-gather
+        total_input = _finish(*gather)  # [s, b, h]
+        before = torch.matmul(total_input[: mine.start], weight.t())  # ranks < tp_rank
+        after = torch.matmul(total_input[mine.stop :], weight.t())  # ranks > tp_rank
+        return torch.cat([before, local, after], dim=0)  # [s, b, o/tp]
+    output = input_.new_empty((rows * group_size(group), *input_.shape[1:-1], weight.size(0)))
+    torch.matmul(input_, weight.t(), out=output[mine])  # overlaps the all-gather
+    total_input = _finish(*gather)  # [s, b, h]
+    for block in (slice(0, mine.start), slice(mine.stop, output.size(0))):
+        if block.stop > block.start:
+            torch.matmul(total_input[block], weight.t(), out=output[block])
+    return output  # [s, b, o/tp]
 
 
 def _weight_grad(ctx, weight, grad_output_2d, total_input_2d):
@@ -123,6 +154,8 @@ def linear_with_grad_accumulation_and_async_allreduce(
     wgrad_deferral_limit: int | None = 0,
     async_grad_allreduce: bool | None = None,
     tp_group=None,
+    *,
+    tp_comm_overlap: bool = False,
 ) -> torch.Tensor:
     """Linear layer whose input-gradient communication runs inside autograd.
 
@@ -131,7 +164,9 @@ def linear_with_grad_accumulation_and_async_allreduce(
     along dim 0 and its gradient reduce-scattered. `gradient_accumulation_fusion`: add the weight
     gradient into `weight.main_grad` when the weight has one. `async_grad_allreduce` is
     Megatron's deprecated alias of `allreduce_dgrad`. Deferred embedding wgrad
-    (`grad_output_buffer`) is not supported.
+    (`grad_output_buffer`) is not supported. `tp_comm_overlap` (gigatron's own, keyword-only;
+    Megatron's needs Transformer Engine userbuffers): under SP, overlap the forward all-gather
+    with the matmul of this rank's own rows (`_gather_matmul_overlapped`); same numbers.
     """
     if async_grad_allreduce is not None:
         warnings.warn(
@@ -163,4 +198,5 @@ def linear_with_grad_accumulation_and_async_allreduce(
         allreduce_dgrad,
         sequence_parallel,
         tp_group,
+        tp_comm_overlap,
     )
