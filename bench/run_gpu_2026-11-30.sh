@@ -22,10 +22,17 @@ fi
 RES="$OUT/results.jsonl"
 export GIGATRON_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
-# run LOG LIMIT_S CMD...: one benchmark; keep its RESULT line; never stop the script.
+START=$(date +%s)
+END=$((START + ${BUDGET_S:-575}))  # the whole script ends before the device call's limit
+
+# run LOG LIMIT_S CMD...: one benchmark; keep its RESULT line; never stop the script. The limit
+# shrinks to what is left of the script's budget; a run with under 25 s left is skipped.
 run() {
   local log=$1 limit=$2
   shift 2
+  local left=$((END - $(date +%s)))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt 25 ]; then echo "{\"skipped\": \"$*\"}" >>"$RES"; return; fi
   local tmp="/tmp/run-$log-$$.txt"
   echo "=== $* ($(date -u +%T))" >>"$OUT/$log"
   timeout "$limit" "$@" >"$tmp" 2>&1
@@ -71,15 +78,56 @@ lane_other() {
   tail -3 "$OUT/tests.log"
 }
 
-alias_two_gpus() {
+alias_direct() {
   echo "=== alias example on 2 GPUs ($(date -u +%T))" >>"$OUT/alias.log"
+  rm -rf /tmp/alias-ckpt
   timeout 200 torchrun --nproc-per-node 2 --master-port 29620 -m gigatron.compat.megatron \
     examples/run_simple_mcore_train_loop.py --ckpt-dir /tmp/alias-ckpt >>"$OUT/alias.log" 2>&1
   echo "rc=$?" >>"$OUT/alias.log"
+}
+
+alias_two_gpus() {
+  alias_direct
   echo "=== pytest alias example on 2 GPUs ($(date -u +%T))" >>"$OUT/tests.log"
   timeout 240 python3 -m pytest tests/dist/test_examples.py -m gpu -q -p no:cacheprovider \
     -k two_gpus >>"$OUT/tests.log" 2>&1
   tail -3 "$OUT/tests.log"
+}
+
+lane_refs() {  # call 2, GPU 0: one-GPU references, memory variant, CP = 1 at 131k, tests/gpu
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29631
+  run refs.log 150 $B --config gpt-1.3b $NC --label fast-nochecks
+  run refs.log 150 $B --config gpt-125m $NC --label fast-nochecks
+  run refs.log 180 $B --config gpt-1.3b $NC --compile model --ce chunked-recompute \
+    --label fast-compile-model-ce-recompute
+  run cp.log 120 torchrun --nproc-per-node 1 --master-port 29632 bench/bench_cp.py \
+    --device cuda --level gpt --config gpt-1.3b --dtype bf16 --train --seq 131072 \
+    --recompute-layers 12 --cp 1 --modes p2p --warmup 0 --iters 1
+  echo "=== pytest tests/gpu/test_optimizer_cuda.py ($(date -u +%T))" >>"$OUT/tests.log"
+  timeout 60 python3 -m pytest tests/gpu/test_optimizer_cuda.py -q -p no:cacheprovider \
+    >>"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
+}
+
+lane_io() {  # call 2, GPU 1: MoE experts, checkpoint throughput
+  export CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29641
+  run moe.log 150 python3 bench/bench_moe.py --config moe-8x-h200
+  run ckpt.log 200 python3 bench/bench_ckpt.py --config gpt-1.3b --device cuda --repeats 2 \
+    --time-budget 120 --dir /tmp/ckpt-bench
+}
+
+two_gpus() {  # call 2, both GPUs
+  unset CUDA_VISIBLE_DEVICES
+  alias_direct
+  local T="torchrun --nproc-per-node 2 --master-port 29651"
+  run cp.log 170 $T bench/bench_cp.py --device cuda --level gpt --config gpt-1.3b --dtype bf16 \
+    --train --seq 131072 --recompute-layers 12 --cp 2 --warmup 1 --iters 1
+  run multi.log 120 $T bench/bench_gpt.py --config gpt-1.3b $NC --tp 2 --sp --fullgraph on \
+    --label fast-tp2-sp-compiled
+  run multi.log 100 $T bench/bench_gpt.py --config gpt-1.3b $NC --overlap-grad-reduce \
+    --label fast-dp2-overlap
+  run multi.log 90 $T bench/bench_gpt.py --config gpt-125m $NC --overlap-grad-reduce \
+    --bucket-size 8000000 --label fast-dp2-overlap
 }
 
 case "${1:-}" in
@@ -89,6 +137,12 @@ case "${1:-}" in
     lane_other &
     wait
     alias_two_gpus
+    ;;
+  call2)
+    lane_refs &
+    lane_io &
+    wait
+    two_gpus
     ;;
   *)
     echo "usage: $0 call1|call2" >&2
