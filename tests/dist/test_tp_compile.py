@@ -69,7 +69,7 @@ def _fwd_bwd(fn, params, inputs, grad_seed, grad_scale=1.0):
     """Run `out = fn(*inputs)`, backward a fixed random grad; return (out, input grads, param
     grads) and clear the grads."""
     out = fn(*inputs)
-    out.backward(_rand(grad_seed, *out.shape) * grad_scale)
+    out.backward(_rand(grad_seed, *out.shape).to(out.device) * grad_scale)
     grads = [x.grad.clone() for x in inputs if x.requires_grad]
     pgrads = {n: p.grad.clone() for n, p in params}
     for x in inputs:
@@ -137,12 +137,12 @@ def _layer_case(sp, backend):
     return err
 
 
-def _model_case(sp, backend):
+def _model_case(sp, backend, device="cpu"):
     model = GPTModel(
         _gpt_config(sp, 2), get_gpt_layer_fast_spec(), V, S, position_embedding_type="rope"
-    )
+    ).to(device)
     g = torch.Generator().manual_seed(3)
-    ids, labels = torch.randint(0, V, (B, S), generator=g), torch.randint(0, V, (B, S), generator=g)
+    ids, labels = (torch.randint(0, V, (B, S), generator=g).to(device) for _ in range(2))
 
     def loss(ids, labels):
         return model(ids, None, None, labels=labels)  # [b, s]
@@ -240,14 +240,14 @@ def _fusion_case(backend):
         torch.testing.assert_close(grad, expected, **TOL)
 
 
-def _overlap_case(backend):
+def _overlap_case(backend, device="cpu"):
     """tp_comm_overlap: the SP all-gather overlapped with this rank's rows' matmul gives the
     plain path's numbers and collectives, eager and compiled; in the compiled forward a matmul
     sits between the all-gather and its wait."""
     rank = parallel_state.get_tensor_model_parallel_rank()
-    weight = (_rand(40 + rank, 24, H) * 0.3).requires_grad_()  # this rank's [o/tp, h]
-    bias = _rand(42 + rank, 24).requires_grad_()
-    x = _rand(44 + rank, S // TP, B, H).requires_grad_()  # [s/tp, b, h]
+    weight = (_rand(40 + rank, 24, H) * 0.3).to(device).requires_grad_()  # [o/tp, h]
+    bias = _rand(42 + rank, 24).to(device).requires_grad_()
+    x = _rand(44 + rank, S // TP, B, H).to(device).requires_grad_()  # [s/tp, b, h]
     params = [("weight", weight), ("bias", bias)]
 
     def linear(overlap):
@@ -314,3 +314,33 @@ def test_tp_compile_transformer_layers_inductor_matches_eager():
     errors, times = run_distributed(_body, TP, args=("fast-path", ["gpt-sp"]), timeout=240)[0]
     print(f"max |c - e| / (1 + |e|): {errors}, seconds: {times}")
     assert max(errors.values()) <= 1e-6, errors
+
+
+def _gpu_body(async_tp):
+    """NCCL, fp32 without TF32: the fast path (and tp_comm_overlap) compiled by Inductor for
+    CUDA equals eager. `async_tp`: Inductor's micro-pipeline TP (symmetric memory) too."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    parallel_state.initialize_model_parallel(TP)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    device = torch.device("cuda", torch.cuda.current_device())
+    if async_tp:
+        import torch._inductor.config as inductor_config
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+        inductor_config._micro_pipeline_tp = True
+        enable_symm_mem_for_group(parallel_state.get_tensor_model_parallel_group().group_name)
+        return {"fast-path async TP": _model_case(True, "fast-path", device)}
+    return {
+        "fast-path": _model_case(True, "fast-path", device),
+        "overlap": _overlap_case("inductor", device),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.parametrize("async_tp", [False, True])
+def test_tp_compile_nccl_matches_eager(async_tp):
+    errors = run_distributed(_gpu_body, TP, args=(async_tp,), backend="nccl", timeout=300)[0]
+    print(f"max |c - e| / (1 + |e|): {errors}")
+    assert max(errors.values()) <= 1e-5, errors
