@@ -26,6 +26,7 @@ from tests.dist.test_tp_mappings import count_collectives
 
 TP, S, B, H, V = 2, 8, 2, 32, 64  # ranks, sequence, batch, hidden, vocab
 TOL = dict(rtol=1e-6, atol=1e-6)
+GPU_TOL = dict(rtol=1e-5, atol=1e-5)  # cuBLAS picks kernels by shape: fp32 sums in other orders
 
 
 def _rand(seed, *shape):
@@ -79,7 +80,7 @@ def _fwd_bwd(fn, params, inputs, grad_seed, grad_scale=1.0):
     return out.detach(), grads, pgrads
 
 
-def _compare(eager, compiled, what):
+def _compare(eager, compiled, what, tol=TOL):
     """assert_close on output, input grads and param grads; returns the largest
     |compiled - eager| / (1 + |eager|) (<= 1e-6 exactly when the assert_close calls pass)."""
     pairs = [(compiled[0], eager[0], "output")]
@@ -87,7 +88,7 @@ def _compare(eager, compiled, what):
     assert compiled[2].keys() == eager[2].keys()
     pairs += [(compiled[2][n], g, f"grad of {n}") for n, g in eager[2].items()]
     for a, b, name in pairs:
-        torch.testing.assert_close(a, b, **TOL, msg=f"{what}: {name}")
+        torch.testing.assert_close(a, b, **tol, msg=f"{what}: {name}")
     return max(((a - b).abs() / (1 + b.abs())).max().item() for a, b, _ in pairs)
 
 
@@ -156,7 +157,7 @@ def _model_case(sp, backend, device="cpu"):
     eager = _fwd_bwd(loss, params, [ids, labels], 99, grad_scale=1 / (B * S))
     assert compile_transformer_layers(model, fullgraph=True) == 2
     compiled = _fwd_bwd(loss, params, [ids, labels], 99, grad_scale=1 / (B * S))
-    return _compare(eager, compiled, "fast path")
+    return _compare(eager, compiled, "fast path", TOL if device == "cpu" else GPU_TOL)
 
 
 def _mappings_chain(x, group):
@@ -260,10 +261,11 @@ def _overlap_case(backend, device="cpu"):
     with count_collectives() as overlap_counts:
         overlapped = _fwd_bwd(linear(True), params, [x], grad_seed=98)
     assert plain_counts == overlap_counts, (plain_counts, overlap_counts)
-    err = _compare(plain, overlapped, "tp_comm_overlap eager")
+    tol = TOL if device == "cpu" else GPU_TOL
+    err = _compare(plain, overlapped, "tp_comm_overlap eager", tol)
     rec = _Recorder(backend)
     compiled_fn = torch.compile(linear(True), fullgraph=True, backend=rec)
-    err = max(err, _compare(plain, _fwd_bwd(compiled_fn, params, [x], 98), "compiled"))
+    err = max(err, _compare(plain, _fwd_bwd(compiled_fn, params, [x], 98), "compiled", tol))
     fwd = next(q for k, q in rec.sequences.items() if "fwd" in k)
     start = fwd.index("c10d.all_gather_into_tensor")
     assert "matmul" in fwd[start : fwd.index("c10d.wait_tensor", start)], fwd
