@@ -490,6 +490,8 @@ def main(argv=None) -> list[dict]:
         dist.init_process_group(backend, init_method=f"file://{init}", rank=0, world_size=1)
     if dist.get_world_size() != 1:
         raise ValueError(f"WORLD_SIZE ({dist.get_world_size()}) must be 1: one-GPU benchmark")
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
     root = tempfile.mkdtemp(prefix="bench_ckpt_", dir=args.dir)
     results, impls, start = [], args.impls.split(","), time.perf_counter()
     try:

@@ -130,6 +130,33 @@ two_gpus() {  # call 2, both GPUs
     --bucket-size 8000000 --label fast-dp2-overlap
 }
 
+call3_gpu0() {
+  export CUDA_VISIBLE_DEVICES=0
+  echo "=== pytest tests/gpu ($(date -u +%T))" >>"$OUT/tests.log"
+  timeout 200 python3 -m pytest tests/gpu -q -p no:cacheprovider >>"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
+}
+
+call3_gpu1() {
+  export CUDA_VISIBLE_DEVICES=1
+  run ckpt.log 230 python3 bench/bench_ckpt.py --config gpt-1.3b --device cuda --repeats 2 \
+    --time-budget 160 --dir /tmp/ckpt-bench
+}
+
+call3_two_gpus() {
+  unset CUDA_VISIBLE_DEVICES
+  alias_two_gpus
+  echo "=== pytest -m gpu TP compile / NCCL ($(date -u +%T))" >>"$OUT/tests.log"
+  timeout 150 python3 -m pytest -m gpu tests/dist/test_tp_compile.py tests/dist/test_tp_nccl.py \
+    -q -p no:cacheprovider >>"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
+  local T="torchrun --nproc-per-node 2 --master-port 29661"
+  NCCL_MAX_CTAS=8 NCCL_MIN_CTAS=8 run multi.log 100 $T bench/bench_gpt.py --config gpt-1.3b \
+    $NC --overlap-grad-reduce --label fast-dp2-overlap-ctas8
+  run multi.log 100 $T bench/bench_gpt.py --config gpt-1.3b $NC --overlap-grad-reduce \
+    --bucket-size 100000000 --label fast-dp2-overlap-bucket100m
+}
+
 case "${1:-}" in
   call1)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -144,8 +171,14 @@ case "${1:-}" in
     wait
     two_gpus
     ;;
+  call3)
+    call3_gpu0 &
+    call3_gpu1 &
+    wait
+    call3_two_gpus
+    ;;
   *)
-    echo "usage: $0 call1|call2" >&2
+    echo "usage: $0 call1|call2|call3" >&2
     exit 2
     ;;
 esac

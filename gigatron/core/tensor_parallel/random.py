@@ -193,7 +193,7 @@ def model_parallel_cuda_manual_seed(
 ) -> None:
     """Seed the default accelerator generator and the tracker's named streams.
 
-    data-parallel-rng   = seed (also the default generator: same on all TP ranks)
+    data-parallel-rng   = seed (also the default generators, CUDA and CPU: same on all TP ranks)
     model-parallel-rng  = seed + 2718 + tp_rank (different per TP rank)
     expert-parallel-rng = seed + 1024 + 100 * ep_rank + etp_rank
     Ranks default to parallel_state's (0 when model parallel is not initialised). Without CUDA
@@ -215,6 +215,12 @@ def model_parallel_cuda_manual_seed(
     tracker = _CUDA_RNG_STATE_TRACKER
     tracker.reset()
     _cuda_manual_seed(seed)
+    if torch.cuda.is_available():
+        # gigatron addition: parameters a script creates on the CPU and then moves to the GPU
+        # (position embeddings, norms of a model built before `.cuda()`) come out the same on
+        # every TP rank. Megatron seeds only CUDA here and relies on its training entry having
+        # called torch.manual_seed(seed) first, which standalone scripts often skip.
+        torch.random.default_generator.manual_seed(seed)
     tracker.add(_DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     tracker.add(_MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
     tracker.add(_EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + 100 * ep_rank + etp_rank)
