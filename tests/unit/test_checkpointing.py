@@ -248,3 +248,17 @@ def test_strict_and_non_strict_load_of_a_model_with_a_new_tensor(tmp_path):
         ckpt.load_checkpoint(grown, None, None, args=_args(tmp_path))
     ckpt.load_checkpoint(grown, None, None, strict=False, args=_args(tmp_path))
     assert torch.equal(grown.w1, model.w1) and torch.equal(grown.w3, torch.ones(2))
+
+
+def test_load_fills_the_given_tensors_in_place(tmp_path):
+    """dist_checkpointing.load writes into the caller's tensors (also non-contiguous ones) and
+    returns views of their storage: no staging copy replaces them."""
+    full = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    saved = {"w": dc.ShardedTensor.from_rank_offsets("w", full.clone())}
+    dc.save(saved, str(tmp_path))
+    dest = torch.full((6, 4), float("nan")).t()  # [4, 6], non-contiguous
+    plain = torch.full((4, 6), float("nan"))
+    for target in (dest, plain):
+        loaded = dc.load({"w": dc.ShardedTensor.from_rank_offsets("w", target)}, str(tmp_path))
+        assert loaded["w"].data_ptr() == target.data_ptr()
+        assert torch.equal(target, full)

@@ -346,24 +346,28 @@ def _precheck(sharded_tensors, object_keys, checkpoint_dir) -> None:
 def load_sharded(
     sharded_tensors: list[ShardedTensor], object_keys: list[str], checkpoint_dir: str
 ) -> dict[str, Any]:
-    """Fill every ShardedTensor's `data` in place (allocating when None); return objects by key."""
-    devices = []
+    """Fill every ShardedTensor's `data` in place (allocating on the CPU when None); return
+    objects by key. Device tensors are filled where they are: the reader copies each chunk
+    straight into a view of the destination (no CPU staging copy, no second allocation)."""
+    originals = []  # non-contiguous destinations: read into a contiguous twin, copy back
     for sh in sharded_tensors:
-        devices.append(sh.data.device if sh.data is not None else torch.device("cpu"))
+        original = None
         if sh.data is None:
             sh.init_data("cpu", init_fn=torch.zeros if sh.allow_shape_mismatch else torch.empty)
         else:
             sh.data = sh.data.detach()
-            if not sh.data.is_contiguous() or sh.data.device.type != "cpu":
-                sh.data = sh.data.to("cpu").contiguous()
+            if not sh.data.is_contiguous():
+                original, sh.data = sh.data, sh.data.contiguous()
             if sh.allow_shape_mismatch:
                 sh.data.zero_()
+        originals.append(original)
     _precheck(sharded_tensors, object_keys, checkpoint_dir)
     planner = _LoadPlanner(sharded_tensors, object_keys)
     no_dist = not (dist.is_available() and dist.is_initialized())
     dcp_load({}, storage_reader=SafeFileSystemReader(str(checkpoint_dir)), planner=planner,
              no_dist=no_dist)  # fmt: skip
-    for sh, device in zip(sharded_tensors, devices):
-        if sh.data.device != device:
-            sh.data = sh.data.to(device)
+    for sh, original in zip(sharded_tensors, originals):
+        if original is not None:
+            original.copy_(sh.data)
+            sh.data = original
     return planner.loaded_objects
