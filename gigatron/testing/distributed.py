@@ -12,10 +12,17 @@ Processes start from a forkserver that has already imported torch, so a rank sta
 a second. A rank that raises makes the call fail at once with that rank's traceback; a rank that
 hangs (for example in a collective its peers never reach) makes it fail after `timeout` seconds,
 and every process is killed either way.
+
+Return values travel back as pickles, and the parent rebuilds them through an allow-list
+(`_ResultUnpickler`), never with unrestricted `pickle.loads`: built-in containers and scalars,
+tensors (storages reloaded with `torch.load(weights_only=True)`), torch dtypes/devices/sizes, and
+NumPy arrays, scalars and dtypes. Anything else (a dataclass, a namedtuple) is refused with an
+error naming the class; pass trusted ones as `run_distributed(..., safe_globals=[MyClass])`.
 """
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import pickle
@@ -23,7 +30,7 @@ import queue as queue_mod
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +39,86 @@ _CTX = None
 
 class DistributedTestError(AssertionError):
     """A rank failed or timed out inside `run_distributed`."""
+
+
+# builtins a result may name: containers and scalars only (never getattr, eval, exec, ...).
+_SAFE_BUILTINS = frozenset(
+    {"bool", "int", "float", "complex", "str", "bytes", "bytearray"}
+    | {"list", "tuple", "dict", "set", "frozenset", "slice", "range"}
+)
+# (module, name) pairs that tensors, NumPy arrays and NumPy scalars pickle themselves with.
+_SAFE_GLOBALS = frozenset(
+    {
+        ("collections", "OrderedDict"),  # a tensor's backward-hook dict
+        ("torch", "Size"),
+        ("torch", "device"),
+        ("torch", "Tensor"),
+        ("torch._utils", "_rebuild_tensor_v2"),
+        ("torch._utils", "_rebuild_parameter"),
+        ("torch._utils", "_rebuild_parameter_with_state"),
+        ("torch._tensor", "_rebuild_from_type_v2"),  # a tensor carrying Python attributes
+        ("torch.serialization", "_get_layout"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "_reconstruct"),  # NumPy 1.x spelling
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.multiarray", "scalar"),
+    }
+)
+
+
+def _storage_from_bytes(data: bytes):
+    """Stands in for `torch.storage._load_from_bytes`, which would `torch.load` unrestricted."""
+    import torch
+
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's own advice (retry with weights_only=False) is exactly what must not happen.
+        detail = str(e).split("Trying to load", 1)[-1].strip().splitlines()[0]
+        raise pickle.UnpicklingError(
+            f"refusing tensor storage bytes that hold more than plain storage data: {detail}"
+        ) from None
+
+
+class _ResultUnpickler(pickle.Unpickler):
+    """Unpickler whose `find_class` builds only allow-listed globals (plus `extra`)."""
+
+    def __init__(self, file, extra: dict[tuple[str, str], Any]):
+        super().__init__(file)
+        self._extra = extra
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._extra:
+            return self._extra[(module, name)]
+        if (module == "builtins" and name in _SAFE_BUILTINS) or (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        if (module, name) == ("torch.storage", "_load_from_bytes"):
+            return _storage_from_bytes
+        if module == "torch":
+            import torch
+
+            obj = vars(torch).get(name)  # vars(): no lazy-import side effects of getattr
+            if isinstance(obj, (torch.dtype, torch.memory_format)):
+                return obj
+        raise pickle.UnpicklingError(
+            f"refusing global '{module}.{name}': run_distributed results may hold only built-in "
+            "containers and scalars, tensors, torch dtypes/devices/sizes and NumPy arrays/"
+            "scalars/dtypes. Return plain data instead (e.g. dataclasses.asdict(x)), or, if "
+            f"'{module}.{name}' is trusted, allow it with "
+            f"run_distributed(..., safe_globals=[{module}.{name}])"
+        )
+
+
+def _load_result(data: bytes, safe_globals: Iterable[Any] = ()) -> Any:
+    """Rebuild a rank's pickled return value through `_ResultUnpickler`.
+
+    `safe_globals`: extra classes or functions the pickle may name (as `torch.load`'s
+    `safe_globals`). Raises `pickle.UnpicklingError` naming the first global it refuses.
+    """
+    extra = {(g.__module__, g.__qualname__): g for g in safe_globals}
+    return _ResultUnpickler(io.BytesIO(data), extra).load()
 
 
 def _context():
@@ -95,14 +182,18 @@ def run_distributed(
     kwargs: dict | None = None,
     backend: str = "gloo",
     timeout: float = 120.0,
+    safe_globals: Iterable[Any] = (),
 ) -> list[Any]:
     """Call `fn(*args, **kwargs)` on `world_size` new processes inside one process group.
 
     `fn` must be importable by name (defined at module level). Environment variables RANK,
     WORLD_SIZE and LOCAL_RANK are set in each rank. Returns the per-rank return values, ordered
     by rank. Raises `DistributedTestError` with the failing rank's traceback, or naming the ranks
-    that did not finish within `timeout` seconds.
+    that did not finish within `timeout` seconds, or naming a class in a return value that is
+    not allow-listed (built-in containers/scalars, tensors, NumPy arrays; add trusted classes
+    or functions with `safe_globals`).
     """
+    safe_globals = list(safe_globals)
     ctx = _context()
     results = ctx.Queue()
     done = ctx.Event()
@@ -159,8 +250,13 @@ def run_distributed(
                         continue
                 if status == "error":
                     raise DistributedTestError(f"rank {rank} of {world_size} failed:\n{value}")
-                # Bytes pickled by our own child process just above (never external input).
-                values[rank] = pickle.loads(value)
+                try:
+                    values[rank] = _load_result(value, safe_globals)
+                except pickle.UnpicklingError as e:
+                    raise DistributedTestError(
+                        f"rank {rank} of {world_size} returned a value the harness will not "
+                        f"unpickle: {e}"
+                    ) from None
         finally:
             done.set()
             for p in procs:
