@@ -25,8 +25,7 @@ def __getattr__(name: str):
         import importlib
 
         return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    missing_name_error(__name__, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise missing_name_error(__name__, name)
 
 
 def __dir__():

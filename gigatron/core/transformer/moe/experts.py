@@ -248,5 +248,4 @@ def sequential_weights_from_grouped(weight1: Tensor, weight2: Tensor, num_local_
 def __getattr__(name: str):
     from gigatron.core.transformer.moe._missing import missing_name_error
 
-    missing_name_error(__name__, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise missing_name_error(__name__, name)

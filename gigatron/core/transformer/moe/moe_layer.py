@@ -134,5 +134,4 @@ class MoELayer(BaseMoELayer):
 def __getattr__(name: str):
     from gigatron.core.transformer.moe._missing import missing_name_error
 
-    missing_name_error(__name__, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise missing_name_error(__name__, name)
