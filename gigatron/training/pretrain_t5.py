@@ -4,9 +4,14 @@ T5Model (local specs) trained on T5MaskedWordPieceDataset span-corruption sample
 the decoder's masked-LM mean over the loss mask. Megatron's flags plus its T5 ones
 (`--encoder-num-layers`, `--decoder-num-layers`, `--encoder-seq-length` (= --seq-length),
 `--decoder-seq-length`, `--mask-prob`, `--short-seq-prob`). The tokenizer needs [MASK], [PAD],
-BOS/EOS and `<extra_id_i>` sentinels (looked up as in pretrain_bert). Pipeline parallelism: the
-script builds one stack per stage only (PP = 1); T5Model's encoder/decoder split is tested at the
-model level (tests/dist/test_t5_parallel.py).
+BOS/EOS and `<extra_id_i>` sentinels (looked up as in pretrain_bert).
+
+Pipeline parallelism is Megatron's encoder/decoder split at `--pipeline-model-parallel-size 2`
+(`--pipeline-model-parallel-split-rank 1`, the only split supported): stage 0 embeds and runs the
+encoder, stage 1 embeds the decoder tokens, runs the decoder and the LM head, receiving the
+encoder output [se, b, h] through the ordinary 1F1B schedule. Both stages hold word and position
+embeddings: the embedding group (first, last) and the position-embedding group
+(`t5_position_embedding_ranks`: first, split) sum their grads in finalize_model_grads.
 """
 
 from __future__ import annotations
@@ -34,12 +39,50 @@ def add_t5_args(parser):
     g.add_argument("--mask-prob", type=float, default=0.15, help="masking probability")
     g.add_argument("--short-seq-prob", type=float, default=0.1,
                    help="probability of a shorter sample")  # fmt: skip
+    g.add_argument("--pipeline-model-parallel-split-rank", type=int, default=None,
+                   help="first decoder stage (only 1, with PP = 2)")  # fmt: skip
     return parser
+
+
+def _split_rank(args) -> int | None:
+    """The first decoder stage under PP, after checking the layout is one gigatron runs."""
+    pp = args.pipeline_model_parallel_size
+    split = getattr(args, "pipeline_model_parallel_split_rank", None)
+    if pp == 1:
+        if split is not None:
+            raise ValueError(
+                f"pipeline_model_parallel_split_rank ({split}) needs "
+                "pipeline_model_parallel_size > 1 (pretrain_t5.py)"
+            )
+        return None
+    if pp != 2 or split not in (None, 1):
+        raise ValueError(
+            f"pipeline_model_parallel_size ({pp}) / pipeline_model_parallel_split_rank ({split}): "
+            "pretrain_t5 splits T5 as encoder on stage 0 and decoder on stage 1 only "
+            "(PP = 2, split rank 1; deeper splits would pass two tensors between decoder "
+            "stages, which gigatron's schedules do not) (pretrain_t5.py)"
+        )
+    if args.virtual_pipeline_model_parallel_size is not None:
+        raise ValueError(
+            f"virtual_pipeline_model_parallel_size ({args.virtual_pipeline_model_parallel_size}) "
+            "must be None for T5's encoder/decoder split (pretrain_t5.py)"
+        )
+    return 1
+
+
+def t5_position_embedding_ranks(pp_ranks: list[int]) -> list[int]:
+    """Stages holding position embeddings under the encoder/decoder split: the first (encoder)
+    stage and the first decoder stage (Megatron's `default_position_embedding_ranks` with a
+    split rank)."""
+    if len(pp_ranks) == 1:
+        return [pp_ranks[0]]
+    return [pp_ranks[0], pp_ranks[1]]
 
 
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None):
     """T5Model from the flags: encoder of --encoder-num-layers, decoder of
     --decoder-num-layers (both default --num-layers)."""
+    from gigatron.core import parallel_state
     from gigatron.core.models.T5 import T5Model
     from gigatron.core.models.T5.t5_spec import (
         get_t5_decoder_with_local_block_spec,
@@ -48,11 +91,13 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     from gigatron.training._config_from_args import core_transformer_config_from_args
 
     args = get_args()
-    if args.pipeline_model_parallel_size != 1:
-        raise ValueError(
-            f"pipeline_model_parallel_size ({args.pipeline_model_parallel_size}) must be 1 in "
-            "pretrain_t5 (see the module docstring)"
-        )
+    split = _split_rank(args)
+    add_encoder = add_decoder = True
+    if split is not None:
+        # Both stages embed (encoder tokens on stage 0, decoder tokens on the split stage).
+        stage = parallel_state.get_pipeline_model_parallel_rank()
+        add_encoder, add_decoder = stage < split, stage >= split
+        pre_process = True
     config = core_transformer_config_from_args(args)
     encoder_config = copy.deepcopy(config)
     encoder_config.num_layers = args.encoder_num_layers or args.num_layers
@@ -71,6 +116,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         parallel_output=True,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
         position_embedding_type=args.position_embedding_type,
+        add_encoder=add_encoder,
+        add_decoder=add_decoder,
     )
 
 
@@ -165,6 +212,7 @@ def main(argv: list[str] | None = None):
         ModelType.encoder_or_decoder,
         forward_step,
         extra_args_provider=add_t5_args,
+        get_position_embedding_ranks=t5_position_embedding_ranks,
         argv=argv,
     )
 

@@ -8,7 +8,11 @@ mirrors `megatron.core.distributed.finalize_model_grads`.
    (each TP rank applies them to its own heads); average those marked
    `average_gradients_across_tp_domain`;
 3. all-reduce the tied word-embedding grad between the first and the last PP stage (embedding
-   group), so both copies take the same step;
+   group), so both copies take the same step - also an untied one that two stages both embed
+   with (T5's encoder/decoder split flags those copies `shared_embedding`);
+   then the learned position-embedding grad over the position-embedding group
+   (`get_position_embedding_ranks`; by default the first stage only, so nothing happens; T5's
+   split adds the decoder's first stage);
 4. with `num_tokens` (per-token loss): broadcast the token count from the last PP stage, sum it
    over DP x CP and divide all grads by it.
 """
@@ -69,26 +73,78 @@ def _allreduce_non_tensor_model_parallel_grads(model: list, config, tp_group) ->
             g.div_(dist.get_world_size(tp_group))
 
 
-def _allreduce_word_embedding_grads(model: list, ps) -> None:
-    """Sum the tied embedding / output weight grad between first and last PP stage."""
-    if ps.get_pipeline_model_parallel_world_size() == 1 or not ps.is_rank_in_embedding_group():
-        return
+def _embedding_stage_module(model: list, ps):
+    """The unwrapped chunk of this rank that holds its embeddings (Megatron's choice: first
+    chunk on the first stage, last chunk on the last stage, else the first), or None for a
+    module that is not a Megatron-style language model."""
     if ps.is_pipeline_first_stage(ignore_virtual=True):
         chunk = model[0]
     elif ps.is_pipeline_last_stage(ignore_virtual=True):
         chunk = model[-1]
-    else:  # e.g. a custom embedding-rank layout putting a middle stage in the group
+    else:  # e.g. T5's decoder first stage, or a custom embedding-rank layout
         chunk = model[0]
     try:
-        module = get_attr_wrapped_model(chunk, "pre_process", return_model_obj=True)
+        return get_attr_wrapped_model(chunk, "pre_process", return_model_obj=True)
     except RuntimeError:
-        return  # not a Megatron-style language model: nothing is tied
-    if not getattr(module, "share_embeddings_and_output_weights", False):
+        return None
+
+
+def _allreduce_word_embedding_grads(model: list, ps) -> None:
+    """Sum the shared word-embedding / output weight grad over the embedding group (first and
+    last PP stage by default): tied weights, or word embeddings two stages both embed with."""
+    if ps.get_pipeline_model_parallel_world_size() == 1 or not ps.is_rank_in_embedding_group():
         return
+    module = _embedding_stage_module(model, ps)
+    if module is None:
+        return  # not a Megatron-style language model: nothing is tied
     weight = module.shared_embedding_or_output_weight()
+    tied = getattr(module, "share_embeddings_and_output_weights", False)
+    if weight is None or not (tied or getattr(weight, "shared_embedding", False)):
+        return
     grad = _main_grad(weight)
     if grad is not None:
         dist.all_reduce(grad, group=ps.get_embedding_group())
+
+
+def _position_embedding_weight(module) -> torch.Tensor | None:
+    """The learned position table: `module.position_embeddings` (T5, Megatron's hook for this
+    all-reduce) or `module.embedding.position_embeddings` (GPT, BERT); None if absent."""
+    table = getattr(module, "position_embeddings", None)
+    if table is None:
+        table = getattr(getattr(module, "embedding", None), "position_embeddings", None)
+    return None if table is None else table.weight
+
+
+def _allreduce_position_embedding_grads(model: list, ps) -> None:
+    """Sum the learned position-embedding grad over the position-embedding group, so every
+    stage holding a copy (T5: encoder and decoder first stages) takes the same step.
+
+    A rank of a group of more than one must hold position embeddings unless the model has no
+    learned table at all (rope / relative / none: a model-wide choice, so every member skips).
+    """
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return
+    if not ps.is_rank_in_position_embedding_group():
+        return
+    group = ps.get_position_embedding_group()
+    if dist.get_world_size(group) == 1:
+        return
+    module = _embedding_stage_module(model, ps)
+    if module is None or not getattr(module, "pre_process", False):
+        raise ValueError(
+            f"rank {dist.get_rank()} is in the position-embedding group "
+            f"{dist.get_process_group_ranks(group)} but its model chunk does not embed tokens "
+            "(pre_process is False): get_position_embedding_ranks must list only stages "
+            "that hold position embeddings (finalize_model_grads.py)"
+        )
+    weight = _position_embedding_weight(module)
+    if weight is None or not weight.requires_grad:
+        return
+    grad = _main_grad(weight)
+    if grad is None:
+        # A learned table that got no grad on this stage still joins the sum with zeros.
+        grad = weight.grad = torch.zeros_like(weight)
+    dist.all_reduce(grad, group=group)
 
 
 def _model_config(chunk):
@@ -104,7 +160,8 @@ def finalize_model_grads(
     pg_collection=None,
     force_all_reduce: bool | None = False,
 ) -> None:
-    """Finish DP reduction, TP and embedding all-reduces, per-token scaling (module doc).
+    """Finish DP reduction, TP and (position) embedding all-reduces, per-token scaling (module
+    doc).
 
     `model`: list of DDP-wrapped model chunks (one per virtual PP stage).
     `num_tokens`: 0-dim/1-element tensor with this rank's token count, or None.
@@ -125,6 +182,7 @@ def finalize_model_grads(
     config = _model_config(model[0])
     _allreduce_non_tensor_model_parallel_grads(model, config, tp_group)
     _allreduce_word_embedding_grads(model, ps)
+    _allreduce_position_embedding_grads(model, ps)
     if getattr(config, "moe_router_enable_expert_bias", False):
         # Aux-loss-free balancing: one bias step per iteration from the tokens each expert got.
         from gigatron.core.transformer.moe.moe_utils import update_router_expert_bias

@@ -11,9 +11,13 @@ Pipeline parallelism splits the model between encoder and decoder (Megatron's en
 split): a stage built with add_decoder=False runs the whole encoder and sends its output; a stage
 built with add_encoder=False receives it as `set_input_tensor([encoder_output])` and runs the
 decoder (embedding its own decoder tokens: pre_process=True there too, the word embedding shared
-with the encoder stage through the embedding group). Position embedding type 'relative' adds
-`RelativePositionEmbedding`'s bias to every self-attention's scores (gigatron's
-DotProductAttention takes attention_bias; Megatron needs Transformer Engine for it).
+with the encoder stage through the embedding group, the position embedding through the
+position-embedding group, which must then list both stages: pretrain_t5 passes
+`get_position_embedding_ranks`). PP must be 2 then; each stack is whole on its stage.
+
+Position embedding type 'relative' adds `RelativePositionEmbedding`'s bias to every
+self-attention's scores (gigatron's DotProductAttention takes attention_bias; Megatron needs
+Transformer Engine for it).
 
 Shapes: b: micro-batch, se / sd: encoder / decoder seq, h: hidden, V: (padded) vocabulary.
 """
@@ -21,6 +25,7 @@ Shapes: b: micro-batch, se / sd: encoder / decoder seq, h: hidden, V: (padded) v
 from __future__ import annotations
 
 import contextlib
+import copy
 import zlib
 
 import torch
@@ -159,11 +164,17 @@ class T5Model(LanguageModule):
                     for bidirectional in (True, False)
                 )
         self.encoder = None
+        split = config.pipeline_model_parallel_size > 1 and not (add_encoder and add_decoder)
+        if split and config.pipeline_model_parallel_size != 2:
+            raise ValueError(
+                f"pipeline_model_parallel_size ({config.pipeline_model_parallel_size}) must be 2 "
+                "for T5Model's encoder/decoder split (encoder stage, decoder stage) (t5_model.py)"
+            )
         if add_encoder:
             # Under the encoder/decoder pipeline split the encoder ends on its stage: it keeps
             # its final norm even where the stage has no post_process.
             self.encoder = TransformerBlock(
-                config=encoder_config,
+                config=_whole_stack_config(encoder_config) if split else encoder_config,
                 spec=transformer_encoder_layer_spec,
                 pre_process=pre_process,
                 post_process=post_process or not add_decoder,
@@ -172,7 +183,7 @@ class T5Model(LanguageModule):
         if add_decoder:
             with _stack_init_seed("decoder"):
                 self.decoder = TransformerBlock(
-                    config=config,
+                    config=_whole_stack_config(config) if split else config,
                     spec=transformer_decoder_layer_spec,
                     pre_process=pre_process,
                     post_process=post_process,
@@ -192,26 +203,44 @@ class T5Model(LanguageModule):
 
     def setup_embeddings_and_output_layer(self) -> None:
         """Megatron's tying, plus the encoder/decoder split: both stages embed tokens, so their
-        word (and position) embeddings start equal (the first stage's copy) and are flagged
-        `shared_embedding`. Their grads must be summed over the embedding group:
-        finalize_model_grads does it for the tied word embedding only, so position embeddings
-        are not yet handled there (pretrain_t5 refuses PP > 1)."""
+        word and position embeddings start equal (the encoder stage's copies, broadcast over
+        the embedding / position-embedding group) and are flagged `shared_embedding`;
+        finalize_model_grads sums their grads over those groups. The decoder stage's copies
+        are also `shared` (like the last stage's tied output weight), so the grad norm counts
+        each table once."""
         split = self.config.pipeline_model_parallel_size > 1 and self.pre_process
         if not split:
             super().setup_embeddings_and_output_layer()
             return
         self.embedding.word_embeddings.weight.is_embedding_or_output_parameter = True
-        for weight in self._split_shared_weights():
+        in_groups = dist.is_initialized() and parallel_state.model_parallel_is_initialized()
+        for weight, in_group, get_group in self._split_shared_weights():
             weight.shared_embedding = True
-            if dist.is_initialized() and parallel_state.is_rank_in_embedding_group():
-                group = parallel_state.get_embedding_group()
+            if not self.add_encoder:
+                weight.shared = True
+            if in_groups and in_group():
+                group = get_group()
                 with torch.no_grad():
                     dist.broadcast(weight.data, dist.get_global_rank(group, 0), group=group)
 
-    def _split_shared_weights(self) -> list[Tensor]:
-        weights = [self.embedding.word_embeddings.weight]
+    def _split_shared_weights(self) -> list:
+        """(weight, is this rank in its group, the group getter) for each table both split
+        stages hold."""
+        weights = [
+            (
+                self.embedding.word_embeddings.weight,
+                parallel_state.is_rank_in_embedding_group,
+                parallel_state.get_embedding_group,
+            )
+        ]
         if self.position_embeddings is not None:
-            weights.append(self.position_embeddings.weight)
+            weights.append(
+                (
+                    self.position_embeddings.weight,
+                    parallel_state.is_rank_in_position_embedding_group,
+                    parallel_state.get_position_embedding_group,
+                )
+            )
         return weights
 
     def _relative_bias(self, which: str, ids: Tensor) -> Tensor | None:
@@ -327,6 +356,20 @@ class T5Model(LanguageModule):
         if self.post_process:
             return self.lm_head.output_layer.weight
         return None
+
+
+def _whole_stack_config(config):
+    """A shallow copy of `config` whose pipeline layer split puts all `num_layers` on this
+    stage (none on the other): under the encoder/decoder split each stage holds its stack
+    whole, so its layers number (and seed) from 1 as at PP = 1, whatever the stage."""
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    config = copy.copy(config)
+    config.virtual_pipeline_model_parallel_size = None
+    config.account_for_embedding_in_pipeline_split = False
+    config.account_for_loss_in_pipeline_split = False
+    config.num_layers_in_first_pipeline_stage = config.num_layers if stage == 0 else 0
+    config.num_layers_in_last_pipeline_stage = config.num_layers if stage == 1 else 0
+    return config
 
 
 @contextlib.contextmanager
