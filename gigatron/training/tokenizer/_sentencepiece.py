@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+from gigatron.training.tokenizer._common import _WithoutBertSpecials
 
 
 def _load_sentencepiece(model_file: str) -> Any:
@@ -136,7 +137,7 @@ class _SentencePieceTokenizer(MegatronLegacyTokenizer):
         return [self._vocab[t] for t in self._t5_tokens]
 
 
-class _GPTSentencePieceTokenizer(_SentencePieceTokenizer):
+class _GPTSentencePieceTokenizer(_WithoutBertSpecials, _SentencePieceTokenizer):
     """Plain SentencePiece ids; EOD = the model's eos id."""
 
     def __init__(self, model_file: str) -> None:
@@ -155,24 +156,8 @@ class _GPTSentencePieceTokenizer(_SentencePieceTokenizer):
         return self.tokenizer.decode_ids(ids)
 
     @property
-    def cls(self) -> int:
-        return -1
-
-    @property
-    def sep(self) -> int:
-        return -1
-
-    @property
-    def mask(self) -> int:
-        return -1
-
-    @property
     def eod(self) -> int:
         return self._eos_id
-
-    @property
-    def additional_special_tokens_ids(self) -> None:
-        return None
 
 
 class _Llama2Tokenizer(_GPTSentencePieceTokenizer):

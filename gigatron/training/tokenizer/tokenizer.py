@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+from gigatron.training.tokenizer._common import _WithoutBertSpecials
 from gigatron.training.tokenizer._sentencepiece import (
     _GPTSentencePieceTokenizer,
     _Llama2Tokenizer,
@@ -122,7 +123,7 @@ def _vocab_size_with_padding(orig_vocab_size: int, args: Any, logging_enabled: b
     return after
 
 
-class _NullTokenizer(MegatronLegacyTokenizer):
+class _NullTokenizer(_WithoutBertSpecials, MegatronLegacyTokenizer):
     """Ids written as space-separated integers; EOD is the extra id `vocab_size` (so the
     tokenizer's `vocab_size` is the argument + 1, and `eod == vocab_size - 1`)."""
 
@@ -157,28 +158,12 @@ class _NullTokenizer(MegatronLegacyTokenizer):
         raise NotImplementedError("_NullTokenizer has no inv_vocab")
 
     @property
-    def cls(self) -> int:
-        return -1
-
-    @property
-    def sep(self) -> int:
-        return -1
-
-    @property
-    def mask(self) -> int:
-        return -1
-
-    @property
     def eod(self) -> int:
         return self._eod_id
 
     @property
     def eos(self) -> int:
         return self._eod_id
-
-    @property
-    def additional_special_tokens_ids(self) -> None:
-        return None
 
 
 class _HFTokenizerBase(MegatronLegacyTokenizer):
