@@ -169,6 +169,119 @@ def _two_way_choice(w0: float, w1: float, size: int) -> numpy.ndarray:
     return choice
 
 
+# Three or more datasets: "parallel in time". The rule depends on the past only through the
+# count vector, and two runs of it started from different counts merge after a short while (each
+# step hands the sample to the dataset furthest behind). So the steps are cut into P lanes that
+# run side by side, one NumPy op over all lanes per dataset and step: lane p simulates global steps
+# [p*L, p*L + W + L) from guessed counts, the first W steps only to forget the guess. A lane is
+# exact when its counts after the warm-up equal the previous lane's final counts (lane 0 starts
+# exactly at zero); lanes that disagree are run again from their neighbour's final counts until
+# every lane agrees, so the result is the sequential rule's, step for step, in float64.
+_LANE_MIN_SIZE = 1 << 13  # below this the Python loop is as fast
+_LANE_TARGET = 8192  # lanes per op: large enough that NumPy's per-call cost is amortised
+_LANE_MAX_PASSES = 24  # then finish sequentially (only for inputs that never merge, e.g. w < 0)
+
+
+def _lane_steps(
+    w: list[float], t0: numpy.ndarray, counts: numpy.ndarray, nsteps: int, out: numpy.ndarray
+) -> None:
+    """Megatron's rule for `nsteps` steps in every lane at once, in place.
+
+    Args:
+        w: the D weights.
+        t0: float64 `[P]` global step of each lane's first step.
+        counts: float64 `[D, P]` samples taken so far per dataset and lane (updated).
+        out: int16 `[nsteps, P]` receives the chosen dataset of each step and lane.
+    """
+    num, lanes = counts.shape
+    flat = counts.reshape(-1)
+    lane_ids = numpy.arange(lanes)
+    t = numpy.empty(lanes)
+    best_err, err = numpy.empty(lanes), numpy.empty(lanes)
+    better = numpy.empty(lanes, dtype=bool)
+    best = numpy.empty(lanes, dtype=numpy.intp)
+    for j in range(nsteps):
+        numpy.add(t0, float(j), out=t)
+        if j == 0:
+            numpy.maximum(t, 1.0, out=t)  # steps 0 and 1 both use t = 1
+        numpy.multiply(t, w[0], out=best_err)
+        best_err -= counts[0]  # w_0 * t - c_0, rounded twice as in C++
+        best.fill(0)
+        for k in range(1, num):
+            numpy.multiply(t, w[k], out=err)
+            err -= counts[k]
+            numpy.greater(err, best_err, out=better)  # strict: ties keep the lower index
+            numpy.putmask(best, better, k)
+            numpy.maximum(best_err, err, out=best_err)
+        out[j] = best
+        best *= lanes
+        best += lane_ids
+        flat[best] += 1.0
+
+
+def _guess_counts(w: numpy.ndarray, steps: numpy.ndarray) -> numpy.ndarray:
+    """float64 `[D, P]` likely counts before each of `steps`: largest remainders of w * (s - 1).
+
+    With weights summing to 1, dataset k's deficit w_k * s - c_k stays near [w_k - 1, w_k), which
+    is what w * (s - 1) rounded to a total of s gives; other sums are shifted to total s - 1 first.
+    """
+    num = w.shape[0]
+    base = steps.astype(numpy.float64) - 1.0
+    ideal = w[:, None] * base + (1.0 - w.sum()) * base / num  # [D, P], sums to s - 1
+    counts = numpy.floor(ideal)
+    short = numpy.clip(steps - counts.sum(axis=0), 0, num).astype(numpy.int64)  # [P]
+    order = numpy.argsort(counts - ideal, axis=0, kind="stable")  # largest remainder first
+    rank = numpy.empty_like(order)
+    numpy.put_along_axis(rank, order, numpy.arange(num)[:, None], axis=0)
+    counts += rank < short
+    return counts
+
+
+def _lanes_merge(w: list[float]) -> bool:
+    """Whether lanes are worth it: non-negative weights summing to 1 (as BlendedDataset passes).
+
+    Other weights still give exact results in lanes, but guessed counts are then far off and the
+    lanes rarely agree, so the plain loop is faster.
+    """
+    return min(w) >= 0.0 and abs(math.fsum(w) - 1.0) < 1e-6
+
+
+def _lane_choice(w: list[float], size: int) -> numpy.ndarray:
+    """int16 `[size]` choices of the greedy rule for any number of datasets, exact."""
+    weights = numpy.asarray(w, dtype=numpy.float64)
+    length = max(256, -(-size // _LANE_TARGET))
+    warm = length // 4
+    lanes = max(1, -(-(size - warm) // length))
+    buf = numpy.empty((warm + length, lanes), dtype=numpy.int16)  # [steps, lanes]
+    first = numpy.arange(lanes) * length  # global step of each lane's first simulated step
+    counts = _guess_counts(weights, first)
+    counts[:, 0] = 0.0
+    _lane_steps(w, first.astype(numpy.float64), counts, warm, buf[:warm])
+    start = counts.copy()  # [D, P] counts at global step p*L + W
+    _lane_steps(w, (first + warm).astype(numpy.float64), counts, length, buf[warm:])
+    for _ in range(_LANE_MAX_PASSES):
+        redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
+        if redo.size == 0:
+            break
+        start[:, redo] = counts[:, redo - 1]
+        fixed = start[:, redo].copy()
+        part = numpy.empty((length, redo.size), dtype=numpy.int16)
+        _lane_steps(w, (first[redo] + warm).astype(numpy.float64), fixed, length, part)
+        buf[warm:, redo] = part
+        counts[:, redo] = fixed
+    else:
+        redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
+    choice = numpy.empty(warm + lanes * length, dtype=numpy.int16)
+    choice[: warm + length] = buf[:, 0]
+    choice[warm + length :] = buf[warm:, 1:].T.reshape(-1)
+    choice = choice[:size]
+    if redo.size:  # lanes still disagree: finish with the plain loop from the last exact one
+        begin = int(first[redo[0]]) + warm
+        tail = [int(x) for x in counts[:, redo[0] - 1]]
+        _greedy_steps(w, tail, begin, size, choice)
+    return choice
+
+
 def _fill_sample_index(
     choice: numpy.ndarray, num_datasets: int, dataset_index: numpy.ndarray, sample: numpy.ndarray
 ) -> None:
@@ -194,6 +307,8 @@ def build_blending_indices(
     w = [float(x) for x in numpy.asarray(weights, dtype=numpy.float64)[:num_datasets]]
     if num_datasets == 2 and min(w) > 0:
         choice = _two_way_choice(w[0], w[1], size)
+    elif size >= _LANE_MIN_SIZE and num_datasets > 1 and _lanes_merge(w):
+        choice = _lane_choice(w, size)
     else:
         choice = numpy.empty(size, dtype=numpy.int16)
         _greedy_steps(w, [0] * num_datasets, 0, size, choice)

@@ -1,0 +1,123 @@
+"""Blending indices for three or more datasets (lanes in NumPy) against the sequential rule.
+
+The oracle is Megatron's greedy loop (helpers.cpp `build_blending_indices`) written out in plain
+Python below, and megatron-core's compiled helper itself where it is installed.
+"""
+
+import numpy
+import pytest
+
+from gigatron.core.datasets import helpers
+
+try:
+    from megatron.core.datasets import helpers_cpp as mcore_helpers
+except Exception:  # megatron-core missing or its C++ helper not built
+    mcore_helpers = None
+
+
+def _build_blending_indices_reference(weights, num_datasets, size):
+    """Megatron's loop step by step: argmax_k w_k * max(i, 1) - c_k in float64, ties to low k."""
+    w = [float(x) for x in numpy.asarray(weights, dtype=numpy.float64)[:num_datasets]]
+    counts = [0] * num_datasets
+    dataset_index = numpy.empty(size, dtype=numpy.int16)
+    sample_index = numpy.empty(size, dtype=numpy.int64)
+    for i in range(size):
+        t = max(float(i), 1.0)
+        best, best_err = 0, w[0] * t - float(counts[0])
+        for k in range(1, num_datasets):
+            err = w[k] * t - float(counts[k])
+            if err > best_err:
+                best, best_err = k, err
+        dataset_index[i] = best
+        sample_index[i] = counts[best]
+        counts[best] += 1
+    return dataset_index, sample_index
+
+
+def _gigatron(weights, size):
+    out = (numpy.zeros(size, numpy.int16), numpy.zeros(size, numpy.int64))
+    helpers.build_blending_indices(*out, numpy.asarray(weights, numpy.float64), len(weights), size)
+    return out
+
+
+def _weight_cases():
+    rng = numpy.random.default_rng(4)
+    cases = []
+    for k in (3, 4, 5, 6, 8):
+        w = rng.random(k) + 0.01
+        cases.append(w / w.sum())
+    cases.append(numpy.full(3, 1 / 3))  # exact ties every few steps
+    cases.append(numpy.full(8, 1 / 8))
+    cases.append(numpy.array([0.25, 0.25, 0.5]))
+    cases.append(numpy.array([1e-5, 2e-5, 0.4, 0.6 - 3e-5]))  # tiny weights
+    cases.append(numpy.array([1e-3] * 6 + [0.994]))
+    return cases
+
+
+@pytest.fixture
+def lane_calls(monkeypatch):
+    calls = []
+    real = helpers._lane_choice
+
+    def spy(w, size):
+        calls.append(size)
+        return real(w, size)
+
+    monkeypatch.setattr(helpers, "_lane_choice", spy)
+    return calls
+
+
+@pytest.mark.parametrize("weights", _weight_cases(), ids=lambda w: f"{len(w)}way-{w[0]:.0e}")
+def test_lanes_equal_sequential_rule(weights, lane_calls):
+    size = 100_000
+    got = _gigatron(weights, size)
+    assert lane_calls == [size]  # the lane path ran, not the loop
+    want = _build_blending_indices_reference(weights, len(weights), size)
+    numpy.testing.assert_array_equal(got[0], want[0])
+    numpy.testing.assert_array_equal(got[1], want[1])
+
+
+def test_lanes_repair_bad_guesses(monkeypatch, lane_calls):
+    """Garbage start counts: every lane disagrees, the passes and the final loop still agree."""
+    weights = numpy.array([0.2, 0.3, 0.1, 0.4])
+    size = 3 * helpers._LANE_MIN_SIZE + 17
+    want = _build_blending_indices_reference(weights, 4, size)
+
+    def bad_guess(w, steps):
+        return numpy.tile(steps.astype(numpy.float64), (w.shape[0], 1))  # sums to D * s
+
+    monkeypatch.setattr(helpers, "_guess_counts", bad_guess)
+    for max_passes in (1, 3, 1000):
+        monkeypatch.setattr(helpers, "_LANE_MAX_PASSES", max_passes)
+        got = _gigatron(weights, size)
+        numpy.testing.assert_array_equal(got[0], want[0], err_msg=str(max_passes))
+        numpy.testing.assert_array_equal(got[1], want[1], err_msg=str(max_passes))
+    assert len(lane_calls) == 3
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [[0.0, 0.5, 0.5], [1.0, 2.0, 3.0], [-0.1, 0.6, 0.5], [0.3, 0.3, 0.3], [float("nan"), 0.5, 0.5]],
+)
+def test_unusual_weights_match_sequential_rule(weights):
+    """Zero, unnormalised, negative and NaN weights: same as the loop (lanes or not)."""
+    size = helpers._LANE_MIN_SIZE + 5
+    got = _gigatron(weights, size)
+    want = _build_blending_indices_reference(weights, 3, size)
+    numpy.testing.assert_array_equal(got[0], want[0])
+    numpy.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.skipif(mcore_helpers is None, reason="megatron-core's compiled helpers not importable")
+def test_lanes_equal_megatron_cpp():
+    rng = numpy.random.default_rng(5)
+    for trial in range(12):
+        k = int(rng.integers(3, 9))
+        w = rng.random(k) ** 3 + 1e-6 if trial % 3 else numpy.ones(k)
+        w = w / w.sum()
+        size = int(rng.integers(helpers._LANE_MIN_SIZE, 150_000))
+        got = _gigatron(w, size)
+        want = (numpy.zeros(size, numpy.int16), numpy.zeros(size, numpy.int64))
+        mcore_helpers.build_blending_indices(*want, w, k, size, False)
+        numpy.testing.assert_array_equal(got[0], want[0], err_msg=str((trial, w, size)))
+        numpy.testing.assert_array_equal(got[1], want[1], err_msg=str((trial, w, size)))
