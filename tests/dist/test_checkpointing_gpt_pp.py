@@ -25,7 +25,7 @@ from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.testing import run_distributed
 from gigatron.training import checkpointing as ckpt
 
-V, H, L, S, B, MICRO = 32, 16, 4, 8, 2, 4  # MICRO microbatches per step, globally
+V, H, L, S, B, MICRO = 32, 16, 4, 8, 1, 8  # MICRO microbatches per step, globally (DP8: one each)
 
 
 def _build(tp, pp, vp=None):
@@ -102,9 +102,9 @@ def _train_save_continue(save_dir):
     for step in range(2):
         _step(ddp, opt, step)
     ckpt.save_checkpoint(2, ddp, opt, None, args=_args(save_dir, save_dir))
-    losses = [_step(ddp, opt, step) for step in (2, 3)]
+    losses = [_step(ddp, opt, step) for step in range(2, 7)]  # five further steps
     final = save_dir + "_final"
-    ckpt.save_checkpoint(4, ddp, opt, None, args=_args(final, final))
+    ckpt.save_checkpoint(7, ddp, opt, None, args=_args(final, final))
     return losses
 
 
@@ -112,9 +112,9 @@ def _load_resave_continue(load_dir, resave_dir, tp, pp, vp=None):
     ddp, opt = _build(tp, pp, vp)
     assert ckpt.load_checkpoint(ddp, opt, None, args=_args(resave_dir, load_dir))[0] == 2
     ckpt.save_checkpoint(2, ddp, opt, None, args=_args(resave_dir, load_dir))
-    losses = [_step(ddp, opt, step) for step in (2, 3)]
+    losses = [_step(ddp, opt, step) for step in range(2, 7)]  # five further steps
     final = resave_dir + "_final"
-    ckpt.save_checkpoint(4, ddp, opt, None, args=_args(final, final))
+    ckpt.save_checkpoint(7, ddp, opt, None, args=_args(final, final))
     return losses
 
 
@@ -127,11 +127,12 @@ def test_tp2_pp2_dp2_checkpoint_loads_at_other_layouts(tmp_path):
     src = str(tmp_path / "tp2pp2dp2")
     ref = _losses(run_distributed(_train_save_continue, 8, args=(src,), timeout=240))
     source = dc.load_plain_tensors(f"{src}/iter_0000002")
-    ref_final = dc.load_plain_tensors(f"{src}_final/iter_0000004")
+    ref_final = dc.load_plain_tensors(f"{src}_final/iter_0000007")
     assert "output_layer.weight" not in source  # tied: saved once, under the embedding key
     layouts = (
         ("resume", 8, 2, 2, None),  # same layout, new process group: exact resume
         ("tp1pp1dp1", 1, 1, 1, None),
+        ("tp1pp1dp8", 8, 1, 1, None),
         ("tp4pp2dp1", 8, 4, 2, None),
         ("tp1pp2vp2dp2", 4, 1, 2, 2),
     )
@@ -143,10 +144,13 @@ def test_tp2_pp2_dp2_checkpoint_loads_at_other_layouts(tmp_path):
         assert sorted(again) == sorted(source), name
         for key in source:
             assert torch.equal(again[key], source[key]), (name, key)
-        final = dc.load_plain_tensors(f"{dst}_final/iter_0000004")
+        final = dc.load_plain_tensors(f"{dst}_final/iter_0000007")
         if name == "resume":  # identical losses and final weights and moments, bitwise
             assert losses == ref
             assert all(torch.equal(final[k], ref_final[k]) for k in ref_final)
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=0, atol=1e-6)
+        # Weights after five Adam steps at lr 1e-2 (each moves up to 5e-2): a near-zero bias
+        # grad's rounding (other TP split) is amplified by m / sqrt(v); 2e-5 is 0.04% of that.
         for k in ref_final:
-            torch.testing.assert_close(final[k], ref_final[k], rtol=0, atol=1e-5, msg=k)
+            torch.testing.assert_close(final[k], ref_final[k], rtol=0, atol=2e-5,
+                                       msg=lambda m, k=k, n=name: f"{n} {k}: {m}")  # fmt: skip
