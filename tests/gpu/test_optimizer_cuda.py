@@ -23,19 +23,15 @@ pytestmark = [
 def nccl_group():
     from gigatron.core import parallel_state
 
-    created = not dist.is_initialized()  # another GPU test may have left its group behind
-    if created:
-        init = f"file://{tempfile.mktemp()}"
-        dist.init_process_group("nccl", init_method=init, rank=0, world_size=1)
-    elif dist.get_backend() != "nccl" or dist.get_world_size() != 1:
-        pytest.skip("a non-NCCL or multi-rank default group is already initialized")
-    torch.cuda.set_device(0)
     parallel_state.destroy_model_parallel()
+    if dist.is_initialized():  # a stale group another test left behind (gloo, one rank)
+        dist.destroy_process_group()
+    dist.init_process_group("nccl", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
+    torch.cuda.set_device(0)
     parallel_state.initialize_model_parallel()
     yield
     parallel_state.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
+    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
