@@ -63,12 +63,22 @@ def _train(tmp, extra):
 
 
 @pytest.mark.timeout(120)
-def test_t5_pp2_training_matches_one_rank(tmp_path):
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],  # tied word embeddings, learned absolute positions (both on both stages)
+        # Untied: the two stages' word embeddings are still one table (encoder and decoder
+        # embed with it); relative: each stage keeps its own stack's bias table.
+        ["--untie-embeddings-and-output-weights", "--position-embedding-type", "relative"],
+    ],
+    ids=["tied-learned", "untied-relative"],
+)
+def test_t5_pp2_training_matches_one_rank(tmp_path, flags):
     ((ref_losses, ref_norms, ref_weights),) = run_distributed(
-        _train, 1, args=(str(tmp_path / "ref"), []), timeout=120
+        _train, 1, args=(str(tmp_path / "ref"), flags), timeout=120
     )
     stages = run_distributed(
-        _train, 2, args=(str(tmp_path / "pp"), ["--pipeline-model-parallel-size", "2"]),
+        _train, 2, args=(str(tmp_path / "pp"), flags + ["--pipeline-model-parallel-size", "2"]),
         timeout=120,
     )  # fmt: skip
     (enc_losses, enc_norms, enc_weights), (dec_losses, dec_norms, dec_weights) = stages
@@ -89,3 +99,90 @@ def test_t5_pp2_training_matches_one_rank(tmp_path):
     # Every step updated the weights (Adam moves each param with a grad by ~lr = 1e-3 >> 1e-6),
     # so a missing grad sum on either stage shows up in the weight comparison.
     assert all(n > 0 for n in ref_norms) and enc_losses == [None] * ITERS
+
+
+class _EmbeddingStage(torch.nn.Module):
+    """A pipeline stage with its own learned position table (GPT/BERT layout:
+    `embedding.position_embeddings`), reduced to what finalize_model_grads reads."""
+
+    def __init__(self, pre_process: bool):
+        super().__init__()
+        self.pre_process = pre_process
+        self.share_embeddings_and_output_weights = False
+        self.embedding = torch.nn.Module()
+        self.embedding.position_embeddings = torch.nn.Embedding(4, 3)
+        self.other = torch.nn.Parameter(torch.zeros(2))
+
+    def shared_embedding_or_output_weight(self):
+        return None
+
+
+def _finalize_body():
+    from types import SimpleNamespace
+
+    from gigatron.core import parallel_state as ps
+    from gigatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+
+    rank = torch.distributed.get_rank()
+
+    def run(pre_process, **init):
+        ps.initialize_model_parallel(pipeline_model_parallel_size=2, **init)
+        stage = _EmbeddingStage(pre_process)
+        ddp = DistributedDataParallel(SimpleNamespace(), DistributedDataParallelConfig(), stage)
+        ddp.zero_grad_buffer()
+        for p in stage.parameters():
+            p.main_grad.fill_(rank + 1)
+        try:
+            finalize_model_grads([ddp])
+            grads = {n: p.main_grad.flatten()[0].item() for n, p in stage.named_parameters()}
+        except ValueError as e:
+            grads = str(e)
+        ps.destroy_model_parallel()
+        return grads
+
+    return {
+        # Default position-embedding ranks: the first stage only, nothing is summed.
+        "default": run(True),
+        # Both stages hold position embeddings: their grads are summed (1 + 2).
+        "both": run(True, get_position_embedding_ranks=lambda pp_ranks: list(pp_ranks)),
+        # A listed stage that does not embed is a configuration error, not a silent skip.
+        "bad": run(False, get_position_embedding_ranks=lambda pp_ranks: list(pp_ranks)),
+    }
+
+
+def test_position_embedding_grads_summed_over_their_group():
+    first, last = run_distributed(_finalize_body, 2, timeout=60)
+    pos, other = "embedding.position_embeddings.weight", "other"
+    assert first["default"] == {pos: 1.0, other: 1.0}
+    assert last["default"] == {pos: 2.0, other: 2.0}
+    assert first["both"] == {pos: 3.0, other: 1.0}
+    assert last["both"] == {pos: 3.0, other: 2.0}
+    for stage in (first, last):
+        assert "position-embedding group [0, 1]" in stage["bad"], stage["bad"]
+        assert "pre_process is False" in stage["bad"], stage["bad"]
+
+
+def test_pretrain_t5_split_rank_checks():
+    from types import SimpleNamespace
+
+    from gigatron.training.pretrain_t5 import _split_rank
+
+    def args(pp, split=None, vp=None):
+        return SimpleNamespace(
+            pipeline_model_parallel_size=pp,
+            pipeline_model_parallel_split_rank=split,
+            virtual_pipeline_model_parallel_size=vp,
+        )
+
+    assert _split_rank(args(1)) is None
+    assert _split_rank(args(2)) == 1 and _split_rank(args(2, 1)) == 1
+    with pytest.raises(ValueError, match=r"pipeline_model_parallel_size \(4\)"):
+        _split_rank(args(4, 2))
+    with pytest.raises(ValueError, match=r"virtual_pipeline_model_parallel_size \(2\)"):
+        _split_rank(args(2, vp=2))
+    with pytest.raises(ValueError, match=r"pipeline_model_parallel_split_rank \(1\) needs"):
+        _split_rank(args(1, 1))

@@ -163,13 +163,20 @@ class T5Model(LanguageModule):
                     )
                     for bidirectional in (True, False)
                 )
-        self.encoder = None
         split = config.pipeline_model_parallel_size > 1 and not (add_encoder and add_decoder)
         if split and config.pipeline_model_parallel_size != 2:
             raise ValueError(
                 f"pipeline_model_parallel_size ({config.pipeline_model_parallel_size}) must be 2 "
                 "for T5Model's encoder/decoder split (encoder stage, decoder stage) (t5_model.py)"
             )
+        if split and position_embedding_type == "relative":
+            # Each stage keeps only its stack's table (built both, so init matches PP = 1): an
+            # unused copy would drift under weight decay and be saved twice.
+            if not add_encoder:
+                self.encoder_relative_pos_emb = None
+            if not add_decoder:
+                self.decoder_relative_pos_emb = None
+        self.encoder = None
         if add_encoder:
             # Under the encoder/decoder pipeline split the encoder ends on its stage: it keeps
             # its final norm even where the stage has no post_process.
