@@ -17,7 +17,6 @@ import torch
 
 # Megatron fields gigatron accepts only at their default value: name -> why.
 _UNSUPPORTED_FIELDS: dict[str, str] = {
-    "tp_comm_overlap": "userbuffer TP communication overlap needs Transformer Engine",
     "cpu_offloading": "activation CPU offloading is not implemented",
     "use_ring_exchange_p2p": "ring-exchange p2p needs a custom PyTorch build",
     "defer_embedding_wgrad_compute": "deferred embedding wgrad needs gradient_accumulation_fusion",
@@ -91,7 +90,9 @@ class ModelParallelConfig:
     async_tensor_model_parallel_allreduce: bool = False
     """Deprecated Megatron switch; accepted and unused."""
     tp_comm_overlap: bool = False
-    """Userbuffer overlap of TP communication with GEMMs (Transformer Engine only)."""
+    """Overlap TP communication with GEMMs. Megatron: Transformer Engine userbuffers. gigatron:
+    under sequence parallelism, each column-parallel linear multiplies this rank's own rows
+    while the all-gather of the others runs (same numbers; no effect without SP)."""
     cross_entropy_loss_fusion: bool = False
     """Use the fused vocab-parallel cross entropy."""
     cross_entropy_fusion_impl: str = "native"

@@ -246,6 +246,7 @@ class ColumnParallelLinear(_ExtraStateMixin, torch.nn.Module):
             allreduce_dgrad=False if self.explicit_expert_comm else self.allreduce_dgrad,
             sequence_parallel=False if self.explicit_expert_comm else self.sequence_parallel,
             tp_group=self.tp_group,
+            tp_comm_overlap=bool(getattr(self.config, "tp_comm_overlap", False)),
         )  # [s, b, o/tp]
 
         if gather_output:
