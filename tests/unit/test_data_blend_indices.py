@@ -59,9 +59,9 @@ def lane_calls(monkeypatch):
     calls = []
     real = helpers._lane_choice
 
-    def spy(w, size):
+    def spy(w, size, *args):
         calls.append(size)
-        return real(w, size)
+        return real(w, size, *args)
 
     monkeypatch.setattr(helpers, "_lane_choice", spy)
     return calls
@@ -83,7 +83,7 @@ def test_lanes_repair_bad_guesses(monkeypatch, lane_calls):
     size = 3 * helpers._LANE_MIN_SIZE + 17
     want = _build_blending_indices_reference(weights, 4, size)
 
-    def bad_guess(w, steps):
+    def bad_guess(w, steps, taken):
         return numpy.tile(steps.astype(numpy.float64), (w.shape[0], 1))  # sums to D * s
 
     monkeypatch.setattr(helpers, "_guess_counts", bad_guess)
@@ -121,3 +121,64 @@ def test_lanes_equal_megatron_cpp():
         mcore_helpers.build_blending_indices(*want, w, k, size, False)
         numpy.testing.assert_array_equal(got[0], want[0], err_msg=str((trial, w, size)))
         numpy.testing.assert_array_equal(got[1], want[1], err_msg=str((trial, w, size)))
+
+
+def _build_exhaustive_blending_indices_reference(sizes):
+    """Megatron's exhaustive loop: the same rule over unspent datasets, weights sizes / total."""
+    n = [int(x) for x in sizes]
+    total = sum(n)
+    w = [x / float(total) for x in n]
+    counts = [0] * len(n)
+    unspent = [k for k in range(len(n)) if n[k] > 0]
+    dataset_index = numpy.empty(total, dtype=numpy.int16)
+    sample_index = numpy.empty(total, dtype=numpy.int64)
+    for i in range(total):
+        t = max(float(i), 1.0)
+        best, best_err = -1, -numpy.inf
+        for k in unspent:
+            err = w[k] * t - float(counts[k])
+            if err > best_err:
+                best, best_err = k, err
+        dataset_index[i] = best
+        sample_index[i] = counts[best]
+        counts[best] += 1
+        if counts[best] == n[best]:
+            unspent.remove(best)
+    return dataset_index, sample_index
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [30_000, 30_000, 30_000],  # ties, all spent at the very end
+        [1, 2, 3, 40_000],  # small datasets spent early: several phases
+        [20_000, 1, 25_000, 7],
+        [12_345, 23_456, 34_567, 5_678, 6_789],
+        [5, 9_000, 0, 9_000],  # an empty dataset never takes part
+    ],
+)
+def test_exhaustive_equals_sequential_rule(sizes, lane_calls):
+    total = sum(sizes)
+    got = (numpy.zeros(total, numpy.int16), numpy.zeros(total, numpy.int64))
+    helpers.build_exhaustive_blending_indices(*got, numpy.asarray(sizes, numpy.int64), len(sizes))
+    assert lane_calls  # at least the first phase ran in lanes
+    want = _build_exhaustive_blending_indices_reference(sizes)
+    numpy.testing.assert_array_equal(got[0], want[0])
+    numpy.testing.assert_array_equal(got[1], want[1])
+    assert numpy.bincount(got[0], minlength=len(sizes)).tolist() == list(sizes)
+
+
+@pytest.mark.skipif(mcore_helpers is None, reason="megatron-core's compiled helpers not importable")
+def test_exhaustive_equals_megatron_cpp():
+    rng = numpy.random.default_rng(6)
+    for trial in range(6):
+        k = int(rng.integers(3, 9))
+        sizes = rng.integers(1, 60_000, size=k).astype(numpy.int64)
+        sizes[0] = 1 + trial  # one nearly empty dataset: spent long before the end
+        total = int(sizes.sum())
+        got = (numpy.zeros(total, numpy.int16), numpy.zeros(total, numpy.int64))
+        want = (numpy.zeros(total, numpy.int16), numpy.zeros(total, numpy.int64))
+        helpers.build_exhaustive_blending_indices(*got, sizes, k)
+        mcore_helpers.build_exhaustive_blending_indices(*want, sizes, k)
+        numpy.testing.assert_array_equal(got[0], want[0], err_msg=str(sizes))
+        numpy.testing.assert_array_equal(got[1], want[1], err_msg=str(sizes))

@@ -7,7 +7,10 @@ lengths plus one `searchsorted` finds every boundary at once. The blending build
 Megatron's greedy "largest error first" rule (in float64, like the C++). That rule is sequential;
 for two datasets it has a closed form (dataset 0 takes step i iff its count <= w0 * i), which is
 used to predict whole blocks that are then checked against the float64 rule and repaired where
-rounding disagrees, so the result stays bit-identical. Three or more datasets run a Python loop.
+rounding disagrees, so the result stays bit-identical. Three or more datasets (and the exhaustive
+variant, one phase per set of unspent datasets) run in parallel "lanes" over time: see
+`_lane_choice`. Inputs where lanes would not pay (unnormalised or negative weights, NaN, short
+runs) take the plain loop, which is the reference.
 """
 
 from __future__ import annotations
@@ -93,9 +96,19 @@ def build_sample_idx(
 
 
 def _greedy_steps(
-    w: list[float], counts: list[int], begin: int, end: int, choice: numpy.ndarray
+    w: list[float],
+    counts: list[int],
+    begin: int,
+    end: int,
+    choice: numpy.ndarray,
+    offset: int = 0,
 ) -> None:
-    """Megatron's rule for steps [begin, end): argmax_k w_k * max(i, 1) - counts_k (ties: low k)."""
+    """Megatron's rule for steps [begin, end): argmax_k w_k * max(i, 1) - counts_k (ties: low k).
+
+    Step i is written to `choice[i - offset]`.
+    """
+    if offset:
+        choice = _Shifted(choice, offset)
     if len(w) > 12:  # many datasets: one NumPy argmax per step beats a Python loop over k
         _greedy_steps_numpy(w, counts, begin, end, choice)
         return
@@ -109,6 +122,16 @@ def _greedy_steps(
                 best, best_err = k, err
         choice[i] = best
         counts[best] += 1
+
+
+class _Shifted:
+    """`a[i - offset]` for `a[i]`: lets the step loops write a tail buffer by global step."""
+
+    def __init__(self, array: numpy.ndarray, offset: int) -> None:
+        self.array, self.offset = array, offset
+
+    def __setitem__(self, i: int, value: int) -> None:
+        self.array[i - self.offset] = value
 
 
 def _greedy_steps_numpy(
@@ -219,17 +242,18 @@ def _lane_steps(
         flat[best] += 1.0
 
 
-def _guess_counts(w: numpy.ndarray, steps: numpy.ndarray) -> numpy.ndarray:
+def _guess_counts(w: numpy.ndarray, steps: numpy.ndarray, taken: int) -> numpy.ndarray:
     """float64 `[D, P]` likely counts before each of `steps`: largest remainders of w * (s - 1).
 
     With weights summing to 1, dataset k's deficit w_k * s - c_k stays near [w_k - 1, w_k), which
-    is what w * (s - 1) rounded to a total of s gives; other sums are shifted to total s - 1 first.
+    is what w * (s - 1) rounded to a total of s gives. `taken` samples went to datasets outside
+    `w` (spent ones); the deficits then rise together, so all ideals shift by one amount.
     """
     num = w.shape[0]
     base = steps.astype(numpy.float64) - 1.0
-    ideal = w[:, None] * base + (1.0 - w.sum()) * base / num  # [D, P], sums to s - 1
+    ideal = w[:, None] * base + (base - taken - w.sum() * base) / num  # [D, P], sums to s-1-taken
     counts = numpy.floor(ideal)
-    short = numpy.clip(steps - counts.sum(axis=0), 0, num).astype(numpy.int64)  # [P]
+    short = numpy.clip(steps - taken - counts.sum(axis=0), 0, num).astype(numpy.int64)  # [P]
     order = numpy.argsort(counts - ideal, axis=0, kind="stable")  # largest remainder first
     rank = numpy.empty_like(order)
     numpy.put_along_axis(rank, order, numpy.arange(num)[:, None], axis=0)
@@ -246,18 +270,26 @@ def _lanes_merge(w: list[float]) -> bool:
     return min(w) >= 0.0 and abs(math.fsum(w) - 1.0) < 1e-6
 
 
-def _lane_choice(w: list[float], size: int) -> numpy.ndarray:
-    """int16 `[size]` choices of the greedy rule for any number of datasets, exact."""
+def _lane_choice(
+    w: list[float], size: int, begin: int = 0, counts0: list[int] | None = None
+) -> numpy.ndarray:
+    """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact.
+
+    `counts0` are the exact counts before step `begin` (zeros by default); samples of step
+    `begin` not in them went to datasets outside `w`.
+    """
     weights = numpy.asarray(w, dtype=numpy.float64)
+    counts0 = [0] * len(w) if counts0 is None else counts0
+    taken = begin - sum(counts0)
     length = max(256, -(-size // _LANE_TARGET))
     warm = length // 4
     lanes = max(1, -(-(size - warm) // length))
     buf = numpy.empty((warm + length, lanes), dtype=numpy.int16)  # [steps, lanes]
-    first = numpy.arange(lanes) * length  # global step of each lane's first simulated step
-    counts = _guess_counts(weights, first)
-    counts[:, 0] = 0.0
+    first = begin + numpy.arange(lanes) * length  # global step of each lane's first step
+    counts = _guess_counts(weights, first, taken)
+    counts[:, 0] = counts0
     _lane_steps(w, first.astype(numpy.float64), counts, warm, buf[:warm])
-    start = counts.copy()  # [D, P] counts at global step p*L + W
+    start = counts.copy()  # [D, P] counts at global step first + W
     _lane_steps(w, (first + warm).astype(numpy.float64), counts, length, buf[warm:])
     for _ in range(_LANE_MAX_PASSES):
         redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
@@ -276,9 +308,59 @@ def _lane_choice(w: list[float], size: int) -> numpy.ndarray:
     choice[warm + length :] = buf[warm:, 1:].T.reshape(-1)
     choice = choice[:size]
     if redo.size:  # lanes still disagree: finish with the plain loop from the last exact one
-        begin = int(first[redo[0]]) + warm
-        tail = [int(x) for x in counts[:, redo[0] - 1]]
-        _greedy_steps(w, tail, begin, size, choice)
+        lane = int(redo[0])
+        tail = [int(x) for x in counts[:, lane - 1]]
+        resume = int(first[lane]) + warm
+        _greedy_steps(w, tail, resume, begin + size, choice, offset=begin)
+    return choice
+
+
+def _exhaustive_steps(
+    w: list[float], n: list[int], counts: list[int], begin: int, choice: numpy.ndarray
+) -> None:
+    """Megatron's exhaustive rule from step `begin` (exact `counts`) to the end of `choice`."""
+    unspent = [k for k in range(len(n)) if counts[k] < n[k]]
+    for i in range(begin, choice.shape[0]):
+        t = float(i) if i > 1 else 1.0
+        best, best_err = -1, -math.inf
+        for k in unspent:
+            err = w[k] * t - counts[k]
+            if err > best_err:
+                best, best_err = k, err
+        choice[i] = best
+        counts[best] += 1
+        if counts[best] == n[best]:
+            unspent.remove(best)
+
+
+def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
+    """int16 `[sum(n)]` choices of the exhaustive rule: lanes per set of unspent datasets.
+
+    While no dataset is spent the rule is the plain greedy one over the unspent datasets, so each
+    phase runs lanes over all remaining steps and keeps them up to the step that spends one.
+    """
+    total = sum(n)
+    w = [x / float(total) for x in n]
+    choice = numpy.empty(total, dtype=numpy.int16)
+    counts = [0] * len(n)
+    begin = 0
+    while begin < total:
+        active = [k for k in range(len(n)) if counts[k] < n[k]]
+        if total - begin < _LANE_MIN_SIZE or len(active) < 2:
+            _exhaustive_steps(w, n, counts, begin, choice)
+            break
+        now = [counts[k] for k in active]
+        local = _lane_choice([w[k] for k in active], total - begin, begin, now)
+        stop = total - begin  # steps of this phase: up to and including the first spend
+        for a, k in enumerate(active):
+            hits = numpy.flatnonzero(local == a)
+            if hits.size >= n[k] - counts[k]:
+                stop = min(stop, int(hits[n[k] - counts[k] - 1]) + 1)
+        phase = numpy.asarray(active, dtype=numpy.int16)[local[:stop]]
+        choice[begin : begin + stop] = phase
+        for k, c in enumerate(numpy.bincount(phase, minlength=len(n))):
+            counts[k] += int(c)
+        begin += stop
     return choice
 
 
@@ -345,18 +427,5 @@ def build_exhaustive_blending_indices(
                     rest[:] = 1 - k
                     break
     else:
-        choice = numpy.empty(total, dtype=numpy.int16)
-        counts = [0] * num_datasets
-        unspent = [k for k in range(num_datasets) if n[k] > 0]
-        for i in range(total):
-            t = float(i) if i > 1 else 1.0
-            best, best_err = -1, -math.inf
-            for k in unspent:
-                err = w[k] * t - counts[k]
-                if err > best_err:
-                    best, best_err = k, err
-            choice[i] = best
-            counts[best] += 1
-            if counts[best] == n[best]:
-                unspent.remove(best)
+        choice = _exhaustive_choice(n)
     _fill_sample_index(choice, num_datasets, dataset_index, dataset_sample_index)
