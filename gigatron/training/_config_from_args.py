@@ -58,6 +58,8 @@ def core_transformer_config_from_args(args, config_class=None):
         pipeline_dtype=args.params_dtype,
         use_cpu_initialization=True,
         transformer_impl="local",
+        cross_entropy_loss_fusion=args.cross_entropy_loss_fusion,
+        tp_comm_overlap=args.tp_comm_overlap,
     )
     if args.num_experts:
         kw.update(

@@ -102,6 +102,7 @@ def _parallel_args(p):
     _add(g, "--expert-model-parallel-size", int, 1, "EP size")
     _add(g, "--expert-tensor-parallel-size", int, None, "TP size inside experts")
     _add(g, "--sequence-parallel", bool, help_="sequence parallelism (needs TP > 1)")
+    _add(g, "--tp-comm-overlap", bool, help_="overlap the SP all-gather with GEMMs (gigatron's)")
     _add(g, "--use-distributed-optimizer", bool, help_="shard optimizer state over DP")
     _add(g, "--overlap-grad-reduce", bool, help_="reduce gradients during backward")
     _add(g, "--overlap-param-gather", bool, help_="gather parameters during forward")
@@ -149,6 +150,23 @@ def _training_args(p):
     _add(g, "--recompute-method", str, None, "uniform | block", choices=["uniform", "block"])
     _add(g, "--recompute-num-layers", int, None, "layers recomputed")
     _add(g, "--calculate-per-token-loss", bool, help_="average the loss over all tokens of a step")
+    _add(g, "--cross-entropy-loss-fusion", bool, help_="output layer + cross entropy in chunks")
+    _add(
+        g,
+        "--cross-entropy-fusion-impl",
+        str,
+        "native",
+        "native (gigatron's chunked kernel; 'te' needs Transformer Engine)",
+        choices=["native"],
+    )
+    _add(
+        g,
+        "--torch-compile",
+        str,
+        "none",
+        "gigatron addition: 'layers' compiles every TransformerLayer with torch.compile",
+        choices=["none", "layers"],
+    )
     _add(
         g,
         "--skip-nan-steps",

@@ -68,6 +68,11 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
             chunk.to(device)
         if args.params_dtype != torch.float32:
             chunk.to(args.params_dtype)
+    if getattr(args, "torch_compile", "none") == "layers":
+        from gigatron.core.transformer._compile import compile_transformer_layers
+
+        for chunk in chunks:
+            compile_transformer_layers(chunk)
     num_params = sum(p.numel() for c in chunks for p in c.parameters())
     print_rank_0(f" > number of parameters on (tp, pp) rank (0, 0): {num_params}")
     if not wrap_with_ddp:

@@ -1,0 +1,55 @@
+"""The training entry's fast-path flags keep the numbers: `--cross-entropy-loss-fusion`
+(chunked output layer + cross entropy), `--tp-comm-overlap` (SP all-gather overlapped with
+GEMMs) and gigatron's `--torch-compile layers`, each against the same run without it."""
+
+import shutil
+
+import pytest
+
+from gigatron.testing import run_distributed
+from tests.dist.test_training_loop import ARGS, _reset_globals
+
+
+def _losses(extra):
+    from gigatron.core.transformer.transformer_layer import TransformerLayer
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.training import pretrain
+
+    _reset_globals()
+    result = pretrain(
+        pretrain_gpt.train_valid_test_datasets_provider,
+        pretrain_gpt.model_provider,
+        None,
+        pretrain_gpt.forward_step,
+        argv=ARGS + ["--train-iters", "4", "--seed", "5"] + extra,
+    )
+    layers = [m for m in result["model"][0].modules() if isinstance(m, TransformerLayer)]
+    compiled = all(layer._compiled_call_impl is not None for layer in layers)
+    cfg = result["model"][0].module.config
+    losses = [h["losses"]["lm loss"] for h in result["history"]]
+    return losses, compiled, (cfg.cross_entropy_loss_fusion, cfg.tp_comm_overlap)
+
+
+def _close(a, b, tol):
+    return all(abs(x - y) <= tol * max(1.0, abs(y)) for x, y in zip(a, b, strict=True))
+
+
+def test_ce_fusion_and_tp_comm_overlap_match_the_plain_run_at_tp2_sp():
+    tp = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
+    plain = run_distributed(_losses, 2, args=(tp,), timeout=300)
+    fast = ["--cross-entropy-loss-fusion", "--tp-comm-overlap"]
+    fused = run_distributed(_losses, 2, args=(tp + fast,), timeout=300)
+    for (a, _, flags), (b, _, plain_flags) in zip(fused, plain):
+        assert flags == (True, True) and plain_flags == (False, False)
+        assert len(a) == 4 and _close(a, b, 1e-6), (a, b)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler")  # fmt: skip
+def test_torch_compile_layers_matches_eager():
+    ((eager, was_compiled, _),) = run_distributed(_losses, 1, args=([],), timeout=300)
+    ((compiled, is_compiled, _),) = run_distributed(
+        _losses, 1, args=(["--torch-compile", "layers"],), timeout=600
+    )
+    assert not was_compiled and is_compiled
+    assert _close(compiled, eager, 1e-5), (compiled, eager)
