@@ -44,8 +44,9 @@ def compile_transformer_layers(
 ) -> int:
     """Compile every TransformerLayer inside `model` in place; returns how many were compiled.
 
-    `fullgraph=True` makes a graph break an error instead of a silent slow path; pass False for
-    layouts whose collectives dynamo cannot trace (then each piece between breaks is compiled).
+    `fullgraph=True` makes a graph break an error instead of a silent slow path (TP/SP
+    collectives are traced as functional collectives, so this holds under TP too); False
+    compiles each piece between breaks.
     `mode` is torch.compile's (None, "max-autotune-no-cudagraphs", ...); `options` are Inductor
     options (e.g. {"coordinate_descent_tuning": True}); give one or the other.
     """
