@@ -78,7 +78,8 @@ def test_lanes_equal_sequential_rule(weights, lane_calls):
 
 
 def test_lanes_repair_bad_guesses(monkeypatch, lane_calls):
-    """Garbage start counts: every lane disagrees, the passes and the final loop still agree."""
+    """Garbage start counts: every lane disagrees; side-by-side reruns, the one-by-one sweep
+    with the plain loop, and both together still give the sequential rule's arrays."""
     weights = numpy.array([0.2, 0.3, 0.1, 0.4])
     size = 3 * helpers._LANE_MIN_SIZE + 17
     want = _build_blending_indices_reference(weights, 4, size)
@@ -87,12 +88,13 @@ def test_lanes_repair_bad_guesses(monkeypatch, lane_calls):
         return numpy.tile(steps.astype(numpy.float64), (w.shape[0], 1))  # sums to D * s
 
     monkeypatch.setattr(helpers, "_guess_counts", bad_guess)
-    for max_passes in (1, 3, 1000):
+    for max_passes, sweep in ((0, 32), (1, 32), (1000, 0), (2, 10**6)):
         monkeypatch.setattr(helpers, "_LANE_MAX_PASSES", max_passes)
+        monkeypatch.setattr(helpers, "_LANE_SWEEP", sweep)
         got = _gigatron(weights, size)
         numpy.testing.assert_array_equal(got[0], want[0], err_msg=str(max_passes))
         numpy.testing.assert_array_equal(got[1], want[1], err_msg=str(max_passes))
-    assert len(lane_calls) == 3
+    assert len(lane_calls) == 4
 
 
 @pytest.mark.parametrize(

@@ -202,7 +202,8 @@ def _two_way_choice(w0: float, w1: float, size: int) -> numpy.ndarray:
 # every lane agrees, so the result is the sequential rule's, step for step, in float64.
 _LANE_MIN_SIZE = 1 << 13  # below this the Python loop is as fast
 _LANE_TARGET = 8192  # lanes per op: large enough that NumPy's per-call cost is amortised
-_LANE_MAX_PASSES = 24  # then finish sequentially (only for inputs that never merge, e.g. w < 0)
+_LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there are many of them
+_LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
 
 
 def _lane_steps(
@@ -280,20 +281,19 @@ def _lane_choice(
     """
     weights = numpy.asarray(w, dtype=numpy.float64)
     counts0 = [0] * len(w) if counts0 is None else counts0
-    taken = begin - sum(counts0)
     length = max(256, -(-size // _LANE_TARGET))
     warm = length // 4
     lanes = max(1, -(-(size - warm) // length))
     buf = numpy.empty((warm + length, lanes), dtype=numpy.int16)  # [steps, lanes]
     first = begin + numpy.arange(lanes) * length  # global step of each lane's first step
-    counts = _guess_counts(weights, first, taken)
+    counts = _guess_counts(weights, first, begin - sum(counts0))  # [D, P]
     counts[:, 0] = counts0
     _lane_steps(w, first.astype(numpy.float64), counts, warm, buf[:warm])
     start = counts.copy()  # [D, P] counts at global step first + W
     _lane_steps(w, (first + warm).astype(numpy.float64), counts, length, buf[warm:])
-    for _ in range(_LANE_MAX_PASSES):
+    for _ in range(_LANE_MAX_PASSES):  # many lanes disagree: run them again side by side
         redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
-        if redo.size == 0:
+        if redo.size == 0 or redo.size < _LANE_SWEEP:
             break
         start[:, redo] = counts[:, redo - 1]
         fixed = start[:, redo].copy()
@@ -301,18 +301,45 @@ def _lane_choice(
         _lane_steps(w, (first[redo] + warm).astype(numpy.float64), fixed, length, part)
         buf[warm:, redo] = part
         counts[:, redo] = fixed
-    else:
-        redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
+    _sweep_lanes(w, first + warm, start, counts, buf[warm:])
     choice = numpy.empty(warm + lanes * length, dtype=numpy.int16)
     choice[: warm + length] = buf[:, 0]
     choice[warm + length :] = buf[warm:, 1:].T.reshape(-1)
-    choice = choice[:size]
-    if redo.size:  # lanes still disagree: finish with the plain loop from the last exact one
-        lane = int(redo[0])
-        tail = [int(x) for x in counts[:, lane - 1]]
-        resume = int(first[lane]) + warm
-        _greedy_steps(w, tail, resume, begin + size, choice, offset=begin)
-    return choice
+    return choice[:size]
+
+
+def _sweep_lanes(
+    w: list[float],
+    begin: numpy.ndarray,
+    start: numpy.ndarray,
+    counts: numpy.ndarray,
+    out: numpy.ndarray,
+) -> None:
+    """Make every lane agree with its predecessor, in order, rerunning lanes with the plain loop.
+
+    Args:
+        begin: int `[P]` global step where each lane's kept steps start.
+        start, counts: float64 `[D, P]` counts of each lane at its kept steps' start and end.
+        out: int16 `[L, P]` the lanes' kept steps (rerun lanes are rewritten).
+    """
+    length, lanes = out.shape
+    todo = list(1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0)))
+    todo.reverse()
+    while todo:
+        lane = int(todo.pop())
+        while True:
+            exact = [int(x) for x in counts[:, lane - 1]]
+            start[:, lane] = exact
+            column = numpy.empty(length, dtype=numpy.int16)
+            step = int(begin[lane])
+            _greedy_steps(w, exact, step, step + length, column, offset=step)
+            out[:, lane] = column
+            counts[:, lane] = exact
+            lane += 1  # the next lane now starts from new counts: check it again
+            if todo and todo[-1] == lane:
+                todo.pop()
+            if lane == lanes or (start[:, lane] == counts[:, lane - 1]).all():
+                break
 
 
 def _exhaustive_steps(
@@ -336,22 +363,25 @@ def _exhaustive_steps(
 def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
     """int16 `[sum(n)]` choices of the exhaustive rule: lanes per set of unspent datasets.
 
-    While no dataset is spent the rule is the plain greedy one over the unspent datasets, so each
-    phase runs lanes over all remaining steps and keeps them up to the step that spends one.
+    While no dataset is spent the rule is the plain greedy one over the unspent datasets, so
+    lanes run a chunk of steps from the exact counts and keep it up to the step that spends a
+    dataset, if any. Chunks double while nothing is spent (a dataset of a few samples may be spent
+    early, the others near the end), so the steps past a spend that are thrown away stay few.
     """
     total = sum(n)
     w = [x / float(total) for x in n]
     choice = numpy.empty(total, dtype=numpy.int16)
     counts = [0] * len(n)
-    begin = 0
+    begin, span = 0, 8 * _LANE_MIN_SIZE
     while begin < total:
         active = [k for k in range(len(n)) if counts[k] < n[k]]
         if total - begin < _LANE_MIN_SIZE or len(active) < 2:
             _exhaustive_steps(w, n, counts, begin, choice)
             break
+        size = min(total - begin, span)
         now = [counts[k] for k in active]
-        local = _lane_choice([w[k] for k in active], total - begin, begin, now)
-        stop = total - begin  # steps of this phase: up to and including the first spend
+        local = _lane_choice([w[k] for k in active], size, begin, now)
+        stop = size  # steps kept: up to and including the first spend
         for a, k in enumerate(active):
             hits = numpy.flatnonzero(local == a)
             if hits.size >= n[k] - counts[k]:
@@ -361,6 +391,7 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
         for k, c in enumerate(numpy.bincount(phase, minlength=len(n))):
             counts[k] += int(c)
         begin += stop
+        span = max(8 * _LANE_MIN_SIZE, 2 * stop)
     return choice
 
 
