@@ -200,7 +200,7 @@ def _two_way_choice(w0: float, w1: float, size: int) -> numpy.ndarray:
 # exact when its counts after the warm-up equal the previous lane's final counts (lane 0 starts
 # exactly at zero); lanes that disagree are run again from their neighbour's final counts until
 # every lane agrees, so the result is the sequential rule's, step for step, in float64.
-_LANE_MIN_SIZE = 1 << 13  # below this the Python loop is as fast
+_LANE_MIN_SIZE = 1 << 14  # below this the Python loop is as fast
 _LANE_TARGET = 8192  # lanes per op: large enough that NumPy's per-call cost is amortised
 _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there are many of them
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
@@ -282,7 +282,7 @@ def _lane_choice(
     weights = numpy.asarray(w, dtype=numpy.float64)
     counts0 = [0] * len(w) if counts0 is None else counts0
     length = max(256, -(-size // _LANE_TARGET))
-    warm = length // 4
+    warm = length // 8
     lanes = max(1, -(-(size - warm) // length))
     buf = numpy.empty((warm + length, lanes), dtype=numpy.int16)  # [steps, lanes]
     first = begin + numpy.arange(lanes) * length  # global step of each lane's first step
