@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _bench_layouts
 
 from gigatron.training.flops import flops_per_token  # noqa: E402
 
@@ -73,19 +74,29 @@ CONFIGS = {
 }
 
 
-def build_model(shape: dict, a):
-    """gigatron GPTModel in bf16 (fp32 on CPU) with tied embeddings, no dropout."""
+def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=None, config=None):
+    """gigatron GPTModel in bf16 (fp32 on CPU) with tied embeddings, no dropout; this stage's
+    chunk (`pre_process` / `post_process` / `vp_stage`) under PP. `config`: reuse this
+    TransformerConfig (the other chunks of a VPP rank). Returns (model, config)."""
     from gigatron.core.models.gpt import GPTModel
     from gigatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_fast_spec,
         get_gpt_layer_local_spec,
     )
-    from gigatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from gigatron.core.transformer.transformer_config import TransformerConfig
 
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     swiglu = shape.get("swiglu", False)
-    cfg = TransformerConfig(
+    layout = {}  # only non-default fields, so the DP / TP config is the one of earlier reports
+    if a.pp > 1:
+        layout.update(pipeline_model_parallel_size=a.pp, virtual_pipeline_model_parallel_size=a.vpp)
+    if a.cp > 1:
+        layout.update(context_parallel_size=a.cp, cp_comm_type=a.cp_comm_type)
+    if a.init == "invariant":
+        layout["use_cpu_initialization"] = True
+    if _layout_path(a):
+        layout["cross_entropy_loss_fusion"] = a.ce == "chunked"  # GPTModel's chunked CE
+    cfg = config or TransformerConfig(
         num_layers=shape["layers"],
         hidden_size=shape["hidden"],
         num_attention_heads=shape["heads"],
@@ -102,20 +113,39 @@ def build_model(shape: dict, a):
         gated_linear_unit=swiglu,
         activation_func=F.silu if swiglu else F.gelu,
         add_bias_linear=shape.get("bias", True),
+        **layout,
     )
-    torch.manual_seed(1234)
-    model_parallel_cuda_manual_seed(1234)
     spec = (get_gpt_layer_fast_spec if a.spec == "fast" else get_gpt_layer_local_spec)()
+    stage = {} if vp_stage is None else {"vp_stage": vp_stage}
     with torch.device(a.device):
         model = GPTModel(
             config=cfg,
             transformer_layer_spec=spec,
             vocab_size=shape["vocab"],
             max_sequence_length=shape["seq"],
+            pre_process=pre_process,
+            post_process=post_process,
             share_embeddings_and_output_weights=True,
             position_embedding_type="rope" if shape.get("rope") else "learned_absolute",
+            **stage,
         )
     return model.to(device=a.device, dtype=dtype), cfg
+
+
+def _seed(a) -> None:
+    """Seed 1234 for the weights. `--init invariant`: every component draws from a CPU stream
+    seeded by (1234, its name), so any TP x PP x VPP x CP layout starts from the one-rank model."""
+    from gigatron.core._init_rng import set_layout_invariant_init_seed
+    from gigatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    torch.manual_seed(1234)
+    model_parallel_cuda_manual_seed(1234)
+    set_layout_invariant_init_seed(1234 if a.init == "invariant" else None)
+
+
+def _layout_path(a) -> bool:
+    """PP, CP or several micro-batches: the step runs through the pipeline schedule."""
+    return a.pp > 1 or a.cp > 1 or a.num_microbatches > 1
 
 
 def gpt_loss(model, tokens, pos, labels, *, chunked: bool, recompute: bool = False):
@@ -172,6 +202,20 @@ def _args(argv=None):
     p.add_argument("--sdpa", default=None, help="comma list, e.g. cudnn,flash ('default': torch)")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallelism (TP > 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (1F1B schedule)")
+    p.add_argument("--vpp", type=int, default=None, help="model chunks per stage (interleaved)")
+    p.add_argument("--cp", type=int, default=1, help="context parallelism (sequence split)")
+    p.add_argument("--cp-comm-type", default="p2p", choices=["p2p", "all_gather", "a2a"])
+    p.add_argument(
+        "--num-microbatches", type=int, default=None, help="per step; default 2*pp (pp > 1), else 1"
+    )
+    p.add_argument("--num-layers", type=int, default=None, help="override the config's layers")
+    p.add_argument(
+        "--init",
+        choices=["auto", "invariant", "device"],
+        default="auto",
+        help="invariant: layout-invariant CPU init (same model in any layout); auto: on CPU",
+    )
     p.add_argument("--ddp", choices=["auto", "on", "off"], default="auto", help="auto: DP > 1")
     p.add_argument("--overlap-grad-reduce", action="store_true")
     p.add_argument(
@@ -199,7 +243,27 @@ def _args(argv=None):
     a.ce = a.ce or ("chunked" if fast else "plain")
     if a.sdpa is None:
         a.sdpa = "cudnn,flash,efficient" if fast and a.device == "cuda" else "default"
+    if a.num_microbatches is None:
+        a.num_microbatches = 2 * a.pp if a.pp > 1 else 1
+    if a.init == "auto":
+        a.init = "invariant" if a.device == "cpu" else "device"
+    _check_layout_args(a)
     return a
+
+
+def _check_layout_args(a) -> None:
+    """Flag combinations the pipeline / CP step does not run (bench_gpt.py)."""
+    for name in ("tp", "pp", "cp", "num_microbatches", "steps"):
+        if getattr(a, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} ({getattr(a, name)}) must be >= 1")
+    if a.vpp is not None and (a.pp < 2 or a.vpp < 2):
+        raise ValueError(f"--vpp ({a.vpp}) needs --pp >= 2 and --vpp >= 2 (bench_gpt.py)")
+    if _layout_path(a) and a.compile == "model":
+        raise ValueError("--compile model works only with pp = cp = num_microbatches = 1")
+    if _layout_path(a) and a.ddp == "off":
+        raise ValueError("--ddp off works only with pp = cp = num_microbatches = 1 (bench_gpt.py)")
+    if _layout_path(a) and a.ce == "chunked-recompute":
+        raise ValueError("--ce chunked-recompute works only with pp = cp = num_microbatches = 1")
 
 
 def _init_dist(device: str) -> tuple[int, int]:
@@ -282,17 +346,22 @@ def _host_syncs(step) -> list[str]:
 
 
 def _time(step, a, device):
+    """(seconds per timed step, warm-up seconds, loss of the first step, of the last step);
+    the losses as the step returned them (the first one copied: CUDA graphs reuse outputs)."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    first = None
     t0 = time.perf_counter()
     for _ in range(a.warmup):
-        step()
+        loss = step()
+        first = loss.detach().clone() if first is None else first
     sync()
     warm_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(a.steps):
         loss = step()
+        first = loss.detach().clone() if first is None else first
     sync()
-    return (time.perf_counter() - t0) / a.steps, warm_s, float(loss.detach())
+    return (time.perf_counter() - t0) / a.steps, warm_s, first, loss
 
 
 def _category(name: str) -> str:
@@ -373,51 +442,112 @@ def profile_step(step, path: str | None, iter_s: float, n: int = 3) -> dict:
     return summary
 
 
-def main(argv=None) -> dict:
-    a = _args(argv)
-    rank, world = _init_dist(a.device)
-    if world % a.tp != 0:
-        raise ValueError(f"--tp ({a.tp}) must divide the world size ({world})")
-    from gigatron.core import parallel_state
-    from gigatron.core.transformer._compile import compile_transformer_layers, sdpa_backends
+def _ddp_config(a):
+    from gigatron.core.distributed import DistributedDataParallelConfig
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=a.tp)
-    dp = world // a.tp
-    shape = dict(CONFIGS[a.config])
-    if a.micro_batch_size:
-        shape["mbs"] = a.micro_batch_size
+    return DistributedDataParallelConfig(
+        overlap_grad_reduce=a.overlap_grad_reduce,
+        average_in_collective=True,  # NCCL AVG: no separate 1/dp pass over the grads
+        bucket_size=a.bucket_size,
+    )
+
+
+def _compile_layers(a, chunks) -> None:
+    from gigatron.core.transformer._compile import compile_transformer_layers
+
+    if a.compile != "layers":
+        return
+    fullgraph = a.fullgraph != "off"
+    options = {"coordinate_descent_tuning": True} if a.inductor_tuning else None
+    for chunk in chunks:
+        compile_transformer_layers(chunk, fullgraph=fullgraph, mode=a.compile_mode, options=options)
+
+
+def _plain_step(a, shape, dp, batch, sdpa_ctx):
+    """One model, loss.backward(), DDP when DP > 1: the DP / TP ± SP step of earlier reports."""
     model, cfg = build_model(shape, a)
     use_ddp = a.ddp == "on" or (a.ddp == "auto" and dp > 1)
     ddp = None
     if use_ddp:
-        from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from gigatron.core.distributed import DistributedDataParallel
 
-        ddp_cfg = DistributedDataParallelConfig(
-            overlap_grad_reduce=a.overlap_grad_reduce,
-            average_in_collective=True,  # NCCL AVG: no separate 1/dp pass over the grads
-            bucket_size=a.bucket_size,
+        ddp = DistributedDataParallel(cfg, _ddp_config(a), model)
+    _compile_layers(a, [model])
+    opt = _optimizer(a, [p for p in model.parameters() if p.requires_grad])
+    return _Step(a, model, ddp, opt, batch, sdpa_ctx), use_ddp
+
+
+def _layout_step(a, shape, batch, sdpa_ctx):
+    """PP / VPP / CP / several micro-batches: DDP-wrapped chunk(s) through the schedule."""
+    from _bench_layouts import PipelineStep, build_chunks, cp_batch, wrap_ddp
+
+    chunks, cfg = build_chunks(build_model, shape, a)
+    chunks = wrap_ddp(chunks, cfg, _ddp_config(a))
+    _compile_layers(a, chunks)
+    opt = _optimizer(a, [p for c in chunks for p in c.parameters() if p.requires_grad])
+    tokens, pos, labels = batch
+    return PipelineStep(
+        chunks,
+        opt,
+        cp_batch(tokens, labels, pos),
+        sdpa_ctx,
+        num_microbatches=a.num_microbatches,
+        seq=shape["seq"],
+        mbs=shape["mbs"],
+    )
+
+
+def main(argv=None) -> dict:
+    a = _args(argv)
+    rank, world = _init_dist(a.device)
+    model_parallel = a.tp * a.pp * a.cp
+    if world % model_parallel != 0:
+        raise ValueError(
+            f"--tp x --pp x --cp ({a.tp} x {a.pp} x {a.cp}) must divide the world size ({world})"
         )
-        ddp = DistributedDataParallel(cfg, ddp_cfg, model)
-    if a.compile == "layers":
-        fullgraph = a.fullgraph != "off"
-        options = {"coordinate_descent_tuning": True} if a.inductor_tuning else None
-        compile_transformer_layers(model, fullgraph=fullgraph, mode=a.compile_mode, options=options)
+    from gigatron.core import parallel_state
+    from gigatron.core.transformer._compile import sdpa_backends
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=a.tp,
+        pipeline_model_parallel_size=a.pp,
+        virtual_pipeline_model_parallel_size=a.vpp,
+        context_parallel_size=a.cp,
+    )
+    dp = world // model_parallel
+    shape = dict(CONFIGS[a.config])
+    if a.micro_batch_size:
+        shape["mbs"] = a.micro_batch_size
+    if a.num_layers:
+        shape["layers"] = a.num_layers
     if a.no_input_checks:
         from gigatron.core.models.common.embeddings import language_model_embedding
 
         language_model_embedding.CHECK_INPUT_IDS = False
-    opt = _optimizer(a, [p for p in model.parameters() if p.requires_grad])
+    _seed(a)
     dev = torch.device(a.device, torch.cuda.current_device() if a.device == "cuda" else None)
     g = torch.Generator(device=dev).manual_seed(1234 + parallel_state.get_data_parallel_rank())
     b, s, vocab = shape["mbs"], shape["seq"], shape["vocab"]
-    tokens = torch.randint(0, vocab, (b, s), device=dev, generator=g)
+    tokens = torch.randint(0, vocab, (b, s), device=dev, generator=g)  # [b, s], the full sequence
     labels = torch.randint(0, vocab, (b, s), device=dev, generator=g)
     pos = torch.arange(s, device=dev).unsqueeze(0).expand(b, s)
     sdpa = None if a.sdpa == "default" else a.sdpa.split(",")
-    step = _Step(a, model, ddp, opt, (tokens, pos, labels), lambda: sdpa_backends(sdpa))
+    sdpa_ctx = lambda: sdpa_backends(sdpa)  # noqa: E731
+    if _layout_path(a):
+        from _bench_layouts import report_loss
+
+        step, use_ddp, to_float = (
+            _layout_step(a, shape, (tokens, pos, labels), sdpa_ctx),
+            True,
+            report_loss,
+        )
+    else:
+        step, use_ddp = _plain_step(a, shape, dp, (tokens, pos, labels), sdpa_ctx)
+        to_float = lambda loss: float(loss.detach())  # noqa: E731  (rank 0's own loss)
     if a.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    dt, warm_s, loss = _time(step, a, a.device)
+    dt, warm_s, first_loss, loss = _time(step, a, a.device)
+    first_loss, loss = to_float(first_loss), to_float(loss)
     per_token = flops_per_token(
         num_layers=shape["layers"],
         hidden_size=shape["hidden"],
@@ -428,7 +558,7 @@ def main(argv=None) -> dict:
         ffn_hidden_size=shape.get("ffn"),
         gated_linear_unit=shape.get("swiglu", False),
     )
-    tokens_per_step = b * s * dp
+    tokens_per_step = b * s * a.num_microbatches * dp  # global tokens (whole sequences under CP)
     tflops = per_token * tokens_per_step / dt / world / 1e12
     result = {
         "impl": "gigatron-" + (a.label or a.impl),
@@ -448,6 +578,13 @@ def main(argv=None) -> dict:
         else None,
         "loss": round(loss, 4),
         "warmup_s": round(warm_s, 1),
+        "pp": a.pp,
+        "vpp": a.vpp,
+        "cp": a.cp,
+        "cp_comm_type": a.cp_comm_type if a.cp > 1 else None,
+        "num_microbatches": a.num_microbatches,
+        "first_loss": first_loss,
+        "init": a.init,
         "switches": {
             "spec": a.spec,
             "compile": a.compile,
