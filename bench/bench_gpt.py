@@ -4,6 +4,8 @@
     python bench/bench_gpt.py --config gpt-1.3b --impl plain          # local spec, eager
     torchrun --nproc-per-node 2 bench/bench_gpt.py --config gpt-1.3b --tp 2 --sp
     torchrun --nproc-per-node 2 bench/bench_gpt.py --config gpt-125m --overlap-grad-reduce
+    torchrun --nproc-per-node 2 bench/bench_gpt.py --config gpt-1.3b --pp 2 --num-microbatches 8
+    torchrun --nproc-per-node 2 bench/bench_gpt.py --config llama-1b --cp 2 --cp-comm-type a2a
     python bench/bench_gpt.py --config tiny --device cpu               # harness check on CPU
 
 Timed like the anchors in bench/anchors (copies of shared/bench/anchors): random tokens, bf16
@@ -13,6 +15,9 @@ MFU against 989 TFLOP/s. The last line on rank 0 is `RESULT {json}`.
 
 `--impl fast` = SDPA spec + compiled layers + chunked cross entropy + cuDNN-first SDPA;
 `--impl plain` = local spec, eager, plain cross entropy. Each switch can be overridden.
+PP / VPP / CP / several micro-batches run the Megatron train step through the pipeline schedule
+(bench/_bench_layouts.py); tokens/s counts micro_batch * seq * num_microbatches * dp.
+`--init invariant` (the CPU default) gives every layout the one-rank model: equal `first_loss`.
 """
 
 from __future__ import annotations
@@ -185,7 +190,8 @@ def _args(argv=None):
         "--fullgraph",
         choices=["auto", "on", "off"],
         default="auto",
-        help="layer compile without graph breaks; auto: on (TP/SP collectives are traced)",
+        help="layer compile without graph breaks; auto: on (TP/SP collectives are traced), off "
+        "for --cp with p2p (ring attention's send/recv break the graph)",
     )
     p.add_argument("--inductor-tuning", action="store_true", help="coordinate-descent tuning")
     p.add_argument(
@@ -259,7 +265,9 @@ def _check_layout_args(a) -> None:
     if a.vpp is not None and (a.pp < 2 or a.vpp < 2):
         raise ValueError(f"--vpp ({a.vpp}) needs --pp >= 2 and --vpp >= 2 (bench_gpt.py)")
     if _layout_path(a) and a.compile == "model":
-        raise ValueError("--compile model works only with pp = cp = num_microbatches = 1")
+        raise ValueError(
+            "--compile model works only with pp = cp = num_microbatches = 1 (bench_gpt.py)"
+        )
     if _layout_path(a) and a.ddp == "off":
         raise ValueError("--ddp off works only with pp = cp = num_microbatches = 1 (bench_gpt.py)")
     if _layout_path(a) and a.ce == "chunked-recompute":
@@ -457,7 +465,9 @@ def _compile_layers(a, chunks) -> None:
 
     if a.compile != "layers":
         return
-    fullgraph = a.fullgraph != "off"
+    # auto: on, except CP's p2p ring attention (dynamo cannot trace P2POp: eager between breaks)
+    ring = a.cp > 1 and a.cp_comm_type == "p2p"
+    fullgraph = a.fullgraph == "on" or (a.fullgraph == "auto" and not ring)
     options = {"coordinate_descent_tuning": True} if a.inductor_tuning else None
     for chunk in chunks:
         compile_transformer_layers(chunk, fullgraph=fullgraph, mode=a.compile_mode, options=options)
