@@ -15,16 +15,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--config", "tiny", "--device", "cpu", "--warmup", "1", "--steps", "1"]
 
 
-def _bench(nproc: int, *args: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # CPU ranks over gloo
+def _bench(nproc: int, *args: str, gpu: bool = False, timeout: int = 120) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks over gloo
+    common = ["--config", "tiny", "--warmup", "1", "--steps", "1"] if gpu else COMMON
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "bench/bench_gpt.py", *COMMON, *args]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+           f"--nproc-per-node={nproc}", "bench/bench_gpt.py", *common, *args]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert len(lines) == 1, proc.stdout[-4000:]  # rank 0 only
@@ -81,3 +85,16 @@ def test_tensor_and_pipeline_parallel_matches_one_rank(one_rank):
     r = _bench(4, "--tp", "2", "--pp", "2")
     assert (r["gpus"], r["tp"], r["pp"], r["dp"], r["num_microbatches"]) == (4, 2, 2, 1, 4)
     _same_losses(r, one_rank)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+@pytest.mark.timeout(900)
+def test_pp_and_cp_on_two_gpus():
+    """The fast path (bf16, compiled layers) in PP and CP on GPUs; same init as one GPU."""
+    reference = _bench(1, "--init", "invariant", gpu=True, timeout=300)
+    for args in (["--pp", "2"], ["--pp", "2", "--vpp", "2", "--num-layers", "4"], ["--cp", "2"]):
+        r = _bench(2, "--init", "invariant", *args, gpu=True, timeout=300)
+        assert r["gpus"] == 2 and r["tokens_per_s"] > 0, r
+        if "--num-layers" not in args:  # bf16: equal up to rounding
+            assert r["first_loss"] == pytest.approx(reference["first_loss"], rel=2e-2), args
