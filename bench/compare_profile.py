@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "anchors"))
 
-from bench_gpt import profile_step  # noqa: E402
+from _bench_profile import profile_step  # noqa: E402
 
 
 def _anchor_namespace() -> dict:
