@@ -164,8 +164,9 @@ def _training_args(p):
         "--torch-compile",
         str,
         "none",
-        "gigatron addition: 'layers' compiles every TransformerLayer with torch.compile",
-        choices=["none", "layers"],
+        "gigatron addition: 'layers' compiles every TransformerLayer with torch.compile, "
+        "'model' the whole model (fewer graphs, less launch overhead; needs PP = 1)",
+        choices=["none", "layers", "model"],
     )
     _add(
         g,

@@ -68,11 +68,7 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
             chunk.to(device)
         if args.params_dtype != torch.float32:
             chunk.to(args.params_dtype)
-    if getattr(args, "torch_compile", "none") == "layers":
-        from gigatron.core.transformer._compile import compile_transformer_layers
-
-        for chunk in chunks:
-            compile_transformer_layers(chunk)
+    _compile_chunks(args, chunks)
     num_params = sum(p.numel() for c in chunks for p in c.parameters())
     print_rank_0(f" > number of parameters on (tp, pp) rank (0, 0): {num_params}")
     if not wrap_with_ddp:
@@ -87,6 +83,24 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
         )
         for i, chunk in enumerate(chunks)
     ]
+
+
+def _compile_chunks(args, chunks) -> None:
+    """`--torch-compile layers|model` (gigatron addition): torch.compile in place."""
+    mode = getattr(args, "torch_compile", "none")
+    if mode == "layers":
+        from gigatron.core.transformer._compile import compile_transformer_layers
+
+        for chunk in chunks:
+            compile_transformer_layers(chunk)
+    elif mode == "model":
+        if len(chunks) > 1 or ps.get_pipeline_model_parallel_world_size() > 1:
+            raise ValueError(
+                "--torch-compile model needs --pipeline-model-parallel-size 1 (a stage's "
+                "input tensor changes per microbatch); use --torch-compile layers "
+                "(gigatron/training/training.py)"
+            )
+        chunks[0].compile()
 
 
 def setup_model_and_optimizer(model_provider_func, model_type=None):

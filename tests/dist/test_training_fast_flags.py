@@ -23,9 +23,11 @@ def _losses(extra):
         pretrain_gpt.forward_step,
         argv=ARGS + ["--train-iters", "4", "--seed", "5"] + extra,
     )
-    layers = [m for m in result["model"][0].modules() if isinstance(m, TransformerLayer)]
+    model = result["model"][0].module
+    layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
     compiled = all(layer._compiled_call_impl is not None for layer in layers)
-    cfg = result["model"][0].module.config
+    compiled = compiled or model._compiled_call_impl is not None  # --torch-compile model
+    cfg = model.config
     losses = [h["losses"]["lm loss"] for h in result["history"]]
     return losses, compiled, (cfg.cross_entropy_loss_fusion, cfg.tp_comm_overlap)
 
@@ -46,10 +48,14 @@ def test_ce_fusion_and_tp_comm_overlap_match_the_plain_run_at_tp2_sp():
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="torch.compile on CPU needs a C++ compiler")  # fmt: skip
-def test_torch_compile_layers_matches_eager():
+def test_torch_compile_layers_and_model_match_eager():
     ((eager, was_compiled, _),) = run_distributed(_losses, 1, args=([],), timeout=300)
     ((compiled, is_compiled, _),) = run_distributed(
         _losses, 1, args=(["--torch-compile", "layers"],), timeout=600
     )
-    assert not was_compiled and is_compiled
+    ((whole, whole_compiled, _),) = run_distributed(
+        _losses, 1, args=(["--torch-compile", "model"],), timeout=600
+    )
+    assert not was_compiled and is_compiled and whole_compiled
     assert _close(compiled, eager, 1e-5), (compiled, eager)
+    assert _close(whole, eager, 1e-5), (whole, eager)
