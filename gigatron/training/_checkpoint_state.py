@@ -10,6 +10,7 @@ Helpers for `gigatron.training.checkpointing` (mirrors parts of `megatron.traini
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 
@@ -166,27 +167,63 @@ def model_sharded_state_dict(module) -> dict:
     tied = {k: v for k, v in entries.items() if k.startswith("embedding.") and not first_stage}
     rest = {k: v for k, v in entries.items() if k not in tied}
     stack = _homogeneous_num_layers(inner)
-    out.update(sharded_state_dict_from_entries(rest, stack_layers=stack))
+    encoder_stack = _bert_encoder_num_layers(inner)
+    if encoder_stack:
+        out.update(_encoder_stacked(rest, encoder_stack))
+        out.update(_layer_extra_states(inner, encoder_stack, stack="encoder"))
+    else:
+        out.update(sharded_state_dict_from_entries(rest, stack_layers=stack))
     if stack:
         out.update(_layer_extra_states(inner, stack))
     out.update(sharded_state_dict_from_entries(tied, replicated_on_pp_stage=True))
     return out
 
 
-def _layer_extra_states(module, num_layers: int) -> dict:
-    """Megatron's `decoder.layers.<linear>._extra_state` objects (one per global layer index).
+def _bert_encoder_num_layers(module) -> int | None:
+    """A BertModel's total encoder num_layers (its layers are all alike), else None."""
+    from gigatron.core.models.bert.bert_model import BertModel
+
+    return module.config.num_layers if isinstance(module, BertModel) else None
+
+
+def _encoder_stacked(entries: dict, num_layers: int) -> dict:
+    """BERT's encoder in megatron-core's stacked form: entries `encoder.layers.{i}.<name>` ->
+    ShardedTensors keyed `encoder.layers.<name>` with a leading [num_layers] axis.
+
+    `sharded_state_dict_from_entries` stacks `decoder.layers.{i}.*` keys: the encoder's go
+    through it under that name and get their own back (dict key and ShardedTensor key).
+    """
+    head, as_decoder = "encoder.layers.", "decoder.layers."
+    if any(k.startswith(as_decoder) for k in entries):
+        raise ValueError(
+            f"_encoder_stacked: a BERT model has no {as_decoder}* keys (_checkpoint_state.py)"
+        )
+    renamed = {
+        (as_decoder + k[len(head) :] if k.startswith(head) else k): v for k, v in entries.items()
+    }
+    out = {}
+    for key, sh in sharded_state_dict_from_entries(renamed, stack_layers=num_layers).items():
+        if key.startswith(as_decoder):
+            key = head + key[len(as_decoder) :]
+            sh = dataclasses.replace(sh, key=head + sh.key[len(as_decoder) :])
+        out[key] = sh
+    return out
+
+
+def _layer_extra_states(module, num_layers: int, stack: str = "decoder") -> dict:
+    """Megatron's `<stack>.layers.<linear>._extra_state` objects (one per global layer index).
 
     megatron-core's local-spec layers save them (payload None); megatron-core cannot load a
     checkpoint without them, so gigatron writes them too. TP ranks hold replicas.
     """
     (_, tp_rank, dp_rank), _ = _ranks()
     out = {}
-    for layer in module.decoder.layers:
+    for layer in getattr(module, stack).layers:
         i = layer.layer_number - 1
         for name, sub in layer.named_modules():
             if name and type(sub).get_extra_state is not torch.nn.Module.get_extra_state:
-                key = f"decoder.layers.{name}._extra_state"
-                out[f"decoder.layers.{i}.{name}._extra_state"] = ShardedObject(
+                key = f"{stack}.layers.{name}._extra_state"
+                out[f"{stack}.layers.{i}.{name}._extra_state"] = ShardedObject(
                     key,
                     sub.get_extra_state(),
                     (num_layers,),

@@ -3,8 +3,10 @@
 Like GPT's (`gigatron.core.models.gpt._checkpoint_keys`): per-layer keys
 `<stack>.layers.{global_i}.<name>` with the local-spec norms renamed to Transformer Engine's
 fused names through each layer's `sharded_state_dict_keys_map`, every tensor with its TP split.
-gigatron.training's checkpointing turns them into ShardedTensors (a stack named `decoder` is
-saved in Megatron's stacked form).
+gigatron.training's checkpointing turns them into ShardedTensors in Megatron's stacked form
+(`<stack>.layers.<name>` with a leading num_layers axis: BERT's `encoder`, T5's `decoder`).
+`stacked=True` returns that form here too, as GPT's `megatron_sharded_keys(stacked=True)`: one
+key per name, a list of this stage's entries, each with its global layer slot in `entry.layer`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from gigatron.core.models.gpt._checkpoint_keys import ShardedEntry, _rename
 _TIED = ("embedding.word_embeddings.weight", "output_layer.weight", "lm_head.output_layer.weight")
 
 
-def sharded_keys(model, stacks: tuple[str, ...], prefix: str = "", local_index: bool = False):
+def sharded_keys(
+    model, stacks: tuple[str, ...], prefix: str = "", local_index: bool = False, stacked=False
+):
     """{Megatron key: ShardedEntry} for every parameter of `model` on this rank.
 
     stacks: the TransformerBlock attributes ("encoder", "decoder") whose layers get global
     indices: layer_number - 1 (pipeline offset included), or the local index when
-    `local_index` (T5's stacks are whole on their stage).
+    `local_index` (T5's stacks are whole on their stage). stacked=True: `<stack>.layers.<name>`
+    keys, each a list of ShardedEntry (one per local layer, `entry.layer` = (global_i, L)).
     """
     renames = {}
     for stack in stacks:
@@ -38,9 +43,14 @@ def sharded_keys(model, stacks: tuple[str, ...], prefix: str = "", local_index: 
         for local_prefix, (stack, global_i, num_layers, keys_map) in renames.items():
             if name.startswith(local_prefix):
                 rest = _rename(name[len(local_prefix) :], keys_map)
-                key, slot = f"{stack}.layers.{global_i}.{rest}", (global_i, num_layers)
+                index = "" if stacked else f"{global_i}."
+                key, slot = f"{stack}.layers.{index}{rest}", (global_i, num_layers)
                 break
         split = tp_split_of(param)
         axis, stride = (None, 1) if split is None else split
-        out[prefix + key] = ShardedEntry(param, axis, stride, name in _TIED, slot)
+        entry = ShardedEntry(param, axis, stride, name in _TIED, slot)
+        if stacked and slot is not None:
+            out.setdefault(prefix + key, []).append(entry)
+        else:
+            out[prefix + key] = entry
     return out

@@ -206,10 +206,13 @@ class BertModel(LanguageModule):
         return self.compute_language_model_loss(lm_labels, logits), binary_logits
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
-        """{Megatron checkpoint key: ShardedEntry} (`encoder.layers.{global_i}.*` per layer)."""
+        """{Megatron checkpoint key: ShardedEntry} (`encoder.layers.{global_i}.*` per layer);
+        `metadata={"stacked": True}` gives megatron-core's stacked form: `encoder.layers.<name>`
+        -> [ShardedEntry per local layer], saved as one [num_layers, ...] tensor."""
         from gigatron.core.models.bert._checkpoint_keys import sharded_keys
 
-        return sharded_keys(self, ("encoder",), prefix=prefix)
+        stacked = bool((metadata or {}).get("stacked", False))
+        return sharded_keys(self, ("encoder",), prefix=prefix, stacked=stacked)
 
 
 def _mean_embeddings(hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
