@@ -14,13 +14,12 @@ import sys
 from collections import OrderedDict
 from functools import partial
 
-import torch
 import torch.nn.functional as F
 
 from gigatron.core.transformer.enums import ModelType
+from gigatron.training import _pretrain_common as common
 from gigatron.training.global_vars import get_args, get_tokenizer
 from gigatron.training.training import pretrain
-from gigatron.training.utils import print_rank_0
 
 _SPECIALS = {
     "cls": ("[CLS]", "<cls>"),
@@ -85,9 +84,7 @@ def add_bert_args(parser):
     g = parser.add_argument_group("bert")
     g.add_argument("--bert-no-binary-head", action="store_false", dest="bert_binary_head",
                    help="no next-sentence (binary) head")  # fmt: skip
-    g.add_argument("--mask-prob", type=float, default=0.15, help="masking probability")
-    g.add_argument("--short-seq-prob", type=float, default=0.1,
-                   help="probability of a shorter sample")  # fmt: skip
+    common.add_masking_args(g)
     return parser
 
 
@@ -102,13 +99,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         config=core_transformer_config_from_args(args),
         num_tokentypes=2 if args.bert_binary_head else 0,
         transformer_layer_spec=bert_layer_local_spec,
-        vocab_size=args.padded_vocab_size,
-        max_sequence_length=args.max_position_embeddings,
-        pre_process=pre_process,
-        post_process=post_process,
-        parallel_output=True,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type,
+        **common.language_model_kwargs(args, pre_process, post_process),
         add_binary_head=args.bert_binary_head,
         vp_stage=vp_stage,
     )
@@ -116,31 +107,23 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 
 def get_batch(data_iterator):
     """(tokens, types, sentence_order, loss_mask, lm_labels, padding_mask) of one micro-batch."""
-    batch = next(data_iterator)
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-    )
     keys = ("text", "types", "is_random", "loss_mask", "labels", "padding_mask")
-    out = [batch[k].long() for k in keys]
-    return [t.to(device) if device is not None else t for t in out]
+    batch = common.batch_to_device(next(data_iterator), keys, long=True)
+    return [batch[k] for k in keys]
 
 
 def loss_func(loss_mask, sentence_order, output_tensor):
     """Masked-LM mean over masked positions (+ binary-head CE); [value, 1] reports."""
     lm_loss_, sop_logits = output_tensor
-    loss_mask = loss_mask.float()
-    lm_loss = torch.sum(lm_loss_.view(-1).float() * loss_mask.view(-1)) / loss_mask.sum().clamp(
-        min=1
-    )
-    one = torch.ones(1, device=lm_loss.device)
-    reports = {"lm loss": torch.cat([lm_loss.detach().view(1), one])}
+    lm_loss = common.masked_mean(lm_loss_, loss_mask)
+    reports = {"lm loss": common.mean_report(lm_loss)}
     loss = lm_loss
     if sop_logits is not None:
         sop_loss = F.cross_entropy(
             sop_logits.view(-1, 2).float(), sentence_order.view(-1), ignore_index=-1
         )
         loss = lm_loss + sop_loss
-        reports["sop loss"] = torch.cat([sop_loss.detach().view(1), one])
+        reports["sop loss"] = common.mean_report(sop_loss)
     return loss, reports
 
 
@@ -158,33 +141,17 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
         BERTMaskedWordPieceDataset,
         BERTMaskedWordPieceDatasetConfig,
     )
-    from gigatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
-    from gigatron.core.datasets.utils import get_blend_from_list
 
     args = get_args()
     tokenizer = MaskedLMTokenizer(get_tokenizer()).require("cls", "sep", "mask", "pad")
     config = BERTMaskedWordPieceDatasetConfig(
-        random_seed=args.seed,
-        sequence_length=args.seq_length,
-        blend=get_blend_from_list(args.data_path),
-        split=args.split,
-        path_to_cache=args.data_cache_path,
-        tokenizer=tokenizer,
-        masking_probability=args.mask_prob,
-        short_sequence_probability=args.short_seq_prob,
-        masking_max_ngram=3,
-        masking_do_full_word=True,
-        masking_do_permutation=False,
-        masking_use_longer_ngrams=False,
-        masking_use_geometric_distribution=False,
+        **common.dataset_config_kwargs(args, tokenizer),
+        **common.masking_config_kwargs(args, max_ngram=3, geometric=False),
         classification_head=args.bert_binary_head,
     )
-    print_rank_0("> building BERT train, validation and test datasets ...")
-    return BlendedMegatronDatasetBuilder(
-        BERTMaskedWordPieceDataset, train_val_test_num_samples, lambda: True, config
-    ).build()
+    return common.build_datasets(
+        BERTMaskedWordPieceDataset, train_val_test_num_samples, config, "BERT"
+    )
 
 
 train_valid_test_datasets_provider.is_distributed = True

@@ -14,9 +14,9 @@ import torch
 
 from gigatron.core.transformer.enums import ModelType
 from gigatron.core.utils import get_batch_on_this_cp_rank
+from gigatron.training import _pretrain_common as common
 from gigatron.training.global_vars import get_args, get_tokenizer
 from gigatron.training.training import pretrain
-from gigatron.training.utils import print_rank_0
 
 
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None):
@@ -36,13 +36,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
-        vocab_size=args.padded_vocab_size,
-        max_sequence_length=args.max_position_embeddings,
-        pre_process=pre_process,
-        post_process=post_process,
-        parallel_output=True,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type,
+        **common.language_model_kwargs(args, pre_process, post_process),
         rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base,
         vp_stage=vp_stage,
@@ -51,15 +45,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 
 def get_batch(data_iterator):
     """This rank's (tokens, labels, loss_mask, attention_mask, position_ids) for one micro-batch."""
-    batch = next(data_iterator)
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-    )
-    batch = {
-        k: (v.to(device, non_blocking=True) if device is not None and v is not None else v)
-        for k, v in batch.items()
-        if k in ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
-    }
+    keys = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+    batch = common.batch_to_device(next(data_iterator), keys, non_blocking=True)
     batch.setdefault("attention_mask", None)
     batch = get_batch_on_this_cp_rank(batch)
     return (
@@ -73,10 +60,8 @@ def get_batch(data_iterator):
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     """Sum of masked per-token losses, the token count, and a [sum, count] report (Megatron's)."""
-    losses = output_tensor.view(-1).float()
-    loss_mask = loss_mask.view(-1).float()
-    loss = torch.sum(losses * loss_mask)
-    num_tokens = loss_mask.sum().clone().detach().to(torch.int)
+    loss, count = common.masked_sum_and_count(output_tensor, loss_mask)
+    num_tokens = count.clone().detach().to(torch.int)
     report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1).float()])
     return loss, num_tokens, {"lm loss": report}
 
@@ -90,30 +75,18 @@ def forward_step(data_iterator, model):
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
     """GPT datasets (or mock ones) from --data-path / --split through the blended builder."""
-    from gigatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
     from gigatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
-    from gigatron.core.datasets.utils import get_blend_from_list
 
     args = get_args()
     config = GPTDatasetConfig(
-        random_seed=args.seed,
-        sequence_length=args.seq_length,
-        blend=get_blend_from_list(args.data_path),
-        split=args.split,
-        path_to_cache=args.data_cache_path,
-        tokenizer=get_tokenizer(),
+        **common.dataset_config_kwargs(args, get_tokenizer()),
         reset_position_ids=args.reset_position_ids,
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
         create_attention_mask=args.reset_attention_mask,
     )
     cls = MockGPTDataset if args.mock_data else GPTDataset
-    print_rank_0(f"> building {cls.__name__} train, validation and test datasets ...")
-    return BlendedMegatronDatasetBuilder(
-        cls, train_val_test_num_samples, lambda: True, config
-    ).build()
+    return common.build_datasets(cls, train_val_test_num_samples, config, cls.__name__)
 
 
 train_valid_test_datasets_provider.is_distributed = True

@@ -20,13 +20,11 @@ import copy
 import sys
 from functools import partial
 
-import torch
-
 from gigatron.core.transformer.enums import ModelType
+from gigatron.training import _pretrain_common as common
 from gigatron.training.global_vars import get_args, get_tokenizer
 from gigatron.training.pretrain_bert import MaskedLMTokenizer
 from gigatron.training.training import pretrain
-from gigatron.training.utils import print_rank_0
 
 
 def add_t5_args(parser):
@@ -36,9 +34,7 @@ def add_t5_args(parser):
     g.add_argument("--decoder-num-layers", type=int, default=None, help="decoder layers")
     g.add_argument("--encoder-seq-length", type=int, default=None, help="= --seq-length")
     g.add_argument("--decoder-seq-length", type=int, default=None, help="decoder length")
-    g.add_argument("--mask-prob", type=float, default=0.15, help="masking probability")
-    g.add_argument("--short-seq-prob", type=float, default=0.1,
-                   help="probability of a shorter sample")  # fmt: skip
+    common.add_masking_args(g)
     g.add_argument("--pipeline-model-parallel-split-rank", type=int, default=None,
                    help="first decoder stage (only 1, with PP = 2)")  # fmt: skip
     return parser
@@ -109,13 +105,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
             encoder_config.num_layers
         ),
         transformer_decoder_layer_spec=get_t5_decoder_with_local_block_spec(config.num_layers),
-        vocab_size=args.padded_vocab_size,
-        max_sequence_length=args.max_position_embeddings,
-        pre_process=pre_process,
-        post_process=post_process,
-        parallel_output=True,
-        share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type,
+        **common.language_model_kwargs(args, pre_process, post_process),
         add_encoder=add_encoder,
         add_decoder=add_decoder,
     )
@@ -126,14 +116,9 @@ def get_batch(data_iterator):
     [b, s], masks bool [b, 1, sq, sk] for the local layers (True = masked)."""
     from gigatron.core.datasets.t5_dataset import T5MaskedWordPieceDataset
 
-    batch = next(data_iterator)
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-    )
     keys = ("text_enc", "text_dec", "labels", "loss_mask", "enc_mask", "dec_mask")
-    tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask = [
-        batch[k].long().to(device) if device is not None else batch[k].long() for k in keys
-    ]
+    batch = common.batch_to_device(next(data_iterator), keys, long=True)
+    tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask = [batch[k] for k in keys]
     masks = T5MaskedWordPieceDataset.config_attention_mask(
         tokens_enc, tokens_dec, enc_mask, dec_mask, use_local=True
     )
@@ -142,10 +127,8 @@ def get_batch(data_iterator):
 
 def loss_func(loss_mask, output_tensor):
     """Decoder masked-LM mean over the loss mask; a [value, 1] report."""
-    loss_mask = loss_mask.float().view(-1)
-    lm_loss = torch.sum(output_tensor.float().view(-1) * loss_mask) / loss_mask.sum().clamp(min=1)
-    one = torch.ones(1, device=lm_loss.device)
-    return lm_loss, {"lm loss": torch.cat([lm_loss.detach().view(1), one])}
+    lm_loss = common.masked_mean(output_tensor, loss_mask)
+    return lm_loss, {"lm loss": common.mean_report(lm_loss)}
 
 
 def forward_step(data_iterator, model):
@@ -160,37 +143,19 @@ def forward_step(data_iterator, model):
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
     """T5MaskedWordPieceDataset splits (Megatron's pretrain_t5 masking settings)."""
-    from gigatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
     from gigatron.core.datasets.t5_dataset import (
         T5MaskedWordPieceDataset,
         T5MaskedWordPieceDatasetConfig,
     )
-    from gigatron.core.datasets.utils import get_blend_from_list
 
     args = get_args()
     tokenizer = MaskedLMTokenizer(get_tokenizer()).require("mask", "pad", "bos", "eos")
     config = T5MaskedWordPieceDatasetConfig(
-        random_seed=args.seed,
-        sequence_length=args.seq_length,
+        **common.dataset_config_kwargs(args, tokenizer),
         sequence_length_decoder=args.decoder_seq_length,
-        blend=get_blend_from_list(args.data_path),
-        split=args.split,
-        path_to_cache=args.data_cache_path,
-        tokenizer=tokenizer,
-        masking_probability=args.mask_prob,
-        short_sequence_probability=args.short_seq_prob,
-        masking_max_ngram=10,
-        masking_do_full_word=True,
-        masking_do_permutation=False,
-        masking_use_longer_ngrams=False,
-        masking_use_geometric_distribution=True,
+        **common.masking_config_kwargs(args, max_ngram=10, geometric=True),
     )
-    print_rank_0("> building T5 train, validation and test datasets ...")
-    return BlendedMegatronDatasetBuilder(
-        T5MaskedWordPieceDataset, train_val_test_num_samples, lambda: True, config
-    ).build()
+    return common.build_datasets(T5MaskedWordPieceDataset, train_val_test_num_samples, config, "T5")
 
 
 train_valid_test_datasets_provider.is_distributed = True
