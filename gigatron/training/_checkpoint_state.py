@@ -171,6 +171,7 @@ def model_sharded_state_dict(module) -> dict:
     if encoder_stack:
         out.update(_encoder_stacked(rest, encoder_stack))
         out.update(_layer_extra_states(inner, encoder_stack, stack="encoder"))
+        out.update(_module_extra_state(inner, "output_layer"))
     else:
         out.update(sharded_state_dict_from_entries(rest, stack_layers=stack))
     if stack:
@@ -208,6 +209,19 @@ def _encoder_stacked(entries: dict, num_layers: int) -> dict:
             sh = dataclasses.replace(sh, key=head + sh.key[len(as_decoder) :])
         out[key] = sh
     return out
+
+
+def _module_extra_state(module, name: str) -> dict:
+    """megatron-core's `<name>._extra_state` object of a non-layer submodule (global shape (1,),
+    TP ranks hold replicas), when `module` has one that keeps extra state (BERT's output_layer:
+    megatron-core cannot load a checkpoint without it)."""
+    sub = getattr(module, name, None)
+    if sub is None or type(sub).get_extra_state is torch.nn.Module.get_extra_state:
+        return {}
+    (_, tp_rank, dp_rank), _ = _ranks()
+    key = f"{name}._extra_state"
+    obj = ShardedObject(key, sub.get_extra_state(), (1,), (0,), replica_id=(0, tp_rank, dp_rank))
+    return {key: obj}
 
 
 def _layer_extra_states(module, num_layers: int, stack: str = "decoder") -> dict:
