@@ -75,7 +75,7 @@ def _storage_from_bytes(data: bytes):
     try:
         return torch.load(io.BytesIO(data), weights_only=True)
     except pickle.UnpicklingError as e:
-        # torch's own advice (retry with weights_only=False) is exactly what must not happen.
+        # torch suggests retrying with its unrestricted loader: exactly what must not happen.
         detail = str(e).split("Trying to load", 1)[-1].strip().splitlines()[0]
         raise pickle.UnpicklingError(
             f"refusing tensor storage bytes that hold more than plain storage data: {detail}"
