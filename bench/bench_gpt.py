@@ -22,7 +22,6 @@ PP / VPP / CP / several micro-batches run the Megatron train step through the pi
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -37,48 +36,12 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _bench_layouts
 
+from _bench_args import CONFIGS, _layout_path, parse_args  # noqa: E402  (bench_ckpt: CONFIGS)
 from _bench_profile import host_syncs, profile_step  # noqa: E402
 
 from gigatron.training.flops import flops_per_token  # noqa: E402
 
 PEAK = 989e12  # H200/H100 dense bf16 datasheet peak (the anchors' MFU denominator)
-
-# name -> shape. gpt-*: the anchors' configs (bench/anchors/gpt_flops.py). llama-1b: Llama-3.2-1B's
-# shape (16 layers, h 2048, 32 query / 8 KV heads, SwiGLU ffn 8192, RoPE, RMSNorm, no biases,
-# tied embeddings) with the anchors' vocab 50304, seq 2048, micro-batch 4.
-CONFIGS = {
-    "gpt-125m": dict(layers=12, hidden=768, heads=12, seq=1024, mbs=16, vocab=50304),
-    "gpt-1.3b": dict(layers=24, hidden=2048, heads=16, seq=2048, mbs=4, vocab=50304),
-    "llama-1b": dict(
-        layers=16,
-        hidden=2048,
-        heads=32,
-        kv_heads=8,
-        ffn=8192,
-        seq=2048,
-        mbs=4,
-        vocab=50304,
-        swiglu=True,
-        rope=True,
-        rmsnorm=True,
-        bias=False,
-    ),
-    "tiny": dict(layers=2, hidden=64, heads=4, seq=32, mbs=2, vocab=512),
-    "tiny-llama": dict(
-        layers=2,
-        hidden=64,
-        heads=4,
-        kv_heads=2,
-        ffn=128,
-        seq=32,
-        mbs=2,
-        vocab=512,
-        swiglu=True,
-        rope=True,
-        rmsnorm=True,
-        bias=False,
-    ),
-}
 
 
 def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=None, config=None):
@@ -101,6 +64,8 @@ def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=No
         layout.update(context_parallel_size=a.cp, cp_comm_type=a.cp_comm_type)
     if a.init == "invariant":
         layout["use_cpu_initialization"] = True
+    if a.tp_comm_overlap:
+        layout["tp_comm_overlap"] = True
     if _layout_path(a):
         layout["cross_entropy_loss_fusion"] = a.ce == "chunked"  # GPTModel's chunked CE
     cfg = config or TransformerConfig(
@@ -150,11 +115,6 @@ def _seed(a) -> None:
     set_layout_invariant_init_seed(1234 if a.init == "invariant" else None)
 
 
-def _layout_path(a) -> bool:
-    """PP, CP or several micro-batches: the step runs through the pipeline schedule."""
-    return a.pp > 1 or a.cp > 1 or a.num_microbatches > 1
-
-
 def gpt_loss(model, tokens, pos, labels, *, chunked: bool, recompute: bool = False):
     """Mean LM loss. `chunked`: GPTModel.forward up to the decoder, then the chunked output-layer
     cross entropy (what GPTModel should call behind a config switch; see docs/performance.md)."""
@@ -178,102 +138,6 @@ def gpt_loss(model, tokens, pos, labels, *, chunked: bool, recompute: bool = Fal
         hidden, weight, labels, sequence_parallel=cfg.sequence_parallel, recompute=recompute
     )  # [b, s]
     return loss.mean()
-
-
-def _args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--config", default="gpt-125m", choices=sorted(CONFIGS))
-    p.add_argument("--impl", default="fast", choices=["fast", "plain"])
-    p.add_argument("--spec", choices=["local", "fast"], help="default: per --impl")
-    p.add_argument(
-        "--compile", choices=["none", "layers", "model"], help="default: per --impl (layers)"
-    )
-    p.add_argument(
-        "--fullgraph",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="layer compile without graph breaks; auto: on (TP/SP collectives are traced), off "
-        "for --cp with p2p (ring attention's send/recv break the graph)",
-    )
-    p.add_argument("--inductor-tuning", action="store_true", help="coordinate-descent tuning")
-    p.add_argument(
-        "--compile-mode", default=None, help="torch.compile mode (reduce-overhead: CUDA graphs)"
-    )
-    p.add_argument(
-        "--no-input-checks",
-        action="store_true",
-        help="skip the embedding's token/position id range check (its one host sync per step)",
-    )
-    p.add_argument(
-        "--ce", choices=["plain", "chunked", "chunked-recompute"], help="default: per --impl"
-    )
-    p.add_argument("--sdpa", default=None, help="comma list, e.g. cudnn,flash ('default': torch)")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--sp", action="store_true", help="sequence parallelism (TP > 1)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages (1F1B schedule)")
-    p.add_argument("--vpp", type=int, default=None, help="model chunks per stage (interleaved)")
-    p.add_argument("--cp", type=int, default=1, help="context parallelism (sequence split)")
-    p.add_argument("--cp-comm-type", default="p2p", choices=["p2p", "all_gather", "a2a"])
-    p.add_argument(
-        "--num-microbatches", type=int, default=None, help="per step; default 2*pp (pp > 1), else 1"
-    )
-    p.add_argument("--num-layers", type=int, default=None, help="override the config's layers")
-    p.add_argument(
-        "--init",
-        choices=["auto", "invariant", "device"],
-        default="auto",
-        help="invariant: layout-invariant CPU init (same model in any layout); auto: on CPU",
-    )
-    p.add_argument("--ddp", choices=["auto", "on", "off"], default="auto", help="auto: DP > 1")
-    p.add_argument("--overlap-grad-reduce", action="store_true")
-    p.add_argument(
-        "--bucket-size", type=int, default=None, help="DDP bucket elements (default Megatron's)"
-    )
-    p.add_argument(
-        "--optimizer",
-        default="torch-fused",
-        choices=["torch-fused", "torch-foreach", "compiled"],
-        help="compiled: torch.compile of a foreach AdamW step (Inductor-fused kernels)",
-    )
-    p.add_argument(
-        "--sync-debug", action="store_true", help="report the host syncs of one step (source lines)"
-    )
-    p.add_argument("--micro-batch-size", type=int, default=None)
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--profile", default=None, help="write top kernels of 2 profiled steps here")
-    p.add_argument("--label", default=None)
-    a = p.parse_args(argv)
-    fast = a.impl == "fast"
-    a.spec = a.spec or ("fast" if fast else "local")
-    a.compile = a.compile or ("layers" if fast and a.device == "cuda" else "none")
-    a.ce = a.ce or ("chunked" if fast else "plain")
-    if a.sdpa is None:
-        a.sdpa = "cudnn,flash,efficient" if fast and a.device == "cuda" else "default"
-    if a.num_microbatches is None:
-        a.num_microbatches = 2 * a.pp if a.pp > 1 else 1
-    if a.init == "auto":
-        a.init = "invariant" if a.device == "cpu" else "device"
-    _check_layout_args(a)
-    return a
-
-
-def _check_layout_args(a) -> None:
-    """Flag combinations the pipeline / CP step does not run (bench_gpt.py)."""
-    for name in ("tp", "pp", "cp", "num_microbatches", "steps"):
-        if getattr(a, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} ({getattr(a, name)}) must be >= 1")
-    if a.vpp is not None and (a.pp < 2 or a.vpp < 2):
-        raise ValueError(f"--vpp ({a.vpp}) needs --pp >= 2 and --vpp >= 2 (bench_gpt.py)")
-    if _layout_path(a) and a.compile == "model":
-        raise ValueError(
-            "--compile model works only with pp = cp = num_microbatches = 1 (bench_gpt.py)"
-        )
-    if _layout_path(a) and a.ddp == "off":
-        raise ValueError("--ddp off works only with pp = cp = num_microbatches = 1 (bench_gpt.py)")
-    if _layout_path(a) and a.ce == "chunked-recompute":
-        raise ValueError("--ce chunked-recompute works only with pp = cp = num_microbatches = 1")
 
 
 def _init_dist(device: str) -> tuple[int, int]:
@@ -418,7 +282,7 @@ def _layout_step(a, shape, batch, sdpa_ctx):
 
 
 def main(argv=None) -> dict:
-    a = _args(argv)
+    a = parse_args(argv, __doc__)
     rank, world = _init_dist(a.device)
     model_parallel = a.tp * a.pp * a.cp
     if world % model_parallel != 0:
@@ -435,6 +299,12 @@ def main(argv=None) -> dict:
         context_parallel_size=a.cp,
     )
     dp = world // model_parallel
+    if a.sm_carveout is not None:
+        torch._C._set_sm_carveout_experimental(a.sm_carveout)
+    if a.async_tp:
+        from gigatron.core.transformer._compile import enable_async_tensor_parallel
+
+        enable_async_tensor_parallel(parallel_state.get_tensor_model_parallel_group())
     shape = dict(CONFIGS[a.config])
     if a.micro_batch_size:
         shape["mbs"] = a.micro_batch_size
@@ -518,6 +388,10 @@ def main(argv=None) -> dict:
             "overlap_grad_reduce": a.overlap_grad_reduce,
             "bucket_size": a.bucket_size,
             "optimizer": a.optimizer,
+            "tp_comm_overlap": a.tp_comm_overlap,
+            "async_tp": a.async_tp,
+            "sm_carveout": a.sm_carveout,
+            "nccl_high_priority": os.environ.get("TORCH_NCCL_HIGH_PRIORITY"),
         },
         "shape": shape,
         "versions": _versions(),
@@ -527,7 +401,9 @@ def main(argv=None) -> dict:
         result["host_syncs"] = host_syncs(step)
     if a.profile and a.device == "cuda":
         # Every rank steps (collectives); rank 0 writes.
-        result["profile"] = profile_step(step, a.profile if rank == 0 else None, dt)
+        result["profile"] = profile_step(
+            step, a.profile if rank == 0 else None, dt, trace=a.trace if rank == 0 else None
+        )
     if rank == 0:
         print("RESULT", json.dumps(result), flush=True)
     dist.barrier()

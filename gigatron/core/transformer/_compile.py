@@ -63,6 +63,26 @@ def compile_transformer_layers(
     return len(layers)
 
 
+def enable_async_tensor_parallel(group) -> None:
+    """Inductor's micro-pipeline TP ("async TP") in every graph compiled from now on.
+
+    Each traced sequence-parallel `all-gather -> matmul` and `matmul -> reduce-scatter` of the
+    TP linears (`_c10d_functional` ops, see tensor_parallel/_collectives.py) becomes one
+    symmetric-memory op that moves the peers' rows over NVLink while the matmul of the rows
+    already here runs. Same numbers, up to the order of the partial matmuls. CUDA + NCCL only;
+    call it on every rank of `group` before the first compiled step.
+    """
+    import torch.distributed as dist
+
+    if not (torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available()):
+        raise ValueError(f"async tensor parallelism needs CUDA and NCCL ({_FILE})")
+    from torch._inductor import config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    config._micro_pipeline_tp = True
+    enable_symm_mem_for_group(group.group_name)
+
+
 def sdpa_backends(names: tuple[str, ...] | list[str] | None):
     """Context manager restricting SDPA to `names` (in priority order); None = PyTorch default."""
     if not names:

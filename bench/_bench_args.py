@@ -1,0 +1,164 @@
+"""Command line of bench/bench_gpt.py: the named model shapes and the switches."""
+
+from __future__ import annotations
+
+import argparse
+
+# name -> shape. gpt-*: the anchors' configs (bench/anchors/gpt_flops.py). llama-1b: Llama-3.2-1B's
+# shape (16 layers, h 2048, 32 query / 8 KV heads, SwiGLU ffn 8192, RoPE, RMSNorm, no biases,
+# tied embeddings) with the anchors' vocab 50304, seq 2048, micro-batch 4.
+CONFIGS = {
+    "gpt-125m": dict(layers=12, hidden=768, heads=12, seq=1024, mbs=16, vocab=50304),
+    "gpt-1.3b": dict(layers=24, hidden=2048, heads=16, seq=2048, mbs=4, vocab=50304),
+    "llama-1b": dict(
+        layers=16,
+        hidden=2048,
+        heads=32,
+        kv_heads=8,
+        ffn=8192,
+        seq=2048,
+        mbs=4,
+        vocab=50304,
+        swiglu=True,
+        rope=True,
+        rmsnorm=True,
+        bias=False,
+    ),
+    "tiny": dict(layers=2, hidden=64, heads=4, seq=32, mbs=2, vocab=512),
+    "tiny-llama": dict(
+        layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        ffn=128,
+        seq=32,
+        mbs=2,
+        vocab=512,
+        swiglu=True,
+        rope=True,
+        rmsnorm=True,
+        bias=False,
+    ),
+}
+
+
+def _layout_path(a) -> bool:
+    """PP, CP or several micro-batches: the step runs through the pipeline schedule."""
+    return a.pp > 1 or a.cp > 1 or a.num_microbatches > 1
+
+
+def parse_args(argv=None, doc: str | None = None):
+    """bench_gpt.py's switches, defaults resolved per --impl and --device; checked."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--config", default="gpt-125m", choices=sorted(CONFIGS))
+    p.add_argument("--impl", default="fast", choices=["fast", "plain"])
+    p.add_argument("--spec", choices=["local", "fast"], help="default: per --impl")
+    p.add_argument(
+        "--compile", choices=["none", "layers", "model"], help="default: per --impl (layers)"
+    )
+    p.add_argument(
+        "--fullgraph",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="layer compile without graph breaks; auto: on (TP/SP collectives are traced), off "
+        "for --cp with p2p (ring attention's send/recv break the graph)",
+    )
+    p.add_argument("--inductor-tuning", action="store_true", help="coordinate-descent tuning")
+    p.add_argument(
+        "--compile-mode", default=None, help="torch.compile mode (reduce-overhead: CUDA graphs)"
+    )
+    p.add_argument(
+        "--no-input-checks",
+        action="store_true",
+        help="skip the embedding's token/position id range check (its one host sync per step)",
+    )
+    p.add_argument(
+        "--ce", choices=["plain", "chunked", "chunked-recompute"], help="default: per --impl"
+    )
+    p.add_argument("--sdpa", default=None, help="comma list, e.g. cudnn,flash ('default': torch)")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--sp", action="store_true", help="sequence parallelism (TP > 1)")
+    p.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="TransformerConfig.tp_comm_overlap: SP all-gather overlapped with the own rows' GEMM",
+    )
+    p.add_argument(
+        "--async-tp",
+        action="store_true",
+        help="Inductor async TP (micro-pipeline TP over symmetric memory) in the compiled layers",
+    )
+    p.add_argument(
+        "--sm-carveout", type=int, default=None, help="cuBLAS leaves this many SMs free (NCCL)"
+    )
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (1F1B schedule)")
+    p.add_argument("--vpp", type=int, default=None, help="model chunks per stage (interleaved)")
+    p.add_argument("--cp", type=int, default=1, help="context parallelism (sequence split)")
+    p.add_argument("--cp-comm-type", default="p2p", choices=["p2p", "all_gather", "a2a"])
+    p.add_argument(
+        "--num-microbatches", type=int, default=None, help="per step; default 2*pp (pp > 1), else 1"
+    )
+    p.add_argument("--num-layers", type=int, default=None, help="override the config's layers")
+    p.add_argument(
+        "--init",
+        choices=["auto", "invariant", "device"],
+        default="auto",
+        help="invariant: layout-invariant CPU init (same model in any layout); auto: on CPU",
+    )
+    p.add_argument("--ddp", choices=["auto", "on", "off"], default="auto", help="auto: DP > 1")
+    p.add_argument("--overlap-grad-reduce", action="store_true")
+    p.add_argument(
+        "--bucket-size", type=int, default=None, help="DDP bucket elements (default Megatron's)"
+    )
+    p.add_argument(
+        "--optimizer",
+        default="torch-fused",
+        choices=["torch-fused", "torch-foreach", "compiled"],
+        help="compiled: torch.compile of a foreach AdamW step (Inductor-fused kernels)",
+    )
+    p.add_argument(
+        "--sync-debug", action="store_true", help="report the host syncs of one step (source lines)"
+    )
+    p.add_argument("--micro-batch-size", type=int, default=None)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--profile", default=None, help="write top kernels of 2 profiled steps here")
+    p.add_argument(
+        "--trace", default=None, help="with --profile: write one step's kernel timeline (.json.gz)"
+    )
+    p.add_argument("--label", default=None)
+    a = p.parse_args(argv)
+    fast = a.impl == "fast"
+    a.spec = a.spec or ("fast" if fast else "local")
+    a.compile = a.compile or ("layers" if fast and a.device == "cuda" else "none")
+    a.ce = a.ce or ("chunked" if fast else "plain")
+    if a.sdpa is None:
+        a.sdpa = "cudnn,flash,efficient" if fast and a.device == "cuda" else "default"
+    if a.num_microbatches is None:
+        a.num_microbatches = 2 * a.pp if a.pp > 1 else 1
+    if a.init == "auto":
+        a.init = "invariant" if a.device == "cpu" else "device"
+    _check_layout_args(a)
+    return a
+
+
+def _check_layout_args(a) -> None:
+    """Flag combinations the pipeline / CP step does not run (bench_gpt.py)."""
+    for name in ("tp", "pp", "cp", "num_microbatches", "steps"):
+        if getattr(a, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} ({getattr(a, name)}) must be >= 1")
+    if a.async_tp and not (a.tp > 1 and a.sp and a.compile != "none" and a.device == "cuda"):
+        raise ValueError(
+            "--async-tp needs --tp > 1, --sp, a compiled model and --device cuda (bench_gpt.py)"
+        )
+    if a.vpp is not None and (a.pp < 2 or a.vpp < 2):
+        raise ValueError(f"--vpp ({a.vpp}) needs --pp >= 2 and --vpp >= 2 (bench_gpt.py)")
+    if _layout_path(a) and a.compile == "model":
+        raise ValueError(
+            "--compile model works only with pp = cp = num_microbatches = 1 (bench_gpt.py)"
+        )
+    if _layout_path(a) and a.ddp == "off":
+        raise ValueError("--ddp off works only with pp = cp = num_microbatches = 1 (bench_gpt.py)")
+    if _layout_path(a) and a.ce == "chunked-recompute":
+        raise ValueError("--ce chunked-recompute works only with pp = cp = num_microbatches = 1")

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Session 3 GPU measurements of issue 9 (bench/reports/2026-11-30-s3-gpu.md), device kind
+# nvidia-h200-x2, from the repo root:
+#
+#   bash bench/run_gpu_2026-11-30-s3.sh call1   # two one-GPU lanes, then both GPUs:
+#       GPU 0: whole-model compile with max-autotune (Triton GEMM templates, epilogue fusion)
+#       GPU 1: one-GPU references (layers compiled, with / without the DDP wrapper), anchor
+#       both:  TP = 2 + SP with async TP / tp_comm_overlap / plain (profiled); DP = 2 profiled
+#              (NCCL kernels hidden or exposed), DP = 2 with a high-priority NCCL stream
+#
+# Results: one JSON object a line in $OUT/results.jsonl; logs, profiles, traces in $OUT.
+source bench/_run_lib.sh
+
+T="torchrun --nproc-per-node 2 --master-port 29651"
+L13="--config gpt-1.3b $NC"
+
+c1_gpu0() {
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29601
+  run autotune.log 290 $B $L13 --compile model --ce chunked-recompute \
+    --compile-mode max-autotune-no-cudagraphs --label fast-model-max-autotune
+}
+
+c1_gpu1() {
+  export CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29611
+  run refs.log 120 $B $L13 --label fast-nochecks
+  run refs.log 120 $B $L13 --ddp on --overlap-grad-reduce --label fast-ddp-wrapper-1gpu
+  run refs.log 150 $B $L13 --compile model --ce chunked-recompute --label fast-compile-model-ce-recompute
+  run anchors.log 150 python3 $A/torch_baseline_bench.py gpt-1.3b compile
+}
+
+c1_two() {
+  unset CUDA_VISIBLE_DEVICES
+  run tp.log 110 $T $B $L13 --tp 2 --sp --async-tp --label fast-tp2-sp-async-tp \
+    --profile "$OUT/profile-tp2-async.json"
+  run dp.log 100 $T $B $L13 --overlap-grad-reduce --label fast-dp2-overlap-profiled \
+    --profile "$OUT/profile-dp2.json" --trace "$OUT/trace-dp2.json.gz"
+  run tp.log 90 $T $B $L13 --tp 2 --sp --label fast-tp2-sp-profiled \
+    --profile "$OUT/profile-tp2.json" --trace "$OUT/trace-tp2.json.gz"
+  TORCH_NCCL_HIGH_PRIORITY=1 run dp.log 80 $T $B $L13 --overlap-grad-reduce \
+    --label fast-dp2-overlap-nccl-high-priority
+  run tp.log 80 $T $B $L13 --tp 2 --sp --tp-comm-overlap --label fast-tp2-sp-tp-comm-overlap
+}
+
+case "${1:-}" in
+  call1)
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    c1_gpu0 &
+    c1_gpu1 &
+    wait
+    c1_two
+    ;;
+  *)
+    echo "usage: $0 call1" >&2
+    exit 2
+    ;;
+esac
+python3 bench/compare.py "$RES" 2>/dev/null | tail -40
