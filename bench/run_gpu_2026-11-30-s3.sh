@@ -7,6 +7,8 @@
 #       GPU 1: one-GPU references (layers compiled, with / without the DDP wrapper), anchor
 #       both:  TP = 2 + SP with async TP / tp_comm_overlap / plain (profiled); DP = 2 profiled
 #              (NCCL kernels hidden or exposed), DP = 2 with a high-priority NCCL stream
+#   bash bench/run_gpu_2026-11-30-s3.sh call2   # TP = 2 + SP whole-model compile / CUDA graphs,
+#                                               # DP = 2 with CUDA graphs, one-GPU references
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs, profiles, traces in $OUT.
 source bench/_run_lib.sh
@@ -41,6 +43,19 @@ c1_two() {
   run tp.log 80 $T $L13 --tp 2 --sp --tp-comm-overlap --label fast-tp2-sp-tp-comm-overlap
 }
 
+c2_two() {  # TP = 2 + SP launch-bound (GPU idle around each collective): fewer graphs, CUDA graphs
+  unset CUDA_VISIBLE_DEVICES
+  local RO="--compile-mode reduce-overhead"
+  run tp.log 120 $T $L13 --tp 2 --sp --compile model --label fast-tp2-sp-compile-model
+  run tp.log 120 $T $L13 --tp 2 --sp --compile model $RO --label fast-tp2-sp-compile-model-cudagraphs
+  run tp.log 90 $T $L13 --tp 2 --sp $RO --label fast-tp2-sp-layers-cudagraphs
+  run dp.log 90 $T $L13 --overlap-grad-reduce --bucket-size 100000000 $RO \
+    --label fast-dp2-overlap-bucket100m-cudagraphs
+  export CUDA_VISIBLE_DEVICES=0
+  run refs.log 80 $B $L13 $RO --label fast-layers-cudagraphs
+  run refs.log 80 $B $L13 --label fast-nochecks
+}
+
 case "${1:-}" in
   call1)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -49,11 +64,14 @@ case "${1:-}" in
     wait
     c1_two
     ;;
+  call2)
+    c2_two
+    ;;
   two)  # call 1's two-GPU part again (its first try launched torchrun wrongly)
     c1_two
     ;;
   *)
-    echo "usage: $0 call1|two" >&2
+    echo "usage: $0 call1|two|call2" >&2
     exit 2
     ;;
 esac
