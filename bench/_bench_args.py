@@ -65,6 +65,11 @@ def parse_args(argv=None, doc: str | None = None):
     )
     p.add_argument("--inductor-tuning", action="store_true", help="coordinate-descent tuning")
     p.add_argument(
+        "--comm-reorder",
+        action="store_true",
+        help="Inductor reorder_for_compute_comm_overlap (collectives raised, waits sunk)",
+    )
+    p.add_argument(
         "--compile-mode", default=None, help="torch.compile mode (reduce-overhead: CUDA graphs)"
     )
     p.add_argument(

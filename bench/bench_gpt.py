@@ -299,6 +299,8 @@ def main(argv=None) -> dict:
         context_parallel_size=a.cp,
     )
     dp = world // model_parallel
+    if a.comm_reorder:
+        torch._inductor.config.reorder_for_compute_comm_overlap = True
     if a.sm_carveout is not None:
         torch._C._set_sm_carveout_experimental(a.sm_carveout)
     if a.async_tp:
@@ -390,6 +392,8 @@ def main(argv=None) -> dict:
             "optimizer": a.optimizer,
             "tp_comm_overlap": a.tp_comm_overlap,
             "async_tp": a.async_tp,
+            "comm_reorder": a.comm_reorder,
+            "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
             "sm_carveout": a.sm_carveout,
             "nccl_high_priority": os.environ.get("TORCH_NCCL_HIGH_PRIORITY"),
         },

@@ -9,6 +9,8 @@
 #              (NCCL kernels hidden or exposed), DP = 2 with a high-priority NCCL stream
 #   bash bench/run_gpu_2026-11-30-s3.sh call2   # TP = 2 + SP whole-model compile / CUDA graphs,
 #                                               # DP = 2 with CUDA graphs, one-GPU references
+#   bash bench/run_gpu_2026-11-30-s3.sh call3   # references + anchors in two lanes, then TP = 2
+#                                               # NCCL protocol/channels, comm reorder; DP = 2
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs, profiles, traces in $OUT.
 source bench/_run_lib.sh
@@ -56,6 +58,31 @@ c2_two() {  # TP = 2 + SP launch-bound (GPU idle around each collective): fewer 
   run refs.log 80 $B $L13 --label fast-nochecks
 }
 
+c3_gpu0() {  # one-GPU references of the two-GPU ratios
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29701
+  run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
+  run refs.log 120 $B $L13 --compile model --ce chunked-recompute --label fast-compile-model-ce-recompute
+  run refs.log 80 $B $L13 --label fast-nochecks
+}
+
+c3_gpu1() {  # anchors and gpt-125m
+  export CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29711
+  for c in gpt-1.3b gpt-125m; do run anchors.log 120 python3 $A/torch_baseline_bench.py $c compile; done
+  run refs.log 100 $B --config gpt-125m $NC --compile model --ce chunked-recompute \
+    --label fast-compile-model-ce-recompute
+}
+
+c3_two() {  # TP = 2 + SP whole model compiled: NCCL protocol / channels, Inductor comm reorder
+  unset CUDA_VISIBLE_DEVICES
+  local M="--tp 2 --sp --compile model"
+  NCCL_PROTO=Simple run tp.log 100 $T $L13 $M --label fast-tp2-sp-model-simple
+  NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32 run tp.log 110 $T $L13 $M --label fast-tp2-sp-model-simple-32ch \
+    --profile "$OUT/profile-tp2-model.json" --trace "$OUT/trace-tp2-model.json.gz"
+  run tp.log 100 $T $L13 $M --comm-reorder --label fast-tp2-sp-model-comm-reorder
+  run dp.log 80 $T $L13 --overlap-grad-reduce --bucket-size 100000000 \
+    --compile-mode reduce-overhead --label fast-dp2-overlap-bucket100m-cudagraphs
+}
+
 case "${1:-}" in
   call1)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -67,11 +94,17 @@ case "${1:-}" in
   call2)
     c2_two
     ;;
+  call3)
+    c3_gpu0 &
+    c3_gpu1 &
+    wait
+    c3_two
+    ;;
   two)  # call 1's two-GPU part again (its first try launched torchrun wrongly)
     c1_two
     ;;
   *)
-    echo "usage: $0 call1|two|call2" >&2
+    echo "usage: $0 call1|two|call2|call3" >&2
     exit 2
     ;;
 esac
