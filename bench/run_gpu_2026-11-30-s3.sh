@@ -11,6 +11,7 @@
 #                                               # DP = 2 with CUDA graphs, one-GPU references
 #   bash bench/run_gpu_2026-11-30-s3.sh call3   # references + anchors in two lanes, then TP = 2
 #                                               # NCCL protocol/channels, comm reorder; DP = 2
+#   bash bench/run_gpu_2026-11-30-s3.sh call4   # tests/gpu, PP / CP bench layouts on 2 GPUs
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs, profiles, traces in $OUT.
 source bench/_run_lib.sh
@@ -83,6 +84,18 @@ c3_two() {  # TP = 2 + SP whole model compiled: NCCL protocol / channels, Induct
     --compile-mode reduce-overhead --label fast-dp2-overlap-bucket100m-cudagraphs
 }
 
+c4_tests() {  # CUDA tests (incl. CUDA-graph layers under DDP), PP / CP bench layouts on 2 GPUs
+  export CUDA_VISIBLE_DEVICES=0
+  echo "=== pytest tests/gpu ($(date -u +%T))" >>"$OUT/tests.log"
+  timeout 170 python3 -m pytest tests/gpu -q -p no:cacheprovider >>"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
+  unset CUDA_VISIBLE_DEVICES
+  echo "=== pytest -m gpu tests/dist/test_bench_gpt_layouts.py ($(date -u +%T))" >>"$OUT/tests.log"
+  timeout 120 python3 -m pytest -m gpu tests/dist/test_bench_gpt_layouts.py -q -p no:cacheprovider \
+    -k two_gpus >>"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
+}
+
 case "${1:-}" in
   call1)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -100,11 +113,15 @@ case "${1:-}" in
     wait
     c3_two
     ;;
+  call4)
+    c4_tests
+    exit 0
+    ;;
   two)  # call 1's two-GPU part again (its first try launched torchrun wrongly)
     c1_two
     ;;
   *)
-    echo "usage: $0 call1|two|call2|call3" >&2
+    echo "usage: $0 call1|two|call2|call3|call4" >&2
     exit 2
     ;;
 esac

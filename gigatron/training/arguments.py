@@ -170,6 +170,15 @@ def _training_args(p):
     )
     _add(
         g,
+        "--torch-compile-mode",
+        str,
+        None,
+        "gigatron addition: torch.compile mode of --torch-compile; 'reduce-overhead' adds CUDA "
+        "graphs (per layer: DDP overlap kept, less launch overhead)",
+        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+    )
+    _add(
+        g,
         "--skip-nan-steps",
         bool,
         help_="skip a step with a non-finite loss or grad (default: stop)",

@@ -86,13 +86,20 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
 
 
 def _compile_chunks(args, chunks) -> None:
-    """`--torch-compile layers|model` (gigatron addition): torch.compile in place."""
+    """`--torch-compile layers|model` [`--torch-compile-mode`] (gigatron additions): torch.compile
+    in place."""
     mode = getattr(args, "torch_compile", "none")
+    compile_mode = getattr(args, "torch_compile_mode", None)
+    if compile_mode is not None and mode == "none":
+        raise ValueError(
+            f"--torch-compile-mode {compile_mode} needs --torch-compile layers or model "
+            "(gigatron/training/training.py)"
+        )
     if mode == "layers":
         from gigatron.core.transformer._compile import compile_transformer_layers
 
         for chunk in chunks:
-            compile_transformer_layers(chunk)
+            compile_transformer_layers(chunk, mode=compile_mode)
     elif mode == "model":
         if len(chunks) > 1 or ps.get_pipeline_model_parallel_world_size() > 1:
             raise ValueError(
@@ -100,7 +107,7 @@ def _compile_chunks(args, chunks) -> None:
                 "input tensor changes per microbatch); use --torch-compile layers "
                 "(gigatron/training/training.py)"
             )
-        chunks[0].compile()
+        chunks[0].compile(mode=compile_mode)
 
 
 def setup_model_and_optimizer(model_provider_func, model_type=None):

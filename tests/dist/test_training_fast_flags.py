@@ -59,3 +59,10 @@ def test_torch_compile_layers_and_model_match_eager():
     assert not was_compiled and is_compiled and whole_compiled
     assert _close(compiled, eager, 1e-5), (compiled, eager)
     assert _close(whole, eager, 1e-5), (whole, eager)
+
+
+def test_torch_compile_mode_needs_torch_compile():
+    from gigatron.testing import DistributedTestError
+
+    with pytest.raises(DistributedTestError, match="--torch-compile-mode reduce-overhead needs"):
+        run_distributed(_losses, 1, args=(["--torch-compile-mode", "reduce-overhead"],))

@@ -118,6 +118,29 @@ def test_compiled_layers_match_eager(shape):
     _assert_close(_loss_and_grads(compiled), _loss_and_grads(eager))
 
 
+def test_cuda_graph_layers_under_ddp_match_eager():
+    """Per-layer CUDA graphs (mode="reduce-overhead", the DP = 2 benchmark's setting) with DDP's
+    grad hooks and overlap: three steps (warm-up, recording, replays) each put the eager grads
+    into main_grad, and the loss is the eager loss."""
+    from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    eager = _model(GPT, get_gpt_layer_fast_spec)
+    graphed = _model(GPT, get_gpt_layer_fast_spec, eager.state_dict())
+    ddp = DistributedDataParallel(
+        graphed.config, DistributedDataParallelConfig(overlap_grad_reduce=True), graphed
+    )
+    compile_transformer_layers(graphed, mode="reduce-overhead")
+    want = _loss_and_grads(eager)
+    tokens, pos, labels = _batch()
+    for _ in range(3):
+        ddp.zero_grad_buffer()
+        loss = ddp(tokens, pos, None, labels=labels).mean()
+        loss.backward()
+        ddp.finish_grad_sync()
+        grads = {n: p.main_grad.float().clone() for n, p in graphed.named_parameters()}
+        _assert_close((loss.detach().float(), grads), want)
+
+
 def test_compile_needs_layers():
     with pytest.raises(ValueError, match="no TransformerLayer"):
         compile_transformer_layers(torch.nn.Linear(2, 2))
