@@ -36,7 +36,10 @@ from gigatron.core import _init_rng, parallel_state
 from gigatron.core._init_rng import init_rng_scope
 from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-from gigatron.core.models.common.language_module.language_module import LanguageModule
+from gigatron.core.models.common.language_module.language_module import (
+    LanguageModule,
+    move_to_collective_device,
+)
 from gigatron.core.transformer.enums import ModelType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.transformer_block import TransformerBlock
@@ -227,6 +230,7 @@ class T5Model(LanguageModule):
                 weight.shared = True
             if in_groups and in_group():
                 group = get_group()
+                move_to_collective_device(weight, group)
                 with torch.no_grad():
                     dist.broadcast(weight.data, dist.get_global_rank(group, 0), group=group)
 

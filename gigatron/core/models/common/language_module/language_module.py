@@ -67,5 +67,14 @@ class LanguageModule(MegatronModule):
             ):
                 weight = self.shared_embedding_or_output_weight()
                 if weight is not None:
+                    group = parallel_state.get_embedding_group()
+                    move_to_collective_device(weight, group)
                     with torch.no_grad():
-                        dist.all_reduce(weight.data, group=parallel_state.get_embedding_group())
+                        dist.all_reduce(weight.data, group=group)
+
+
+def move_to_collective_device(weight: torch.Tensor, group) -> None:
+    """A CPU-initialised weight (`use_cpu_initialization`) about to meet a group without a CPU
+    backend (NCCL) moves to the current GPU first, as Megatron moves it before tying."""
+    if weight.device.type == "cpu" and "gloo" not in str(dist.get_backend(group)):
+        weight.data = weight.data.to(torch.device("cuda", torch.cuda.current_device()))
