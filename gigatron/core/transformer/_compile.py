@@ -70,7 +70,9 @@ def enable_async_tensor_parallel(group) -> None:
     TP linears (`_c10d_functional` ops, see tensor_parallel/_collectives.py) becomes one
     symmetric-memory op that moves the peers' rows over NVLink while the matmul of the rows
     already here runs. Same numbers, up to the order of the partial matmuls. CUDA + NCCL only;
-    call it on every rank of `group` before the first compiled step.
+    call it on every rank of `group` before the first compiled step. Experimental: on two H200
+    without NVLink multicast it halved TP=2 throughput (bench/reports/2026-11-30-s3-gpu.md), so
+    nothing turns it on by default; `tests/dist/test_async_tp_patterns.py` checks the patterns.
     """
     import torch.distributed as dist
 
