@@ -1,0 +1,229 @@
+"""Exact step rules and lane kernels behind `helpers.build_*blending_indices` (private).
+
+Megatron's greedy blending rule (`helpers.cpp`): step i gives its sample to the dataset with the
+largest `w_k * max(i, 1) - count_k` (float64, ties to the lowest k). This module holds the pieces
+that compute it: the plain loop (`_greedy_steps`, the reference), the exact two-dataset closed
+form (`_two_way_choice`), the side-by-side lane step (`_lane_steps`), the guessed lane start
+counts (`_guess_counts`), the one-by-one lane repair (`_sweep_lanes`) and the exhaustive loop
+(`_exhaustive_steps`). How the lanes are cut and scheduled is in `helpers._lane_choice`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy
+
+
+def _greedy_steps(
+    w: list[float],
+    counts: list[int],
+    begin: int,
+    end: int,
+    choice: numpy.ndarray,
+    offset: int = 0,
+) -> None:
+    """Megatron's rule for steps [begin, end): argmax_k w_k * max(i, 1) - counts_k (ties: low k).
+
+    Step i is written to `choice[i - offset]`.
+    """
+    if offset:
+        choice = _Shifted(choice, offset)
+    if len(w) > 12:  # many datasets: one NumPy argmax per step beats a Python loop over k
+        _greedy_steps_numpy(w, counts, begin, end, choice)
+        return
+    ks = range(1, len(w))
+    for i in range(begin, end):
+        t = float(i) if i > 1 else 1.0
+        best, best_err = 0, w[0] * t - counts[0]
+        for k in ks:
+            err = w[k] * t - counts[k]
+            if err > best_err:
+                best, best_err = k, err
+        choice[i] = best
+        counts[best] += 1
+
+
+class _Shifted:
+    """`a[i - offset]` for `a[i]`: lets the step loops write a tail buffer by global step."""
+
+    def __init__(self, array: numpy.ndarray, offset: int) -> None:
+        self.array, self.offset = array, offset
+
+    def __setitem__(self, i: int, value: int) -> None:
+        self.array[i - self.offset] = value
+
+
+def _greedy_steps_numpy(
+    w: list[float], counts: list[int], begin: int, end: int, choice: numpy.ndarray
+) -> None:
+    weights = numpy.asarray(w, dtype=numpy.float64)
+    c = numpy.asarray(counts, dtype=numpy.float64)
+    err = numpy.empty_like(weights)
+    for i in range(begin, end):
+        numpy.multiply(weights, float(i) if i > 1 else 1.0, out=err)
+        err -= c
+        best = int(err.argmax())  # first maximum: ties go to the lowest index, as in C++
+        choice[i] = best
+        c[best] += 1.0
+    counts[:] = [int(x) for x in c]
+
+
+def _two_way_choice(w0: float, w1: float, size: int) -> numpy.ndarray:
+    """int8 `[size]` choices of the greedy rule for two datasets, exact.
+
+    In exact arithmetic (w0 + w1 = 1, i >= 1) dataset 1 wins iff c0 > w0 * i, so dataset 0 takes
+    its j-th sample at p_j = max(p_{j-1} + 1, ceil(j / w0)). Blocks are predicted from that, then
+    checked with the float64 rule; the first disagreement is replaced by a few exact steps.
+    """
+    choice = numpy.empty(size, dtype=numpy.int8)
+    counts = [0, 0]
+    head = min(size, 2)  # steps 0 and 1 both use t = 1
+    _greedy_steps([w0, w1], counts, 0, head, choice)
+    start, block = head, 1 << 16
+    while start < size:
+        end = min(size, start + block)
+        n = end - start
+        c0 = counts[0]
+        j = numpy.arange(c0, c0 + n + 1, dtype=numpy.float64)
+        due = numpy.ceil(j / w0) - j
+        numpy.maximum.accumulate(due, out=due)
+        picks0 = j + numpy.maximum(due, start - c0)  # float: huge (or inf) for tiny w0
+        picks0 = picks0[picks0 < end].astype(numpy.int64)
+        seg = numpy.ones(n, dtype=numpy.int8)
+        seg[picks0 - start] = 0
+        # Check every step of the block with the float64 rule, as the C++ computes it.
+        is0 = seg == 0
+        c0_before = c0 + numpy.cumsum(is0) - is0
+        steps = numpy.arange(start, end, dtype=numpy.int64)
+        t = steps.astype(numpy.float64)
+        err0 = w0 * t - c0_before
+        err1 = w1 * t - (steps - c0_before)
+        bad = numpy.flatnonzero((err1 > err0).astype(numpy.int8) != seg)
+        good = n if bad.size == 0 else int(bad[0])
+        choice[start : start + good] = seg[:good]
+        counts[0] += int(numpy.count_nonzero(is0[:good]))
+        counts[1] = start + good - counts[0]
+        start += good
+        if good < n:  # repair: exact steps past the disagreement, then predict again
+            stop = min(size, start + 64)
+            _greedy_steps([w0, w1], counts, start, stop, choice)
+            start = stop
+    return choice
+
+
+def _lane_steps(
+    w: list[float], t0: numpy.ndarray, counts: numpy.ndarray, nsteps: int, out: numpy.ndarray
+) -> None:
+    """Megatron's rule for `nsteps` steps in every lane at once, in place.
+
+    Args:
+        w: the D weights.
+        t0: float64 `[P]` global step of each lane's first step.
+        counts: float64 `[D, P]` samples taken so far per dataset and lane (updated).
+        out: int16 `[nsteps, P]` receives the chosen dataset of each step and lane.
+    """
+    num, lanes = counts.shape
+    flat = counts.reshape(-1)
+    lane_ids = numpy.arange(lanes)
+    t = numpy.empty(lanes)
+    best_err, err = numpy.empty(lanes), numpy.empty(lanes)
+    better = numpy.empty(lanes, dtype=bool)
+    best = numpy.empty(lanes, dtype=numpy.intp)
+    for j in range(nsteps):
+        numpy.add(t0, float(j), out=t)
+        if j == 0:
+            numpy.maximum(t, 1.0, out=t)  # steps 0 and 1 both use t = 1
+        numpy.multiply(t, w[0], out=best_err)
+        best_err -= counts[0]  # w_0 * t - c_0, rounded twice as in C++
+        best.fill(0)
+        for k in range(1, num):
+            numpy.multiply(t, w[k], out=err)
+            err -= counts[k]
+            numpy.greater(err, best_err, out=better)  # strict: ties keep the lower index
+            numpy.putmask(best, better, k)
+            numpy.maximum(best_err, err, out=best_err)
+        out[j] = best
+        best *= lanes
+        best += lane_ids
+        flat[best] += 1.0
+
+
+def _guess_counts(w: numpy.ndarray, steps: numpy.ndarray, taken: int) -> numpy.ndarray:
+    """float64 `[D, P]` likely counts before each of `steps`: largest remainders of w * (s - 1).
+
+    With weights summing to 1, dataset k's deficit w_k * s - c_k stays near [w_k - 1, w_k), which
+    is what w * (s - 1) rounded to a total of s gives. `taken` samples went to datasets outside
+    `w` (spent ones); the deficits then rise together, so all ideals shift by one amount.
+    """
+    num = w.shape[0]
+    base = steps.astype(numpy.float64) - 1.0
+    ideal = w[:, None] * base + (base - taken - w.sum() * base) / num  # [D, P], sums to s-1-taken
+    counts = numpy.floor(ideal)
+    short = numpy.clip(steps - taken - counts.sum(axis=0), 0, num).astype(numpy.int64)  # [P]
+    order = numpy.argsort(counts - ideal, axis=0, kind="stable")  # largest remainder first
+    rank = numpy.empty_like(order)
+    numpy.put_along_axis(rank, order, numpy.arange(num)[:, None], axis=0)
+    counts += rank < short
+    return counts
+
+
+def _lanes_merge(w: list[float]) -> bool:
+    """Whether lanes are worth it: non-negative weights summing to 1 (as BlendedDataset passes).
+
+    Other weights still give exact results in lanes, but guessed counts are then far off and the
+    lanes rarely agree, so the plain loop is faster.
+    """
+    return min(w) >= 0.0 and abs(math.fsum(w) - 1.0) < 1e-6
+
+
+def _sweep_lanes(
+    w: list[float],
+    begin: numpy.ndarray,
+    start: numpy.ndarray,
+    counts: numpy.ndarray,
+    out: numpy.ndarray,
+) -> None:
+    """Make every lane agree with its predecessor, in order, rerunning lanes with the plain loop.
+
+    Args:
+        begin: int `[P]` global step where each lane's kept steps start.
+        start, counts: float64 `[D, P]` counts of each lane at its kept steps' start and end.
+        out: int16 `[L, P]` the lanes' kept steps (rerun lanes are rewritten).
+    """
+    length, lanes = out.shape
+    todo = list(1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0)))
+    todo.reverse()
+    while todo:
+        lane = int(todo.pop())
+        while True:
+            exact = [int(x) for x in counts[:, lane - 1]]
+            start[:, lane] = exact
+            column = numpy.empty(length, dtype=numpy.int16)
+            step = int(begin[lane])
+            _greedy_steps(w, exact, step, step + length, column, offset=step)
+            out[:, lane] = column
+            counts[:, lane] = exact
+            lane += 1  # the next lane now starts from new counts: check it again
+            if todo and todo[-1] == lane:
+                todo.pop()
+            if lane == lanes or (start[:, lane] == counts[:, lane - 1]).all():
+                break
+
+
+def _exhaustive_steps(
+    w: list[float], n: list[int], counts: list[int], begin: int, choice: numpy.ndarray
+) -> None:
+    """Megatron's exhaustive rule from step `begin` (exact `counts`) to the end of `choice`."""
+    unspent = [k for k in range(len(n)) if counts[k] < n[k]]
+    for i in range(begin, choice.shape[0]):
+        t = float(i) if i > 1 else 1.0
+        best, best_err = -1, -math.inf
+        for k in unspent:
+            err = w[k] * t - counts[k]
+            if err > best_err:
+                best, best_err = k, err
+        choice[i] = best
+        counts[best] += 1
+        if counts[best] == n[best]:
+            unspent.remove(best)
