@@ -65,6 +65,12 @@ def parse_args(argv=None, doc: str | None = None):
     )
     p.add_argument("--inductor-tuning", action="store_true", help="coordinate-descent tuning")
     p.add_argument(
+        "--no-memory-reorder",
+        action="store_true",
+        help="Inductor reorder_for_peak_memory off: TP backward keeps the weight-grad GEMM "
+        "between the reduce-scatter and its wait (tests/dist/test_tp_compile_schedule.py)",
+    )
+    p.add_argument(
         "--comm-reorder",
         action="store_true",
         help="Inductor reorder_for_compute_comm_overlap (collectives raised, waits sunk)",

@@ -299,6 +299,8 @@ def main(argv=None) -> dict:
         context_parallel_size=a.cp,
     )
     dp = world // model_parallel
+    if a.no_memory_reorder:
+        torch._inductor.config.reorder_for_peak_memory = False
     if a.comm_reorder:
         torch._inductor.config.reorder_for_compute_comm_overlap = True
     if a.sm_carveout is not None:
@@ -393,6 +395,7 @@ def main(argv=None) -> dict:
             "tp_comm_overlap": a.tp_comm_overlap,
             "async_tp": a.async_tp,
             "comm_reorder": a.comm_reorder,
+            "memory_reorder": not a.no_memory_reorder,
             "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
             "sm_carveout": a.sm_carveout,
             "nccl_high_priority": os.environ.get("TORCH_NCCL_HIGH_PRIORITY"),

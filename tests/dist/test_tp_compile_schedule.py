@@ -1,0 +1,84 @@
+"""Where Inductor puts the waits of a compiled TP = 2 + SP layer's backward collectives.
+
+The linears' backward starts the input-gradient reduce-scatter, then runs the weight-gradient
+matmul, then waits (tensor_parallel/_linear.py), so the transfer hides behind the matmul.
+Inductor's default peak-memory reordering moves that matmul after the wait (the collective
+then runs alone: bench/reports/2026-11-30-s3-gpu.md). With `reorder_for_peak_memory=False`
+(bench_gpt.py --no-memory-reorder) the generated backward keeps a matmul between every
+reduce-scatter and its wait; this checks that schedule in the generated code on CPU."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gigatron.testing import run_distributed
+
+
+def _backward_code(peak_memory_reorder: bool) -> str:
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    from gigatron.core import parallel_state
+    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
+    from gigatron.core.models.gpt.gpt_model import GPTModel
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    cfg = TransformerConfig(
+        num_layers=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        activation_func=F.gelu,
+        tensor_model_parallel_size=2,
+        sequence_parallel=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+    )
+    layer = GPTModel(cfg, get_gpt_layer_fast_spec(), 128, 16).decoder.layers[0]
+    torch._dynamo.reset()
+    layer.compile(fullgraph=True)
+    x = torch.randn(8, 2, 64, requires_grad=True)  # [s/tp, b, h]
+
+    def step():
+        layer(x, None)[0].sum().backward()
+
+    with config.patch(reorder_for_peak_memory=peak_memory_reorder):
+        _, codes = run_and_get_code(step)
+    backward = [c for c in codes if "tangents_1" in c]
+    assert len(backward) == 1, len(codes)
+    return backward[0]
+
+
+def _ops_between_scatter_and_wait(code: str) -> list[list[str]]:
+    """For each reduce-scatter in the generated code: the extern matmuls launched before its
+    wait_tensor."""
+    lines = [ln.strip() for ln in code.splitlines()]
+    out = []
+    for i, line in enumerate(lines):
+        m = re.match(r"(buf\d+) = torch\.ops\._c10d_functional\.reduce_scatter_tensor", line)
+        if not m:
+            continue
+        between = []
+        for later in lines[i + 1 :]:
+            if later.startswith(f"torch.ops._c10d_functional.wait_tensor.default({m.group(1)})"):
+                break
+            if later.startswith("extern_kernels.mm("):
+                between.append(later)
+        out.append(between)
+    return out
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler")  # fmt: skip
+def test_without_peak_memory_reorder_a_matmul_hides_each_reduce_scatter():
+    for code in run_distributed(_backward_code, 2, args=(False,), timeout=600):
+        hidden = _ops_between_scatter_and_wait(code)
+        assert len(hidden) == 2, hidden  # fc1's and QKV's input gradients
+        assert all(len(mms) >= 1 for mms in hidden), hidden
