@@ -24,17 +24,17 @@ megatron-core's writer starts helper processes on every save: a fixed cost of a 
 `--impls gigatron-training` (opt-in) times gigatron.training.checkpointing's save_checkpoint /
 load_checkpoint instead (iter dir, tracker file, RNG states, args; restored into the live model
 and optimizer after setting them to NaN).
+
+Layout: this file is the CLI and the timing loops; `_bench_ckpt_libs.py` builds each library's
+model, optimizer and state dict, `_bench_ckpt_state.py` walks, verifies and measures checkpoints.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
-import dataclasses
 import datetime
 import gc
-import importlib
 import json
 import os
 import platform
@@ -50,12 +50,27 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))
 sys.path.insert(0, _HERE)
 
+from _bench_ckpt_libs import (  # noqa: E402  (model + optimizer of each library)
+    Side,
+    _gigatron_setup,
+    _megatron_cpu_stubs,
+    _megatron_plain_setup,
+    _megatron_setup,
+)
+from _bench_ckpt_state import (  # noqa: E402  (state-dict walking, verification, disk)
+    _dir_bytes,
+    _evict,
+    _fresh,
+    _map,
+    _payload_bytes,
+    _reference,
+    _sync,
+    _verify,
+)
 from bench_gpt import CONFIGS  # noqa: E402  (layers, hidden, heads, seq, vocab per config)
 
 GPT_CONFIGS = sorted(c for c in CONFIGS if not CONFIGS[c].get("swiglu"))  # plain GPT shapes
 IMPLS = ("gigatron", "megatron", "gigatron-training")  # the last one: opt-in
-Side = collections.namedtuple("Side", "make_state params model optimizer")
-STEP_TOKENS = 256  # sequence length of the one training step that creates the Adam state
 
 
 def _args(argv=None):
@@ -81,231 +96,6 @@ def _args(argv=None):
             "(bench/bench_ckpt.py)"
         )
     return args
-
-
-# ------------------------------------------------------------------ state-dict walking helpers
-
-
-def _leaves(sd, path=()):
-    """(path, leaf) of a nested dict/list state dict."""
-    if isinstance(sd, dict):
-        for k, v in sd.items():
-            yield from _leaves(v, (*path, k))
-    elif isinstance(sd, list):
-        for i, v in enumerate(sd):
-            yield from _leaves(v, (*path, i))
-    else:
-        yield path, sd
-
-
-def _is_tensor_leaf(v) -> bool:
-    """A ShardedTensor or ShardedTensorFactory of either library (duck-typed)."""
-    return torch.is_tensor(getattr(v, "data", None)) and hasattr(v, "key")
-
-
-def _reference(sd) -> dict:
-    """{path: tensor that will be saved} (taken before save: megatron's save edits the dict)."""
-    return {p: v.data for p, v in _leaves(sd) if _is_tensor_leaf(v)}
-
-
-def _map(sd, fn):
-    """Same nested structure with `fn` applied to every sharded-tensor leaf."""
-    if isinstance(sd, dict):
-        return {k: _map(v, fn) for k, v in sd.items()}
-    if isinstance(sd, list):
-        return [_map(v, fn) for v in sd]
-    return fn(sd) if _is_tensor_leaf(sd) else sd
-
-
-def _fresh(sd):
-    """Load targets: same layout, every sharded tensor's data a new NaN (or -1) tensor."""
-
-    def nan_like(v):
-        fill = float("nan") if v.data.is_floating_point() else -1
-        return dataclasses.replace(v, data=torch.full_like(v.data, fill))
-
-    return _map(sd, nan_like)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes (NaN-safe, -0.0 != +0.0): megatron's padding is uninitialised memory."""
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def _verify(reference: dict, loaded) -> tuple[bool, int, str]:
-    """(all equal bitwise, tensors checked, first mismatch) of loaded vs reference tensors."""
-    for path, want in reference.items():
-        got = loaded
-        try:
-            for k in path:
-                got = got[k]
-        except (KeyError, IndexError, TypeError):
-            return False, len(reference), "/".join(map(str, path))
-        same = (
-            torch.is_tensor(got)
-            and got.dtype == want.dtype
-            and got.shape == want.shape
-            and (got.numel() == 0 or got.data_ptr() != want.data_ptr())  # not the saved tensor
-            and torch.equal(_bits(got.to(want.device)), _bits(want))
-        )
-        if not same:
-            return False, len(reference), "/".join(map(str, path))
-    return True, len(reference), ""
-
-
-def _payload_bytes(reference: dict) -> int:
-    return sum(t.numel() * t.element_size() for t in reference.values())
-
-
-def _dir_bytes(path: str) -> tuple[int, int]:
-    """(apparent bytes, allocated bytes as du counts them) of every file under `path`."""
-    apparent = allocated = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            st = os.stat(os.path.join(root, name))
-            apparent += st.st_size
-            allocated += st.st_blocks * 512
-    return apparent, allocated
-
-
-def _evict(path: str) -> None:
-    """Push the files to disk and drop them from the page cache (no root needed)."""
-    for root, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    if dist.is_initialized():
-        dist.barrier()
-
-
-# ------------------------------------------------------------------ the two sides
-
-
-def _shape(args) -> dict:
-    s = CONFIGS[args.config]
-    return dict(layers=s["layers"], hidden=s["hidden"], heads=s["heads"], seq=s["seq"],
-                vocab=s["vocab"])  # fmt: skip
-
-
-def _train_step(ddp, optimizer, shape, device) -> None:
-    """One forward/backward/optimizer step on random tokens (creates the Adam moments)."""
-    s = min(shape["seq"], STEP_TOKENS)
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, shape["vocab"], (1, s), generator=g).to(device)
-    pos = torch.arange(s, device=device)[None]
-    mask = torch.ones(1, 1, s, s, dtype=torch.bool, device=device).triu(1)  # True = masked
-    ddp.zero_grad_buffer()
-    ddp(tokens, pos, mask, labels=tokens).float().mean().backward()
-    ddp.finish_grad_sync()
-    ok = optimizer.step()[0]
-    if not ok:
-        raise RuntimeError("the optimizer skipped its step (bench_ckpt): no Adam state to save")
-
-
-def _build(pkg: str, args):
-    """(model, ddp, optimizer) from `pkg` ("gigatron.core" or "megatron.core": the same names)
-    after one training step: GPTModel (local spec, bf16, tied embeddings), DDP, Adam."""
-
-    def mod(name):
-        return importlib.import_module(f"{pkg}.{name}")
-
-    shape, bf16 = _shape(args), torch.bfloat16
-    mod("parallel_state").initialize_model_parallel()
-    torch.manual_seed(1234)
-    mod("tensor_parallel.random").model_parallel_cuda_manual_seed(1234)
-    cfg = mod("transformer.transformer_config").TransformerConfig(
-        num_layers=shape["layers"], hidden_size=shape["hidden"],
-        num_attention_heads=shape["heads"], hidden_dropout=0.0, attention_dropout=0.0,
-        bf16=True, params_dtype=bf16, pipeline_dtype=bf16,
-    )  # fmt: skip
-    spec = mod("models.gpt.gpt_layer_specs").get_gpt_layer_local_spec()
-    with torch.device(args.device):
-        model = mod("models.gpt").GPTModel(
-            config=cfg, transformer_layer_spec=spec, vocab_size=shape["vocab"],
-            max_sequence_length=shape["seq"], share_embeddings_and_output_weights=True,
-            position_embedding_type="learned_absolute",
-        )  # fmt: skip
-    model = model.to(device=args.device, dtype=bf16)
-    distributed, optim = mod("distributed"), mod("optimizer")
-    ddp_config = distributed.DistributedDataParallelConfig(
-        use_distributed_optimizer=args.dist_opt, grad_reduce_in_fp32=True
-    )
-    ddp = distributed.DistributedDataParallel(config=cfg, ddp_config=ddp_config, module=model)
-    opt_config = optim.OptimizerConfig(optimizer="adam", lr=1e-4, bf16=True, params_dtype=bf16,
-                                       use_distributed_optimizer=args.dist_opt)  # fmt: skip
-    optimizer = optim.get_megatron_optimizer(opt_config, [ddp])
-    _train_step(ddp, optimizer, shape, args.device)
-    return model, ddp, optimizer
-
-
-def _gigatron_setup(args) -> Side:
-    from gigatron.core.dist_checkpointing.optimizer import optimizer_sharded_state_dict
-    from gigatron.training._checkpoint_state import model_sharded_state_dict
-
-    model, ddp, optimizer = _build("gigatron.core", args)
-
-    def make_state():
-        # What gigatron.training's checkpoints save: stacked-layer model keys and the
-        # per-parameter (fully reshardable) optimizer state.
-        model_sd = model_sharded_state_dict(model)
-        return {"model": model_sd, "optimizer": optimizer_sharded_state_dict(optimizer, model_sd)}
-
-    return Side(make_state, sum(p.numel() for p in model.parameters()), ddp, optimizer)
-
-
-def _megatron_setup(args) -> Side:
-    """megatron-core's own model and optimizer state (CUDA only: its optimizer checks for it)."""
-    model, ddp, optimizer = _build("megatron.core", args)
-    metadata = {"distrib_optim_sharding_type": args.megatron_sharding_type}
-
-    def make_state():
-        model_sd = model.sharded_state_dict()
-        optim_sd = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=metadata)
-        return {"model": model_sd, "optimizer": optim_sd}
-
-    return Side(make_state, sum(p.numel() for p in model.parameters()), ddp, optimizer)
-
-
-def _megatron_plain_setup(args):
-    """CPU stand-in: one plain megatron ShardedTensor per tensor of gigatron's payload."""
-    from megatron.core.dist_checkpointing import ShardedTensor
-
-    gigatron = _gigatron_setup(args)
-    reference = _reference(gigatron.make_state())
-    tensors = {"/".join(map(str, p)): t.detach().contiguous().clone() for p, t in reference.items()}
-
-    def make_state():
-        return {k: ShardedTensor.from_rank_offsets(k, t) for k, t in tensors.items()}
-
-    return Side(make_state, gigatron.params, None, None)
-
-
-@contextlib.contextmanager
-def _megatron_cpu_stubs():
-    """What megatron-core's writer needs from CUDA, on a CPU-only run (restored afterwards)."""
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    saved = (torch.cuda.synchronize, torch.cuda.current_device, filesystem_async._process_memory)
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.current_device = lambda: "cpu"
-    try:
-        import psutil  # noqa: F401
-    except ImportError:  # its writer logs process memory through psutil
-        filesystem_async._process_memory = lambda: 0
-    try:
-        yield
-    finally:
-        torch.cuda.synchronize, torch.cuda.current_device = saved[:2]
-        filesystem_async._process_memory = saved[2]
 
 
 # ------------------------------------------------------------------ timing
