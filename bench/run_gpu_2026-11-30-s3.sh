@@ -12,6 +12,8 @@
 #   bash bench/run_gpu_2026-11-30-s3.sh call3   # references + anchors in two lanes, then TP = 2
 #                                               # NCCL protocol/channels, comm reorder; DP = 2
 #   bash bench/run_gpu_2026-11-30-s3.sh call4   # tests/gpu, PP / CP bench layouts on 2 GPUs
+#   bash bench/run_gpu_2026-11-30-s3.sh next    # NOT RUN YET (device time spent): TP = 2 + SP
+#       with --no-memory-reorder (± --tp-comm-overlap), DP = 2 again, PP / CP layouts test
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs, profiles, traces in $OUT.
 source bench/_run_lib.sh
@@ -96,6 +98,29 @@ c4_tests() {  # CUDA tests (incl. CUDA-graph layers under DDP), PP / CP bench la
   tail -3 "$OUT/tests.log"
 }
 
+next_gpu0() {  # planned for the next session (not run yet): one-GPU references
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29801
+  run refs.log 120 $B $L13 --compile model --ce chunked-recompute --label fast-compile-model-ce-recompute
+  run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
+}
+
+next_two() {  # planned: TP = 2 + SP with the backward schedule kept (--no-memory-reorder)
+  unset CUDA_VISIBLE_DEVICES
+  local M="--tp 2 --sp --compile model --no-memory-reorder"
+  export NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32
+  run tp.log 110 $T $L13 $M --label fast-tp2-sp-model-keep-order \
+    --profile "$OUT/profile-tp2-keep-order.json" --trace "$OUT/trace-tp2-keep-order.json.gz"
+  run tp.log 110 $T $L13 $M --tp-comm-overlap --label fast-tp2-sp-model-keep-order-tp-overlap \
+    --profile "$OUT/profile-tp2-keep-order-overlap.json"
+  unset NCCL_PROTO NCCL_MIN_NCHANNELS
+  run dp.log 80 $T $L13 --overlap-grad-reduce --bucket-size 100000000 \
+    --compile-mode reduce-overhead --label fast-dp2-overlap-bucket100m-cudagraphs
+  echo "=== pytest -m gpu tests/dist/test_bench_gpt_layouts.py ($(date -u +%T))" >>"$OUT/tests.log"
+  timeout 300 python3 -m pytest -m gpu tests/dist/test_bench_gpt_layouts.py -q -p no:cacheprovider \
+    -k two_gpus >>"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
+}
+
 case "${1:-}" in
   call1)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -117,11 +142,15 @@ case "${1:-}" in
     c4_tests
     exit 0
     ;;
+  next)
+    next_gpu0
+    next_two
+    ;;
   two)  # call 1's two-GPU part again (its first try launched torchrun wrongly)
     c1_two
     ;;
   *)
-    echo "usage: $0 call1|two|call2|call3|call4" >&2
+    echo "usage: $0 call1|two|call2|call3|call4|next" >&2
     exit 2
     ;;
 esac
