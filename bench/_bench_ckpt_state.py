@@ -113,3 +113,20 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
     if dist.is_initialized():
         dist.barrier()
+
+
+def _record_files(out: dict, ckpt: str, reference: dict, drop_cache: bool) -> None:
+    """Bytes of the saved checkpoint's files and of its tensors into `out`; then, with
+    `drop_cache`, evict the files so that the load reads them from disk."""
+    out["bytes_on_disk"], out["du_bytes"] = _dir_bytes(ckpt)
+    out["payload_bytes"] = _payload_bytes(reference)
+    if drop_cache:
+        _evict(ckpt)
+
+
+def _record_verify(out: dict, reference: dict, loaded) -> None:
+    """`_verify` into `out`: `verified` stays True only while every repeat matched bitwise."""
+    ok, out["verified_tensors"], bad = _verify(reference, loaded)
+    out["verified"] = out["verified"] and ok
+    if not ok:
+        out["first_mismatch"] = bad

@@ -58,14 +58,12 @@ from _bench_ckpt_libs import (  # noqa: E402  (model + optimizer of each library
     _megatron_setup,
 )
 from _bench_ckpt_state import (  # noqa: E402  (state-dict walking, verification, disk)
-    _dir_bytes,
-    _evict,
     _fresh,
     _map,
-    _payload_bytes,
+    _record_files,
+    _record_verify,
     _reference,
     _sync,
-    _verify,
 )
 from bench_gpt import CONFIGS  # noqa: E402  (layers, hidden, heads, seq, vocab per config)
 
@@ -113,6 +111,15 @@ def _repeat_indices(args):
         last = time.perf_counter() - start
 
 
+def _timed(device: str, fn, *fn_args, **fn_kwargs) -> tuple[float, object]:
+    """(seconds, result) of `fn(*fn_args, **fn_kwargs)`, the device and ranks synced around it."""
+    _sync(device)
+    t0 = time.perf_counter()
+    result = fn(*fn_args, **fn_kwargs)
+    _sync(device)
+    return time.perf_counter() - t0, result
+
+
 def _time_repeats(args, lib, make_state, root: str) -> dict:
     """Save / load / verify `--repeats` times; seconds, bytes and the verification outcome."""
     out = dict(save_s=[], load_s=[], state_dict_s=[], verified=True, verified_tensors=0)
@@ -125,25 +132,11 @@ def _time_repeats(args, lib, make_state, root: str) -> dict:
         request = _fresh(make_state())  # load targets: same layout, NaN data
         reference = _reference(state)
         out["state_dict_s"].append(time.perf_counter() - t0)
-        _sync(args.device)
-        t0 = time.perf_counter()
-        lib.save(state, ckpt)
-        _sync(args.device)
-        out["save_s"].append(time.perf_counter() - t0)
-        out["bytes_on_disk"], out["du_bytes"] = _dir_bytes(ckpt)
-        out["payload_bytes"] = _payload_bytes(reference)
-        if args.drop_cache:
-            _evict(ckpt)
-        _sync(args.device)
-        t0 = time.perf_counter()
-        loaded = lib.load(request, ckpt)
-        _sync(args.device)
-        out["load_s"].append(time.perf_counter() - t0)
-        ok, count, bad = _verify(reference, loaded)
-        out["verified"] = out["verified"] and ok
-        out["verified_tensors"] = count
-        if not ok:
-            out["first_mismatch"] = bad
+        out["save_s"].append(_timed(args.device, lib.save, state, ckpt)[0])
+        _record_files(out, ckpt, reference, args.drop_cache)
+        seconds, loaded = _timed(args.device, lib.load, request, ckpt)
+        out["load_s"].append(seconds)
+        _record_verify(out, reference, loaded)
         del state, request, reference, loaded
         shutil.rmtree(ckpt)  # one checkpoint on disk at a time (a 1.3B one is ~21 GB)
     return out
@@ -161,28 +154,15 @@ def _time_training(args, side: Side, root: str) -> dict:
         flags = argparse.Namespace(save=ckpt, load=ckpt)
         live = _reference(side.make_state())
         snapshot = {path: t.clone() for path, t in live.items()}
-        _sync(args.device)
-        t0 = time.perf_counter()
-        checkpointing.save_checkpoint(1, side.model, side.optimizer, None, args=flags)
-        _sync(args.device)
-        out["save_s"].append(time.perf_counter() - t0)
-        out["bytes_on_disk"], out["du_bytes"] = _dir_bytes(ckpt)
-        out["payload_bytes"] = _payload_bytes(snapshot)
-        if args.drop_cache:
-            _evict(ckpt)
+        save = (checkpointing.save_checkpoint, 1, side.model, side.optimizer, None)
+        out["save_s"].append(_timed(args.device, *save, args=flags)[0])
+        _record_files(out, ckpt, snapshot, args.drop_cache)
         with torch.no_grad():
             for t in live.values():
                 t.fill_(float("nan") if t.is_floating_point() else -1)
-        _sync(args.device)
-        t0 = time.perf_counter()
-        checkpointing.load_checkpoint(side.model, side.optimizer, None, args=flags)
-        _sync(args.device)
-        out["load_s"].append(time.perf_counter() - t0)
-        restored = _map(side.make_state(), lambda v: v.data)
-        ok, out["verified_tensors"], bad = _verify(snapshot, restored)
-        out["verified"] = out["verified"] and ok
-        if not ok:
-            out["first_mismatch"] = bad
+        load = (checkpointing.load_checkpoint, side.model, side.optimizer, None)
+        out["load_s"].append(_timed(args.device, *load, args=flags)[0])
+        _record_verify(out, snapshot, _map(side.make_state(), lambda v: v.data))
         del live, snapshot
         shutil.rmtree(ckpt)
     return out
