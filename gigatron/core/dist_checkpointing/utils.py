@@ -20,9 +20,14 @@ import re
 
 import torch
 
-from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+from gigatron.core.dist_checkpointing.mapping import (
+    ShardedObject,
+    ShardedTensor,
+    ShardedTensorFactory,
+)
 
 __all__ = [
+    "make_sharded_object_for_checkpoint",
     "make_sharded_tensor_for_checkpoint",
     "make_tp_sharded_tensor_for_checkpoint",
     "sharded_state_dict_from_entries",
@@ -67,6 +72,20 @@ def make_tp_sharded_tensor_for_checkpoint(
         key, tensor, *prepend_offsets, (tp_axis + p, tp_rank, tp_size), replica_id=replica_id,
         prepend_axis_num=p, **kwargs,
     )  # fmt: skip
+
+
+def make_sharded_object_for_checkpoint(
+    obj, key: str, sharded_offsets=(), replica_id=None, **kwargs
+) -> ShardedObject:
+    """An object (e.g. a layer's `_extra_state`) replicated over TP: `sharded_offsets` are
+    (axis, offset, size) triples, e.g. ((0, i, L),) for layer i of a stack of L (shape (1,)
+    without them); main replica on tp_rank 0 of dp_rank 0."""
+    tp_rank, _, dp_rank = _ranks()
+    if replica_id is None:
+        replica_id = (0, tp_rank, dp_rank)
+    shape = tuple(size for _, _, size in sharded_offsets) or (1,)
+    offset = tuple(off for _, off, _ in sharded_offsets) or (0,)
+    return ShardedObject(key, obj, shape, offset, replica_id=replica_id, **kwargs)
 
 
 def _strided(key, tensor, axis, stride, tp_rank, tp_size, replica_id, mismatch, pre=()):
@@ -134,13 +153,19 @@ def _grouped(key, tensor, shape, ep, axis, stride, tp_rank, tp_size, replica_id)
     return ShardedTensorFactory(key, tensor, build, merge, replica_id)
 
 
-_LAYER_KEY = re.compile(r"^(?P<head>(?:.*\.)?decoder\.layers\.)(?P<i>\d+)\.(?P<rest>.+)$")
+_LAYER_KEY = re.compile(
+    r"^(?P<head>(?:.*\.)?(?P<stack>encoder|decoder)\.layers\.)(?P<i>\d+)\.(?P<rest>.+)$"
+)
 
 
-def _stacked(key: str, num_layers: int | None) -> tuple[str, tuple]:
-    """Megatron's stacked form: `decoder.layers.{i}.x` -> (`decoder.layers.x`, ((0, i, L),))."""
-    m = _LAYER_KEY.match(key) if num_layers else None
-    if m is None:
+def _stacked(key: str, stack_layers) -> tuple[str, tuple]:
+    """Megatron's stacked form: `<stack>.layers.{i}.x` -> (`<stack>.layers.x`, ((0, i, L),)),
+    L = stack_layers[stack] (an int means {"decoder": int}); other keys stay as they are."""
+    if isinstance(stack_layers, int):
+        stack_layers = {"decoder": stack_layers}
+    m = _LAYER_KEY.match(key) if stack_layers else None
+    num_layers = stack_layers.get(m.group("stack")) if m else None
+    if not num_layers:
         return key, ()
     i = int(m.group("i"))
     if i >= num_layers:
@@ -153,22 +178,23 @@ def sharded_state_dict_from_entries(
     *,
     prefix: str = "",
     replicated_on_pp_stage: bool = False,
-    stack_layers: int | None = None,
+    stack_layers: int | dict[str, int] | None = None,
 ) -> dict:
     """{key: ShardedTensor | ShardedTensorFactory} from {key: (tensor, tp_axis, stride, mismatch)}.
 
     `tp_axis` None means TP-replicated. `replicated_on_pp_stage` marks every entry as a
     non-main copy (e.g. the tied word embedding held again by the last pipeline stage).
-    `stack_layers` = the decoder's total num_layers: per-layer keys `decoder.layers.{i}.<name>`
-    (global i) become Megatron's stacked `decoder.layers.<name>` with a leading num_layers axis
-    (what megatron-core writes for homogeneous stacks). Entries that already are ShardedTensors
-    pass through.
+    `stack_layers` = {stack: its total num_layers} for stack "encoder" / "decoder" (an int:
+    the decoder's): per-layer keys `<stack>.layers.{i}.<name>` (global i) become Megatron's
+    stacked `<stack>.layers.<name>` with a leading num_layers axis (what megatron-core writes
+    for homogeneous stacks); stacks not named keep per-layer keys. Entries that already are
+    ShardedTensors, factories or ShardedObjects pass through.
     """
     dense_ranks = _ranks()
     first = 1 if replicated_on_pp_stage else 0
     out = {}
     for key, entry in entries.items():
-        if isinstance(entry, (ShardedTensor, ShardedTensorFactory)):
+        if isinstance(entry, (ShardedTensor, ShardedTensorFactory, ShardedObject)):
             out[prefix + key] = entry
             continue
         tensor, axis, stride, mismatch = (tuple(entry) + (None, 1, False))[:4]

@@ -5,7 +5,7 @@ Mirrors `megatron.core.models.T5.t5_model` (T5Model, T5LMHead, t5_extended_atten
 t5_position_ids): same constructor, forward, masks (bool, True = masked; the local layers take
 [b, 1, sq, sk] masks) and module names, so `state_dict()` keys are Megatron's
 (`embedding.word_embeddings.weight`, `encoder.layers.{i}.*`, `decoder.layers.{i}.cross_attention.
-linear_q.weight`, `decoder.final_layernorm.weight`, `lm_head.output_layer.bias`, ...).
+linear_q.weight`, `lm_head.output_layer.bias`, ...); checkpoints use megatron-core's stacked keys.
 
 Pipeline parallelism splits the model between encoder and decoder (Megatron's encoder-decoder
 split): a stage built with add_decoder=False runs the whole encoder and sends its output; a stage
@@ -355,11 +355,13 @@ class T5Model(LanguageModule):
         return self.compute_language_model_loss(lm_labels, logits)  # [b, sd]
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
-        """{Megatron checkpoint key: ShardedEntry}: `encoder.layers.{i}.*` and
-        `decoder.layers.{i}.*` (each stack whole on its stage), embedding, LM head."""
-        from gigatron.core.models.bert._checkpoint_keys import sharded_keys
+        """megatron-core's T5 layout (`_checkpoint_keys.py`): stacked `encoder.layers.<name>` /
+        `decoder.layers.<name>` ShardedTensors, `_extra_state` objects, alias names.
+        `metadata={"legacy_layout": True}`: older gigatron T5 checkpoints' layout, to load them."""
+        from gigatron.core.models.T5._checkpoint_keys import t5_sharded_state_dict
 
-        return sharded_keys(self, ("encoder", "decoder"), prefix=prefix, local_index=True)
+        legacy = bool((metadata or {}).get("legacy_layout", False))
+        return t5_sharded_state_dict(self, prefix=prefix, legacy=legacy)
 
     def shared_embedding_or_output_weight(self) -> Tensor | None:
         if self.pre_process:

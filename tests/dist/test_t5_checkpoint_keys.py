@@ -1,0 +1,303 @@
+"""T5Model checkpoints in megatron-core's layout (stacked `encoder.layers.<name>` [L_enc, ...] and
+`decoder.layers.<name>` [L_dec, ...], per-layer `_extra_state` objects, megatron-core's alias
+names), through gigatron.training's checkpoint path (`model_sharded_state_dict`).
+
+- TP = 2 save -> TP = 1 (DP = 2) load: weights bitwise equal to the full set the TP = 2 model
+  was loaded from, logits equal to the TP = 2 model's; the saved keys and global shapes equal
+  those of megatron-core 0.16.1's own T5Model (local spec, built on CPU at TP = 2), for tied
+  learned-absolute and untied relative-position models.
+- PP = 2 (encoder stage, decoder stage) save -> PP = 1 load: same weights, logits equal to the
+  two-stage forward; the stages' keys together equal the PP = 1 model's.
+- A checkpoint in the older gigatron layout (per-layer encoder keys) loads through
+  `sharded_state_dict(metadata={"legacy_layout": True})`.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from gigatron.testing import run_distributed
+
+V, MAX_SEQ, ENC_L, DEC_L, B, SE, SD = 64, 16, 4, 2, 2, 8, 6
+KW = dict(num_layers=DEC_L, hidden_size=32, num_attention_heads=4, hidden_dropout=0.0)
+KW["attention_dropout"] = 0.0
+
+
+def _model_kwargs(tied: bool, pos: str) -> dict:
+    return dict(
+        vocab_size=V,
+        max_sequence_length=MAX_SEQ,
+        share_embeddings_and_output_weights=tied,
+        position_embedding_type=pos,
+    )
+
+
+def _gigatron_t5(tp=1, pp=1, stage=None, tied=True, pos="learned_absolute"):
+    """T5 at TP = tp; with pp = 2, stage 0 = the encoder stage, stage 1 = the decoder stage."""
+    from gigatron.core.models.T5 import T5Model
+    from gigatron.core.models.T5.t5_spec import (
+        get_t5_decoder_with_local_block_spec,
+        get_t5_encoder_with_local_block_spec,
+    )
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(
+        **KW,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.float32 if pp > 1 else None,
+        use_cpu_initialization=True,
+    )
+    split = {} if stage is None else dict(add_encoder=stage == 0, add_decoder=stage == 1)
+    return T5Model(
+        cfg,
+        dataclasses.replace(cfg, num_layers=ENC_L),
+        get_t5_encoder_with_local_block_spec(ENC_L),
+        get_t5_decoder_with_local_block_spec(DEC_L),
+        post_process=stage != 0,
+        **_model_kwargs(tied, pos),
+        **split,
+    ).eval()
+
+
+def _megatron_layout(tp, tied, pos):
+    """Keys/shapes of megatron-core's T5Model (local layer specs) on CPU: `current_device`
+    stubbed to "cpu" (its only CUDA call at construction)."""
+    from megatron.core import parallel_state as mps
+    from megatron.core.models.T5.t5_model import T5Model
+    from megatron.core.models.T5.t5_spec import (
+        decoder_model_with_local_spec,
+        encoder_model_with_local_spec,
+    )
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if not torch.cuda.is_available():
+        torch.cuda.current_device = lambda: "cpu"
+    mps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    try:
+        cfg = TransformerConfig(**KW, tensor_model_parallel_size=tp, use_cpu_initialization=True)
+        model = T5Model(
+            cfg,
+            dataclasses.replace(cfg, num_layers=ENC_L),
+            encoder_model_with_local_spec(),
+            decoder_model_with_local_spec(),
+            **_model_kwargs(tied, pos),
+        )
+        return _layout(model.sharded_state_dict())
+    finally:
+        mps.destroy_model_parallel()
+
+
+def _layout(sharded: dict) -> dict:
+    """{checkpoint key: global shape (ShardedTensor) or ('object', shape) (ShardedObject)}."""
+    out = {}
+    for value in sharded.values():
+        for sh in value if isinstance(value, list) else [value]:
+            kind = type(sh).__name__
+            if kind == "ShardedObject":
+                out[sh.key] = ("object", tuple(sh.global_shape))
+            else:
+                assert kind == "ShardedTensor", (sh.key, kind)
+                out[sh.key] = tuple(sh.global_shape)
+    return out
+
+
+def _init(tp=1, pp=1):
+    from gigatron.core import parallel_state, tensor_parallel
+    from gigatron.training.pretrain_t5 import t5_position_embedding_ranks
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(
+        tp, pp, get_position_embedding_ranks=t5_position_embedding_ranks
+    )
+    tensor_parallel.model_parallel_cuda_manual_seed(1234)
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(7)
+    enc = torch.randint(0, V, (B, SE), generator=g)
+    dec = torch.randint(0, V, (B, SD), generator=g)
+    causal = torch.ones(SD, SD, dtype=torch.bool).triu(1).expand(B, 1, SD, SD)
+    no_mask = lambda sq, sk: torch.zeros(B, 1, sq, sk, dtype=torch.bool)
+    return enc, dec, no_mask(SE, SE), causal, no_mask(SD, SE)
+
+
+def _full_weights(**kw) -> dict:
+    _init()
+    torch.manual_seed(0)
+    return {n: p.detach().clone() for n, p in _gigatron_t5(**kw).named_parameters()}
+
+
+def _load(model, ckpt_dir, metadata=None) -> None:
+    """Load `ckpt_dir` into `model` through the training path's request (or the model's own
+    sharded_state_dict with `metadata`)."""
+    from gigatron.core import dist_checkpointing
+    from gigatron.training._checkpoint_state import model_sharded_state_dict
+
+    if metadata is None:
+        request = model_sharded_state_dict(model)
+    else:
+        request = model.sharded_state_dict(metadata=metadata)
+    loaded = dist_checkpointing.load(request, ckpt_dir)
+    with torch.no_grad():
+        for key, sh in request.items():
+            if torch.is_tensor(loaded[key]):
+                sh.data.copy_(loaded[key])
+
+
+def _mismatched(model, full) -> list:
+    return [n for n, p in model.named_parameters() if not torch.equal(p, full[n])]
+
+
+def _gather_vocab(logits):
+    """[b, sd, V/tp] -> [b, sd, V] over the TP group."""
+    import torch.distributed as dist
+
+    from gigatron.core import parallel_state
+
+    group = parallel_state.get_tensor_model_parallel_group()
+    parts = [torch.empty_like(logits) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, logits.contiguous(), group=group)
+    return torch.cat(parts, dim=-1)
+
+
+def _tp_roundtrip(ckpt_dir, tied, pos):
+    from gigatron.core import dist_checkpointing
+    from gigatron.core.models.common.tp_state_dict import load_full_state_dict
+    from gigatron.training._checkpoint_state import model_sharded_state_dict
+
+    kw = dict(tied=tied, pos=pos)
+    full = _full_weights(**kw)
+    _init(tp=2)
+    saved = _gigatron_t5(tp=2, **kw)
+    load_full_state_dict(saved, full)
+    sharded = model_sharded_state_dict(saved)
+    layout = _layout(sharded)
+    dist_checkpointing.save(sharded, ckpt_dir)
+    with torch.no_grad():
+        ref_logits = _gather_vocab(saved(*_inputs()))
+    megatron_layout = _megatron_layout(2, tied, pos)
+
+    _init(tp=1)
+    torch.manual_seed(1)
+    fresh = _gigatron_t5(tp=1, **kw)
+    before = _mismatched(fresh, full)
+    _load(fresh, ckpt_dir)
+    with torch.no_grad():
+        err = (fresh(*_inputs()) - ref_logits).abs().max().item()
+    return layout, megatron_layout, _mismatched(fresh, full), len(before), err
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "tied, pos", [(True, "learned_absolute"), (False, "relative")], ids=["tied", "untied-rel"]
+)
+def test_t5_megatron_layout_tp2_to_tp1(tmp_path, tied, pos):
+    results = run_distributed(_tp_roundtrip, 2, args=(str(tmp_path), tied, pos), timeout=180)
+    for layout, megatron_layout, mismatched, n_before, err in results:
+        assert mismatched == [] and n_before > 0
+        assert layout["encoder.layers.self_attention.linear_qkv.weight"] == (ENC_L, 96, 32)
+        assert layout["encoder.layers.mlp.linear_fc1.layer_norm_weight"] == (ENC_L, 32)
+        assert layout["decoder.layers.cross_attention.linear_kv.weight"] == (DEC_L, 64, 32)
+        assert layout["encoder.layers.mlp.linear_fc2._extra_state"] == ("object", (ENC_L,))
+        assert not any(k.startswith(("encoder.layers.0.", "decoder.layers.0.")) for k in layout)
+        assert layout == megatron_layout, sorted(set(layout.items()) ^ set(megatron_layout.items()))
+        assert err < 1e-5, err
+
+
+_SHARED = ("embedding.", "position_embeddings.")
+
+
+def _pp_roundtrip(ckpt_dir):
+    import torch.distributed as dist
+
+    from gigatron.core import dist_checkpointing, parallel_state
+    from gigatron.training._checkpoint_state import model_sharded_state_dict
+
+    full = _full_weights()
+    with torch.no_grad():
+        pp1_layout = _layout(model_sharded_state_dict(_gigatron_t5()))
+
+    _init(pp=2)
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    saved = _gigatron_t5(pp=2, stage=stage)
+    with torch.no_grad():
+        for name, p in saved.named_parameters():
+            p.copy_(full[name])
+    sharded = model_sharded_state_dict(saved)
+    dist_checkpointing.save(sharded, ckpt_dir)
+    # The two-stage forward: the encoder stage's output goes to the decoder stage.
+    enc_out = torch.empty(SE, B, KW["hidden_size"])
+    with torch.no_grad():
+        if stage == 0:
+            dist.send(saved(*_inputs()).contiguous(), dst=1)
+            pp_logits = torch.empty(B, SD, V)
+        else:
+            dist.recv(enc_out, src=0)
+            saved.set_input_tensor([enc_out])
+            pp_logits = saved(*_inputs())
+    dist.broadcast(pp_logits, src=1)
+
+    _init()
+    torch.manual_seed(1)
+    fresh = _gigatron_t5()
+    _load(fresh, ckpt_dir)
+    with torch.no_grad():
+        err = (fresh(*_inputs()) - pp_logits).abs().max().item()
+    copies = {sh.key: sh.replica_id for sh in sharded.values() if sh.key.startswith(_SHARED)}
+    return _layout(sharded), pp1_layout, _mismatched(fresh, full), err, copies
+
+
+@pytest.mark.timeout(180)
+def test_t5_pp2_encoder_decoder_stages_to_pp1(tmp_path):
+    stages = run_distributed(_pp_roundtrip, 2, args=(str(tmp_path),), timeout=180)
+    (enc_layout, pp1, mism0, err0, enc_copies), (dec_layout, _, mism1, err1, dec_copies) = stages
+    assert mism0 == mism1 == [] and err0 == err1 and err0 < 1e-5, (err0, err1)
+    assert {**enc_layout, **dec_layout} == pp1
+    assert not any(k.startswith("decoder.") for k in enc_layout)
+    assert not any(k.startswith("encoder.") for k in dec_layout)
+    # Both stages hold the word and position embeddings: the decoder stage's are non-main.
+    assert set(enc_copies) == set(dec_copies) and len(enc_copies) == 3
+    assert all(r[0] == 0 for r in enc_copies.values()), enc_copies
+    assert all(r[0] == 1 for r in dec_copies.values()), dec_copies
+
+
+def _legacy_roundtrip(ckpt_dir):
+    """An older-layout checkpoint, written as gigatron's training path wrote T5 before: the
+    model's sharded_state_dict gave per-layer entries (`encoder.layers.{i}.*`, stack-local i),
+    `model_sharded_state_dict` stacked only the decoder's."""
+    from gigatron.core import dist_checkpointing
+    from gigatron.core.models.bert._checkpoint_keys import sharded_keys
+    from gigatron.training._checkpoint_state import model_sharded_state_dict
+
+    full = _full_weights()
+    saved = _gigatron_t5()
+    with torch.no_grad():
+        for name, p in saved.named_parameters():
+            p.copy_(full[name])
+    saved.sharded_state_dict = lambda: sharded_keys(saved, ("encoder", "decoder"), local_index=True)
+    old = model_sharded_state_dict(saved)
+    layout = _layout(old)
+    legacy_layout = _layout(type(saved).sharded_state_dict(saved, metadata={"legacy_layout": True}))
+    dist_checkpointing.save(old, ckpt_dir)
+    torch.manual_seed(1)
+    fresh = _gigatron_t5()
+    new_layout_failed = False
+    try:
+        _load(fresh, ckpt_dir)
+    except Exception:
+        new_layout_failed = True
+    _load(fresh, ckpt_dir, metadata={"legacy_layout": True})
+    return layout, legacy_layout, new_layout_failed, _mismatched(fresh, full)
+
+
+def test_t5_legacy_layout_loads(tmp_path):
+    ((layout, legacy_layout, new_layout_failed, mismatched),) = run_distributed(
+        _legacy_roundtrip, 1, args=(str(tmp_path),), timeout=120
+    )
+    assert layout["encoder.layers.0.self_attention.linear_qkv.weight"] == (96, 32)
+    assert layout["decoder.layers.self_attention.linear_qkv.weight"] == (DEC_L, 96, 32)
+    assert not any(k.startswith("encoder.layers.") and "_extra_state" in k for k in layout)
+    assert layout == legacy_layout
+    assert new_layout_failed and mismatched == []
