@@ -90,9 +90,10 @@ class ModelParallelConfig:
     async_tensor_model_parallel_allreduce: bool = False
     """Deprecated Megatron switch; accepted and unused."""
     tp_comm_overlap: bool = False
-    """Overlap TP communication with GEMMs. Megatron: Transformer Engine userbuffers. gigatron:
-    under sequence parallelism, each column-parallel linear multiplies this rank's own rows
-    while the all-gather of the others runs (same numbers; no effect without SP)."""
+    """Overlap TP communication with GEMMs. Megatron: Transformer Engine userbuffers. gigatron,
+    under sequence parallelism: column-parallel linears multiply this rank's own rows while the
+    all-gather runs; row-parallel linears send each rank's block as soon as it is multiplied
+    and multiply their own rows last (docs/tensor_parallel.md). No effect without SP."""
     cross_entropy_loss_fusion: bool = False
     """Use the fused vocab-parallel cross entropy."""
     cross_entropy_fusion_impl: str = "native"

@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from gigatron.testing import run_distributed
 
 
-def _backward_code(peak_memory_reorder: bool) -> str:
+def _codes(peak_memory_reorder: bool | None, tp_comm_overlap: bool = False) -> list[str]:
+    """Generated code of one compiled TP = 2 + SP layer (forward, backward). `None`: no
+    Inductor patch, the layer compiled by `compile_transformer_layers` (its own choice)."""
     from torch._inductor import config
     from torch._inductor.utils import run_and_get_code
 
@@ -40,29 +42,39 @@ def _backward_code(peak_memory_reorder: bool) -> str:
         hidden_dropout=0.0,
         attention_dropout=0.0,
         use_cpu_initialization=True,
+        tp_comm_overlap=tp_comm_overlap,
     )
     layer = GPTModel(cfg, get_gpt_layer_fast_spec(), 128, 16).decoder.layers[0]
     torch._dynamo.reset()
-    layer.compile(fullgraph=True)
     x = torch.randn(8, 2, 64, requires_grad=True)  # [s/tp, b, h]
 
     def step():
         layer(x, None)[0].sum().backward()
 
-    with config.patch(reorder_for_peak_memory=peak_memory_reorder):
+    if peak_memory_reorder is None:
+        from gigatron.core.transformer._compile import compile_transformer_layers
+
+        compile_transformer_layers(layer)
         _, codes = run_and_get_code(step)
-    backward = [c for c in codes if "tangents_1" in c]
-    assert len(backward) == 1, len(codes)
-    return backward[0]
+    else:
+        layer.compile(fullgraph=True)
+        with config.patch(reorder_for_peak_memory=peak_memory_reorder):
+            _, codes = run_and_get_code(step)
+    assert len(codes) == 2 and "tangents_1" in codes[1], len(codes)
+    return codes
 
 
-def _ops_between_scatter_and_wait(code: str) -> list[list[str]]:
-    """For each reduce-scatter in the generated code: the extern matmuls launched before its
+def _backward_code(peak_memory_reorder: bool) -> str:
+    return _codes(peak_memory_reorder)[1]
+
+
+def _ops_between_scatter_and_wait(code: str, op: str = "reduce_scatter_tensor") -> list[list[str]]:
+    """For each collective `op` in the generated code: the extern matmuls launched before its
     wait_tensor."""
     lines = [ln.strip() for ln in code.splitlines()]
     out = []
     for i, line in enumerate(lines):
-        m = re.match(r"(buf\d+) = torch\.ops\._c10d_functional\.reduce_scatter_tensor", line)
+        m = re.match(rf"(buf\d+) = torch\.ops\._c10d_functional\.{op}", line)
         if not m:
             continue
         between = []
@@ -82,3 +94,24 @@ def test_without_peak_memory_reorder_a_matmul_hides_each_reduce_scatter():
         hidden = _ops_between_scatter_and_wait(code)
         assert len(hidden) == 2, hidden  # fc1's and QKV's input gradients
         assert all(len(mms) >= 1 for mms in hidden), hidden
+
+
+def _overlap_schedule():
+    forward, backward = _codes(None, tp_comm_overlap=True)
+    return (
+        _ops_between_scatter_and_wait(forward, "all_gather_into_tensor"),
+        _ops_between_scatter_and_wait(forward, "all_to_all_single"),
+        _ops_between_scatter_and_wait(backward),
+    )
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler")  # fmt: skip
+def test_tp_comm_overlap_layers_hide_every_forward_and_backward_collective():
+    """`tp_comm_overlap` + `compile_transformer_layers`: in the forward, a matmul runs under
+    each all-gather (this rank's rows) and each reduce-scatter exchange (this rank's block);
+    in the backward, under each input-gradient reduce-scatter."""
+    for gathers, exchanges, scatters in run_distributed(_overlap_schedule, 2, timeout=600):
+        assert len(gathers) == 2 and all(gathers), gathers  # QKV, fc1
+        assert len(exchanges) == 2 and all(exchanges), exchanges  # proj, fc2
+        assert len(scatters) == 2 and all(scatters), scatters

@@ -86,6 +86,23 @@ def _start_async(kind: str, x: torch.Tensor, group) -> tuple[torch.Tensor, objec
     return out, _reduce_scatter_into(out, x, group, async_op=True)
 
 
+def _start_exchange(x: torch.Tensor, dst: int, src: int, group) -> tuple[torch.Tensor, object]:
+    """Send `x` to group rank `dst` and receive a tensor of the same shape from group rank `src`,
+    without waiting (an all-to-all whose only non-empty chunks are those two; every rank of the
+    group calls it with a consistent pairing). `_finish` the returned `(result, handle)`."""
+    x = x.contiguous()
+    world_size = group_size(group)
+    send = [x.size(0) if i == dst else 0 for i in range(world_size)]
+    recv = [x.size(0) if i == src else 0 for i in range(world_size)]
+    if torch.compiler.is_compiling():
+        return _C10D.all_to_all_single(x, recv, send, _group_name(group)), None
+    out = torch.empty_like(x)
+    handle = dist.all_to_all_single(
+        out, x, output_split_sizes=recv, input_split_sizes=send, group=group, async_op=True
+    )
+    return out, handle
+
+
 def _finish(result: torch.Tensor, handle) -> torch.Tensor:
     """Wait for a collective from `_start_async`; returns its result."""
     if handle is None:

@@ -15,6 +15,7 @@ from gigatron.core.tensor_parallel._collectives import (
     _finish,
     _gather_along_first_dim,
     _start_async,
+    _start_exchange,
 )
 from gigatron.core.tensor_parallel._groups import (
     get_tensor_model_parallel_group_if_none,
@@ -117,6 +118,55 @@ def _gather_matmul_overlapped(input_, weight, group):
         if block.stop > block.start:
             torch.matmul(total_input[block], weight.t(), out=output[block])
     return output  # [s, b, o/tp]
+
+
+class LinearReduceScatterOverlapped(torch.autograd.Function):
+    """`[s, b, h/tp] @ W^T`, summed over the TP ranks and split along dim 0 -> `[s/tp, b, o]`:
+    the row-parallel linear plus the sequence-parallel reduce-scatter, pipelined
+    (`tp_comm_overlap` under SP, gigatron's counterpart of Megatron's `tp_comm_overlap_rs`).
+
+    forward:  rank r multiplies the rows of rank r+1 first and sends that block while it
+              multiplies the rows of rank r+2, ... (a ring of pairwise exchanges), and its own
+              rows last, while the last block is in flight; then adds what it received.
+    backward: the plain path's: all-gather the grad along dim 0, dgrad and wgrad matmuls.
+    At TP = 2 the sum is bitwise the reduce-scatter's (two addends); at TP > 2 the addends
+    are summed in another order (fp32 rounding only).
+    """
+
+    @staticmethod
+    def forward(ctx, input_, weight, gradient_accumulation_fusion, tp_group):
+        ctx.save_for_backward(input_, weight)
+        ctx.gradient_accumulation_fusion = gradient_accumulation_fusion
+        ctx.tp_group = tp_group
+        tp, rank = group_size(tp_group), group_rank(tp_group)
+        if input_.size(0) % tp != 0:
+            raise ValueError(
+                f"tp_comm_overlap reduce-scatter: dim 0 of the input ({input_.size(0)}) must be "
+                f"divisible by the tensor-parallel size ({tp}) (gigatron/core/tensor_parallel/"
+                "_linear.py)"
+            )
+        blocks = input_.chunk(tp, dim=0)  # block j: the rows rank j keeps, [s/tp, b, h/tp]
+        pending = []
+        for step in range(1, tp):
+            dst, src = (rank + step) % tp, (rank - step) % tp
+            part = torch.matmul(blocks[dst], weight.t())  # [s/tp, b, o] for rank dst
+            pending.append(_start_exchange(part, dst, src, tp_group))
+        output = torch.matmul(blocks[rank], weight.t())  # overlaps the exchanges in flight
+        for exchange in pending:
+            output = output + _finish(*exchange)
+        return output  # [s/tp, b, o]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input_, weight = ctx.saved_tensors
+        total = _gather_along_first_dim(grad_output, ctx.tp_group)  # [s, b, o]
+        grad_input = total.matmul(weight) if ctx.needs_input_grad[0] else None  # [s, b, h/tp]
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            total_2d = total.reshape(-1, total.size(-1))  # [s*b, o]
+            input_2d = input_.reshape(-1, input_.size(-1))  # [s*b, h/tp]
+            grad_weight = _weight_grad(ctx, weight, total_2d, input_2d)
+        return grad_input, grad_weight, None, None
 
 
 def _weight_grad(ctx, weight, grad_output_2d, total_input_2d):

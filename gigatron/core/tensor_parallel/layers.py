@@ -26,6 +26,7 @@ from gigatron.core.tensor_parallel._groups import (
     group_size,
 )
 from gigatron.core.tensor_parallel._linear import (
+    LinearReduceScatterOverlapped,
     LinearWithGradAccumulationAndAsyncCommunication,
     linear_with_grad_accumulation_and_async_allreduce,
 )
@@ -354,30 +355,48 @@ class RowParallelLinear(_ExtraStateMixin, torch.nn.Module):
             input_parallel = input_
         else:
             input_parallel = scatter_to_tensor_model_parallel_region(input_, self.tp_group)
-        output_parallel = linear_with_grad_accumulation_and_async_allreduce(
-            input=input_parallel,
-            weight=self.weight,
-            bias=None,
-            gradient_accumulation_fusion=self.gradient_accumulation_fusion,
-            allreduce_dgrad=False,
-            sequence_parallel=False,
-            tp_group=self.tp_group,
-        )  # [s, b, o] partial sums
+        if self._overlaps_reduce_scatter():  # matmul and reduce-scatter pipelined
+            output_ = LinearReduceScatterOverlapped.apply(
+                input_parallel, self.weight, self.gradient_accumulation_fusion, self.tp_group
+            )  # [s/tp, b, o]
+        else:
+            output_ = self._reduce_output(
+                linear_with_grad_accumulation_and_async_allreduce(
+                    input=input_parallel,
+                    weight=self.weight,
+                    bias=None,
+                    gradient_accumulation_fusion=self.gradient_accumulation_fusion,
+                    allreduce_dgrad=False,
+                    sequence_parallel=False,
+                    tp_group=self.tp_group,
+                )  # [s, b, o] partial sums
+            )
+        if self.skip_bias_add:
+            return output_, self.bias
+        output = output_ + self.bias if self.bias is not None else output_
+        return output, None
+
+    def _overlaps_reduce_scatter(self) -> bool:
+        """`tp_comm_overlap` under SP: the output reduce-scatter is pipelined with the matmul."""
+        return (
+            self.sequence_parallel
+            and not self.explicit_expert_comm
+            and bool(getattr(self.config, "tp_comm_overlap", False))
+            and group_size(self.tp_group) > 1
+        )
+
+    def _reduce_output(self, output_parallel: torch.Tensor) -> torch.Tensor:
+        """`[s, b, o]` partial sums -> reduce-scatter (SP, `[s/tp, b, o]`) or all-reduce."""
         if self.explicit_expert_comm:
             if not self.skip_bias_add:
                 raise ValueError(
                     "RowParallelLinear: expert layers with expert communication need "
                     "skip_bias_add=True (the token dispatcher reduces the output)"
                 )
-            output_ = output_parallel
-        elif self.sequence_parallel:
-            output_ = reduce_scatter_to_sequence_parallel_region(output_parallel, self.tp_group)
-        else:
-            output_ = reduce_from_tensor_model_parallel_region(output_parallel, self.tp_group)
-        if self.skip_bias_add:
-            return output_, self.bias
-        output = output_ + self.bias if self.bias is not None else output_
-        return output, None
+            return output_parallel
+        if self.sequence_parallel:
+            return reduce_scatter_to_sequence_parallel_region(output_parallel, self.tp_group)
+        return reduce_from_tensor_model_parallel_region(output_parallel, self.tp_group)
 
     def __repr__(self) -> str:
         tp = group_size(self.tp_group)

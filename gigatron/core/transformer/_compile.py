@@ -48,7 +48,9 @@ def compile_transformer_layers(
     collectives are traced as functional collectives, so this holds under TP too); False
     compiles each piece between breaks.
     `mode` is torch.compile's (None, "max-autotune-no-cudagraphs", ...); `options` are Inductor
-    options (e.g. {"coordinate_descent_tuning": True}); give one or the other.
+    options (e.g. {"coordinate_descent_tuning": True}); give one or the other. With neither, a
+    model using `tp_comm_overlap` under SP compiles with `reorder_for_peak_memory=False` so the
+    backward keeps its collectives under the weight-gradient GEMMs.
     """
     from gigatron.core.transformer.transformer_layer import TransformerLayer
 
@@ -58,9 +60,24 @@ def compile_transformer_layers(
             f"compile_transformer_layers: no TransformerLayer in {type(model)} ({_FILE})"
         )
     _raise_recompile_limit(max(64, 2 * len(layers)))
+    if options is None and mode is None and _wants_comm_overlap(layers):
+        # Inductor's peak-memory reordering would move the weight-gradient GEMM after the wait
+        # of the input-gradient reduce-scatter it is meant to hide (see
+        # tests/dist/test_tp_compile_schedule.py); keep the order the linears issue.
+        options = {"reorder_for_peak_memory": False}
     for layer in layers:
         layer.compile(fullgraph=fullgraph, mode=mode, dynamic=dynamic, options=options)
     return len(layers)
+
+
+def _wants_comm_overlap(layers) -> bool:
+    """Some layer runs sequence parallelism with `tp_comm_overlap` on."""
+    return any(
+        getattr(layer.config, "tp_comm_overlap", False)
+        and getattr(layer.config, "sequence_parallel", False)
+        and getattr(layer.config, "tensor_model_parallel_size", 1) > 1
+        for layer in layers
+    )
 
 
 def enable_async_tensor_parallel(group) -> None:
