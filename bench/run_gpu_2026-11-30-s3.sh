@@ -13,7 +13,8 @@
 #                                               # NCCL protocol/channels, comm reorder; DP = 2
 #   bash bench/run_gpu_2026-11-30-s3.sh call4   # tests/gpu, PP / CP bench layouts on 2 GPUs
 #   bash bench/run_gpu_2026-11-30-s3.sh next    # NOT RUN YET (device time spent): TP = 2 + SP
-#       with --no-memory-reorder (± --tp-comm-overlap), DP = 2 again, PP / CP layouts test
+#       with --no-memory-reorder (± --tp-comm-overlap, now also pipelining the row-parallel
+#       reduce-scatter), layers compiled with --tp-comm-overlap, DP = 2 again, PP / CP layouts
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs, profiles, traces in $OUT.
 source bench/_run_lib.sh
@@ -112,6 +113,8 @@ next_two() {  # planned: TP = 2 + SP with the backward schedule kept (--no-memor
     --profile "$OUT/profile-tp2-keep-order.json" --trace "$OUT/trace-tp2-keep-order.json.gz"
   run tp.log 110 $T $L13 $M --tp-comm-overlap --label fast-tp2-sp-model-keep-order-tp-overlap \
     --profile "$OUT/profile-tp2-keep-order-overlap.json"
+  run tp.log 90 $T $L13 --tp 2 --sp --tp-comm-overlap --label fast-tp2-sp-layers-tp-overlap \
+    --profile "$OUT/profile-tp2-layers-overlap.json"
   unset NCCL_PROTO NCCL_MIN_NCHANNELS
   run dp.log 80 $T $L13 --overlap-grad-reduce --bucket-size 100000000 \
     --compile-mode reduce-overhead --label fast-dp2-overlap-bucket100m-cudagraphs
