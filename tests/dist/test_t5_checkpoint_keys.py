@@ -10,6 +10,8 @@ names), through gigatron.training's checkpoint path (`model_sharded_state_dict`)
   two-stage forward; the stages' keys together equal the PP = 1 model's.
 - A checkpoint in the older gigatron layout (per-layer encoder keys) loads through
   `sharded_state_dict(metadata={"legacy_layout": True})`.
+- megatron-core 0.16.1's T5Model loads a gigatron T5 checkpoint and gigatron's loads
+  megatron-core's (TP = 1, its own dist_checkpointing save/load): logits equal.
 """
 
 import dataclasses
@@ -301,3 +303,97 @@ def test_t5_legacy_layout_loads(tmp_path):
     assert not any(k.startswith("encoder.layers.") and "_extra_state" in k for k in layout)
     assert layout == legacy_layout
     assert new_layout_failed and mismatched == []
+
+
+def _interop_worker(tmp: str) -> None:
+    """One plain process (megatron-core's writer starts worker processes, which the harness's
+    daemonic ranks may not): gigatron T5 -> megatron-core T5 and back at TP = 1, printing the
+    max logit differences as JSON. CUDA calls megatron-core makes on CPU torch are stubbed."""
+    import json
+    import tempfile
+
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing as mdc
+    from megatron.core import parallel_state as mps
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from megatron.core.models.T5.t5_model import T5Model
+    from megatron.core.models.T5.t5_spec import (
+        decoder_model_with_local_spec,
+        encoder_model_with_local_spec,
+    )
+    from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from gigatron.core import dist_checkpointing as gdc
+    from gigatron.training._checkpoint_state import model_sharded_state_dict
+
+    init = f"file://{tempfile.mktemp(dir=tmp)}"
+    dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
+    if not torch.cuda.is_available():
+        torch.cuda.current_device = lambda: "cpu"
+        torch.cuda.synchronize = lambda *args, **kwargs: None
+        mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+        mrandom._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
+        mrandom.get_cuda_rng_tracker().states_["model-parallel-rng"] = torch.get_rng_state()
+    filesystem_async._process_memory = lambda: 0  # its memory logging needs psutil
+    mps.initialize_model_parallel(1)
+    _init()
+
+    def megatron_t5(seed):
+        torch.manual_seed(seed)
+        cfg = TransformerConfig(**KW, use_cpu_initialization=True)
+        return T5Model(
+            cfg,
+            dataclasses.replace(cfg, num_layers=ENC_L),
+            encoder_model_with_local_spec(),
+            decoder_model_with_local_spec(),
+            **_model_kwargs(True, "learned_absolute"),
+        ).eval()
+
+    def gigatron_t5(seed):
+        torch.manual_seed(seed)
+        return _gigatron_t5()
+
+    errs, x = {}, _inputs()
+    with torch.no_grad():
+        g = gigatron_t5(1)
+        gdc.save(model_sharded_state_dict(g), f"{tmp}/gigatron")
+        m_from_g = megatron_t5(2)
+        before = (m_from_g(*x) - g(*x)).abs().max().item()
+        m_from_g.load_state_dict(mdc.load(m_from_g.sharded_state_dict(), f"{tmp}/gigatron"))
+        errs["megatron_from_gigatron"] = (m_from_g(*x) - g(*x)).abs().max().item()
+        m = megatron_t5(3)
+        mdc.save(m.sharded_state_dict(), f"{tmp}/megatron")
+        g_from_m = gigatron_t5(4)
+        _load(g_from_m, f"{tmp}/megatron")
+        errs["gigatron_from_megatron"] = (g_from_m(*x) - m(*x)).abs().max().item()
+    errs["before_load"] = before
+    print("RESULT " + json.dumps(errs))
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(240)
+def test_t5_checkpoint_interop_with_megatron_core(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("megatron.core.models.T5")
+    for d in ("gigatron", "megatron"):
+        os.makedirs(tmp_path / d)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = "import sys; from tests.dist.test_t5_checkpoint_keys import _interop_worker as w; "
+    proc = subprocess.run(
+        [sys.executable, "-c", code + "w(sys.argv[1])", str(tmp_path)],
+        cwd=root,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    errs = json.loads(lines[-1][len("RESULT ") :])
+    assert errs["before_load"] > 1e-3  # the loaded side starts from other weights
+    assert errs["megatron_from_gigatron"] < 1e-5 and errs["gigatron_from_megatron"] < 1e-5, errs
