@@ -3,8 +3,9 @@
 Like GPT's (`gigatron.core.models.gpt._checkpoint_keys`): per-layer keys
 `<stack>.layers.{global_i}.<name>` with the local-spec norms renamed to Transformer Engine's
 fused names through each layer's `sharded_state_dict_keys_map`, every tensor with its TP split.
-gigatron.training's checkpointing turns them into ShardedTensors in Megatron's stacked form
-(`<stack>.layers.<name>` with a leading num_layers axis: BERT's `encoder`, T5's `decoder`).
+gigatron.training's checkpointing turns BERT's into ShardedTensors in Megatron's stacked form
+(`encoder.layers.<name>` with a leading num_layers axis); T5Model turns its own (both stacks)
+into that form itself (`gigatron.core.models.T5._checkpoint_keys`).
 `stacked=True` returns that form here too, as GPT's `megatron_sharded_keys(stacked=True)`: one
 key per name, a list of this stage's entries, each with its global layer slot in `entry.layer`.
 """
