@@ -10,7 +10,6 @@ Helpers for `gigatron.training.checkpointing` (mirrors parts of `megatron.traini
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import random
 
@@ -169,7 +168,7 @@ def model_sharded_state_dict(module) -> dict:
     stack = _homogeneous_num_layers(inner)
     encoder_stack = _bert_encoder_num_layers(inner)
     if encoder_stack:
-        out.update(_encoder_stacked(rest, encoder_stack))
+        out.update(sharded_state_dict_from_entries(rest, stack_layers={"encoder": encoder_stack}))
         out.update(_layer_extra_states(inner, encoder_stack, stack="encoder"))
         out.update(_module_extra_state(inner, "output_layer"))
     else:
@@ -185,30 +184,6 @@ def _bert_encoder_num_layers(module) -> int | None:
     from gigatron.core.models.bert.bert_model import BertModel
 
     return module.config.num_layers if isinstance(module, BertModel) else None
-
-
-def _encoder_stacked(entries: dict, num_layers: int) -> dict:
-    """BERT's encoder in megatron-core's stacked form: entries `encoder.layers.{i}.<name>` ->
-    ShardedTensors keyed `encoder.layers.<name>` with a leading [num_layers] axis.
-
-    `sharded_state_dict_from_entries` stacks `decoder.layers.{i}.*` keys: the encoder's go
-    through it under that name and get their own back (dict key and ShardedTensor key).
-    """
-    head, as_decoder = "encoder.layers.", "decoder.layers."
-    if any(k.startswith(as_decoder) for k in entries):
-        raise ValueError(
-            f"_encoder_stacked: a BERT model has no {as_decoder}* keys (_checkpoint_state.py)"
-        )
-    renamed = {
-        (as_decoder + k[len(head) :] if k.startswith(head) else k): v for k, v in entries.items()
-    }
-    out = {}
-    for key, sh in sharded_state_dict_from_entries(renamed, stack_layers=num_layers).items():
-        if key.startswith(as_decoder):
-            key = head + key[len(as_decoder) :]
-            sh = dataclasses.replace(sh, key=head + sh.key[len(as_decoder) :])
-        out[key] = sh
-    return out
 
 
 def _module_extra_state(module, name: str) -> dict:
