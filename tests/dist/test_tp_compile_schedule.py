@@ -102,6 +102,7 @@ def _overlap_schedule():
         _ops_between_scatter_and_wait(forward, "all_gather_into_tensor"),
         _ops_between_scatter_and_wait(forward, "all_to_all_single"),
         _ops_between_scatter_and_wait(backward),
+        _ops_between_scatter_and_wait(backward, "all_gather_into_tensor"),
     )
 
 
@@ -110,8 +111,13 @@ def _overlap_schedule():
 def test_tp_comm_overlap_layers_hide_every_forward_and_backward_collective():
     """`tp_comm_overlap` + `compile_transformer_layers`: in the forward, a matmul runs under
     each all-gather (this rank's rows) and each reduce-scatter exchange (this rank's block);
-    in the backward, under each input-gradient reduce-scatter."""
-    for gathers, exchanges, scatters in run_distributed(_overlap_schedule, 2, timeout=600):
+    in the backward, under each input-gradient reduce-scatter (QKV, fc1: the weight-gradient
+    matmul) and each grad all-gather of the row-parallel linears (proj, fc2: this rank's rows
+    of the input gradient)."""
+    for gathers, exchanges, scatters, bwd_gathers in run_distributed(
+        _overlap_schedule, 2, timeout=600
+    ):
         assert len(gathers) == 2 and all(gathers), gathers  # QKV, fc1
         assert len(exchanges) == 2 and all(exchanges), exchanges  # proj, fc2
         assert len(scatters) == 2 and all(scatters), scatters
+        assert len(bwd_gathers) == 2 and all(bwd_gathers), bwd_gathers

@@ -128,7 +128,8 @@ class LinearReduceScatterOverlapped(torch.autograd.Function):
     forward:  rank r multiplies the rows of rank r+1 first and sends that block while it
               multiplies the rows of rank r+2, ... (a ring of pairwise exchanges), and its own
               rows last, while the last block is in flight; then adds what it received.
-    backward: the plain path's: all-gather the grad along dim 0, dgrad and wgrad matmuls.
+    backward: the grad is all-gathered along dim 0 while the matmul of this rank's own rows of
+              the input gradient runs; then the other rows and the weight gradient.
     At TP = 2 the sum is bitwise the reduce-scatter's (two addends); at TP > 2 the addends
     are summed in another order (fp32 rounding only).
     """
@@ -159,8 +160,19 @@ class LinearReduceScatterOverlapped(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         input_, weight = ctx.saved_tensors
-        total = _gather_along_first_dim(grad_output, ctx.tp_group)  # [s, b, o]
-        grad_input = total.matmul(weight) if ctx.needs_input_grad[0] else None  # [s, b, h/tp]
+        group = ctx.tp_group
+        gather = _start_async("all_gather", grad_output, group)  # -> [s, b, o]
+        grad_input = None
+        if ctx.needs_input_grad[0]:
+            # This rank's rows of the input gradient need only its own grad rows: their matmul
+            # runs while the other ranks' grad rows arrive (row blocks are independent).
+            own = grad_output.matmul(weight)  # [s/tp, b, h/tp]
+        total = _finish(*gather)  # [s, b, o]
+        if ctx.needs_input_grad[0]:
+            rank, rows = group_rank(group), grad_output.size(0)
+            before = total[: rank * rows].matmul(weight)  # ranks < this one
+            after = total[(rank + 1) * rows :].matmul(weight)  # ranks > this one
+            grad_input = torch.cat([before, own, after], dim=0)  # [s, b, h/tp]
         grad_weight = None
         if ctx.needs_input_grad[1]:
             total_2d = total.reshape(-1, total.size(-1))  # [s*b, o]
