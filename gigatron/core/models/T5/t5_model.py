@@ -34,8 +34,6 @@ from torch import Tensor
 
 from gigatron.core import _init_rng, parallel_state
 from gigatron.core._init_rng import init_rng_scope
-from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
-from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from gigatron.core.models.common.language_module.language_module import (
     LanguageModule,
     move_to_collective_device,
@@ -106,52 +104,34 @@ class T5Model(LanguageModule):
         pg_collection=None,
     ) -> None:
         super().__init__(config)
-        if position_embedding_type not in _POSITION_TYPES:
-            raise ValueError(
-                f"position_embedding_type ({position_embedding_type!r}) must be one of "
-                f"{_POSITION_TYPES} for T5Model"
-            )
+        self._set_language_model_args(
+            vocab_size=vocab_size,
+            max_sequence_length=max_sequence_length,
+            pre_process=pre_process,
+            post_process=post_process,
+            fp16_lm_cross_entropy=fp16_lm_cross_entropy,
+            parallel_output=parallel_output,
+            share_embeddings_and_output_weights=share_embeddings_and_output_weights,
+            position_embedding_type=position_embedding_type,
+            supported_position_types=_POSITION_TYPES,
+        )
         if not (add_encoder or add_decoder):
             raise ValueError("T5Model needs add_encoder or add_decoder (or both) to be True")
-        tp = parallel_state.get_tensor_model_parallel_world_size()
-        if vocab_size % tp != 0:
-            raise ValueError(
-                f"vocab_size ({vocab_size}) must be divisible by tensor_model_parallel_size ({tp})"
-            )
         self.encoder_config = encoder_config
         self.transformer_encoder_layer_spec = transformer_encoder_layer_spec
         self.transformer_decoder_layer_spec = transformer_decoder_layer_spec
-        self.vocab_size = vocab_size
-        self.max_sequence_length = max_sequence_length
-        self.pre_process, self.post_process = pre_process, post_process
         self.add_encoder, self.add_decoder = add_encoder, add_decoder
-        self.fp16_lm_cross_entropy = fp16_lm_cross_entropy
-        self.parallel_output = parallel_output
-        self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
-        self.position_embedding_type = position_embedding_type
         self.encoder_hidden_state = None
         self.model_type = ModelType.encoder_or_decoder
         self.xattn_needed = True
 
         self.position_embeddings = None
         if pre_process:
-            with init_rng_scope(config, "embedding"):
-                self.embedding = LanguageModelEmbedding(
-                    config=config,
-                    vocab_size=vocab_size,
-                    max_sequence_length=max_sequence_length,
-                    position_embedding_type=position_embedding_type,
-                )
+            self._build_embedding()
             if position_embedding_type == "learned_absolute":
                 self.position_embeddings = self.embedding.position_embeddings
         if position_embedding_type == "rope":
-            self.rotary_pos_emb = RotaryEmbedding(
-                kv_channels=config.kv_channels,
-                rotary_percent=rotary_percent,
-                rotary_interleaved=config.rotary_interleaved,
-                seq_len_interpolation_factor=seq_len_interpolation_factor,
-                use_cpu_initialization=config.use_cpu_initialization,
-            )
+            self._build_rotary_pos_emb(rotary_percent, seq_len_interpolation_factor)
         if position_embedding_type == "relative":
             from gigatron.core.models.T5.relative_pos_embedding import RelativePositionEmbedding
 
@@ -285,13 +265,6 @@ class T5Model(LanguageModule):
         else:
             raise ValueError(f"decoder stage expects 1 or 2 input tensors, got {len(input_tensor)}")
 
-    def _rotary(self, block, hidden):
-        if self.position_embedding_type != "rope":
-            return None
-        return self.rotary_pos_emb(
-            self.rotary_pos_emb.get_rotary_seq_len(None, block, hidden, self.config)
-        )
-
     def forward(
         self,
         encoder_input_ids: Tensor,
@@ -324,7 +297,7 @@ class T5Model(LanguageModule):
                 encoder_hidden_states = self.encoder(
                     hidden_states=encoder_input,
                     attention_mask=encoder_attn_mask,
-                    rotary_pos_emb=self._rotary(self.encoder, encoder_input),
+                    rotary_pos_emb=self._rotary_pos_emb_for(self.encoder, encoder_input),
                     attention_bias=self._relative_bias("encoder", encoder_input_ids),
                 )  # [se, b, h]
             else:
@@ -341,7 +314,7 @@ class T5Model(LanguageModule):
             attention_mask=decoder_attn_mask,
             context=encoder_hidden_states,
             context_mask=encoder_decoder_attn_mask,
-            rotary_pos_emb=self._rotary(self.decoder, decoder_input),
+            rotary_pos_emb=self._rotary_pos_emb_for(self.decoder, decoder_input),
             attention_bias=self._relative_bias("decoder", decoder_input_ids),
         )  # [sd, b, h]
         if not self.post_process:
@@ -362,13 +335,6 @@ class T5Model(LanguageModule):
 
         legacy = bool((metadata or {}).get("legacy_layout", False))
         return t5_sharded_state_dict(self, prefix=prefix, legacy=legacy)
-
-    def shared_embedding_or_output_weight(self) -> Tensor | None:
-        if self.pre_process:
-            return self.embedding.word_embeddings.weight
-        if self.post_process:
-            return self.lm_head.output_layer.weight
-        return None
 
 
 def _whole_stack_config(config):

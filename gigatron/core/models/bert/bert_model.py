@@ -16,12 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gigatron.core import parallel_state
 from gigatron.core._init_rng import init_rng_scope
 from gigatron.core.models.bert.bert_lm_head import BertLMHead
 from gigatron.core.models.bert.pooler import Pooler, get_linear_layer
-from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
-from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from gigatron.core.models.common.language_module.language_module import LanguageModule
 from gigatron.core.transformer.enums import ModelType
 from gigatron.core.transformer.transformer_block import TransformerBlock
@@ -53,49 +50,29 @@ class BertModel(LanguageModule):
         pg_collection=None,
     ) -> None:
         super().__init__(config)
-
-        if position_embedding_type not in _POSITION_TYPES:
-            raise ValueError(
-                f"position_embedding_type ({position_embedding_type!r}) must be one of "
-                f"{_POSITION_TYPES} for BertModel"
-            )
+        self._set_language_model_args(
+            vocab_size=vocab_size,
+            max_sequence_length=max_sequence_length,
+            pre_process=pre_process,
+            post_process=post_process,
+            fp16_lm_cross_entropy=fp16_lm_cross_entropy,
+            parallel_output=parallel_output,
+            share_embeddings_and_output_weights=share_embeddings_and_output_weights,
+            position_embedding_type=position_embedding_type,
+            supported_position_types=_POSITION_TYPES,
+        )
         if return_embeddings and not (post_process and add_binary_head):
             raise ValueError("return_embeddings=True needs post_process and add_binary_head")
-        tp = parallel_state.get_tensor_model_parallel_world_size()
-        if vocab_size % tp != 0:
-            raise ValueError(
-                f"vocab_size ({vocab_size}) must be divisible by tensor_model_parallel_size ({tp})"
-            )
         self.transformer_layer_spec = transformer_layer_spec
-        self.vocab_size = vocab_size
-        self.max_sequence_length = max_sequence_length
-        self.pre_process, self.post_process = pre_process, post_process
-        self.fp16_lm_cross_entropy = fp16_lm_cross_entropy
-        self.parallel_output = parallel_output
-        self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
-        self.position_embedding_type = position_embedding_type
         self.add_binary_head = add_binary_head
         self.return_embeddings = return_embeddings
         self.vp_stage = vp_stage
         self.model_type = ModelType.encoder_or_decoder
 
         if pre_process:
-            with init_rng_scope(config, "embedding"):
-                self.embedding = LanguageModelEmbedding(
-                    config=config,
-                    vocab_size=vocab_size,
-                    max_sequence_length=max_sequence_length,
-                    position_embedding_type=position_embedding_type,
-                    num_tokentypes=num_tokentypes,
-                )
+            self._build_embedding(num_tokentypes=num_tokentypes)
         if position_embedding_type == "rope":
-            self.rotary_pos_emb = RotaryEmbedding(
-                kv_channels=config.kv_channels,
-                rotary_percent=rotary_percent,
-                rotary_interleaved=config.rotary_interleaved,
-                seq_len_interpolation_factor=seq_len_interpolation_factor,
-                use_cpu_initialization=config.use_cpu_initialization,
-            )
+            self._build_rotary_pos_emb(rotary_percent, seq_len_interpolation_factor)
         self.encoder = TransformerBlock(
             config=config,
             spec=transformer_layer_spec,
@@ -104,30 +81,18 @@ class BertModel(LanguageModule):
             vp_stage=vp_stage,
         )
         if post_process:
-            self._build_heads(config, vocab_size, add_binary_head)
+            self._build_heads(config, add_binary_head)
         if pre_process or post_process:
             self.setup_embeddings_and_output_layer()
 
-    def _build_heads(self, config, vocab_size: int, add_binary_head: bool) -> None:
+    def _build_heads(self, config, add_binary_head: bool) -> None:
         """LM head, output layer (with bias) and, optionally, pooler + binary head."""
-        from gigatron.core import tensor_parallel
-
         # One init scope per piece: the output layer allocates a weight only on stages without
-        # the (tied) embedding, which must not shift the other heads' random draws.
+        # the (tied) embedding, which must not shift the other heads' random draws
+        # (`_build_output_layer` opens the output layer's own scope).
         with init_rng_scope(config, "lm_head"):
             self.lm_head = BertLMHead(config.hidden_size, config)
-        with init_rng_scope(config, "output_layer"):
-            self.output_layer = tensor_parallel.ColumnParallelLinear(
-                config.hidden_size,
-                vocab_size,
-                config=config,
-                init_method=config.init_method,
-                bias=True,
-                skip_bias_add=False,
-                gather_output=not self.parallel_output,
-                skip_weight_param_allocation=self.pre_process
-                and self.share_embeddings_and_output_weights,
-            )
+        self._build_output_layer(bias=True)
         self.binary_head = None
         if add_binary_head:
             with init_rng_scope(config, "binary_head"):
@@ -179,16 +144,10 @@ class BertModel(LanguageModule):
             encoder_input = self.embedding(
                 input_ids=input_ids, position_ids=position_ids, tokentype_ids=tokentype_ids
             )  # [s, b, h]
-        rotary_pos_emb = None
-        if self.position_embedding_type == "rope":
-            seq_len = self.rotary_pos_emb.get_rotary_seq_len(
-                None, self.encoder, encoder_input, self.config
-            )
-            rotary_pos_emb = self.rotary_pos_emb(seq_len)
         hidden_states = self.encoder(
             hidden_states=encoder_input,
             attention_mask=extended_mask,
-            rotary_pos_emb=rotary_pos_emb,
+            rotary_pos_emb=self._rotary_pos_emb_for(self.encoder, encoder_input),
         )  # [s(/tp), b, h]
         if not self.post_process:
             return hidden_states

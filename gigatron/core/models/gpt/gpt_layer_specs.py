@@ -41,8 +41,14 @@ def _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization)
 
 
 def _layer_spec(
-    core_attention, qk_layernorm: bool, num_experts=None, moe_grouped_gemm: bool = False
+    core_attention,
+    qk_layernorm: bool,
+    num_experts=None,
+    moe_grouped_gemm: bool = False,
+    attn_mask_type: AttnMaskType = AttnMaskType.causal,
 ) -> ModuleSpec:
+    """One layer of the local or fast spec (per `core_attention`); BertModel's layer is this
+    one with attn_mask_type=AttnMaskType.padding (bert_layer_specs.py)."""
     from gigatron.core import tensor_parallel
 
     return ModuleSpec(
@@ -51,7 +57,7 @@ def _layer_spec(
             input_layernorm=WrappedTorchNorm,
             self_attention=ModuleSpec(
                 module=SelfAttention,
-                params={"attn_mask_type": AttnMaskType.causal},
+                params={"attn_mask_type": attn_mask_type},
                 submodules=SelfAttentionSubmodules(
                     linear_qkv=tensor_parallel.ColumnParallelLinear,
                     core_attention=core_attention,

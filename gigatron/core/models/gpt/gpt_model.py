@@ -13,10 +13,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gigatron.core import parallel_state
-from gigatron.core._init_rng import init_rng_scope
-from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
-from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from gigatron.core.models.common.language_module.language_module import LanguageModule
 from gigatron.core.transformer.enums import ModelType
 from gigatron.core.transformer.transformer_block import TransformerBlock
@@ -50,52 +46,32 @@ class GPTModel(LanguageModule):
         vp_stage: int | None = None,
     ) -> None:
         super().__init__(config)
-        from gigatron.core import tensor_parallel
-
-        if position_embedding_type not in _POSITION_TYPES:
-            raise ValueError(
-                f"position_embedding_type ({position_embedding_type!r}) must be one of "
-                f"{_POSITION_TYPES} in gigatron"
-            )
+        self._set_language_model_args(
+            vocab_size=vocab_size,
+            max_sequence_length=max_sequence_length,
+            pre_process=pre_process,
+            post_process=post_process,
+            fp16_lm_cross_entropy=fp16_lm_cross_entropy,
+            parallel_output=parallel_output,
+            share_embeddings_and_output_weights=share_embeddings_and_output_weights,
+            position_embedding_type=position_embedding_type,
+            supported_position_types=_POSITION_TYPES,
+        )
         if mtp_block_spec is not None:
             raise ValueError("mtp_block_spec (multi-token prediction) is not supported by gigatron")
-        tp = parallel_state.get_tensor_model_parallel_world_size()
-        if vocab_size % tp != 0:
-            raise ValueError(
-                f"vocab_size ({vocab_size}) must be divisible by "
-                f"tensor_model_parallel_size ({tp}); "
-                "pad it with gigatron.core.models.common.vocab_utils.vocab_size_with_padding"
-            )
         self.transformer_layer_spec = transformer_layer_spec
-        self.vocab_size = vocab_size
-        self.max_sequence_length = max_sequence_length
-        self.pre_process, self.post_process = pre_process, post_process
-        self.fp16_lm_cross_entropy = fp16_lm_cross_entropy
-        self.parallel_output = parallel_output
-        self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
-        self.position_embedding_type = position_embedding_type
         self.vp_stage = vp_stage
         self.model_type = ModelType.encoder_or_decoder
 
         if pre_process:
-            with init_rng_scope(config, "embedding"):
-                self.embedding = LanguageModelEmbedding(
-                    config=config,
-                    vocab_size=vocab_size,
-                    max_sequence_length=max_sequence_length,
-                    position_embedding_type=position_embedding_type,
-                    scatter_to_sequence_parallel=scatter_embedding_sequence_parallel,
-                )
+            self._build_embedding(scatter_to_sequence_parallel=scatter_embedding_sequence_parallel)
         if position_embedding_type == "rope":
-            self.rotary_pos_emb = RotaryEmbedding(
-                kv_channels=config.kv_channels,
-                rotary_percent=rotary_percent,
-                rotary_interleaved=config.rotary_interleaved,
-                seq_len_interpolation_factor=seq_len_interpolation_factor,
+            self._build_rotary_pos_emb(
+                rotary_percent,
+                seq_len_interpolation_factor,
                 rotary_base=rotary_base,
                 rope_scaling=rope_scaling,
                 rope_scaling_factor=rope_scaling_factor,
-                use_cpu_initialization=config.use_cpu_initialization,
             )
         self.decoder = TransformerBlock(
             config=config,
@@ -105,18 +81,7 @@ class GPTModel(LanguageModule):
             vp_stage=vp_stage,
         )
         if post_process:
-            with init_rng_scope(config, "output_layer"):
-                self.output_layer = tensor_parallel.ColumnParallelLinear(
-                    config.hidden_size,
-                    vocab_size,
-                    config=config,
-                    init_method=config.init_method,
-                    bias=False,
-                    skip_bias_add=False,
-                    gather_output=not parallel_output,
-                    skip_weight_param_allocation=pre_process
-                    and share_embeddings_and_output_weights,
-                )
+            self._build_output_layer(bias=False)
         if pre_process or post_process:
             self.setup_embeddings_and_output_layer()
 
@@ -152,16 +117,10 @@ class GPTModel(LanguageModule):
             position_ids = _inference_position_ids(self, inference_context, input_ids, position_ids)
         if decoder_input is None and self.pre_process:
             decoder_input = self.embedding(input_ids=input_ids, position_ids=position_ids)
-        rotary_pos_emb = None
-        if self.position_embedding_type == "rope":
-            seq_len = self.rotary_pos_emb.get_rotary_seq_len(
-                inference_context, self.decoder, decoder_input, self.config
-            )
-            rotary_pos_emb = self.rotary_pos_emb(seq_len)  # [s, 1, 1, rot_dim]
         hidden_states = self.decoder(
             hidden_states=decoder_input,
             attention_mask=attention_mask,
-            rotary_pos_emb=rotary_pos_emb,
+            rotary_pos_emb=self._rotary_pos_emb_for(self.decoder, decoder_input, inference_context),
             inference_context=inference_context,
             packed_seq_params=packed_seq_params,
             **(extra_block_kwargs or {}),

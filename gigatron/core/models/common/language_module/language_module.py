@@ -4,6 +4,10 @@ Mirrors `megatron.core.models.common.language_module.language_module.LanguageMod
 weights and one pipeline stage the output layer reads the embedding weight directly; with several
 stages the last stage holds its own copy, zeroed, and the first and last stages all-reduce it over
 the embedding group so both start equal (finalize_model_grads keeps their grads equal later).
+
+gigatron also keeps here, as private helpers, the constructor pieces GPTModel, BertModel and
+T5Model share (argument checks, `embedding`, `rotary_pos_emb`, `output_layer`): the attribute
+names are Megatron's, and the tying methods below read them.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gigatron.core import parallel_state
+from gigatron.core._init_rng import init_rng_scope
+from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from gigatron.core.transformer.module import MegatronModule
 
 
@@ -23,6 +30,103 @@ class LanguageModule(MegatronModule):
         super().__init__(config)
         self.vp_stage = None
         self.vp_size = config.virtual_pipeline_model_parallel_size
+
+    def _set_language_model_args(
+        self,
+        *,
+        vocab_size: int,
+        max_sequence_length: int,
+        pre_process: bool,
+        post_process: bool,
+        fp16_lm_cross_entropy: bool,
+        parallel_output: bool,
+        share_embeddings_and_output_weights: bool,
+        position_embedding_type: str,
+        supported_position_types: tuple,
+    ) -> None:
+        """Check and store the constructor arguments every language model shares."""
+        name = type(self).__name__
+        if position_embedding_type not in supported_position_types:
+            raise ValueError(
+                f"position_embedding_type ({position_embedding_type!r}) must be one of "
+                f"{supported_position_types} for {name}"
+            )
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        if vocab_size % tp != 0:
+            raise ValueError(
+                f"vocab_size ({vocab_size}) must be divisible by "
+                f"tensor_model_parallel_size ({tp}) for {name}; "
+                "pad it with gigatron.core.models.common.vocab_utils.vocab_size_with_padding"
+            )
+        self.vocab_size = vocab_size
+        self.max_sequence_length = max_sequence_length
+        self.pre_process, self.post_process = pre_process, post_process
+        self.fp16_lm_cross_entropy = fp16_lm_cross_entropy
+        self.parallel_output = parallel_output
+        self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
+        self.position_embedding_type = position_embedding_type
+
+    def _build_embedding(self, **embedding_kwargs) -> None:
+        """`self.embedding` (a LanguageModelEmbedding over this model's vocabulary, positions
+        and position type; `embedding_kwargs`: num_tokentypes, scatter_to_sequence_parallel)."""
+        with init_rng_scope(self.config, "embedding"):
+            self.embedding = LanguageModelEmbedding(
+                config=self.config,
+                vocab_size=self.vocab_size,
+                max_sequence_length=self.max_sequence_length,
+                position_embedding_type=self.position_embedding_type,
+                **embedding_kwargs,
+            )
+
+    def _build_rotary_pos_emb(
+        self,
+        rotary_percent: float,
+        seq_len_interpolation_factor: float | None,
+        rotary_base: int = 10000,
+        rope_scaling: bool = False,
+        rope_scaling_factor: float = 8.0,
+    ) -> None:
+        """`self.rotary_pos_emb` for position_embedding_type 'rope' (head dim: kv_channels)."""
+        self.rotary_pos_emb = RotaryEmbedding(
+            kv_channels=self.config.kv_channels,
+            rotary_percent=rotary_percent,
+            rotary_interleaved=self.config.rotary_interleaved,
+            seq_len_interpolation_factor=seq_len_interpolation_factor,
+            rotary_base=rotary_base,
+            rope_scaling=rope_scaling,
+            rope_scaling_factor=rope_scaling_factor,
+            use_cpu_initialization=self.config.use_cpu_initialization,
+        )
+
+    def _build_output_layer(self, *, bias: bool) -> None:
+        """`self.output_layer`: [s, b, h] -> [s, b, V/tp] (V with parallel_output=False); no
+        weight of its own where it borrows the word embedding's (tied, on the first stage)."""
+        from gigatron.core import tensor_parallel
+
+        with init_rng_scope(self.config, "output_layer"):
+            self.output_layer = tensor_parallel.ColumnParallelLinear(
+                self.config.hidden_size,
+                self.vocab_size,
+                config=self.config,
+                init_method=self.config.init_method,
+                bias=bias,
+                skip_bias_add=False,
+                gather_output=not self.parallel_output,
+                skip_weight_param_allocation=self.pre_process
+                and self.share_embeddings_and_output_weights,
+            )
+
+    def _rotary_pos_emb_for(
+        self, block, block_input: Tensor | None, inference_context=None
+    ) -> Tensor | None:
+        """RoPE angles [s, 1, 1, rot_dim] for `block` (a TransformerBlock) fed `block_input`
+        [s(/tp), b, h] (or its pipeline input); None unless position_embedding_type is 'rope'."""
+        if self.position_embedding_type != "rope":
+            return None
+        seq_len = self.rotary_pos_emb.get_rotary_seq_len(
+            inference_context, block, block_input, self.config
+        )
+        return self.rotary_pos_emb(seq_len)  # [s, 1, 1, rot_dim]
 
     def compute_language_model_loss(self, labels: Tensor, logits: Tensor) -> Tensor:
         """labels [b, s], logits [s, b, V/tp] -> per-token fp32 loss [b, s] (no mask, no mean)."""
