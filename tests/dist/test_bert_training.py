@@ -5,45 +5,16 @@ ln 2). The default suite runs 30 steps; the slow test runs 300."""
 import pytest
 
 from gigatron.testing import run_distributed
+from tests.dist._training_cases import corpus_args, train_history
 
 
 def _args(tmp, iters):
-    import os
-
-    import torch.distributed as dist
-
-    from tests.fixtures.bert_t5.corpus import write_corpus, write_hf_tokenizer
-
-    prefix = f"{tmp}/tiny_text_sentence"
-    if dist.get_rank() == 0:  # one writer; the other ranks wait for the files
-        os.makedirs(tmp, exist_ok=True)
-        write_corpus(prefix, num_documents=120)
-        write_hf_tokenizer(f"{tmp}/tok")
-    dist.barrier()
-    return [
-        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-        "--seq-length", "32", "--max-position-embeddings", "32",
-        "--micro-batch-size", "16", "--global-batch-size", "16",
-        "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine",
-        "--train-iters", str(iters), "--seed", "3",
-        "--data-path", prefix, "--split", "90,5,5", "--data-cache-path", f"{tmp}/cache",
-        "--tokenizer-type", "HuggingFaceTokenizer",
-        "--tokenizer-model", f"{tmp}/tok",
-        "--make-vocab-size-divisible-by", "8",
-        "--log-interval", "1000", "--eval-interval", "100000", "--eval-iters", "1",
-        "--no-progress-bar", "--num-workers", "0",
-        "--hidden-dropout", "0", "--attention-dropout", "0",
-    ]  # fmt: skip
+    return corpus_args(tmp, iters, ["--seq-length", "32", "--lr", "3e-3", "--min-lr", "3e-4"])
 
 
 def _train(tmp, iters):
-    import torch
-
-    from gigatron.training import pretrain_bert
-
-    torch.set_num_threads(1)
-    result = pretrain_bert.main(_args(tmp, iters))
-    return [(h["losses"]["lm loss"], h["losses"]["sop loss"]) for h in result["history"]]
+    history = train_history("pretrain_bert", _args(tmp, iters))
+    return [(h["losses"]["lm loss"], h["losses"]["sop loss"]) for h in history]
 
 
 def _check(history, window, drop):
@@ -70,15 +41,9 @@ def test_bert_loss_falls_in_300_steps(tmp_path):
 
 
 def _losses(tmp, extra):
-    import torch
-
-    from gigatron.training import pretrain_bert
-
-    torch.set_num_threads(1)
     args = _args(tmp, 3) + extra
     args[args.index("--micro-batch-size") + 1] = "4"  # 4 microbatches (pipeline-friendly)
-    result = pretrain_bert.main(args)
-    return [h["losses"].get("lm loss") for h in result["history"]]
+    return [h["losses"].get("lm loss") for h in train_history("pretrain_bert", args)]
 
 
 def test_bert_tp2_pp2_training_matches_one_rank(tmp_path):

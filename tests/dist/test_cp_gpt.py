@@ -11,10 +11,8 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from gigatron.core import parallel_state as ps
-from gigatron.core import tensor_parallel
 from gigatron.core.models.common.tp_state_dict import shard_for_rank
 from gigatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_fast_spec,
@@ -26,23 +24,11 @@ from gigatron.core.transformer.context_parallel._layout import zigzag_positions
 from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.core.utils import get_batch_on_this_cp_rank
 from gigatron.testing import run_distributed
+from tests.dist import _gpt_parity as parity
 
 V, S, B = 64, 16, 2
 STYLES = {
-    "llama": dict(
-        config=dict(
-            num_layers=2,
-            hidden_size=32,
-            num_attention_heads=8,
-            num_query_groups=4,
-            ffn_hidden_size=48,
-            normalization="RMSNorm",
-            gated_linear_unit=True,
-            activation_func=F.silu,
-            add_bias_linear=False,
-        ),
-        model=dict(position_embedding_type="rope", rotary_base=500),
-    ),
+    "llama": dict(config=parity.LLAMA_CONFIG, model=parity.LLAMA_MODEL),
     "gpt2": dict(
         config=dict(num_layers=1, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64),
         model=dict(
@@ -109,8 +95,7 @@ def _reference(style):
     model = _build(style)
     batch = _inputs()
     logits, loss = _run(model, batch, _causal_mask())
-    full = {n: p.detach().clone() for n, p in model.named_parameters()}
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    full, grads = parity.weights_and_grads(model)
     return full, logits, loss, grads
 
 
@@ -118,10 +103,7 @@ def _check(style, tp, cp, comm, ref, sp=False, spec_fn=get_gpt_layer_local_spec)
     full, ref_logits, ref_loss, ref_grads = ref
     tp_rank, cp_rank = ps.get_tensor_model_parallel_rank(), ps.get_context_parallel_rank()
     model = _build(style, tp, cp, comm, sp, spec_fn)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(shard_for_rank(full[name], p, tp_rank, tp))
+    params = parity.load_shards(model, full, tp_rank, tp)
     batch = get_batch_on_this_cp_rank(_inputs())
     mask = get_batch_on_this_cp_rank({"attention_mask": _causal_mask()})["attention_mask"]
     logits, loss = _run(model, batch, mask)
@@ -146,13 +128,7 @@ def _check(style, tp, cp, comm, ref, sp=False, spec_fn=get_gpt_layer_local_spec)
 
 
 def _body(tp, cp, comms, styles, sps=(False,), spec_fn=get_gpt_layer_local_spec):
-    torch.set_num_threads(1)
-    ps.initialize_model_parallel(1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1)
-    refs = {style: _reference(style) for style in styles}
-    ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tp, context_parallel_size=cp)
-    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    refs = parity.references_then_layout(_reference, styles, tp, cp)
     return {
         (style, comm, sp): _check(style, tp, cp, comm, refs[style], sp, spec_fn)
         for style in styles

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from gigatron.core import parallel_state, tensor_parallel
+from gigatron.core import parallel_state
 from gigatron.core.models.common.tp_state_dict import shard_for_rank
 from gigatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_fast_spec,
@@ -19,6 +19,7 @@ from gigatron.core.models.gpt.gpt_layer_specs import (
 from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.testing import run_distributed
+from tests.dist import _gpt_parity as parity
 
 V, S, B = 64, 8, 2
 STYLES = {
@@ -35,19 +36,7 @@ STYLES = {
         ),
     ),
     "llama": dict(
-        config=dict(
-            num_layers=2,
-            hidden_size=32,
-            num_attention_heads=8,
-            num_query_groups=4,
-            ffn_hidden_size=48,
-            normalization="RMSNorm",
-            gated_linear_unit=True,
-            activation_func=F.silu,
-            add_bias_linear=False,
-            layernorm_epsilon=1e-6,
-        ),
-        model=dict(position_embedding_type="rope", rotary_base=500),
+        config={**parity.LLAMA_CONFIG, "layernorm_epsilon": 1e-6}, model=parity.LLAMA_MODEL
     ),
     # fewer K/V heads than TP ranks at TP = 4: K/V heads shared by 2 ranks (Megatron's scheme)
     "gqa2": dict(
@@ -103,8 +92,7 @@ def _reference(style):
     torch.manual_seed(0)
     model = _build(style, 1, False)
     logits, loss = _run(model, style)
-    full = {n: p.detach().clone() for n, p in model.named_parameters()}
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    full, grads = parity.weights_and_grads(model)
     return full, logits, loss, grads
 
 
@@ -112,10 +100,7 @@ def _check(style, tp, sp, ref, spec_fn):
     full, ref_logits, ref_loss, ref_grads = ref
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     model = _build(style, tp, sp, spec_fn)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(shard_for_rank(full[name], p, tp_rank, tp))
+    params = parity.load_shards(model, full, tp_rank, tp)
     logits, loss = _run(model, style)
     ids, _, _, mask = _inputs(style)
     if not sp:  # runtime_gather_output (not allowed with SP, as in Megatron): full vocabulary
@@ -146,13 +131,7 @@ def _check(style, tp, sp, ref, spec_fn):
 
 def _body(tp, spec_name):
     spec_fn = {"local": get_gpt_layer_local_spec, "fast": get_gpt_layer_fast_spec}[spec_name]
-    torch.set_num_threads(1)
-    parallel_state.initialize_model_parallel(1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1)
-    refs = {style: _reference(style) for style in STYLES}
-    parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tp)
-    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    refs = parity.references_then_layout(_reference, STYLES, tp)
     return {
         (style, sp): _check(style, tp, sp, refs[style], spec_fn)
         for style in STYLES

@@ -6,55 +6,19 @@ TP ranks) + RoPE + untied output."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.inference import StaticInferenceContext, generate
-from gigatron.core.models.gpt.gpt_layer_specs import (
-    get_gpt_layer_fast_spec,
-    get_gpt_layer_local_spec,
-)
-from gigatron.core.models.gpt.gpt_model import GPTModel
-from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.testing import run_distributed
+from tests.unit._inference_models import MHA_LEARNED, V, build_model, gqa_rope
 
-V = 64
 PROMPTS = [[3, 14, 15, 9, 2], [6, 5, 35]]
-STYLES = {
-    "mha_learned": (
-        dict(num_attention_heads=4, activation_func=F.gelu),
-        dict(position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True),
-        get_gpt_layer_local_spec,
-    ),
-    "gqa1_rope": (
-        dict(
-            num_attention_heads=4,
-            num_query_groups=1,
-            normalization="RMSNorm",
-            gated_linear_unit=True,
-            activation_func=F.silu,
-            add_bias_linear=False,
-        ),
-        dict(position_embedding_type="rope", rotary_base=100),
-        get_gpt_layer_fast_spec,
-    ),
-}
+# gqa1: fewer K/V heads than TP ranks
+STYLES = {"mha_learned": MHA_LEARNED, "gqa1_rope": gqa_rope(1)}
 
 
 def _model(style):
-    config_kw, model_kw, spec = STYLES[style]
-    torch.manual_seed(0)
-    tensor_parallel.model_parallel_cuda_manual_seed(123)
-    config = TransformerConfig(
-        num_layers=2,
-        hidden_size=32,
-        ffn_hidden_size=64,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        use_cpu_initialization=True,
-        **config_kw,
-    )
-    return GPTModel(config, spec(), vocab_size=V, max_sequence_length=32, **model_kw).eval()
+    return build_model(STYLES[style], cuda_seed=123)
 
 
 def _cached_logits(model, tokens):

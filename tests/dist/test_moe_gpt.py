@@ -9,7 +9,6 @@ the two-rank run scale 1 with DDP's 1/dp: both halve the aux-loss grads of each 
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from gigatron.core import parallel_state as ps
 from gigatron.core import tensor_parallel
@@ -21,10 +20,10 @@ from gigatron.core.distributed import (
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
-from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.testing import run_distributed
+from tests.dist._moe_cases import global_expert_name, moe_gpt_config
 
-E, VOCAB, SEQ, MBS = 4, 64, 16, 2
+VOCAB, SEQ, MBS = 64, 16, 2
 
 
 def _run(ep: int):
@@ -32,26 +31,7 @@ def _run(ep: int):
     ps.initialize_model_parallel(expert_model_parallel_size=ep)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     torch.manual_seed(0)
-    cfg = TransformerConfig(
-        num_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        ffn_hidden_size=48,
-        num_moe_experts=E,
-        moe_router_topk=2,
-        moe_layer_freq=2,
-        moe_aux_loss_coeff=0.05,
-        moe_z_loss_coeff=1e-3,
-        moe_token_dispatcher_type="alltoall",
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        normalization="RMSNorm",
-        add_bias_linear=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        use_cpu_initialization=True,
-        expert_model_parallel_size=ep,
-    )
+    cfg = moe_gpt_config(2, expert_model_parallel_size=ep)
     model = GPTModel(
         cfg,
         get_gpt_decoder_block_spec(cfg, False),
@@ -69,15 +49,10 @@ def _run(ep: int):
         (loss / len(micro)).backward()
         losses.append(loss.item())
     finalize_model_grads([ddp])
-    n_local = E // ep
-    grads = {}
-    for name, p in model.named_parameters():
-        if ".local_experts." in name:  # global expert index, as in the EP = 1 model
-            head, rest = name.split(".local_experts.")
-            i, tail = rest.split(".", 1)
-            e = ps.get_expert_model_parallel_rank() * n_local + int(i)
-            name = f"{head}.local_experts.{e}.{tail}"
-        grads[name] = p.main_grad.detach().clone()
+    grads = {
+        global_expert_name(name, ep): p.main_grad.detach().clone()
+        for name, p in model.named_parameters()
+    }
     return losses, grads
 
 

@@ -8,7 +8,6 @@ order. The schedule sets the aux-loss scale to 1 / num_microbatches on every sta
 """
 
 import torch
-import torch.nn.functional as F
 
 from gigatron.core import parallel_state as ps
 from gigatron.core import tensor_parallel
@@ -21,10 +20,10 @@ from gigatron.core.distributed import (
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.pipeline_parallel import get_forward_backward_func
-from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.testing import run_distributed
+from tests.dist._moe_cases import global_expert_name, moe_gpt_config
 
-E, V, S, B, M = 4, 64, 8, 2, 4
+V, S, B, M = 64, 8, 2, 4
 
 
 def _loss(per_token):
@@ -41,24 +40,8 @@ def _run(pp: int, ep: int):
     ps.initialize_model_parallel(pipeline_model_parallel_size=pp, expert_model_parallel_size=ep)
     tensor_parallel.model_parallel_cuda_manual_seed(3)
     set_layout_invariant_init_seed(7)
-    cfg = TransformerConfig(
-        num_layers=4,
-        hidden_size=32,
-        num_attention_heads=4,
-        ffn_hidden_size=48,
-        num_moe_experts=E,
-        moe_router_topk=2,
-        moe_layer_freq=2,
-        moe_aux_loss_coeff=0.05,
-        moe_z_loss_coeff=1e-3,
-        moe_token_dispatcher_type="alltoall",
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        normalization="RMSNorm",
-        add_bias_linear=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        use_cpu_initialization=True,
+    cfg = moe_gpt_config(
+        4,
         pipeline_model_parallel_size=pp,
         expert_model_parallel_size=ep,
         pipeline_dtype=torch.float32,
@@ -87,18 +70,12 @@ def _run(pp: int, ep: int):
         seq_length=S,
         micro_batch_size=B,
     )
-    n_local = E // ep
     grads = {}
     for name, p in model.named_parameters():
         if name.startswith("decoder.layers."):
             i, rest = name[len("decoder.layers.") :].split(".", 1)
             name = f"decoder.layers.{model.decoder.layers[int(i)].layer_number - 1}.{rest}"
-        if ".local_experts." in name:
-            head, rest = name.split(".local_experts.")
-            i, tail = rest.split(".", 1)
-            e = ps.get_expert_model_parallel_rank() * n_local + int(i)
-            name = f"{head}.local_experts.{e}.{tail}"
-        grads[name] = p.main_grad.detach().clone()
+        grads[global_expert_name(name, ep)] = p.main_grad.detach().clone()
     losses = [r["lm loss"].item() for r in out] if out else []
     return dp_rank, losses, grads
 

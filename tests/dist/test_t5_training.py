@@ -4,46 +4,17 @@ runs 30 steps; the slow test runs 300."""
 import pytest
 
 from gigatron.testing import run_distributed
+from tests.dist._training_cases import corpus_args, train_history
 
 
 def _args(tmp, iters):
-    import os
-
-    import torch.distributed as dist
-
-    from tests.fixtures.bert_t5.corpus import write_corpus, write_hf_tokenizer
-
-    prefix = f"{tmp}/tiny_text_sentence"
-    if dist.get_rank() == 0:  # one writer; the other ranks wait for the files
-        os.makedirs(tmp, exist_ok=True)
-        write_corpus(prefix, num_documents=120)
-        write_hf_tokenizer(f"{tmp}/tok")
-    dist.barrier()
-    return [
-        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-        "--encoder-seq-length", "32", "--decoder-seq-length", "16",
-        "--max-position-embeddings", "32",
-        "--micro-batch-size", "16", "--global-batch-size", "16",
-        "--lr", "1e-2", "--min-lr", "1e-3", "--lr-decay-style", "cosine",
-        "--train-iters", str(iters), "--seed", "3",
-        "--data-path", prefix, "--split", "90,5,5", "--data-cache-path", f"{tmp}/cache",
-        "--tokenizer-type", "HuggingFaceTokenizer",
-        "--tokenizer-model", f"{tmp}/tok",
-        "--make-vocab-size-divisible-by", "8",
-        "--log-interval", "1000", "--eval-interval", "100000", "--eval-iters", "1",
-        "--no-progress-bar", "--num-workers", "0",
-        "--hidden-dropout", "0", "--attention-dropout", "0",
-    ]  # fmt: skip
+    flags = ["--encoder-seq-length", "32", "--decoder-seq-length", "16"]
+    return corpus_args(tmp, iters, flags + ["--lr", "1e-2", "--min-lr", "1e-3"])
 
 
 def _train(tmp, iters):
-    import torch
-
-    from gigatron.training import pretrain_t5
-
-    torch.set_num_threads(1)
-    result = pretrain_t5.main(_args(tmp, iters))
-    return [h["losses"]["lm loss"] for h in result["history"]]
+    history = train_history("pretrain_t5", _args(tmp, iters))
+    return [h["losses"]["lm loss"] for h in history]
 
 
 def _check(lm, window, drop):
@@ -66,13 +37,8 @@ def test_t5_loss_falls_in_300_steps(tmp_path):
 
 
 def _losses(tmp, extra):
-    import torch
-
-    from gigatron.training import pretrain_t5
-
-    torch.set_num_threads(1)
-    result = pretrain_t5.main(_args(tmp, 3) + extra)
-    return [h["losses"].get("lm loss") for h in result["history"]]
+    history = train_history("pretrain_t5", _args(tmp, 3) + extra)
+    return [h["losses"].get("lm loss") for h in history]
 
 
 def test_t5_tp2_training_matches_one_rank(tmp_path):

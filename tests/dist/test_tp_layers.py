@@ -48,6 +48,19 @@ def _reference_linear(seed, in_f, out_f, bias):
     return ref
 
 
+def _reference_run(seed, bias):
+    """The unsharded reference: nn.Linear(H, F_OUT) (weight from `seed`, bias from seed + 1) on
+    the full input x_full [S, B, H] (seed + 1), backward with output grad g_full [S, B, F_OUT]
+    (seed + 2). Returns (ref, x_full, g_full, ref_x, ref_y); ref_x.grad and ref's grads filled."""
+    ref = _reference_linear(seed, H, F_OUT, bias)
+    x_full = _rand(seed + 1, S, B, H)
+    g_full = _rand(seed + 2, S, B, F_OUT)
+    ref_x = x_full.clone().requires_grad_(True)
+    ref_y = ref(ref_x)
+    (ref_y * g_full).sum().backward()
+    return ref, x_full, g_full, ref_x, ref_y
+
+
 def _max_err(a, b):
     """max |a - b| / (1 + |b|): <= 1e-6 exactly when assert_close(rtol=1e-6, atol=1e-6) holds."""
     a, b = a.detach(), b.detach()
@@ -55,12 +68,7 @@ def _max_err(a, b):
 
 
 def _column_case(tp, rank, bias, gather_output, sp, skip_bias_add):
-    ref = _reference_linear(1, H, F_OUT, bias)
-    x_full = _rand(2, S, B, H)
-    g_full = _rand(3, S, B, F_OUT)
-    ref_x = x_full.clone().requires_grad_(True)
-    ref_y = ref(ref_x)
-    (ref_y * g_full).sum().backward()
+    ref, x_full, g_full, ref_x, ref_y = _reference_run(1, bias)
 
     layer = ColumnParallelLinear(
         H, F_OUT, config=_config(tp, sp), init_method=_no_init, bias=bias,
@@ -98,12 +106,7 @@ def _column_case(tp, rank, bias, gather_output, sp, skip_bias_add):
 
 
 def _row_case(tp, rank, bias, input_is_parallel, sp, skip_bias_add):
-    ref = _reference_linear(11, H, F_OUT, bias)
-    x_full = _rand(12, S, B, H)
-    g_full = _rand(13, S, B, F_OUT)
-    ref_x = x_full.clone().requires_grad_(True)
-    ref_y = ref(ref_x)
-    (ref_y * g_full).sum().backward()
+    ref, x_full, g_full, ref_x, ref_y = _reference_run(11, bias)
 
     layer = RowParallelLinear(
         H, F_OUT, config=_config(tp, sp), init_method=_no_init, bias=bias,

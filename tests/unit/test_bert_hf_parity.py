@@ -2,39 +2,19 @@
 Megatron's BERT): masked-LM logits, next-sentence logits and both losses, from the same random
 weights mapped through gigatron.core.models.bert.hf_mapping (fp32)."""
 
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.bert import BertModel, hf_mapping
 from gigatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
 from gigatron.core.models.common.tp_state_dict import load_full_state_dict
+from tests.unit._one_rank import one_rank_fixtures
 
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    parallel_state.destroy_model_parallel()
+gloo_world, single_rank = one_rank_fixtures(cuda_seed=1234)
 
 
 def _pair():

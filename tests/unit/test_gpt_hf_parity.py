@@ -1,13 +1,9 @@
 """GPTModel reproduces transformers' GPT2LMHeadModel and LlamaForCausalLM logits (fp32, <= 1e-5)
 from the same random weights mapped through gigatron.core.models.gpt.hf_mapping."""
 
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
 
-from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.common.tp_state_dict import load_full_state_dict
 from gigatron.core.models.gpt import hf_mapping
 from gigatron.core.models.gpt.gpt_layer_specs import (
@@ -15,30 +11,12 @@ from gigatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
 )
 from gigatron.core.models.gpt.gpt_model import GPTModel
+from tests.unit._one_rank import one_rank_fixtures
 
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    """A one-process gloo world for this module, torn down after it (other tests expect none)."""
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def single_rank():
-    """A one-process gloo world with TP = PP = 1, as Megatron's tests set up."""
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    parallel_state.destroy_model_parallel()
+gloo_world, single_rank = one_rank_fixtures(cuda_seed=1234)
 
 
 def _randomize_norms(model):
@@ -47,6 +25,20 @@ def _randomize_norms(model):
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.copy_(torch.randn_like(p) * 0.1 + (1.0 if name.endswith("weight") else 0.0))
+
+
+def _pair(hf_cls, hf_cfg, config_fn, spec):
+    """The HF model (random norms) and a gigatron GPTModel with the mapped config, not loaded."""
+    hf = hf_cls(hf_cfg).eval()
+    _randomize_norms(hf)
+    config, model_kwargs = config_fn(hf_cfg, use_cpu_initialization=True)
+    return hf, model_kwargs, GPTModel(config, spec, **model_kwargs).eval()
+
+
+def _logits(hf, model, ids, position_ids=None):
+    """(gigatron logits, HF logits), both [b, s, vocab], without grad."""
+    with torch.no_grad():
+        return model(ids, position_ids, attention_mask=None), hf(input_ids=ids).logits
 
 
 @pytest.mark.parametrize("spec_fn", [get_gpt_layer_local_spec, get_gpt_layer_fast_spec])
@@ -64,20 +56,18 @@ def test_gpt2_logits_match_transformers(spec_fn):
         bos_token_id=0,
         eos_token_id=0,
     )
-    hf = transformers.GPT2LMHeadModel(hf_cfg).eval()
-    _randomize_norms(hf)
-    config, model_kwargs = hf_mapping.gpt2_config_to_transformer_config(
-        hf_cfg, use_cpu_initialization=True
+    hf, _, model = _pair(
+        transformers.GPT2LMHeadModel,
+        hf_cfg,
+        hf_mapping.gpt2_config_to_transformer_config,
+        spec_fn(),
     )
-    model = GPTModel(config, spec_fn(), **model_kwargs).eval()
+    config = model.config
     sd = hf_mapping.gpt2_to_megatron(hf.state_dict(), config.num_layers, config.num_attention_heads)
     load_full_state_dict(model, sd)
 
     ids = torch.randint(0, 96, (2, 16))
-    pos = torch.arange(16)[None].expand(2, -1)
-    with torch.no_grad():
-        ref = hf(input_ids=ids).logits
-        ours = model(ids, pos, attention_mask=None)
+    ours, ref = _logits(hf, model, ids, torch.arange(16)[None].expand(2, -1))
     assert ours.shape == ref.shape == (2, 16, 96)
     err = (ours - ref).abs().max().item()
     assert err <= 1e-5, err
@@ -101,20 +91,16 @@ def test_llama_logits_match_transformers(spec_fn):
         eos_token_id=0,
         pad_token_id=0,
     )
-    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
-    _randomize_norms(hf)
-    config, model_kwargs = hf_mapping.llama_config_to_transformer_config(
-        hf_cfg, use_cpu_initialization=True
+    hf, model_kwargs, model = _pair(
+        transformers.LlamaForCausalLM,
+        hf_cfg,
+        hf_mapping.llama_config_to_transformer_config,
+        spec_fn(),
     )
     assert model_kwargs["rotary_base"] == 5000.0
-    model = GPTModel(config, spec_fn(), **model_kwargs).eval()
-    sd = hf_mapping.llama_to_megatron(hf.state_dict(), 2, 8, 2)
-    load_full_state_dict(model, sd)
+    load_full_state_dict(model, hf_mapping.llama_to_megatron(hf.state_dict(), 2, 8, 2))
 
-    ids = torch.randint(0, 96, (2, 16))
-    with torch.no_grad():
-        ref = hf(input_ids=ids).logits
-        ours = model(ids, None, attention_mask=None)
+    ours, ref = _logits(hf, model, torch.randint(0, 96, (2, 16)))
     err = (ours - ref).abs().max().item()
     assert err <= 1e-5, err
     # The mapping is invertible: gigatron -> HF gives back HF's tensors exactly.
@@ -140,18 +126,17 @@ def test_qwen3_qk_norm_and_wide_heads_match_transformers():
         eos_token_id=0,
         pad_token_id=0,
     )
-    hf = transformers.Qwen3ForCausalLM(hf_cfg).eval()
-    _randomize_norms(hf)
-    config, model_kwargs = hf_mapping.qwen3_config_to_transformer_config(
-        hf_cfg, use_cpu_initialization=True
+    hf, model_kwargs, model = _pair(
+        transformers.Qwen3ForCausalLM,
+        hf_cfg,
+        hf_mapping.qwen3_config_to_transformer_config,
+        get_gpt_layer_local_spec(qk_layernorm=True),
     )
-    assert config.kv_channels == 16 and model_kwargs["share_embeddings_and_output_weights"]
-    model = GPTModel(config, get_gpt_layer_local_spec(qk_layernorm=True), **model_kwargs).eval()
+    assert model.config.kv_channels == 16 and model_kwargs["share_embeddings_and_output_weights"]
     hf_sd = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}  # tied
     load_full_state_dict(model, hf_mapping.llama_to_megatron(hf_sd, 2, 4, 2))
-    ids = torch.randint(0, 96, (2, 12))
-    with torch.no_grad():
-        err = (model(ids, None, None) - hf(input_ids=ids).logits).abs().max().item()
+    ours, ref = _logits(hf, model, torch.randint(0, 96, (2, 12)))
+    err = (ours - ref).abs().max().item()
     assert err <= 1e-5, err
 
 

@@ -3,79 +3,22 @@ a multi-token chunk and single-token steps, and greedy tokens of `generate` for 
 prompts of different lengths. Styles: MHA + learned positions + tied embeddings (local spec),
 GQA + RoPE + RMSNorm + SwiGLU (fast SDPA spec). Also: termination id, InferenceParams alias."""
 
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
-from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.inference import StaticInferenceContext, generate
 from gigatron.core.inference_params import InferenceParams
-from gigatron.core.models.gpt.gpt_layer_specs import (
-    get_gpt_layer_fast_spec,
-    get_gpt_layer_local_spec,
-)
-from gigatron.core.models.gpt.gpt_model import GPTModel
-from gigatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit._inference_models import MHA_LEARNED, V, build_model, gqa_rope
+from tests.unit._one_rank import one_rank_fixtures
 
-V = 64
-STYLES = {
-    "mha_learned": (
-        dict(num_attention_heads=4, activation_func=F.gelu),
-        dict(position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True),
-        get_gpt_layer_local_spec,
-    ),
-    "gqa_rope": (
-        dict(
-            num_attention_heads=4,
-            num_query_groups=2,
-            normalization="RMSNorm",
-            gated_linear_unit=True,
-            activation_func=F.silu,
-            add_bias_linear=False,
-        ),
-        dict(position_embedding_type="rope", rotary_base=100),
-        get_gpt_layer_fast_spec,
-    ),
-}
+STYLES = {"mha_learned": MHA_LEARNED, "gqa_rope": gqa_rope(2)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(123)
-    yield
-    parallel_state.destroy_model_parallel()
+gloo_world, single_rank = one_rank_fixtures(cuda_seed=123)
 
 
 def _model(style):
-    config_kw, model_kw, spec = STYLES[style]
-    torch.manual_seed(0)
-    config = TransformerConfig(
-        num_layers=2,
-        hidden_size=32,
-        ffn_hidden_size=64,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        use_cpu_initialization=True,
-        **config_kw,
-    )
-    model = GPTModel(config, spec(), vocab_size=V, max_sequence_length=32, **model_kw)
-    return model.eval()
+    return build_model(STYLES[style])
 
 
 def _full_logits(model, tokens):

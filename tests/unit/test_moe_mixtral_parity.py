@@ -2,13 +2,9 @@
 <= 1e-5) from the same random weights mapped through hf_mapping_moe, with SequentialMLP and
 GroupedMLP experts, through the local and the fast spec; the mapping inverts exactly."""
 
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
 
-from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.common.tp_state_dict import load_full_state_dict
 from gigatron.core.models.gpt import hf_mapping_moe
 from gigatron.core.models.gpt.gpt_layer_specs import (
@@ -16,28 +12,12 @@ from gigatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
 )
 from gigatron.core.models.gpt.gpt_model import GPTModel
+from tests.unit._one_rank import one_rank_fixtures
 
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    parallel_state.destroy_model_parallel()
+gloo_world, single_rank = one_rank_fixtures(cuda_seed=1234)
 
 
 def _hf_model():
