@@ -34,6 +34,12 @@ from torch import Tensor
 
 from gigatron.core import _init_rng, parallel_state
 from gigatron.core._init_rng import init_rng_scope
+from gigatron.core.models.common.embeddings.language_model_embedding import (  # noqa: F401
+    LanguageModelEmbedding,  # megatron-core's module exposes it here (docs/compat.md)
+)
+from gigatron.core.models.common.embeddings.rotary_pos_embedding import (  # noqa: F401
+    RotaryEmbedding,
+)
 from gigatron.core.models.common.language_module.language_module import (
     LanguageModule,
     move_to_collective_device,

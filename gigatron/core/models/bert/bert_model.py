@@ -19,6 +19,12 @@ from torch import Tensor
 from gigatron.core._init_rng import init_rng_scope
 from gigatron.core.models.bert.bert_lm_head import BertLMHead
 from gigatron.core.models.bert.pooler import Pooler, get_linear_layer
+from gigatron.core.models.common.embeddings.language_model_embedding import (  # noqa: F401
+    LanguageModelEmbedding,  # megatron-core's module exposes it here (docs/compat.md)
+)
+from gigatron.core.models.common.embeddings.rotary_pos_embedding import (  # noqa: F401
+    RotaryEmbedding,
+)
 from gigatron.core.models.common.language_module.language_module import LanguageModule
 from gigatron.core.transformer.enums import ModelType
 from gigatron.core.transformer.transformer_block import TransformerBlock
