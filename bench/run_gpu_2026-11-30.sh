@@ -10,43 +10,7 @@
 #                                            # checkpoint throughput
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT/*.log.
-set -u
-OUT=${OUT:-/tmp/bench-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-RES="$OUT/results.jsonl"
-export GIGATRON_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-
-START=$(date +%s)
-END=$((START + ${BUDGET_S:-575}))  # the whole script ends before the device call's limit
-
-# run LOG LIMIT_S CMD...: one benchmark; keep its RESULT line; never stop the script. The limit
-# shrinks to what is left of the script's budget; a run with under 25 s left is skipped.
-run() {
-  local log=$1 limit=$2
-  shift 2
-  local left=$((END - $(date +%s)))
-  [ "$limit" -gt "$left" ] && limit=$left
-  if [ "$limit" -lt 25 ]; then echo "{\"skipped\": \"$*\"}" >>"$RES"; return; fi
-  local tmp="/tmp/run-$log-$$.txt"
-  echo "=== $* ($(date -u +%T))" >>"$OUT/$log"
-  timeout "$limit" "$@" >"$tmp" 2>&1
-  local rc=$?
-  tail -c 20000 "$tmp" >>"$OUT/$log"
-  local line
-  line=$(grep -h '^RESULT ' "$tmp" | tail -1 | sed 's/^RESULT //')
-  if [ $rc -eq 0 ] && [ -n "$line" ]; then echo "$line" >>"$RES"; else
-    echo "{\"failed\": \"$*\", \"rc\": $rc}" >>"$RES"; fi
-}
-
-B="python3 bench/bench_gpt.py"
-A=bench/anchors
-NC="--no-input-checks"
+source bench/_run_lib.sh  # environment, megatron-core wheel, run(), $B $A $NC
 
 lane_fast() {
   export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29601

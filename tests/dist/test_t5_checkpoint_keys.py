@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from gigatron.testing import run_distributed
+from tests.dist.test_bert_checkpoint_keys import _layout  # key -> global shape
 
 V, MAX_SEQ, ENC_L, DEC_L, B, SE, SD = 64, 16, 4, 2, 2, 8, 6
 KW = dict(num_layers=DEC_L, hidden_size=32, num_attention_heads=4, hidden_dropout=0.0)
@@ -89,20 +90,6 @@ def _megatron_layout(tp, tied, pos):
         return _layout(model.sharded_state_dict())
     finally:
         mps.destroy_model_parallel()
-
-
-def _layout(sharded: dict) -> dict:
-    """{checkpoint key: global shape (ShardedTensor) or ('object', shape) (ShardedObject)}."""
-    out = {}
-    for value in sharded.values():
-        for sh in value if isinstance(value, list) else [value]:
-            kind = type(sh).__name__
-            if kind == "ShardedObject":
-                out[sh.key] = ("object", tuple(sh.global_shape))
-            else:
-                assert kind == "ShardedTensor", (sh.key, kind)
-                out[sh.key] = tuple(sh.global_shape)
-    return out
 
 
 def _init(tp=1, pp=1):

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from gigatron.core import parallel_state, tensor_parallel
 
 
-def one_rank_fixtures(cuda_seed=1234):
+def one_rank_fixtures(cuda_seed: int | None = 1234):
     """Returns (gloo_world, single_rank), both autouse; bind them at a test module's top level.
 
     gloo_world: a one-process gloo world for the module, torn down after it (other tests expect
@@ -30,7 +30,8 @@ def one_rank_fixtures(cuda_seed=1234):
     @pytest.fixture(autouse=True)
     def single_rank():
         parallel_state.initialize_model_parallel(1, 1)
-        tensor_parallel.model_parallel_cuda_manual_seed(cuda_seed)
+        if cuda_seed is not None:
+            tensor_parallel.model_parallel_cuda_manual_seed(cuda_seed)
         yield
         parallel_state.destroy_model_parallel()
 

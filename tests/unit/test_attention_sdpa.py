@@ -2,39 +2,20 @@
 masks, MHA and GQA; DotProductAttention itself matches a hand-written softmax attention."""
 
 import math
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from gigatron.core import parallel_state
 from gigatron.core.transformer.dot_product_attention import DotProductAttention
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
 from gigatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit._one_rank import one_rank_fixtures
 
 SQ, B, NP, HN = 8, 2, 4, 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    """A one-process gloo world for this module, torn down after it (other tests expect none)."""
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    yield
-    parallel_state.destroy_model_parallel()
+gloo_world, single_rank = one_rank_fixtures(cuda_seed=None)
 
 
 def _config(num_query_groups, **kw):

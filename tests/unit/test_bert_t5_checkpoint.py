@@ -3,14 +3,12 @@
 weights exactly; keys are Megatron's (TE norm names, stacked decoder layers)."""
 
 import dataclasses
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from gigatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from gigatron.core import dist_checkpointing
 from gigatron.core.models.bert import BertModel
 from gigatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
 from gigatron.core.models.T5 import T5Model
@@ -20,26 +18,9 @@ from gigatron.core.models.T5.t5_spec import (
 )
 from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.training._checkpoint_state import model_sharded_state_dict
+from tests.unit._one_rank import one_rank_fixtures
 
-
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    parallel_state.destroy_model_parallel()
+gloo_world, single_rank = one_rank_fixtures(cuda_seed=1234)
 
 
 def _config():

@@ -1,36 +1,16 @@
 """load_hf_into_model on one rank: a DDP-wrapped GPTModel (fast spec, what `gigatron train`
 builds) filled from HF files reproduces transformers' logits, including Llama-3.1 rope scaling."""
 
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
 
-from gigatron.core import parallel_state, tensor_parallel
+from tests.unit._one_rank import one_rank_fixtures
 from tests.unit.test_convert_fixtures import VOCAB, make_hf_model
 
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    parallel_state.destroy_model_parallel()
+gloo_world, single_rank = one_rank_fixtures(cuda_seed=1234)
 
 
 def _llama31(path, original: int):

@@ -2,38 +2,18 @@
 pipeline-stage pieces, tied embeddings and checkpoint key names."""
 
 import dataclasses
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from gigatron.core import parallel_state, tensor_parallel
+from gigatron.core import parallel_state
 from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit._one_rank import one_rank_fixtures
 
-
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    """A one-process gloo world for this module, torn down after it (other tests expect none)."""
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(123)
-    yield
-    parallel_state.destroy_model_parallel()
+gloo_world, single_rank = one_rank_fixtures(cuda_seed=123)
 
 
 def _minimal(**kw):

@@ -3,40 +3,20 @@ padded encoder tokens are invisible under the local-spec masks, Megatron's key n
 'relative' positions (bias on every self-attention) change the output and get grads."""
 
 import dataclasses
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.T5 import T5Model
 from gigatron.core.models.T5.t5_spec import (
     get_t5_decoder_with_local_block_spec,
     get_t5_encoder_with_local_block_spec,
 )
 from gigatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit._one_rank import one_rank_fixtures
 
-
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    parallel_state.destroy_model_parallel()
+gloo_world, single_rank = one_rank_fixtures(cuda_seed=1234)
 
 
 def _model(**kw):

@@ -2,13 +2,11 @@
 cross attention, qk layernorm, Float16Module, spec building, norms."""
 
 import dataclasses
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from gigatron.core import parallel_state, tensor_parallel
+from gigatron.core import parallel_state
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.transformer.attention import CrossAttention, CrossAttentionSubmodules
@@ -22,27 +20,9 @@ from gigatron.core.transformer.transformer_layer import (
     get_num_layers_to_build,
     get_transformer_layer_offset,
 )
+from tests.unit._one_rank import one_rank_fixtures
 
-
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    """A one-process gloo world for this module, torn down after it (other tests expect none)."""
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(3)
-    yield
-    parallel_state.destroy_model_parallel()
+gloo_world, single_rank = one_rank_fixtures(cuda_seed=3)
 
 
 def _cfg(**kw):
