@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Session 4 GPU measurements of issue 9 (bench/reports/2026-11-30-s4-gpu.md), device kind
+# nvidia-h200-x2, from the repo root:
+#
+#   bash bench/run_gpu_2026-11-30-s4.sh tp     # one-GPU reference, then TP = 2 + SP whole-model
+#       compiled with the backward schedule kept (--no-memory-reorder) +- --tp-comm-overlap
+#       (all-gather and reduce-scatter pipelined), layers compiled with --tp-comm-overlap
+#   bash bench/run_gpu_2026-11-30-s4.sh dp     # DP = 2 (CUDA graphs, 100M buckets) and its
+#       one-GPU reference, PP / CP bench layouts test on two GPUs
+#
+# Results: one JSON object a line in $OUT/results.jsonl; logs, profiles, traces in $OUT.
+source bench/_run_lib.sh
+
+T="torchrun --nproc-per-node 2 --master-port 29651 bench/bench_gpt.py"
+L13="--config gpt-1.3b $NC"
+
+tp_calls() {
+  export CUDA_VISIBLE_DEVICES=0
+  run refs.log 110 $B $L13 --compile model --ce chunked-recompute --label fast-compile-model-ce-recompute
+  unset CUDA_VISIBLE_DEVICES
+  local M="--tp 2 --sp --compile model --no-memory-reorder"
+  export NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32
+  run tp.log 110 $T $L13 $M --tp-comm-overlap --label fast-tp2-sp-model-keep-order-tp-overlap \
+    --profile "$OUT/profile-tp2-keep-order-overlap.json" --trace "$OUT/trace-tp2-keep-order-overlap.json.gz"
+  run tp.log 100 $T $L13 $M --label fast-tp2-sp-model-keep-order \
+    --profile "$OUT/profile-tp2-keep-order.json"
+  run tp.log 90 $T $L13 --tp 2 --sp --tp-comm-overlap --label fast-tp2-sp-layers-tp-overlap \
+    --profile "$OUT/profile-tp2-layers-overlap.json"
+  unset NCCL_PROTO NCCL_MIN_NCHANNELS
+}
+
+dp_calls() {
+  export CUDA_VISIBLE_DEVICES=0
+  run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
+  unset CUDA_VISIBLE_DEVICES
+  run dp.log 80 $T $L13 --overlap-grad-reduce --bucket-size 100000000 \
+    --compile-mode reduce-overhead --label fast-dp2-overlap-bucket100m-cudagraphs
+  echo "=== pytest -m gpu tests/dist/test_bench_gpt_layouts.py ($(date -u +%T))" >>"$OUT/tests.log"
+  timeout 300 python3 -m pytest -m gpu tests/dist/test_bench_gpt_layouts.py -q -p no:cacheprovider \
+    -k two_gpus >>"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
+}
+
+case "${1:-}" in
+  tp) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; tp_calls ;;
+  dp) dp_calls ;;
+  *) echo "usage: $0 tp|dp" >&2; exit 2 ;;
+esac
+python3 bench/compare.py "$RES" 2>/dev/null | tail -40
