@@ -5,6 +5,8 @@
 #   bash bench/run_gpu_2026-11-30-s4.sh tp     # one-GPU reference, then TP = 2 + SP whole-model
 #       compiled with the backward schedule kept (--no-memory-reorder) +- --tp-comm-overlap
 #       (all-gather and reduce-scatter pipelined), layers compiled with --tp-comm-overlap
+#   bash bench/run_gpu_2026-11-30-s4.sh tp2    # call 1's whole-model runs with longer limits;
+#       --tp-comm-overlap with cuBLAS leaving 16 SMs to NCCL (--sm-carveout 16)
 #   bash bench/run_gpu_2026-11-30-s4.sh dp     # DP = 2 (CUDA graphs, 100M buckets) and its
 #       one-GPU reference, PP / CP bench layouts test on two GPUs
 #
@@ -29,6 +31,19 @@ tp_calls() {
   unset NCCL_PROTO NCCL_MIN_NCHANNELS
 }
 
+tp2_calls() {  # the whole-model runs of call 1 ran out of their limits: longer ones, SM carveout
+  unset CUDA_VISIBLE_DEVICES
+  local M="--tp 2 --sp --compile model --no-memory-reorder"
+  export NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32
+  run tp.log 200 $T $L13 $M --label fast-tp2-sp-model-keep-order \
+    --profile "$OUT/profile-tp2-keep-order.json"
+  unset NCCL_MIN_NCHANNELS
+  run tp.log 240 $T $L13 $M --tp-comm-overlap --sm-carveout 16 \
+    --label fast-tp2-sp-model-keep-order-tp-overlap-carveout16 \
+    --profile "$OUT/profile-tp2-keep-order-overlap.json" --trace "$OUT/trace-tp2-keep-order-overlap.json.gz"
+  unset NCCL_PROTO
+}
+
 dp_calls() {
   export CUDA_VISIBLE_DEVICES=0
   run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
@@ -43,7 +58,8 @@ dp_calls() {
 
 case "${1:-}" in
   tp) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; tp_calls ;;
+  tp2) tp2_calls ;;
   dp) dp_calls ;;
-  *) echo "usage: $0 tp|dp" >&2; exit 2 ;;
+  *) echo "usage: $0 tp|tp2|dp" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
