@@ -7,6 +7,9 @@
 #       (all-gather and reduce-scatter pipelined), layers compiled with --tp-comm-overlap
 #   bash bench/run_gpu_2026-11-30-s4.sh tp2    # call 1's whole-model runs with longer limits;
 #       --tp-comm-overlap with cuBLAS leaving 16 SMs to NCCL (--sm-carveout 16)
+#   bash bench/run_gpu_2026-11-30-s4.sh cdmc   # --tp-comm-overlap with CUDA_DEVICE_MAX_CONNECTIONS=1
+#       (+- --sm-carveout 16); DP = 2 with CUDA graphs and its one-GPU reference
+#   bash bench/run_gpu_2026-11-30-s4.sh layouts  # PP / VPP / CP bench layouts test on two GPUs
 #   bash bench/run_gpu_2026-11-30-s4.sh dp     # DP = 2 (CUDA graphs, 100M buckets) and its
 #       one-GPU reference, PP / CP bench layouts test on two GPUs
 #
@@ -44,6 +47,31 @@ tp2_calls() {  # the whole-model runs of call 1 ran out of their limits: longer 
   unset NCCL_PROTO
 }
 
+cdmc_calls() {  # call 2: overlapped all-gathers ran ~3x slower; one hardware queue keeps each
+  # NCCL kernel ahead of the GEMM launched after it (what Megatron asks for its TP overlap)
+  unset CUDA_VISIBLE_DEVICES
+  local M="--tp 2 --sp --compile model --no-memory-reorder --tp-comm-overlap"
+  export NCCL_PROTO=Simple CUDA_DEVICE_MAX_CONNECTIONS=1
+  run tp.log 130 $T $L13 $M --label fast-tp2-sp-model-tp-overlap-cdmc1 \
+    --profile "$OUT/profile-tp2-overlap-cdmc1.json" --trace "$OUT/trace-tp2-overlap-cdmc1.json.gz"
+  run tp.log 130 $T $L13 $M --sm-carveout 16 --label fast-tp2-sp-model-tp-overlap-cdmc1-carveout16 \
+    --profile "$OUT/profile-tp2-overlap-cdmc1-carveout16.json"
+  unset NCCL_PROTO CUDA_DEVICE_MAX_CONNECTIONS
+  export CUDA_VISIBLE_DEVICES=0
+  run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
+  unset CUDA_VISIBLE_DEVICES
+  run dp.log 80 $T $L13 --overlap-grad-reduce --bucket-size 100000000 \
+    --compile-mode reduce-overhead --label fast-dp2-overlap-bucket100m-cudagraphs
+}
+
+layouts_test() {
+  unset CUDA_VISIBLE_DEVICES
+  echo "=== pytest -m gpu tests/dist/test_bench_gpt_layouts.py ($(date -u +%T))" >>"$OUT/tests.log"
+  timeout 420 python3 -m pytest -m gpu tests/dist/test_bench_gpt_layouts.py -q -p no:cacheprovider \
+    -k two_gpus >>"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
+}
+
 dp_calls() {
   export CUDA_VISIBLE_DEVICES=0
   run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
@@ -59,7 +87,9 @@ dp_calls() {
 case "${1:-}" in
   tp) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; tp_calls ;;
   tp2) tp2_calls ;;
+  cdmc) cdmc_calls ;;
+  layouts) layouts_test; exit 0 ;;
   dp) dp_calls ;;
-  *) echo "usage: $0 tp|tp2|dp" >&2; exit 2 ;;
+  *) echo "usage: $0 tp|tp2|cdmc|layouts|dp" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
