@@ -10,6 +10,8 @@
 #   bash bench/run_gpu_2026-11-30-s4.sh cdmc   # --tp-comm-overlap with CUDA_DEVICE_MAX_CONNECTIONS=1
 #       (+- --sm-carveout 16); DP = 2 with CUDA graphs and its one-GPU reference
 #   bash bench/run_gpu_2026-11-30-s4.sh layouts  # PP / VPP / CP bench layouts test on two GPUs
+#   bash bench/run_gpu_2026-11-30-s4.sh last   # GPU 0: whole-model max-autotune; GPU 1: both
+#       configs with the plain-PyTorch anchor beside them, megatron-core anchor
 #   bash bench/run_gpu_2026-11-30-s4.sh dp     # DP = 2 (CUDA graphs, 100M buckets) and its
 #       one-GPU reference, PP / CP bench layouts test on two GPUs
 #
@@ -72,6 +74,22 @@ layouts_test() {
   tail -3 "$OUT/tests.log"
 }
 
+last_gpu0() {  # whole-model compile with max-autotune (ran out of 290 s in session 3)
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29901
+  run autotune.log 500 $B $L13 --compile model --ce chunked-recompute \
+    --compile-mode max-autotune-no-cudagraphs --label fast-model-max-autotune
+}
+
+last_gpu1() {  # one-GPU standing with both anchors re-measured beside it
+  export CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29911
+  for c in gpt-1.3b gpt-125m; do
+    run refs.log 120 $B --config $c $NC --compile model --ce chunked-recompute \
+      --label fast-compile-model-ce-recompute
+    run anchors.log 120 python3 $A/torch_baseline_bench.py $c compile
+  done
+  run anchors.log 100 torchrun --nproc-per-node 1 --master-port 29911 $A/megatron_core_bench.py gpt-1.3b
+}
+
 dp_calls() {
   export CUDA_VISIBLE_DEVICES=0
   run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
@@ -89,7 +107,8 @@ case "${1:-}" in
   tp2) tp2_calls ;;
   cdmc) cdmc_calls ;;
   layouts) layouts_test; exit 0 ;;
+  last) last_gpu0 & last_gpu1 & wait ;;
   dp) dp_calls ;;
-  *) echo "usage: $0 tp|tp2|cdmc|layouts|dp" >&2; exit 2 ;;
+  *) echo "usage: $0 tp|tp2|cdmc|layouts|last|dp" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
