@@ -66,8 +66,8 @@ def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=No
         layout["use_cpu_initialization"] = True
     if a.tp_comm_overlap:
         layout["tp_comm_overlap"] = True
-    if _layout_path(a):
-        layout["cross_entropy_loss_fusion"] = a.ce == "chunked"  # GPTModel's chunked CE
+    if a.ce != "plain":
+        layout["cross_entropy_loss_fusion"] = True  # GPTModel's chunked CE
     cfg = config or TransformerConfig(
         num_layers=shape["layers"],
         hidden_size=shape["hidden"],
@@ -115,29 +115,10 @@ def _seed(a) -> None:
     set_layout_invariant_init_seed(1234 if a.init == "invariant" else None)
 
 
-def gpt_loss(model, tokens, pos, labels, *, chunked: bool, recompute: bool = False):
-    """Mean LM loss. `chunked`: GPTModel.forward up to the decoder, then the chunked output-layer
-    cross entropy (what GPTModel should call behind a config switch; see docs/performance.md)."""
-    if not chunked:
-        return model(tokens, pos, None, labels=labels).mean()
-    from gigatron.core.fusions.chunked_cross_entropy import chunked_linear_cross_entropy
-
-    cfg = model.config
-    hidden = model.embedding(input_ids=tokens, position_ids=pos)  # [s(/tp), b, h]
-    rope = None
-    if model.position_embedding_type == "rope":
-        seq_len = model.rotary_pos_emb.get_rotary_seq_len(None, model.decoder, hidden, cfg)
-        rope = model.rotary_pos_emb(seq_len)
-    hidden = model.decoder(hidden_states=hidden, attention_mask=None, rotary_pos_emb=rope)
-    weight = (
-        model.shared_embedding_or_output_weight()
-        if model.share_embeddings_and_output_weights
-        else model.output_layer.weight
-    )
-    loss = chunked_linear_cross_entropy(
-        hidden, weight, labels, sequence_parallel=cfg.sequence_parallel, recompute=recompute
-    )  # [b, s]
-    return loss.mean()
+def gpt_loss(model, tokens, pos, labels):
+    """Mean LM loss through GPTModel.forward (the config's `cross_entropy_loss_fusion` picks the
+    chunked output layer + cross entropy, as in training)."""
+    return model(tokens, pos, None, labels=labels).mean()
 
 
 def _init_dist(device: str) -> tuple[int, int]:
@@ -184,10 +165,7 @@ class _Step:
             self.ddp.zero_grad_buffer()
         self.opt.zero_grad(set_to_none=True)
         with self.sdpa_ctx():
-            ce = self.a.ce
-            loss = self.loss_fn(
-                self.model, *self.batch, chunked=ce != "plain", recompute=ce == "chunked-recompute"
-            )
+            loss = self.loss_fn(self.model, *self.batch)
         loss.backward()
         if self.ddp is not None:
             self.ddp.finish_grad_sync()

@@ -21,6 +21,8 @@ _UNSUPPORTED_FIELDS: dict[str, str] = {
     "use_ring_exchange_p2p": "ring-exchange p2p needs a custom PyTorch build",
     "defer_embedding_wgrad_compute": "deferred embedding wgrad needs gradient_accumulation_fusion",
     "hybrid_context_parallel": "hybrid (dynamic) context parallel is not implemented",
+    "cross_entropy_fusion_impl": "'te' needs Transformer Engine; 'native' is gigatron's chunked "
+    "output layer + cross entropy",
 }
 
 
@@ -97,7 +99,8 @@ class ModelParallelConfig:
     cross_entropy_loss_fusion: bool = False
     """Use the fused vocab-parallel cross entropy."""
     cross_entropy_fusion_impl: str = "native"
-    """Fused cross-entropy implementation: 'native' or 'te'."""
+    """Fused cross-entropy implementation. Megatron: 'native' or 'te'; gigatron: 'native' only
+    (output layer + vocab-parallel cross entropy in token chunks, logits recomputed in backward)."""
 
     # ---- pipeline ----
     pipeline_dtype: torch.dtype | None = None

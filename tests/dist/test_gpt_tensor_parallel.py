@@ -1,5 +1,6 @@
 """GPTModel with TP = 2 and 4, with and without sequence parallelism, on gloo ranks: logits,
-loss and every gradient equal the TP = 1 model built from the same full weights (fp32, 1e-5).
+loss and every gradient equal the TP = 1 model built from the same full weights (fp32, 1e-5),
+also with cross_entropy_loss_fusion against the plain TP = 1 loss.
 
 Model styles: GPT-2 (LayerNorm, biases, GELU, learned positions, tied embeddings, explicit
 mask), Llama (RMSNorm, SwiGLU, RoPE, GQA, untied output, causal mask built inside), and a GQA
@@ -54,9 +55,10 @@ STYLES = {
 }
 
 
-def _build(style, tp, sp, spec_fn=get_gpt_layer_local_spec):
+def _build(style, tp, sp, spec_fn=get_gpt_layer_local_spec, fusion=False):
     cfg = TransformerConfig(
         **STYLES[style]["config"],
+        cross_entropy_loss_fusion=fusion,
         tensor_model_parallel_size=tp,
         sequence_parallel=sp,
         hidden_dropout=0.0,
@@ -96,10 +98,10 @@ def _reference(style):
     return full, logits, loss, grads
 
 
-def _check(style, tp, sp, ref, spec_fn):
+def _check(style, tp, sp, ref, spec_fn, fusion=False):
     full, ref_logits, ref_loss, ref_grads = ref
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    model = _build(style, tp, sp, spec_fn)
+    model = _build(style, tp, sp, spec_fn, fusion)
     params = parity.load_shards(model, full, tp_rank, tp)
     logits, loss = _run(model, style)
     ids, _, _, mask = _inputs(style)
@@ -129,11 +131,11 @@ def _check(style, tp, sp, ref, spec_fn):
     return errors
 
 
-def _body(tp, spec_name):
+def _body(tp, spec_name, fusion=False):
     spec_fn = {"local": get_gpt_layer_local_spec, "fast": get_gpt_layer_fast_spec}[spec_name]
     refs = parity.references_then_layout(_reference, STYLES, tp)
     return {
-        (style, sp): _check(style, tp, sp, refs[style], spec_fn)
+        (style, sp): _check(style, tp, sp, refs[style], spec_fn, fusion)
         for style in STYLES
         for sp in (False, True)
     }
@@ -148,3 +150,12 @@ def test_gpt_tensor_parallel_matches_tp1(tp):
 
 def test_gpt_tensor_parallel_fast_spec_matches_tp1():
     run_distributed(_body, 2, args=(2, "fast"), timeout=240)
+
+
+def test_gpt_cross_entropy_loss_fusion_matches_tp1():
+    """cross_entropy_loss_fusion (chunked output layer + cross entropy, logits recomputed in
+    backward): per-token loss and every grad equal the plain TP = 1 model's, tied and untied
+    output weights, with and without SP."""
+    errors = run_distributed(_body, 2, args=(2, "fast", True), timeout=240)[0]
+    for key, errs in errors.items():
+        assert max(errs.values()) <= 1e-5, (key, errs)

@@ -135,7 +135,9 @@ class GPTModel(LanguageModule):
             output_weight = self.shared_embedding_or_output_weight()
         if labels is not None and self.config.cross_entropy_loss_fusion and self.parallel_output:
             # Fast path: output layer + vocab-parallel cross entropy in token chunks, never the
-            # whole batch's fp32 logits (same numbers as the two steps below).
+            # whole batch's fp32 logits (same numbers as the two steps below). The logits are
+            # recomputed chunk by chunk in backward: on H200 faster and smaller than keeping
+            # them (bench/reports/2026-11-30-gpu.md).
             from gigatron.core.fusions.chunked_cross_entropy import chunked_linear_cross_entropy
 
             return chunked_linear_cross_entropy(
@@ -143,6 +145,7 @@ class GPTModel(LanguageModule):
                 self.output_layer.weight if output_weight is None else output_weight,
                 labels,
                 sequence_parallel=self.config.sequence_parallel,
+                recompute=True,
             )  # [b, s]
         logits, _ = self.output_layer(
             hidden_states, weight=output_weight, runtime_gather_output=runtime_gather_output
