@@ -123,6 +123,11 @@ def parse_args(argv=None, doc: str | None = None):
     p.add_argument("--ddp", choices=["auto", "on", "off"], default="auto", help="auto: DP > 1")
     p.add_argument("--overlap-grad-reduce", action="store_true")
     p.add_argument(
+        "--grad-acc-fusion",
+        action="store_true",
+        help="gradient_accumulation_fusion: the linears add dW into DDP's main_grad (addmm_)",
+    )
+    p.add_argument(
         "--bucket-size", type=int, default=None, help="DDP bucket elements (default Megatron's)"
     )
     p.add_argument(

@@ -66,6 +66,8 @@ def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=No
         layout["use_cpu_initialization"] = True
     if a.tp_comm_overlap:
         layout["tp_comm_overlap"] = True
+    if a.grad_acc_fusion:
+        layout["gradient_accumulation_fusion"] = True
     if a.ce != "plain":
         layout["cross_entropy_loss_fusion"] = True  # GPTModel's chunked CE
     cfg = config or TransformerConfig(
@@ -368,6 +370,7 @@ def main(argv=None) -> dict:
             "sdpa": a.sdpa,
             "ddp": use_ddp,
             "overlap_grad_reduce": a.overlap_grad_reduce,
+            "grad_acc_fusion": a.grad_acc_fusion,
             "bucket_size": a.bucket_size,
             "optimizer": a.optimizer,
             "tp_comm_overlap": a.tp_comm_overlap,

@@ -12,6 +12,8 @@
 #   bash bench/run_gpu_2026-11-30-s4.sh layouts  # PP / VPP / CP bench layouts test on two GPUs
 #   bash bench/run_gpu_2026-11-30-s4.sh last   # GPU 0: whole-model max-autotune; GPU 1: both
 #       configs with the plain-PyTorch anchor beside them, megatron-core anchor
+#   bash bench/run_gpu_2026-11-30-s4.sh next   # NOT RUN YET: DP = 2 with --grad-acc-fusion
+#       (+- CUDA graphs), one-GPU references through GPTModel's fused cross entropy
 #   bash bench/run_gpu_2026-11-30-s4.sh dp     # DP = 2 (CUDA graphs, 100M buckets) and its
 #       one-GPU reference, PP / CP bench layouts test on two GPUs
 #
@@ -90,6 +92,22 @@ last_gpu1() {  # one-GPU standing with both anchors re-measured beside it
   run anchors.log 100 torchrun --nproc-per-node 1 --master-port 29911 $A/megatron_core_bench.py gpt-1.3b
 }
 
+next_calls() {  # NOT RUN YET (device time spent): DP = 2 with gradient_accumulation_fusion
+  # (dW added into DDP's main_grad by addmm_: no grad copy in DDP's hook), with and without
+  # per-layer CUDA graphs (the in-place main_grad update may keep cudagraph trees off), and the
+  # one-GPU run through GPTModel's fused cross entropy (bench now calls GPTModel.forward)
+  export CUDA_VISIBLE_DEVICES=0
+  run refs.log 120 $B $L13 --compile model --ce chunked --label fast-compile-model-gptmodel-ce
+  run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
+  run refs.log 80 $B $L13 --label fast-nochecks
+  unset CUDA_VISIBLE_DEVICES
+  local D="--overlap-grad-reduce --bucket-size 100000000"
+  run dp.log 80 $T $L13 $D --grad-acc-fusion --label fast-dp2-overlap-bucket100m-gaf
+  run dp.log 80 $T $L13 $D --grad-acc-fusion --compile-mode reduce-overhead \
+    --label fast-dp2-overlap-bucket100m-gaf-cudagraphs
+  run dp.log 80 $T $L13 $D --compile-mode reduce-overhead --label fast-dp2-overlap-bucket100m-cudagraphs
+}
+
 dp_calls() {
   export CUDA_VISIBLE_DEVICES=0
   run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
@@ -108,7 +126,8 @@ case "${1:-}" in
   cdmc) cdmc_calls ;;
   layouts) layouts_test; exit 0 ;;
   last) last_gpu0 & last_gpu1 & wait ;;
+  next) next_calls ;;
   dp) dp_calls ;;
-  *) echo "usage: $0 tp|tp2|cdmc|layouts|last|dp" >&2; exit 2 ;;
+  *) echo "usage: $0 tp|tp2|cdmc|layouts|last|next|dp" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40

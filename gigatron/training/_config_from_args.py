@@ -60,6 +60,7 @@ def core_transformer_config_from_args(args, config_class=None):
         transformer_impl="local",
         cross_entropy_loss_fusion=args.cross_entropy_loss_fusion,
         tp_comm_overlap=args.tp_comm_overlap,
+        gradient_accumulation_fusion=getattr(args, "gradient_accumulation_fusion", True),
     )
     if args.num_experts:
         kw.update(

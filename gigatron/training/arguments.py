@@ -106,6 +106,13 @@ def _parallel_args(p):
     _add(g, "--use-distributed-optimizer", bool, help_="shard optimizer state over DP")
     _add(g, "--overlap-grad-reduce", bool, help_="reduce gradients during backward")
     _add(g, "--overlap-param-gather", bool, help_="gather parameters during forward")
+    g.add_argument(
+        "--no-gradient-accumulation-fusion",
+        dest="gradient_accumulation_fusion",
+        action="store_false",
+        help="compute each weight gradient apart and let DDP add it to main_grad (default: "
+        "the linears add it into main_grad with one addmm_, as Megatron's apex kernel does)",
+    )
     _add(g, "--distributed-backend", str, None, "nccl | gloo (default: nccl with GPUs, else gloo)")
     _add(g, "--distributed-timeout-minutes", int, 10, "timeout of collectives")
     _add(g, "--ddp-bucket-size", int, None, "gradient bucket size (elements)")

@@ -19,6 +19,7 @@ from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.tensor_parallel import mappings as M
 from gigatron.core.tensor_parallel._linear import linear_with_grad_accumulation_and_async_allreduce
 from gigatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from gigatron.core.tensor_parallel._wgrad import WGRAD_IN_MAIN_GRAD
 from gigatron.core.transformer._compile import compile_transformer_layers
 from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.testing import run_distributed
@@ -194,8 +195,9 @@ def _mappings_case(backend):
 
 def _fusion_case(backend):
     """gradient_accumulation_fusion: a weight with `main_grad` gets dW added there (eager and
-    compiled alike); one that also carries DDP's `grad_added_to_main_grad` flag gets a plain
-    `.grad` under compile (DDP's hook adds it to main_grad) with the same values."""
+    compiled alike, also with DDP's `grad_added_to_main_grad` flag, since the layers mark their
+    own weights); an unmarked weight with DDP's flag gets a plain `.grad` under compile (DDP's
+    hook adds it to main_grad) with the same values."""
     rank = parallel_state.get_tensor_model_parallel_rank()
     cfg = ModelParallelConfig(
         tensor_model_parallel_size=TP,
@@ -234,9 +236,16 @@ def _fusion_case(backend):
     eager, compiled = run(fn, False), run(compiled_fn, False)
     for a, b in zip(compiled[:2] + compiled[2], eager[:2] + eager[2], strict=True):
         torch.testing.assert_close(a, b, **TOL)
+    # Under DDP (its flag present) the compiled backward still adds into main_grad: the layers
+    # marked their weights at construction; an unmarked weight gets a plain .grad instead.
     with_flag = run(compiled_fn, True)
     torch.testing.assert_close(with_flag[0], eager[0], **TOL)
-    for main_grad, grad, expected in zip(with_flag[2], with_flag[3], eager[2], strict=True):
+    for main_grad, expected in zip(with_flag[2], eager[2], strict=True):
+        torch.testing.assert_close(main_grad, expected, **TOL)
+    for w in weights:
+        delattr(w, WGRAD_IN_MAIN_GRAD)
+    unmarked = run(compiled_fn, True)
+    for main_grad, grad, expected in zip(unmarked[2], unmarked[3], eager[2], strict=True):
         assert main_grad.abs().max().item() == 0.0  # left to DDP's hook
         torch.testing.assert_close(grad, expected, **TOL)
 

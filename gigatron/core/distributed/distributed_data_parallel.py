@@ -30,6 +30,7 @@ from gigatron.core.distributed.param_and_grad_buffer import (
     _ParamAndGradBuffer,
     partition_buckets,
 )
+from gigatron.core.tensor_parallel._wgrad import WGRAD_IN_MAIN_GRAD
 
 
 def _groups(pg_collection):
@@ -163,10 +164,15 @@ class DistributedDataParallel(torch.nn.Module):
 
         def hook(p: torch.Tensor) -> None:
             grad = p.grad
-            if grad is not None and not p.grad_added_to_main_grad:
-                # First grad since zero_grad_buffer: main_grad holds zeros, so a copy gives the
-                # same values as Megatron's add_ and saves reading the grad buffer once.
-                if p.main_grad_is_zero:
+            # dW already in main_grad: set by the linear's eager backward (Megatron's flag) or,
+            # for a compiled backward, the layer's construction-time mark (_wgrad.py). A tied
+            # weight (`zero_out_wgrad`) got zeros from the linear: its .grad holds the other
+            # uses' grads, added on top (Megatron's rule).
+            fused = p.grad_added_to_main_grad or getattr(p, WGRAD_IN_MAIN_GRAD, False)
+            if grad is not None and (not fused or getattr(p, "zero_out_wgrad", False)):
+                # First grad since zero_grad_buffer, nothing fused in: main_grad holds zeros, so
+                # a copy gives the same values as Megatron's add_ and reads one buffer less.
+                if p.main_grad_is_zero and not fused:
                     p.main_grad.copy_(grad)
                 else:
                     p.main_grad.add_(grad)

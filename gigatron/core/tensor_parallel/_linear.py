@@ -2,7 +2,8 @@
 
 Mirrors `LinearWithGradAccumulationAndAsyncCommunication` and
 `linear_with_grad_accumulation_and_async_allreduce` of `megatron.core.tensor_parallel.layers`,
-in plain PyTorch (no apex kernel; gradient-accumulation "fusion" is a plain `main_grad.add_`).
+in plain PyTorch (no apex kernel; gradient-accumulation fusion is a cuBLAS `addmm_` into
+`main_grad`, `_wgrad.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gigatron.core.tensor_parallel._groups import (
     group_rank,
     group_size,
 )
+from gigatron.core.tensor_parallel._wgrad import weight_grad
 
 
 class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
@@ -86,7 +88,7 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
         grad_weight = None
         if need_wgrad:  # a frozen weight gets no gradient (Megatron's linear_with_frozen_weight)
             total_input_2d = total_input.reshape(-1, total_input.size(-1))  # [s*b, h]
-            grad_weight = _weight_grad(ctx, weight, grad_output_2d, total_input_2d)
+            grad_weight = weight_grad(ctx, weight, grad_output_2d, total_input_2d)
         grad_bias = grad_output_2d.sum(dim=0) if ctx.use_bias else None
 
         if dgrad_comm is not None:
@@ -177,32 +179,8 @@ class LinearReduceScatterOverlapped(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             total_2d = total.reshape(-1, total.size(-1))  # [s*b, o]
             input_2d = input_.reshape(-1, input_.size(-1))  # [s*b, h/tp]
-            grad_weight = _weight_grad(ctx, weight, total_2d, input_2d)
+            grad_weight = weight_grad(ctx, weight, total_2d, input_2d)
         return grad_input, grad_weight, None, None
-
-
-def _weight_grad(ctx, weight, grad_output_2d, total_input_2d):
-    """dW = dY^T X; with gradient_accumulation_fusion and `weight.main_grad`, add it there.
-
-    Under torch.compile a weight carrying DDP's `grad_added_to_main_grad` flag gets a plain
-    `.grad` instead: dynamo cannot trace setting an attribute inside backward, and DDP's hook
-    then adds `.grad` into `main_grad` itself (the same sum, one transient grad per weight).
-    """
-    fuse = ctx.gradient_accumulation_fusion and hasattr(weight, "main_grad")
-    if fuse and torch.compiler.is_compiling() and hasattr(weight, "grad_added_to_main_grad"):
-        fuse = False
-    if not fuse:
-        return grad_output_2d.t().matmul(total_input_2d)
-    main_grad = weight.main_grad
-    main_grad.add_(grad_output_2d.t().matmul(total_input_2d).to(main_grad.dtype))
-    if not hasattr(weight, "grad_added_to_main_grad"):
-        return None
-    # DDP's hook reads this flag and skips copying .grad into main_grad (it is already there);
-    # autograd still needs a tensor of the right shape for .grad (Megatron's convention).
-    weight.grad_added_to_main_grad = True
-    if getattr(weight, "zero_out_wgrad", False):
-        return torch.zeros(main_grad.shape, dtype=weight.dtype, device=weight.device)
-    return torch.empty(main_grad.shape, dtype=weight.dtype, device=weight.device)
 
 
 def linear_with_grad_accumulation_and_async_allreduce(

@@ -38,6 +38,7 @@ from gigatron.core.tensor_parallel._param_init import (
     set_defaults_if_not_set_tensor_model_parallel_attributes,
     set_tensor_model_parallel_attributes,
 )
+from gigatron.core.tensor_parallel._wgrad import WGRAD_IN_MAIN_GRAD
 from gigatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -72,6 +73,13 @@ def _per_rank(size: int, tp_size: int, field: str, cls: str) -> int:
             f"{cls}: {field} ({size}) must be divisible by the tensor-parallel size ({tp_size})"
         )
     return size // tp_size
+
+
+def _mark_wgrad_fusion(weight: Parameter, config: ModelParallelConfig) -> None:
+    """gradient_accumulation_fusion: this layer's backward adds dW into `weight.main_grad`
+    whenever DDP gave it one; DDP's hook reads the mark (tensor_parallel/_wgrad.py)."""
+    if config.gradient_accumulation_fusion:
+        setattr(weight, WGRAD_IN_MAIN_GRAD, True)
 
 
 def _param_device(config: ModelParallelConfig) -> torch.device:
@@ -167,6 +175,7 @@ class ColumnParallelLinear(_ExtraStateMixin, torch.nn.Module):
                 else:
                     _initialize_affine_weight_gpu(self.weight, init_method, 0, stride, is_expert)
             self.weight.allreduce = not (is_expert and self.expert_parallel)
+            _mark_wgrad_fusion(self.weight, config)
         else:
             self.weight = None
 
@@ -319,6 +328,7 @@ class RowParallelLinear(_ExtraStateMixin, torch.nn.Module):
             torch.empty(output_size, self.input_size_per_partition, device=device, dtype=dtype)
         )
         set_tensor_model_parallel_attributes(self.weight, True, 1, stride)
+        _mark_wgrad_fusion(self.weight, config)
         if config.perform_initialization:
             if config.use_cpu_initialization:
                 self.master_weight = _initialize_affine_weight_cpu(

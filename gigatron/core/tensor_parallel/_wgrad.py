@@ -1,0 +1,59 @@
+"""Weight gradient of the parallel linears, with Megatron's `gradient_accumulation_fusion`.
+
+Megatron adds dW straight into the fp32/bf16 `param.main_grad` of its DDP buffer with an apex
+GEMM (`fused_weight_gradient_mlp_cuda`), so no transient `.grad` is allocated and DDP's hook
+has nothing to copy. gigatron does the same with a cuBLAS `addmm_` (beta = 1) wrapped in a
+custom op: under torch.compile the op mutates `main_grad` in place (a plain `addmm_` on a graph
+input would be functionalized into `addmm` + a copy back, the very pass this saves).
+
+DDP's hook learns that dW is already in `main_grad` from `param.grad_added_to_main_grad`,
+which the backward sets (Megatron's contract). A compiled backward cannot set attributes, so
+the parallel linears mark their own weight once at construction (`WGRAD_IN_MAIN_GRAD`) and
+gigatron's DDP hook reads that too; weights without the mark (e.g. a tied embedding passed to
+the output layer) get a plain `.grad` under compile, which DDP's hook adds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Attribute the parallel linears set on their own weight when gradient_accumulation_fusion is
+# on: "while this weight has a main_grad, my backward adds dW into it" (gigatron only).
+WGRAD_IN_MAIN_GRAD = "wgrad_added_to_main_grad_by_layer"
+
+
+@torch.library.custom_op("gigatron::wgrad_accumulate_", mutates_args=("main_grad",))
+def wgrad_accumulate_(
+    main_grad: torch.Tensor, grad_output_2d: torch.Tensor, input_2d: torch.Tensor
+) -> None:
+    """`main_grad [o, h] += grad_output_2d [n, o]^T @ input_2d [n, h]`, in place."""
+    if main_grad.dtype == grad_output_2d.dtype:
+        main_grad.addmm_(grad_output_2d.t(), input_2d)
+    else:  # e.g. fp32 main_grad, bf16 activations: bf16 GEMM, then one fp32 add
+        main_grad.add_(grad_output_2d.t().matmul(input_2d).to(main_grad.dtype))
+
+
+@wgrad_accumulate_.register_fake
+def _(main_grad, grad_output_2d, input_2d) -> None:
+    return None
+
+
+def weight_grad(ctx, weight, grad_output_2d, total_input_2d):
+    """dW = dY^T X `[o, h]`; with gradient_accumulation_fusion and `weight.main_grad`, added
+    there instead, returning what autograd should see as the weight's grad (None without DDP's
+    flag; otherwise a placeholder of the right shape, Megatron's convention)."""
+    fuse = ctx.gradient_accumulation_fusion and hasattr(weight, "main_grad")
+    tracked = hasattr(weight, "grad_added_to_main_grad")  # DDP's per-step flag
+    compiling = torch.compiler.is_compiling()
+    if fuse and compiling and tracked and not getattr(weight, WGRAD_IN_MAIN_GRAD, False):
+        fuse = False  # cannot tell DDP's hook from a compiled backward: a plain .grad
+    if not fuse:
+        return grad_output_2d.t().matmul(total_input_2d)
+    wgrad_accumulate_(weight.main_grad, grad_output_2d, total_input_2d)
+    if not tracked:
+        return None
+    if not compiling:
+        weight.grad_added_to_main_grad = True
+    if getattr(weight, "zero_out_wgrad", False):
+        return torch.zeros(weight.main_grad.shape, dtype=weight.dtype, device=weight.device)
+    return torch.empty(weight.main_grad.shape, dtype=weight.dtype, device=weight.device)
