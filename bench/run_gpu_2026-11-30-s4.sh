@@ -92,14 +92,23 @@ last_gpu1() {  # one-GPU standing with both anchors re-measured beside it
   run anchors.log 100 torchrun --nproc-per-node 1 --master-port 29911 $A/megatron_core_bench.py gpt-1.3b
 }
 
-next_calls() {  # NOT RUN YET (device time spent): DP = 2 with gradient_accumulation_fusion
-  # (dW added into DDP's main_grad by addmm_: no grad copy in DDP's hook), with and without
-  # per-layer CUDA graphs (the in-place main_grad update may keep cudagraph trees off), and the
-  # one-GPU run through GPTModel's fused cross entropy (bench now calls GPTModel.forward)
-  export CUDA_VISIBLE_DEVICES=0
+next_gpu0() {  # NOT RUN YET: one-GPU references through GPTModel's fused cross entropy
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921
   run refs.log 120 $B $L13 --compile model --ce chunked --label fast-compile-model-gptmodel-ce
   run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
   run refs.log 80 $B $L13 --label fast-nochecks
+}
+
+next_gpu1() {  # NOT RUN YET: kernel profiles of the best one-GPU step and of the compiled anchor
+  export CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29931
+  run refs.log 150 $B $L13 --compile model --label fast-compile-model-profiled \
+    --profile "$OUT/profile-1gpu-model.json" --trace "$OUT/trace-1gpu-model.json.gz"
+  run anchors.log 120 python3 bench/compare_profile.py gpt-1.3b compile "$OUT/profile-torch-compile.json"
+}
+
+next_two() {  # NOT RUN YET: DP = 2 with gradient_accumulation_fusion (dW added into DDP's
+  # main_grad by addmm_: no grad copy in DDP's hook), with and without per-layer CUDA graphs (the
+  # in-place main_grad update may keep cudagraph trees off), and the same without fusion
   unset CUDA_VISIBLE_DEVICES
   local D="--overlap-grad-reduce --bucket-size 100000000"
   run dp.log 80 $T $L13 $D --grad-acc-fusion --label fast-dp2-overlap-bucket100m-gaf
@@ -126,7 +135,7 @@ case "${1:-}" in
   cdmc) cdmc_calls ;;
   layouts) layouts_test; exit 0 ;;
   last) last_gpu0 & last_gpu1 & wait ;;
-  next) next_calls ;;
+  next) next_gpu0 & next_gpu1 & wait; next_two ;;
   dp) dp_calls ;;
   *) echo "usage: $0 tp|tp2|cdmc|layouts|last|next|dp" >&2; exit 2 ;;
 esac
