@@ -96,7 +96,10 @@ next_gpu0() {  # NOT RUN YET: one-GPU references through GPTModel's fused cross 
   export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921
   run refs.log 120 $B $L13 --compile model --ce chunked --label fast-compile-model-gptmodel-ce
   run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
-  run refs.log 80 $B $L13 --label fast-nochecks
+  echo "=== pytest tests/gpu/test_fast_path.py -k wgrad ($(date -u +%T))" >>"$OUT/tests.log"
+  timeout 100 python3 -m pytest tests/gpu/test_fast_path.py -k wgrad -q -p no:cacheprovider \
+    >>"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
 }
 
 next_gpu1() {  # NOT RUN YET: kernel profiles of the best one-GPU step and of the compiled anchor
