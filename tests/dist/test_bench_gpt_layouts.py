@@ -72,6 +72,15 @@ def test_pipeline_two_stages_matches_one_rank(one_rank):
 
 
 @pytest.mark.timeout(120)
+def test_pipeline_with_wgrad_fusion_matches_one_rank(one_rank):
+    """gradient_accumulation_fusion under PP: the last stage's marked output weight (tied to the
+    first stage's embedding) gets its chunked-CE grad in main_grad; one step as one rank."""
+    r = _bench(2, "--pp", "2", "--grad-acc-fusion")
+    assert r["switches"]["grad_acc_fusion"] is True
+    _same_losses(r, one_rank)
+
+
+@pytest.mark.timeout(120)
 def test_context_parallel_matches_one_rank(one_rank):
     r = _bench(2, "--cp", "2")
     assert (r["gpus"], r["cp"], r["cp_comm_type"], r["dp"], r["pp"]) == (2, 2, "p2p", 1, 1)

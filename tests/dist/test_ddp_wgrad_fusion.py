@@ -2,7 +2,9 @@
 `main_grad` (eager, and compiled layers, where DDP's hook learns it from the layers' mark).
 
 DP = 2 gloo ranks, a 2-layer GPTModel with tied embeddings (the output layer's grad of the
-shared weight still arrives as a plain .grad), DDP with overlap and small buckets, two
+shared weight still arrives as a plain .grad) or untied ones with the chunked output layer +
+cross entropy (its dW of the marked output weight must reach main_grad), DDP with overlap and
+small buckets, two
 micro-batches per step (the first under `no_sync`), two steps with an SGD update between:
 every reduced `main_grad` equals the unfused eager run's (fp32; sums in another order only).
 """
@@ -17,7 +19,7 @@ from gigatron.testing import run_distributed
 VOCAB, SEQ, MBS, HIDDEN = 96, 16, 2, 32
 
 
-def _grads(fusion: bool, compile_backend: str | None):
+def _grads(fusion: bool, compile_backend: str | None, tied: bool):
     import torch.distributed as dist
 
     from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -34,11 +36,12 @@ def _grads(fusion: bool, compile_backend: str | None):
         hidden_dropout=0.0,
         attention_dropout=0.0,
         gradient_accumulation_fusion=fusion,
+        cross_entropy_loss_fusion=not tied,
     )
     torch.manual_seed(0)
     model_parallel_cuda_manual_seed(0)
     model = GPTModel(
-        cfg, get_gpt_layer_local_spec(), VOCAB, SEQ, share_embeddings_and_output_weights=True
+        cfg, get_gpt_layer_local_spec(), VOCAB, SEQ, share_embeddings_and_output_weights=tied
     )
     marked = [n for n, p in model.named_parameters() if getattr(p, WGRAD_IN_MAIN_GRAD, False)]
     if compile_backend is not None:
@@ -66,13 +69,13 @@ def _grads(fusion: bool, compile_backend: str | None):
     return marked, grads
 
 
-def _compare(compile_backend):
+def _compare(compile_backend, tied):
     from gigatron.core import parallel_state as ps
 
     torch.set_num_threads(1)
     ps.initialize_model_parallel()  # DP = 2
-    _, reference = _grads(False, None)
-    marked, fused = _grads(True, compile_backend)
+    _, reference = _grads(False, None, tied)
+    marked, fused = _grads(True, compile_backend, tied)
     worst = 0.0
     for step, (got, ref) in enumerate(zip(fused, reference, strict=True)):
         assert got.keys() == ref.keys()
@@ -84,20 +87,24 @@ def _compare(compile_backend):
     return marked, worst
 
 
-def _check(compile_backend):
-    results = run_distributed(_compare, 2, args=(compile_backend,), timeout=240)
+def _check(compile_backend, tied):
+    results = run_distributed(_compare, 2, args=(compile_backend, tied), timeout=240)
     marked, worst = results[0]
-    # every linear weight of both layers (qkv, proj, fc1, fc2), not the tied embedding
-    assert len(marked) == 8 and not any("embedding" in n for n in marked), marked
+    # every linear weight of both layers (qkv, proj, fc1, fc2) and an untied output layer's,
+    # never the embedding
+    assert len(marked) == (8 if tied else 9), marked
+    assert not any("embedding" in n for n in marked), marked
     assert all(w <= 1e-5 for _, w in results), results
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied-ce-fusion"])
 @pytest.mark.parametrize("backend", [None, "aot_eager"])
-def test_wgrad_fusion_under_ddp_matches_unfused(backend):
-    _check(backend)
+def test_wgrad_fusion_under_ddp_matches_unfused(backend, tied):
+    _check(backend, tied)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="torch.compile on CPU needs a C++ compiler")  # fmt: skip
 def test_wgrad_fusion_under_ddp_inductor_matches_unfused():
-    _check("inductor")
+    _check("inductor", True)
+    _check("inductor", False)

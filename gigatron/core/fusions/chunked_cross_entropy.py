@@ -112,12 +112,16 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
+        # a layer weight under gradient_accumulation_fusion takes dW in main_grad (DDP's hook
+        # skips its .grad)
+        from gigatron.core.tensor_parallel._wgrad import hand_over_weight_grad
+
         x, weight, grad_logits, lse_all, local_target, owned = ctx.saved_tensors
         g = grad_loss.to(x.dtype).unsqueeze(-1)  # [N, 1]
         if not ctx.recompute:
             grad_x = grad_logits.matmul(weight).mul_(g)  # [N, h]
             grad_weight = grad_logits.t().matmul(x * g)  # [V/tp, h]
-            return grad_x, grad_weight, None, None, None, None, None
+            return grad_x, hand_over_weight_grad(weight, grad_weight), None, None, None, None, None
         logit_grad_fn = _helpers(ctx.compiled)[2]
         grad_x = torch.empty_like(x)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
@@ -127,6 +131,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             d = logit_grad_fn(logits, lse_all[lo:hi], local_target[lo:hi], owned[lo:hi])
             grad_x[lo:hi] = d.matmul(weight).mul_(g[lo:hi])
             grad_weight.add_(d.t().matmul(x[lo:hi] * g[lo:hi]))
+        grad_weight = hand_over_weight_grad(weight, grad_weight)  # fp32 sum, straight to main_grad
         return grad_x, grad_weight.to(weight.dtype), None, None, None, None, None
 
 

@@ -57,3 +57,17 @@ def weight_grad(ctx, weight, grad_output_2d, total_input_2d):
     if getattr(weight, "zero_out_wgrad", False):
         return torch.zeros(weight.main_grad.shape, dtype=weight.dtype, device=weight.device)
     return torch.empty(weight.main_grad.shape, dtype=weight.dtype, device=weight.device)
+
+
+def hand_over_weight_grad(weight, grad_weight):
+    """For code other than the parallel linears that computes a layer weight's whole dW (e.g.
+    the chunked output layer + cross entropy): a weight the layers marked `WGRAD_IN_MAIN_GRAD`
+    gets dW added to its `main_grad` here, because DDP's hook will skip its `.grad`. Returns
+    what autograd should see as the weight's grad (`grad_weight` itself when unmarked)."""
+    if not (getattr(weight, WGRAD_IN_MAIN_GRAD, False) and hasattr(weight, "main_grad")):
+        return grad_weight
+    main_grad = weight.main_grad
+    main_grad.add_(grad_weight.to(main_grad.dtype))
+    if getattr(weight, "zero_out_wgrad", False):
+        return torch.zeros(main_grad.shape, dtype=weight.dtype, device=weight.device)
+    return torch.empty(main_grad.shape, dtype=weight.dtype, device=weight.device)

@@ -209,6 +209,10 @@ class T5Model(LanguageModule):
             super().setup_embeddings_and_output_layer()
             return
         self.embedding.word_embeddings.weight.is_embedding_or_output_parameter = True
+        if self.post_process and self.share_embeddings_and_output_weights:
+            # the decoder stage embeds and projects with one table: the LM head's fused wgrad
+            # returns zeros so the lookup's grad in .grad is still added (Megatron's rule)
+            self.shared_embedding_or_output_weight().zero_out_wgrad = True
         in_groups = dist.is_initialized() and parallel_state.model_parallel_is_initialized()
         for weight, in_group, get_group in self._split_shared_weights():
             weight.shared_embedding = True
