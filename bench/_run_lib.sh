@@ -37,3 +37,13 @@ run() {
 B="python3 bench/bench_gpt.py"
 A=bench/anchors
 NC="--no-input-checks"
+
+# run_tests LIMIT_S PYTEST_ARGS...: one pytest run on the device, its output in $OUT/tests.log
+# (the last lines echoed); never stops the script.
+run_tests() {
+  local limit=$1
+  shift
+  echo "=== pytest $* ($(date -u +%T))" >>"$OUT/tests.log"
+  timeout "$limit" python3 -m pytest "$@" -q -p no:cacheprovider >>"$OUT/tests.log" 2>&1
+  tail -3 "$OUT/tests.log"
+}

@@ -89,14 +89,9 @@ c3_two() {  # TP = 2 + SP whole model compiled: NCCL protocol / channels, Induct
 
 c4_tests() {  # CUDA tests (incl. CUDA-graph layers under DDP), PP / CP bench layouts on 2 GPUs
   export CUDA_VISIBLE_DEVICES=0
-  echo "=== pytest tests/gpu ($(date -u +%T))" >>"$OUT/tests.log"
-  timeout 170 python3 -m pytest tests/gpu -q -p no:cacheprovider >>"$OUT/tests.log" 2>&1
-  tail -3 "$OUT/tests.log"
+  run_tests 170 tests/gpu
   unset CUDA_VISIBLE_DEVICES
-  echo "=== pytest -m gpu tests/dist/test_bench_gpt_layouts.py ($(date -u +%T))" >>"$OUT/tests.log"
-  timeout 120 python3 -m pytest -m gpu tests/dist/test_bench_gpt_layouts.py -q -p no:cacheprovider \
-    -k two_gpus >>"$OUT/tests.log" 2>&1
-  tail -3 "$OUT/tests.log"
+  run_tests 120 -m gpu tests/dist/test_bench_gpt_layouts.py -k two_gpus
 }
 
 next_gpu0() {  # planned for the next session (not run yet): one-GPU references
@@ -118,10 +113,7 @@ next_two() {  # planned: TP = 2 + SP with the backward schedule kept (--no-memor
   unset NCCL_PROTO NCCL_MIN_NCHANNELS
   run dp.log 80 $T $L13 --overlap-grad-reduce --bucket-size 100000000 \
     --compile-mode reduce-overhead --label fast-dp2-overlap-bucket100m-cudagraphs
-  echo "=== pytest -m gpu tests/dist/test_bench_gpt_layouts.py ($(date -u +%T))" >>"$OUT/tests.log"
-  timeout 300 python3 -m pytest -m gpu tests/dist/test_bench_gpt_layouts.py -q -p no:cacheprovider \
-    -k two_gpus >>"$OUT/tests.log" 2>&1
-  tail -3 "$OUT/tests.log"
+  run_tests 300 -m gpu tests/dist/test_bench_gpt_layouts.py -k two_gpus
 }
 
 case "${1:-}" in

@@ -70,10 +70,7 @@ cdmc_calls() {  # call 2: overlapped all-gathers ran ~3x slower; one hardware qu
 
 layouts_test() {
   unset CUDA_VISIBLE_DEVICES
-  echo "=== pytest -m gpu tests/dist/test_bench_gpt_layouts.py ($(date -u +%T))" >>"$OUT/tests.log"
-  timeout 420 python3 -m pytest -m gpu tests/dist/test_bench_gpt_layouts.py -q -p no:cacheprovider \
-    -k two_gpus >>"$OUT/tests.log" 2>&1
-  tail -3 "$OUT/tests.log"
+  run_tests 420 -m gpu tests/dist/test_bench_gpt_layouts.py -k two_gpus
 }
 
 last_gpu0() {  # whole-model compile with max-autotune (ran out of 290 s in session 3)
@@ -96,10 +93,7 @@ next_gpu0() {  # NOT RUN YET: one-GPU references through GPTModel's fused cross 
   export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921
   run refs.log 120 $B $L13 --compile model --ce chunked --label fast-compile-model-gptmodel-ce
   run refs.log 80 $B $L13 --compile-mode reduce-overhead --label fast-layers-cudagraphs
-  echo "=== pytest tests/gpu/test_fast_path.py -k wgrad ($(date -u +%T))" >>"$OUT/tests.log"
-  timeout 100 python3 -m pytest tests/gpu/test_fast_path.py -k wgrad -q -p no:cacheprovider \
-    >>"$OUT/tests.log" 2>&1
-  tail -3 "$OUT/tests.log"
+  run_tests 100 tests/gpu/test_fast_path.py -k wgrad
 }
 
 next_gpu1() {  # NOT RUN YET: kernel profiles of the best one-GPU step and of the compiled anchor
@@ -126,10 +120,7 @@ dp_calls() {
   unset CUDA_VISIBLE_DEVICES
   run dp.log 80 $T $L13 --overlap-grad-reduce --bucket-size 100000000 \
     --compile-mode reduce-overhead --label fast-dp2-overlap-bucket100m-cudagraphs
-  echo "=== pytest -m gpu tests/dist/test_bench_gpt_layouts.py ($(date -u +%T))" >>"$OUT/tests.log"
-  timeout 300 python3 -m pytest -m gpu tests/dist/test_bench_gpt_layouts.py -q -p no:cacheprovider \
-    -k two_gpus >>"$OUT/tests.log" 2>&1
-  tail -3 "$OUT/tests.log"
+  run_tests 300 -m gpu tests/dist/test_bench_gpt_layouts.py -k two_gpus
 }
 
 case "${1:-}" in

@@ -119,18 +119,18 @@ def test_compiled_layers_match_eager(shape):
     _assert_close(_loss_and_grads(compiled), _loss_and_grads(eager))
 
 
-def test_cuda_graph_layers_under_ddp_match_eager():
-    """Per-layer CUDA graphs (mode="reduce-overhead", the DP = 2 benchmark's setting) with DDP's
-    grad hooks and overlap: three steps (warm-up, recording, replays) each put the eager grads
-    into main_grad, and the loss is the eager loss."""
+def _ddp_compiled_matches_eager(mode, **config):
+    """Compiled layers (`mode`) of a DDP-wrapped model with overlap: three steps (warm-up,
+    recording, replays under CUDA graphs) each put the eager grads into main_grad, and the
+    loss is the eager loss."""
     from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     eager = _model(GPT, get_gpt_layer_fast_spec)
-    graphed = _model(GPT, get_gpt_layer_fast_spec, eager.state_dict())
+    model = _model(GPT, get_gpt_layer_fast_spec, eager.state_dict(), **config)
     ddp = DistributedDataParallel(
-        graphed.config, DistributedDataParallelConfig(overlap_grad_reduce=True), graphed
+        model.config, DistributedDataParallelConfig(overlap_grad_reduce=True), model
     )
-    compile_transformer_layers(graphed, mode="reduce-overhead")
+    compile_transformer_layers(model, mode=mode)
     want = _loss_and_grads(eager)
     tokens, pos, labels = _batch()
     for _ in range(3):
@@ -138,34 +138,22 @@ def test_cuda_graph_layers_under_ddp_match_eager():
         loss = ddp(tokens, pos, None, labels=labels).mean()
         loss.backward()
         ddp.finish_grad_sync()
-        grads = {n: p.main_grad.float().clone() for n, p in graphed.named_parameters()}
+        grads = {n: p.main_grad.float().clone() for n, p in model.named_parameters()}
         _assert_close((loss.detach().float(), grads), want)
+
+
+def test_cuda_graph_layers_under_ddp_match_eager():
+    """Per-layer CUDA graphs (mode="reduce-overhead", the DP = 2 benchmark's setting) with DDP's
+    grad hooks and overlap."""
+    _ddp_compiled_matches_eager("reduce-overhead")
 
 
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_wgrad_fusion_compiled_layers_under_ddp_match_eager(mode):
     """gradient_accumulation_fusion with compiled layers (and per-layer CUDA graphs) under DDP:
     the linears add dW into bf16 main_grad in place (custom op), DDP's hook skips them, the
-    tied embedding's grads still arrive; three steps equal the eager unfused grads."""
-    from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-    eager = _model(GPT, get_gpt_layer_fast_spec)
-    fused = _model(
-        GPT, get_gpt_layer_fast_spec, eager.state_dict(), gradient_accumulation_fusion=True
-    )
-    ddp = DistributedDataParallel(
-        fused.config, DistributedDataParallelConfig(overlap_grad_reduce=True), fused
-    )
-    compile_transformer_layers(fused, mode=mode)
-    want = _loss_and_grads(eager)
-    tokens, pos, labels = _batch()
-    for _ in range(3):
-        ddp.zero_grad_buffer()
-        loss = ddp(tokens, pos, None, labels=labels).mean()
-        loss.backward()
-        ddp.finish_grad_sync()
-        grads = {n: p.main_grad.float().clone() for n, p in fused.named_parameters()}
-        _assert_close((loss.detach().float(), grads), want)
+    tied embedding's grads still arrive; equal to the eager unfused grads."""
+    _ddp_compiled_matches_eager(mode, gradient_accumulation_fusion=True)
 
 
 def test_compile_needs_layers():
