@@ -129,6 +129,12 @@ class DistributedDataParallel(torch.nn.Module):
             p.register_post_accumulate_grad_hook(self._make_backward_post_hook(p))
             for p in self.params_with_grad
         ]
+        for p in self.params_with_grad:
+            if getattr(p, WGRAD_IN_MAIN_GRAD, False):
+                # A compiled backward updates this main_grad in place (_wgrad.py); its storage
+                # never moves, so CUDA graphs may keep it as a static input instead of copying
+                # it and skipping the graph for the mutation.
+                torch._dynamo.mark_static_address(p.main_grad, guard=False)
         self.use_forward_hook = (
             ddp_config.use_distributed_optimizer and ddp_config.overlap_param_gather
         )
