@@ -110,17 +110,8 @@ class T5Model(LanguageModule):
         pg_collection=None,
     ) -> None:
         super().__init__(config)
-        self._set_language_model_args(
-            vocab_size=vocab_size,
-            max_sequence_length=max_sequence_length,
-            pre_process=pre_process,
-            post_process=post_process,
-            fp16_lm_cross_entropy=fp16_lm_cross_entropy,
-            parallel_output=parallel_output,
-            share_embeddings_and_output_weights=share_embeddings_and_output_weights,
-            position_embedding_type=position_embedding_type,
-            supported_position_types=_POSITION_TYPES,
-        )
+        # checks and stores vocab_size .. position_embedding_type (Megatron-named arguments)
+        self._set_language_model_args(locals(), _POSITION_TYPES)
         if not (add_encoder or add_decoder):
             raise ValueError("T5Model needs add_encoder or add_decoder (or both) to be True")
         self.encoder_config = encoder_config
@@ -329,9 +320,7 @@ class T5Model(LanguageModule):
         )  # [sd, b, h]
         if not self.post_process:
             return decoder_hidden_states
-        output_weight = None
-        if self.share_embeddings_and_output_weights:
-            output_weight = self.shared_embedding_or_output_weight()
+        output_weight = self._tied_output_weight()
         logits = self.lm_head(decoder_hidden_states, word_embeddings_weight=output_weight)
         if lm_labels is None:
             return logits.transpose(0, 1).contiguous()  # [b, sd, V/tp]

@@ -56,17 +56,8 @@ class BertModel(LanguageModule):
         pg_collection=None,
     ) -> None:
         super().__init__(config)
-        self._set_language_model_args(
-            vocab_size=vocab_size,
-            max_sequence_length=max_sequence_length,
-            pre_process=pre_process,
-            post_process=post_process,
-            fp16_lm_cross_entropy=fp16_lm_cross_entropy,
-            parallel_output=parallel_output,
-            share_embeddings_and_output_weights=share_embeddings_and_output_weights,
-            position_embedding_type=position_embedding_type,
-            supported_position_types=_POSITION_TYPES,
-        )
+        # checks and stores vocab_size .. position_embedding_type (Megatron-named arguments)
+        self._set_language_model_args(locals(), _POSITION_TYPES)
         if return_embeddings and not (post_process and add_binary_head):
             raise ValueError("return_embeddings=True needs post_process and add_binary_head")
         self.transformer_layer_spec = transformer_layer_spec
@@ -124,11 +115,7 @@ class BertModel(LanguageModule):
 
     def set_input_tensor(self, input_tensor) -> None:
         """Pipeline input of this stage (a one-element list is accepted, as in Megatron)."""
-        if not isinstance(input_tensor, list):
-            input_tensor = [input_tensor]
-        if len(input_tensor) != 1:
-            raise ValueError(f"BertModel expects one input tensor, got {len(input_tensor)}")
-        self.encoder.set_input_tensor(input_tensor[0])
+        self._set_block_input_tensor(self.encoder, input_tensor)
 
     def forward(
         self,
@@ -160,9 +147,7 @@ class BertModel(LanguageModule):
         pooled = self.pooler(hidden_states, 0) if self.add_binary_head else None  # [b, h]
         if self.return_embeddings:
             return _mean_embeddings(hidden_states, attention_mask)
-        output_weight = None
-        if self.share_embeddings_and_output_weights:
-            output_weight = self.shared_embedding_or_output_weight()
+        output_weight = self._tied_output_weight()
         transformed = self.lm_head(hidden_states=hidden_states)  # [s, b, h]
         logits, _ = self.output_layer(transformed, weight=output_weight)  # [s, b, V/tp]
         binary_logits = self.binary_head(pooled) if self.binary_head is not None else None

@@ -46,17 +46,8 @@ class GPTModel(LanguageModule):
         vp_stage: int | None = None,
     ) -> None:
         super().__init__(config)
-        self._set_language_model_args(
-            vocab_size=vocab_size,
-            max_sequence_length=max_sequence_length,
-            pre_process=pre_process,
-            post_process=post_process,
-            fp16_lm_cross_entropy=fp16_lm_cross_entropy,
-            parallel_output=parallel_output,
-            share_embeddings_and_output_weights=share_embeddings_and_output_weights,
-            position_embedding_type=position_embedding_type,
-            supported_position_types=_POSITION_TYPES,
-        )
+        # checks and stores vocab_size .. position_embedding_type (Megatron-named arguments)
+        self._set_language_model_args(locals(), _POSITION_TYPES)
         if mtp_block_spec is not None:
             raise ValueError("mtp_block_spec (multi-token prediction) is not supported by gigatron")
         self.transformer_layer_spec = transformer_layer_spec
@@ -87,11 +78,7 @@ class GPTModel(LanguageModule):
 
     def set_input_tensor(self, input_tensor) -> None:
         """Pipeline input of this stage (a one-element list is accepted, as in Megatron)."""
-        if not isinstance(input_tensor, list):
-            input_tensor = [input_tensor]
-        if len(input_tensor) != 1:
-            raise ValueError(f"GPTModel expects one input tensor, got {len(input_tensor)}")
-        self.decoder.set_input_tensor(input_tensor[0])
+        self._set_block_input_tensor(self.decoder, input_tensor)
 
     def forward(
         self,
@@ -130,9 +117,7 @@ class GPTModel(LanguageModule):
         if inference_context is not None and not self.training:
             if inference_context.materialize_only_last_token_logits:
                 hidden_states = hidden_states[-1:]  # [1, b, h]: all a sampler needs
-        output_weight = None
-        if self.share_embeddings_and_output_weights:
-            output_weight = self.shared_embedding_or_output_weight()
+        output_weight = self._tied_output_weight()
         if labels is not None and self.config.cross_entropy_loss_fusion and self.parallel_output:
             # Fast path: output layer + vocab-parallel cross entropy in token chunks, never the
             # whole batch's fp32 logits (same numbers as the two steps below). The logits are

@@ -5,9 +5,10 @@ weights and one pipeline stage the output layer reads the embedding weight direc
 stages the last stage holds its own copy, zeroed, and the first and last stages all-reduce it over
 the embedding group so both start equal (finalize_model_grads keeps their grads equal later).
 
-gigatron also keeps here, as private helpers, the constructor pieces GPTModel, BertModel and
-T5Model share (argument checks, `embedding`, `rotary_pos_emb`, `output_layer`): the attribute
-names are Megatron's, and the tying methods below read them.
+gigatron also keeps here, as private helpers, the pieces GPTModel, BertModel and T5Model share
+(constructor argument checks, `embedding`, `rotary_pos_emb`, `output_layer`, the one-block
+`set_input_tensor`, the tied output weight): the attribute names are Megatron's, and the tying
+methods below read them.
 """
 
 from __future__ import annotations
@@ -31,40 +32,33 @@ class LanguageModule(MegatronModule):
         self.vp_stage = None
         self.vp_size = config.virtual_pipeline_model_parallel_size
 
-    def _set_language_model_args(
-        self,
-        *,
-        vocab_size: int,
-        max_sequence_length: int,
-        pre_process: bool,
-        post_process: bool,
-        fp16_lm_cross_entropy: bool,
-        parallel_output: bool,
-        share_embeddings_and_output_weights: bool,
-        position_embedding_type: str,
-        supported_position_types: tuple,
-    ) -> None:
-        """Check and store the constructor arguments every language model shares."""
+    def _set_language_model_args(self, args: dict, supported_position_types: tuple) -> None:
+        """Check and store the constructor arguments every language model shares.
+
+        `args`: the subclass constructor's `locals()`, read by Megatron's parameter names
+        (vocab_size, max_sequence_length, pre_process, post_process, fp16_lm_cross_entropy,
+        parallel_output, share_embeddings_and_output_weights, position_embedding_type), each
+        stored as the attribute of that name."""
+        self.vocab_size = args["vocab_size"]
+        self.max_sequence_length = args["max_sequence_length"]
+        self.pre_process, self.post_process = args["pre_process"], args["post_process"]
+        self.fp16_lm_cross_entropy = args["fp16_lm_cross_entropy"]
+        self.parallel_output = args["parallel_output"]
+        self.share_embeddings_and_output_weights = args["share_embeddings_and_output_weights"]
+        self.position_embedding_type = args["position_embedding_type"]
         name = type(self).__name__
-        if position_embedding_type not in supported_position_types:
+        if self.position_embedding_type not in supported_position_types:
             raise ValueError(
-                f"position_embedding_type ({position_embedding_type!r}) must be one of "
+                f"position_embedding_type ({self.position_embedding_type!r}) must be one of "
                 f"{supported_position_types} for {name}"
             )
         tp = parallel_state.get_tensor_model_parallel_world_size()
-        if vocab_size % tp != 0:
+        if self.vocab_size % tp != 0:
             raise ValueError(
-                f"vocab_size ({vocab_size}) must be divisible by "
+                f"vocab_size ({self.vocab_size}) must be divisible by "
                 f"tensor_model_parallel_size ({tp}) for {name}; "
                 "pad it with gigatron.core.models.common.vocab_utils.vocab_size_with_padding"
             )
-        self.vocab_size = vocab_size
-        self.max_sequence_length = max_sequence_length
-        self.pre_process, self.post_process = pre_process, post_process
-        self.fp16_lm_cross_entropy = fp16_lm_cross_entropy
-        self.parallel_output = parallel_output
-        self.share_embeddings_and_output_weights = share_embeddings_and_output_weights
-        self.position_embedding_type = position_embedding_type
 
     def _build_embedding(self, **embedding_kwargs) -> None:
         """`self.embedding` (a LanguageModelEmbedding over this model's vocabulary, positions
@@ -115,6 +109,24 @@ class LanguageModule(MegatronModule):
                 skip_weight_param_allocation=self.pre_process
                 and self.share_embeddings_and_output_weights,
             )
+
+    def _set_block_input_tensor(self, block, input_tensor) -> None:
+        """`set_input_tensor` of a model with one TransformerBlock: `input_tensor` (or a
+        one-element list of it, as in Megatron) is `block`'s pipeline input."""
+        if not isinstance(input_tensor, list):
+            input_tensor = [input_tensor]
+        if len(input_tensor) != 1:
+            raise ValueError(
+                f"{type(self).__name__} expects one input tensor, got {len(input_tensor)}"
+            )
+        block.set_input_tensor(input_tensor[0])
+
+    def _tied_output_weight(self) -> Tensor | None:
+        """The weight the output layer uses in place of its own: the shared embedding/output
+        weight [V/tp, h] with share_embeddings_and_output_weights, else None."""
+        if self.share_embeddings_and_output_weights:
+            return self.shared_embedding_or_output_weight()
+        return None
 
     def _rotary_pos_emb_for(
         self, block, block_input: Tensor | None, inference_context=None
