@@ -1,16 +1,23 @@
 """Autograd-aware collectives that move activations in and out of the tensor-parallel region.
 
-Mirrors `megatron.core.tensor_parallel.mappings`: one autograd Function per collective, the
-public functions keep Megatron's names and argument order, and `group=None` means
-parallel_state's tensor-parallel group. Every mapping is the identity (no communication) when
-the group has one rank. Unlike Megatron, no mapping writes into its input or into the incoming
-gradient: all-reduces work on a copy.
+Mirrors `megatron.core.tensor_parallel.mappings`: one autograd Function per collective (Megatron's
+class names), the public functions keep Megatron's names and argument order, and `group=None`
+means parallel_state's tensor-parallel group. Every mapping is the identity (no communication)
+when the group has one rank. Unlike Megatron, no mapping writes into its input or into the
+incoming gradient: all-reduces work on a copy.
+
+Most mappings are one collective forward and its adjoint backward; they are declared as
+`_CollectivePair` subclasses that name the two ops, and their public functions are made by
+`_public_mapping`. The three with extra arguments (uneven split sizes, the choice of backward)
+are written out in full.
 
 Layouts: `[s, b, h]` activations; "sequence parallel" splits dim 0 (s), "tensor parallel" splits
 the last dim (h). `tp` below is the group size.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -45,88 +52,117 @@ __all__ = [
 ]
 
 
-class _CopyToModelParallelRegion(torch.autograd.Function):
+def _identity(x: torch.Tensor, group) -> torch.Tensor:
+    return x
+
+
+class _CollectivePair(torch.autograd.Function):
+    """A mapping that is one collective forward and its adjoint backward, both `(tensor, group)`.
+
+    A subclass sets `forward_op` and `backward_op` (plain functions, read once when the class is
+    made) and `public_name`, the Megatron function that `_public_mapping` builds for it; it gets
+    `apply(x, group)` with `forward(ctx, x, group)` and `backward(ctx, grad) -> (grad_in, None)`.
+    """
+
+    forward_op: Callable[[torch.Tensor, object], torch.Tensor]
+    backward_op: Callable[[torch.Tensor, object], torch.Tensor]
+    public_name: str
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        forward_op, backward_op = cls.forward_op, cls.backward_op
+
+        # Closures over the two ops rather than methods reading them from the class: `ctx` is
+        # not an instance of the class, and dynamo traces plain functions (fullgraph works).
+        def forward(ctx, x, group):
+            ctx.group = group
+            return forward_op(x, group)
+
+        def backward(ctx, grad):
+            return backward_op(grad, ctx.group), None
+
+        for fn in (forward, backward):
+            if fn.__name__ in cls.__dict__:  # a subclass that writes its own keeps it
+                continue
+            fn.__qualname__ = f"{cls.__qualname__}.{fn.__name__}"  # readable tracebacks
+            setattr(cls, fn.__name__, staticmethod(fn))
+
+
+class _CopyToModelParallelRegion(_CollectivePair):
     """Enter the TP region: every rank uses the full input, so input grads are summed.
 
     forward:  [..., h] -> identity        -> [..., h]
     backward: [..., h] grad -> all-reduce -> [..., h]
     """
 
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce(grad, ctx.group), None
+    forward_op, backward_op = _identity, _reduce
+    public_name = "copy_to_tensor_model_parallel_region"
 
 
-class _ReduceFromModelParallelRegion(torch.autograd.Function):
+class _ReduceFromModelParallelRegion(_CollectivePair):
     """Leave the TP region by summing partial results.
 
     forward:  [..., h] partial -> all-reduce -> [..., h]
     backward: [..., h] grad    -> identity   -> [..., h]
     """
 
-    @staticmethod
-    def forward(ctx, x, group):
-        return _reduce(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
+    forward_op, backward_op = _reduce, _identity
+    public_name = "reduce_from_tensor_model_parallel_region"
 
 
-class _ScatterToModelParallelRegion(torch.autograd.Function):
+class _ScatterToModelParallelRegion(_CollectivePair):
     """Keep this rank's slice of the last dim.
 
     forward:  [..., h] -> split last dim             -> [..., h/tp]
     backward: [..., h/tp] grad -> all-gather last dim -> [..., h]
     """
 
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _split_along_last_dim(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_along_last_dim(grad, ctx.group), None
+    forward_op, backward_op = _split_along_last_dim, _gather_along_last_dim
+    public_name = "scatter_to_tensor_model_parallel_region"
 
 
-class _GatherFromModelParallelRegion(torch.autograd.Function):
-    """Concatenate the last-dim slices of all ranks.
+class _GatherFromModelParallelRegion(_CollectivePair):
+    """Concatenate the last-dim slices of all ranks; the backward keeps this rank's slice.
 
     forward:  [..., h/tp] -> all-gather last dim -> [..., h]
     backward: [..., h] grad -> split last dim     -> [..., h/tp]
     """
 
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _gather_along_last_dim(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _split_along_last_dim(grad, ctx.group), None
+    forward_op, backward_op = _gather_along_last_dim, _split_along_last_dim
+    public_name = "gather_from_tensor_model_parallel_region"
 
 
-class _ScatterToSequenceParallelRegion(torch.autograd.Function):
+class _ScatterToSequenceParallelRegion(_CollectivePair):
     """Keep this rank's slice of the sequence.
 
     forward:  [s, b, h] -> split dim 0                -> [s/tp, b, h]
     backward: [s/tp, b, h] grad -> all-gather dim 0   -> [s, b, h]
     """
 
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _split_along_first_dim(x, group)
+    forward_op, backward_op = _split_along_first_dim, _gather_along_first_dim
+    public_name = "scatter_to_sequence_parallel_region"
 
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_along_first_dim(grad, ctx.group), None
+
+class _AllGatherFromTensorParallelRegion(_CollectivePair):
+    """Concatenate last-dim slices; the consumer is tensor-parallel, so grads are summed.
+
+    forward:  [..., h/tp] -> all-gather last dim          -> [..., h]
+    backward: [..., h] grad -> reduce-scatter last dim    -> [..., h/tp]
+    """
+
+    forward_op, backward_op = _gather_along_last_dim, _reduce_scatter_along_last_dim
+    public_name = "all_gather_last_dim_from_tensor_parallel_region"
+
+
+class _ReduceScatterToTensorParallelRegion(_CollectivePair):
+    """Sum partial results over ranks, keep this rank's last-dim slice.
+
+    forward:  [..., h] partial -> reduce-scatter last dim -> [..., h/tp]
+    backward: [..., h/tp] grad -> all-gather last dim     -> [..., h]
+    """
+
+    forward_op, backward_op = _reduce_scatter_along_last_dim, _gather_along_last_dim
+    public_name = "reduce_scatter_last_dim_to_tensor_parallel_region"
 
 
 class _GatherFromSequenceParallelRegion(torch.autograd.Function):
@@ -175,40 +211,6 @@ class _ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
         return _gather_along_first_dim(grad, ctx.group, ctx.input_split_sizes), None, None
 
 
-class _AllGatherFromTensorParallelRegion(torch.autograd.Function):
-    """Concatenate last-dim slices; the consumer is tensor-parallel, so grads are summed.
-
-    forward:  [..., h/tp] -> all-gather last dim          -> [..., h]
-    backward: [..., h] grad -> reduce-scatter last dim    -> [..., h/tp]
-    """
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _gather_along_last_dim(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter_along_last_dim(grad, ctx.group), None
-
-
-class _ReduceScatterToTensorParallelRegion(torch.autograd.Function):
-    """Sum partial results over ranks, keep this rank's last-dim slice.
-
-    forward:  [..., h] partial -> reduce-scatter last dim -> [..., h/tp]
-    backward: [..., h/tp] grad -> all-gather last dim     -> [..., h]
-    """
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter_along_last_dim(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_along_last_dim(grad, ctx.group), None
-
-
 class _AllToAll(torch.autograd.Function):
     """Exchange dim-0 chunks between ranks (chunk i goes to rank i).
 
@@ -233,34 +235,32 @@ class _AllToAll(torch.autograd.Function):
 # Public functions (Megatron's names and argument order).
 
 
-def copy_to_tensor_model_parallel_region(input_, group=None):
-    """Identity forward, all-reduce of the gradient in backward."""
-    group = get_tensor_model_parallel_group_if_none(group)
-    return _CopyToModelParallelRegion.apply(input_, group)
+def _public_mapping(function_cls: type[_CollectivePair]):
+    """Megatron's public function for a `_CollectivePair`: `input_, group=None` -> `apply`.
+
+    It is named `function_cls.public_name` and documented by the Function's docstring.
+    """
+
+    def mapping(input_, group=None):
+        group = get_tensor_model_parallel_group_if_none(group)
+        return function_cls.apply(input_, group)
+
+    mapping.__name__ = mapping.__qualname__ = function_cls.public_name
+    mapping.__doc__ = f"{function_cls.__doc__.rstrip()}\n\n    `group=None`: the TP group."
+    return mapping
 
 
-def reduce_from_tensor_model_parallel_region(input_, group=None):
-    """All-reduce (sum) forward, identity backward."""
-    group = get_tensor_model_parallel_group_if_none(group)
-    return _ReduceFromModelParallelRegion.apply(input_, group)
-
-
-def scatter_to_tensor_model_parallel_region(input_, group=None):
-    """`[..., h] -> [..., h/tp]` (own slice); backward all-gathers the last dim."""
-    group = get_tensor_model_parallel_group_if_none(group)
-    return _ScatterToModelParallelRegion.apply(input_, group)
-
-
-def gather_from_tensor_model_parallel_region(input_, group=None):
-    """`[..., h/tp] -> [..., h]` (all-gather); backward keeps this rank's slice."""
-    group = get_tensor_model_parallel_group_if_none(group)
-    return _GatherFromModelParallelRegion.apply(input_, group)
-
-
-def scatter_to_sequence_parallel_region(input_, group=None):
-    """`[s, b, h] -> [s/tp, b, h]` (own slice); backward all-gathers dim 0."""
-    group = get_tensor_model_parallel_group_if_none(group)
-    return _ScatterToSequenceParallelRegion.apply(input_, group)
+copy_to_tensor_model_parallel_region = _public_mapping(_CopyToModelParallelRegion)
+reduce_from_tensor_model_parallel_region = _public_mapping(_ReduceFromModelParallelRegion)
+scatter_to_tensor_model_parallel_region = _public_mapping(_ScatterToModelParallelRegion)
+gather_from_tensor_model_parallel_region = _public_mapping(_GatherFromModelParallelRegion)
+scatter_to_sequence_parallel_region = _public_mapping(_ScatterToSequenceParallelRegion)
+all_gather_last_dim_from_tensor_parallel_region = _public_mapping(
+    _AllGatherFromTensorParallelRegion
+)
+reduce_scatter_last_dim_to_tensor_parallel_region = _public_mapping(
+    _ReduceScatterToTensorParallelRegion
+)
 
 
 def gather_from_sequence_parallel_region(
@@ -290,18 +290,6 @@ def reduce_scatter_to_sequence_parallel_region(
     return _ReduceScatterToSequenceParallelRegion.apply(input_, group, input_split_sizes)
 
 
-def all_gather_last_dim_from_tensor_parallel_region(input_, group=None):
-    """`[..., h/tp] -> [..., h]` (all-gather); backward reduce-scatters the last dim."""
-    group = get_tensor_model_parallel_group_if_none(group)
-    return _AllGatherFromTensorParallelRegion.apply(input_, group)
-
-
-def reduce_scatter_last_dim_to_tensor_parallel_region(input_, group=None):
-    """`[..., h] -> [..., h/tp]` (reduce-scatter); backward all-gathers the last dim."""
-    group = get_tensor_model_parallel_group_if_none(group)
-    return _ReduceScatterToTensorParallelRegion.apply(input_, group)
-
-
 def all_to_all(
     group, input_, output_split_sizes_=None, input_split_sizes=None, use_nccl_stream=False
 ):
@@ -313,14 +301,18 @@ def all_to_all(
     return _AllToAll.apply(group, input_, output_split_sizes_, input_split_sizes)
 
 
+def _token_rows(input_, group):
+    """`[..., H] -> [T, H]` rows (T tokens), with the resolved group and its size."""
+    group = get_tensor_model_parallel_group_if_none(group)
+    return input_.reshape(-1, input_.shape[-1]), group, group_size(group)
+
+
 def all_to_all_sp2hp(input_, group=None):
     """Sequence-split to hidden-split: `[T/tp, H] -> [T, H/tp]` (T tokens, H hidden).
 
     Rank j receives hidden slice j of every rank's tokens, stacked in rank order.
     """
-    group = get_tensor_model_parallel_group_if_none(group)
-    world_size = group_size(group)
-    rows = input_.reshape(-1, input_.shape[-1])  # [T/tp, H]
+    rows, group, world_size = _token_rows(input_, group)  # [T/tp, H]
     if world_size == 1:
         return rows
     if rows.size(-1) % world_size != 0:
@@ -334,9 +326,7 @@ def all_to_all_sp2hp(input_, group=None):
 
 def all_to_all_hp2sp(input_, group=None):
     """Hidden-split to sequence-split: `[T, H/tp] -> [T/tp, H]` (inverse of `all_to_all_sp2hp`)."""
-    group = get_tensor_model_parallel_group_if_none(group)
-    world_size = group_size(group)
-    rows = input_.reshape(-1, input_.shape[-1])  # [T, H/tp]
+    rows, group, world_size = _token_rows(input_, group)  # [T, H/tp]
     if world_size == 1:
         return rows
     exchanged = all_to_all(group, rows)  # [tp * T/tp, H/tp], block i = rank i's hidden slice
