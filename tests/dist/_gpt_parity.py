@@ -53,3 +53,28 @@ def references_then_layout(reference, styles, tp, cp=1):
     ps.initialize_model_parallel(tp, context_parallel_size=cp)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     return refs
+
+
+def tp2_sp_fast_layer(**config):
+    """One fast-spec GPT TransformerLayer (hidden 64, 4 heads, ffn 128, GELU, no dropout) under
+    TP = 2 + SP, on a TP = 2 parallel_state initialised here; `config`: more TransformerConfig
+    fields. Input `[8, b, 64]` (this rank's half of a 16-token sequence)."""
+    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
+    from gigatron.core.models.gpt.gpt_model import GPTModel
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    cfg = TransformerConfig(
+        num_layers=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        activation_func=F.gelu,
+        tensor_model_parallel_size=2,
+        sequence_parallel=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+        **config,
+    )
+    return GPTModel(cfg, get_gpt_layer_fast_spec(), 128, 16).decoder.layers[0]

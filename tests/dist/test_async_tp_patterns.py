@@ -11,7 +11,6 @@ import shutil
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from gigatron.testing import run_distributed
 
@@ -20,12 +19,8 @@ def _patterns() -> list[dict]:
     from torch._inductor import config
     from torch._inductor.fx_passes import micro_pipeline_tp as mp
 
-    from gigatron.core import parallel_state
-    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
-    from gigatron.core.models.gpt.gpt_model import GPTModel
-    from gigatron.core.transformer.transformer_config import TransformerConfig
+    from tests.dist._gpt_parity import tp2_sp_fast_layer
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     seen: list[dict] = []
 
     def inspect(graph: torch.fx.Graph) -> None:
@@ -44,19 +39,7 @@ def _patterns() -> list[dict]:
             }
         )
 
-    cfg = TransformerConfig(
-        num_layers=1,
-        hidden_size=64,
-        num_attention_heads=4,
-        ffn_hidden_size=128,
-        activation_func=F.gelu,
-        tensor_model_parallel_size=2,
-        sequence_parallel=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        use_cpu_initialization=True,
-    )
-    layer = GPTModel(cfg, get_gpt_layer_fast_spec(), 128, 16).decoder.layers[0]
+    layer = tp2_sp_fast_layer()
     old = config.post_grad_custom_post_pass
     config.post_grad_custom_post_pass = inspect
     try:

@@ -14,7 +14,6 @@ import shutil
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from gigatron.testing import run_distributed
 
@@ -25,26 +24,9 @@ def _codes(peak_memory_reorder: bool | None, tp_comm_overlap: bool = False) -> l
     from torch._inductor import config
     from torch._inductor.utils import run_and_get_code
 
-    from gigatron.core import parallel_state
-    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
-    from gigatron.core.models.gpt.gpt_model import GPTModel
-    from gigatron.core.transformer.transformer_config import TransformerConfig
+    from tests.dist._gpt_parity import tp2_sp_fast_layer
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-    cfg = TransformerConfig(
-        num_layers=1,
-        hidden_size=64,
-        num_attention_heads=4,
-        ffn_hidden_size=128,
-        activation_func=F.gelu,
-        tensor_model_parallel_size=2,
-        sequence_parallel=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        use_cpu_initialization=True,
-        tp_comm_overlap=tp_comm_overlap,
-    )
-    layer = GPTModel(cfg, get_gpt_layer_fast_spec(), 128, 16).decoder.layers[0]
+    layer = tp2_sp_fast_layer(tp_comm_overlap=tp_comm_overlap)
     torch._dynamo.reset()
     x = torch.randn(8, 2, 64, requires_grad=True)  # [s/tp, b, h]
 

@@ -2,14 +2,11 @@
 (both dispatchers, both expert kinds, shared experts) equals a per-token loop over the routed
 experts; helpful errors for names Megatron does not have; moe_layer_freq patterns."""
 
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from gigatron.core import parallel_state, tensor_parallel
+from gigatron.core import tensor_parallel
 from gigatron.core.transformer.mlp import MLPSubmodules
 from gigatron.core.transformer.moe import experts as experts_mod
 from gigatron.core.transformer.moe import moe_utils
@@ -23,30 +20,19 @@ from gigatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
 from gigatron.core.transformer.moe.shared_experts import SharedExpertMLP
 from gigatron.core.transformer.spec_utils import ModuleSpec
 from gigatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit._one_rank import one_rank_fixtures
 
 MLP_SUB = MLPSubmodules(
     linear_fc1=tensor_parallel.ColumnParallelLinear, linear_fc2=tensor_parallel.RowParallelLinear
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
+gloo_world, single_rank = one_rank_fixtures()
 
 
 @pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
+def moe_logging():
     yield
-    parallel_state.destroy_model_parallel()
     moe_utils.get_moe_layer_wise_logging_tracker().clear()
 
 

@@ -1,14 +1,10 @@
 """MoE through the GPT specs: get_gpt_layer_local_spec / fast spec build MoELayers, the decoder
 block spec follows moe_layer_freq, and a GPTModel logs its aux losses per (global) layer."""
 
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
     get_gpt_layer_fast_spec,
@@ -20,27 +16,15 @@ from gigatron.core.transformer.moe import moe_utils
 from gigatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP
 from gigatron.core.transformer.moe.moe_layer import MoELayer
 from gigatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit._one_rank import one_rank_fixtures
 
-
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
+gloo_world, single_rank = one_rank_fixtures()
 
 
 @pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
+def moe_logging():
     moe_utils.get_moe_layer_wise_logging_tracker().clear()
     yield
-    parallel_state.destroy_model_parallel()
     moe_utils.get_moe_layer_wise_logging_tracker().clear()
 
 

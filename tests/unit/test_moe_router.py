@@ -3,39 +3,23 @@
 routing toward balance, capacity dropping and padding, score functions."""
 
 import math
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.transformer.moe import moe_utils
 from gigatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 from gigatron.core.transformer.moe.router import TopKRouter
 from gigatron.core.transformer.transformer_config import TransformerConfig
+from tests.unit._one_rank import one_rank_fixtures
 
-
-@pytest.fixture(autouse=True, scope="module")
-def gloo_world():
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    yield
-    if created:
-        dist.destroy_process_group()
+gloo_world, single_rank = one_rank_fixtures()
 
 
 @pytest.fixture(autouse=True)
-def single_rank():
-    parallel_state.initialize_model_parallel(1, 1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
+def moe_state():
     moe_utils.get_moe_layer_wise_logging_tracker().clear()
     MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0))
-    yield
-    parallel_state.destroy_model_parallel()
 
 
 def _config(**kw):
