@@ -99,6 +99,11 @@ def parse_args(argv=None, doc: str | None = None):
         help="TransformerConfig.tp_comm_overlap: SP all-gather overlapped with the own rows' GEMM",
     )
     p.add_argument(
+        "--tp-comm-ce",
+        action="store_true",
+        help="TP all-gathers / reduce-scatters on the copy engines (symmetric memory, no SMs)",
+    )
+    p.add_argument(
         "--async-tp",
         action="store_true",
         help="Inductor async TP (micro-pipeline TP over symmetric memory) in the compiled layers",

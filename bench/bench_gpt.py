@@ -289,6 +289,10 @@ def main(argv=None) -> dict:
         from gigatron.core.transformer._compile import enable_async_tensor_parallel
 
         enable_async_tensor_parallel(parallel_state.get_tensor_model_parallel_group())
+    if a.tp_comm_ce:
+        from gigatron.core.tensor_parallel._collectives import enable_copy_engine_collectives
+
+        enable_copy_engine_collectives(parallel_state.get_tensor_model_parallel_group())
     shape = dict(CONFIGS[a.config])
     if a.micro_batch_size:
         shape["mbs"] = a.micro_batch_size
@@ -375,6 +379,7 @@ def main(argv=None) -> dict:
             "optimizer": a.optimizer,
             "tp_comm_overlap": a.tp_comm_overlap,
             "async_tp": a.async_tp,
+            "tp_comm_ce": a.tp_comm_ce,
             "comm_reorder": a.comm_reorder,
             "memory_reorder": not a.no_memory_reorder,
             "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},

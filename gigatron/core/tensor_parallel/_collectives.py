@@ -43,13 +43,38 @@ def _group_name(group) -> str:
     return (group if group is not None else dist.group.WORLD).group_name
 
 
+# Groups whose dim-0 all-gathers and reduce-scatters run on the copy engines
+# (`_ce_collectives.py`, CUDA only; `enable_copy_engine_collectives`).
+_COPY_ENGINE_GROUPS: set[str] = set()
+
+
+def enable_copy_engine_collectives(group, enabled: bool = True) -> None:
+    """Route `group`'s dim-0 all-gathers and reduce-scatters (traced and eager) through the
+    copy-engine collectives of `_ce_collectives.py` (CUDA tensors only), or back to NCCL."""
+    from gigatron.core.tensor_parallel import _ce_collectives  # noqa: F401  (registers the ops)
+
+    name = _group_name(group)
+    if enabled:
+        _COPY_ENGINE_GROUPS.add(name)
+    else:
+        _COPY_ENGINE_GROUPS.discard(name)
+
+
+def _copy_engine(inp: torch.Tensor, group) -> bool:
+    return bool(_COPY_ENGINE_GROUPS) and inp.is_cuda and _group_name(group) in _COPY_ENGINE_GROUPS
+
+
 def _start_all_gather(inp: torch.Tensor, group) -> torch.Tensor:
-    """Issue a traced all-gather along dim 0; `_wait` the result before using it."""
+    """Issue an all-gather along dim 0 (traced, or a copy-engine op); `_wait` the result."""
+    if _copy_engine(inp, group):
+        return torch.ops.gigatron.ce_all_gather(inp, _group_name(group))
     return _C10D.all_gather_into_tensor(inp, group_size(group), _group_name(group))
 
 
 def _start_reduce_scatter(inp: torch.Tensor, group) -> torch.Tensor:
-    """Issue a traced sum reduce-scatter along dim 0; `_wait` the result before using it."""
+    """Issue a sum reduce-scatter along dim 0 (traced, or copy-engine); `_wait` the result."""
+    if _copy_engine(inp, group):
+        return torch.ops.gigatron.ce_reduce_scatter(inp, _group_name(group))
     return _C10D.reduce_scatter_tensor(inp, "sum", group_size(group), _group_name(group))
 
 
@@ -70,7 +95,7 @@ def _start_async(kind: str, x: torch.Tensor, group) -> tuple[torch.Tensor, objec
     eager gives a buffer and an async work handle, torch.compile a graph tensor and None.
     """
     x = x.contiguous()
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or (kind != "all_reduce" and _copy_engine(x, group)):
         start = {
             "all_gather": _start_all_gather,
             "reduce_scatter": _start_reduce_scatter,
@@ -113,7 +138,7 @@ def _finish(result: torch.Tensor, handle) -> torch.Tensor:
 
 def _gathered_dim0(inp: torch.Tensor, group) -> torch.Tensor:
     """`[n, ...] -> [tp*n, ...]`: all-gather along dim 0 (`inp` contiguous)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _copy_engine(inp, group):
         return _wait(_start_all_gather(inp, group))
     out = inp.new_empty((inp.size(0) * group_size(group), *inp.shape[1:]))
     _all_gather_into(out, inp, group)
@@ -122,7 +147,7 @@ def _gathered_dim0(inp: torch.Tensor, group) -> torch.Tensor:
 
 def _reduce_scattered_dim0(inp: torch.Tensor, group) -> torch.Tensor:
     """`[tp*n, ...] -> [n, ...]`: sum over ranks; keep this rank's dim-0 chunk."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _copy_engine(inp, group):
         return _wait(_start_reduce_scatter(inp, group))
     out = inp.new_empty((inp.size(0) // group_size(group), *inp.shape[1:]))
     _reduce_scatter_into(out, inp, group)
