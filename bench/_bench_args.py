@@ -84,6 +84,13 @@ def parse_args(argv=None, doc: str | None = None):
         help="skip the embedding's token/position id range check (its one host sync per step)",
     )
     p.add_argument(
+        "--gelu",
+        choices=["erf", "tanh"],
+        default="erf",
+        help="GELU of the GPT configs: erf (F.gelu, Megatron's default) or tanh (Megatron's "
+        "--openai-gelu; the plain-PyTorch anchor's model uses it)",
+    )
+    p.add_argument(
         "--ce",
         choices=["plain", "chunked", "chunked-recompute"],
         help="plain: logits then cross entropy; chunked: GPTModel's cross_entropy_loss_fusion "

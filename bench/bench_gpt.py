@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _bench_layouts
 from _bench_args import CONFIGS, _layout_path, parse_args  # noqa: E402  (bench_ckpt: CONFIGS)
 from _bench_profile import host_syncs, profile_step  # noqa: E402
 
+from gigatron.training._config_from_args import openai_gelu  # noqa: E402
 from gigatron.training.flops import flops_per_token  # noqa: E402
 
 PEAK = 989e12  # H200/H100 dense bf16 datasheet peak (the anchors' MFU denominator)
@@ -85,7 +86,7 @@ def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=No
         sequence_parallel=a.sp,
         normalization="RMSNorm" if shape.get("rmsnorm") else "LayerNorm",
         gated_linear_unit=swiglu,
-        activation_func=F.silu if swiglu else F.gelu,
+        activation_func=F.silu if swiglu else (openai_gelu if a.gelu == "tanh" else F.gelu),
         add_bias_linear=shape.get("bias", True),
         **layout,
     )
@@ -380,6 +381,7 @@ def main(argv=None) -> dict:
             "tp_comm_overlap": a.tp_comm_overlap,
             "async_tp": a.async_tp,
             "tp_comm_ce": a.tp_comm_ce,
+            "gelu": a.gelu,
             "comm_reorder": a.comm_reorder,
             "memory_reorder": not a.no_memory_reorder,
             "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},

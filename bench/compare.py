@@ -55,8 +55,9 @@ def table(rows) -> list[str]:
 # Switches that describe the layout, not the per-GPU kernels: ignored when a multi-GPU run is
 # paired with the one-GPU run "with the same flags".
 _LAYOUT_SWITCHES = {
-    "ddp", "overlap_grad_reduce", "bucket_size", "tp_comm_overlap", "tp_comm_ce", "async_tp", "comm_reorder",
-    "sm_carveout", "nccl_high_priority", "nccl_env", "memory_reorder", "grad_acc_fusion",
+    "ddp", "overlap_grad_reduce", "bucket_size", "tp_comm_overlap", "tp_comm_ce", "async_tp",
+    "comm_reorder", "sm_carveout", "nccl_high_priority", "nccl_env", "memory_reorder",
+    "grad_acc_fusion",
 }  # fmt: skip
 
 

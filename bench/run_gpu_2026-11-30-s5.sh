@@ -4,6 +4,9 @@
 #
 #   bash bench/run_gpu_2026-11-30-s5.sh ce     # copy-engine TP collectives: bitwise check vs
 #       NCCL (eager, compiled), then a GEMM with each collective beside it (bench_tp_comm.py)
+#   bash bench/run_gpu_2026-11-30-s5.sh gelu   # both configs with the anchor's model (tanh GELU)
+#       and both anchors' compiled runs beside them, GPTModel's chunked CE vs plain logits;
+#       DP = 2 with the whole model compiled (+- gradient_accumulation_fusion)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -18,8 +21,32 @@ ce_micro() {
     bench/bench_tp_comm.py
 }
 
+gelu_gpu0() {
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921
+  local G="--compile model --gelu tanh"
+  run refs.log 110 $B $L13 $G --ce chunked --label fast-compile-model-tanh
+  run refs.log 110 $B $L13 $G --ce plain --label fast-compile-model-tanh-plain-ce
+  run anchors.log 100 python3 $A/torch_baseline_bench.py gpt-1.3b compile
+}
+
+gelu_gpu1() {
+  export CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29931
+  local G="--config gpt-125m $NC --compile model --gelu tanh"
+  run refs.log 90 $B $G --ce chunked --label fast-compile-model-tanh
+  run refs.log 90 $B $G --ce plain --label fast-compile-model-tanh-plain-ce
+  run anchors.log 90 python3 $A/torch_baseline_bench.py gpt-125m compile
+}
+
+dp_model() {
+  unset CUDA_VISIBLE_DEVICES
+  local D="--overlap-grad-reduce --bucket-size 100000000 --compile model --gelu tanh --ce chunked"
+  run dp.log 120 $T $L13 $D --label fast-dp2-model-tanh
+  run dp.log 120 $T $L13 $D --grad-acc-fusion --label fast-dp2-model-tanh-gaf
+}
+
 case "${1:-}" in
   ce) ce_micro ;;
-  *) echo "usage: $0 ce" >&2; exit 2 ;;
+  gelu) gelu_gpu0 & gelu_gpu1 & wait; dp_model ;;
+  *) echo "usage: $0 ce|gelu" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
