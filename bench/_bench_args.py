@@ -76,6 +76,12 @@ def parse_args(argv=None, doc: str | None = None):
         help="Inductor reorder_for_compute_comm_overlap (collectives raised, waits sunk)",
     )
     p.add_argument(
+        "--layers-per-graph",
+        type=int,
+        default=1,
+        help="--compile layers: one compiled graph per this many consecutive layers",
+    )
+    p.add_argument(
         "--compile-mode", default=None, help="torch.compile mode (reduce-overhead: CUDA graphs)"
     )
     p.add_argument(

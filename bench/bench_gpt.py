@@ -225,7 +225,13 @@ def _compile_layers(a, chunks) -> None:
     fullgraph = a.fullgraph == "on" or (a.fullgraph == "auto" and not ring)
     options = {"coordinate_descent_tuning": True} if a.inductor_tuning else None
     for chunk in chunks:
-        compile_transformer_layers(chunk, fullgraph=fullgraph, mode=a.compile_mode, options=options)
+        compile_transformer_layers(
+            chunk,
+            fullgraph=fullgraph,
+            mode=a.compile_mode,
+            options=options,
+            layers_per_graph=a.layers_per_graph,
+        )
 
 
 def _plain_step(a, shape, dp, batch, sdpa_ctx):
@@ -382,6 +388,7 @@ def main(argv=None) -> dict:
             "async_tp": a.async_tp,
             "tp_comm_ce": a.tp_comm_ce,
             "gelu": a.gelu,
+            "layers_per_graph": a.layers_per_graph,
             "comm_reorder": a.comm_reorder,
             "memory_reorder": not a.no_memory_reorder,
             "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},

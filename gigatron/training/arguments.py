@@ -186,6 +186,15 @@ def _training_args(p):
     )
     _add(
         g,
+        "--torch-compile-layers-per-graph",
+        int,
+        1,
+        "gigatron addition: with --torch-compile layers, compile runs of this many consecutive "
+        "layers as one graph (fusion across layer boundaries; DDP buckets still start after "
+        "each group's backward)",
+    )
+    _add(
+        g,
         "--skip-nan-steps",
         bool,
         help_="skip a step with a non-finite loss or grad (default: stop)",

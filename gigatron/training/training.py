@@ -86,10 +86,16 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
 
 
 def _compile_chunks(args, chunks) -> None:
-    """`--torch-compile layers|model` [`--torch-compile-mode`] (gigatron additions): torch.compile
-    in place."""
+    """`--torch-compile layers|model` [`--torch-compile-mode`, `--torch-compile-layers-per-graph`]
+    (gigatron additions): torch.compile in place."""
     mode = getattr(args, "torch_compile", "none")
     compile_mode = getattr(args, "torch_compile_mode", None)
+    per_graph = getattr(args, "torch_compile_layers_per_graph", 1)
+    if per_graph != 1 and mode != "layers":
+        raise ValueError(
+            f"--torch-compile-layers-per-graph {per_graph} needs --torch-compile layers "
+            "(gigatron/training/training.py)"
+        )
     if compile_mode is not None and mode == "none":
         raise ValueError(
             f"--torch-compile-mode {compile_mode} needs --torch-compile layers or model "
@@ -99,7 +105,7 @@ def _compile_chunks(args, chunks) -> None:
         from gigatron.core.transformer._compile import compile_transformer_layers
 
         for chunk in chunks:
-            compile_transformer_layers(chunk, mode=compile_mode)
+            compile_transformer_layers(chunk, mode=compile_mode, layers_per_graph=per_graph)
     elif mode == "model":
         if len(chunks) > 1 or ps.get_pipeline_model_parallel_world_size() > 1:
             raise ValueError(

@@ -9,6 +9,9 @@ reference: `tests/gpu/test_fast_path.py` checks each piece against it.
   forward and, through AOTAutograd, its backward): norms, bias + GELU/SwiGLU, RoPE, bias +
   dropout + residual become a few fused Triton kernels around the cuBLAS matmuls and the SDPA
   kernel. Every layer shares one compiled graph (same code, parameters passed as inputs).
+  `layers_per_graph=N` compiles runs of N consecutive layers as one graph instead: fewer
+  launches and fusion across layer boundaries (a layer's last residual add with the next
+  layer's norm), while a DDP bucket can still start after each group's backward.
 - `sdpa_backends(names)`: a context manager choosing (and ordering) SDPA backends, e.g.
   `("cudnn", "flash")`: cuDNN's fused attention is Hopper-tuned and faster than FlashAttention-2
   on H100/H200; it must be active when a compiled graph is traced, so wrap the training step.
@@ -41,8 +44,15 @@ def compile_transformer_layers(
     mode: str | None = None,
     dynamic: bool = False,
     options: dict | None = None,
+    layers_per_graph: int = 1,
+    backend="inductor",
 ) -> int:
     """Compile every TransformerLayer inside `model` in place; returns how many were compiled.
+
+    `backend` is torch.compile's (tests use "aot_eager" or a recording backend).
+    `layers_per_graph` > 1: each TransformerBlock runs its layers in groups of that many
+    consecutive layers (the last group may be shorter), each group one compiled function; the
+    layers themselves stay uncompiled modules (state_dict, hooks and names unchanged).
 
     `fullgraph=True` makes a graph break an error instead of a silent slow path (TP/SP
     collectives are traced as functional collectives, so this holds under TP too); False
@@ -54,6 +64,11 @@ def compile_transformer_layers(
     """
     from gigatron.core.transformer.transformer_layer import TransformerLayer
 
+    if not isinstance(layers_per_graph, int) or layers_per_graph < 1:
+        raise ValueError(
+            f"compile_transformer_layers: layers_per_graph ({layers_per_graph!r}) must be an "
+            f"int >= 1 ({_FILE})"
+        )
     layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
     if not layers:
         raise ValueError(
@@ -65,9 +80,39 @@ def compile_transformer_layers(
         # of the input-gradient reduce-scatter it is meant to hide (see
         # tests/dist/test_tp_compile_schedule.py); keep the order the linears issue.
         options = {"reorder_for_peak_memory": False}
+    kw = dict(fullgraph=fullgraph, mode=mode, dynamic=dynamic, options=options, backend=backend)
+    if layers_per_graph > 1:
+        return _compile_layer_groups(model, layers_per_graph, kw)
     for layer in layers:
-        layer.compile(fullgraph=fullgraph, mode=mode, dynamic=dynamic, options=options)
+        layer.compile(**kw)
     return len(layers)
+
+
+def _compile_layer_groups(model: torch.nn.Module, size: int, compile_kw: dict) -> int:
+    """Give every TransformerBlock in `model` one compiled function per `size` layers."""
+    from gigatron.core.transformer.transformer_block import TransformerBlock
+
+    count = 0
+    for block in (m for m in model.modules() if isinstance(m, TransformerBlock)):
+        n = len(block.layers)
+        block._compiled_layer_groups = [
+            torch.compile(_layer_group(block, start, min(n, start + size)), **compile_kw)
+            for start in range(0, n, size)
+        ]
+        count += n
+    return count
+
+
+def _layer_group(block, start: int, end: int):
+    """`(hidden_states [s, b, h], context) -> (hidden_states, context)` through
+    `block.layers[start:end]`, the loop of `TransformerBlock._run_layers`."""
+
+    def run(hidden_states, context, **kw):
+        for index in range(start, end):
+            hidden_states, context = block.layers[index](hidden_states, context=context, **kw)
+        return hidden_states, context
+
+    return run
 
 
 def _wants_comm_overlap(layers) -> bool:

@@ -114,6 +114,11 @@ class TransformerBlock(MegatronModule):
         return contextlib.nullcontext()
 
     def _run_layers(self, start, end, hidden_states, context, **kw):
+        groups = getattr(self, "_compiled_layer_groups", None)  # compile_transformer_layers
+        if groups and (start, end) == (0, len(self.layers)):
+            for run in groups:  # one compiled graph each (forward and backward)
+                hidden_states, context = run(hidden_states, context, **kw)
+            return hidden_states, context
         for index in range(start, end):
             hidden_states, context = self.layers[index](hidden_states, context=context, **kw)
         return hidden_states, context
