@@ -161,7 +161,8 @@ class _Step:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.loss_fn = gpt_loss
         if a.compile == "model":  # whole forward + loss in one torch.compile (graph breaks ok)
-            self.loss_fn = torch.compile(gpt_loss, mode=a.compile_mode)
+            options = {"coordinate_descent_tuning": True} if a.inductor_tuning else None
+            self.loss_fn = torch.compile(gpt_loss, mode=a.compile_mode, options=options)
 
     def __call__(self) -> torch.Tensor:
         if self.ddp is not None:

@@ -7,6 +7,8 @@
 #   bash bench/run_gpu_2026-11-30-s5.sh gelu   # both configs with the anchor's model (tanh GELU)
 #       and both anchors' compiled runs beside them, GPTModel's chunked CE vs plain logits;
 #       DP = 2 with the whole model compiled (+- gradient_accumulation_fusion)
+#   bash bench/run_gpu_2026-11-30-s5.sh groups # coordinate-descent tuning of the whole model;
+#       layers compiled 6 per graph (+- CUDA graphs) on one GPU and DP = 2; anchor beside them
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -44,9 +46,35 @@ dp_model() {
   run dp.log 120 $T $L13 $D --grad-acc-fusion --label fast-dp2-model-tanh-gaf
 }
 
+groups_gpu0() {
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921
+  local G="$L13 --gelu tanh --ce chunked"
+  run refs.log 160 $B $G --compile model --inductor-tuning --label fast-compile-model-tanh-cdt
+  run refs.log 100 $B $G --compile layers --layers-per-graph 6 --label fast-groups6-tanh
+  run refs.log 100 $B $G --compile layers --layers-per-graph 6 --compile-mode reduce-overhead \
+    --label fast-groups6-tanh-cudagraphs
+}
+
+groups_gpu1() {
+  export CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29931
+  run refs.log 100 $B $L13 --gelu tanh --ce chunked --compile model --label fast-compile-model-tanh
+  run refs.log 120 $B --config gpt-125m $NC --gelu tanh --ce chunked --compile model \
+    --inductor-tuning --label fast-compile-model-tanh-cdt
+  run anchors.log 100 python3 $A/torch_baseline_bench.py gpt-1.3b compile
+}
+
+groups_dp() {
+  unset CUDA_VISIBLE_DEVICES
+  local D="--overlap-grad-reduce --bucket-size 100000000 --gelu tanh --ce chunked"
+  run dp.log 100 $T $L13 $D --compile layers --layers-per-graph 6 --label fast-dp2-groups6-tanh
+  run dp.log 100 $T $L13 $D --compile layers --layers-per-graph 6 --compile-mode reduce-overhead \
+    --label fast-dp2-groups6-tanh-cudagraphs
+}
+
 case "${1:-}" in
+  groups) groups_gpu0 & groups_gpu1 & wait; groups_dp ;;
   ce) ce_micro ;;
   gelu) gelu_gpu0 & gelu_gpu1 & wait; dp_model ;;
-  *) echo "usage: $0 ce|gelu" >&2; exit 2 ;;
+  *) echo "usage: $0 ce|gelu|groups" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
