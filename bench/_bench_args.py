@@ -79,7 +79,8 @@ def parse_args(argv=None, doc: str | None = None):
         "--layers-per-graph",
         type=int,
         default=1,
-        help="--compile layers: one compiled graph per this many consecutive layers",
+        help="one compiled graph per this many consecutive layers (--compile layers; with "
+        "--compile model the model's graphs stop around them: DDP buckets start per group)",
     )
     p.add_argument(
         "--compile-mode", default=None, help="torch.compile mode (reduce-overhead: CUDA graphs)"

@@ -9,6 +9,9 @@
 #       DP = 2 with the whole model compiled (+- gradient_accumulation_fusion)
 #   bash bench/run_gpu_2026-11-30-s5.sh groups # coordinate-descent tuning of the whole model;
 #       layers compiled 6 per graph (+- CUDA graphs) on one GPU and DP = 2; anchor beside them
+#   bash bench/run_gpu_2026-11-30-s5.sh final  # whole model compiled around layer groups
+#       (graphs stop around each 6 or 12 layers: DDP buckets start per group), one GPU and DP = 2;
+#       both anchors and both configs' one-GPU standing beside them
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -71,10 +74,33 @@ groups_dp() {
     --label fast-dp2-groups6-tanh-cudagraphs
 }
 
+final_gpu0() {
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921
+  local G="$L13 --gelu tanh --ce chunked --compile model"
+  run refs.log 100 $B $G --label fast-compile-model-tanh
+  run refs.log 110 $B $G --layers-per-graph 6 --label fast-compile-model-groups6-tanh
+}
+
+final_gpu1() {
+  export CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29931
+  run anchors.log 100 python3 $A/torch_baseline_bench.py gpt-1.3b compile
+  run refs.log 90 $B --config gpt-125m $NC --gelu tanh --ce chunked --compile model \
+    --label fast-compile-model-tanh
+  run anchors.log 90 python3 $A/torch_baseline_bench.py gpt-125m compile
+}
+
+final_dp() {
+  unset CUDA_VISIBLE_DEVICES
+  local D="--overlap-grad-reduce --bucket-size 100000000 --gelu tanh --ce chunked --compile model"
+  run dp.log 120 $T $L13 $D --layers-per-graph 6 --label fast-dp2-model-groups6-tanh
+  run dp.log 120 $T $L13 $D --layers-per-graph 12 --label fast-dp2-model-groups12-tanh
+}
+
 case "${1:-}" in
+  final) final_gpu0 & final_gpu1 & wait; final_dp ;;
   groups) groups_gpu0 & groups_gpu1 & wait; groups_dp ;;
   ce) ce_micro ;;
   gelu) gelu_gpu0 & gelu_gpu1 & wait; dp_model ;;
-  *) echo "usage: $0 ce|gelu|groups" >&2; exit 2 ;;
+  *) echo "usage: $0 ce|gelu|groups|final" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40

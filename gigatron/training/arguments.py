@@ -189,9 +189,10 @@ def _training_args(p):
         "--torch-compile-layers-per-graph",
         int,
         1,
-        "gigatron addition: with --torch-compile layers, compile runs of this many consecutive "
-        "layers as one graph (fusion across layer boundaries; DDP buckets still start after "
-        "each group's backward)",
+        "gigatron addition: compile runs of this many consecutive layers as one graph each "
+        "(--torch-compile layers: fusion across layer boundaries; --torch-compile model: the "
+        "model's graphs stop around the groups, so DDP buckets start after each group's "
+        "backward instead of after the whole backward)",
     )
     _add(
         g,

@@ -91,10 +91,10 @@ def _compile_chunks(args, chunks) -> None:
     mode = getattr(args, "torch_compile", "none")
     compile_mode = getattr(args, "torch_compile_mode", None)
     per_graph = getattr(args, "torch_compile_layers_per_graph", 1)
-    if per_graph != 1 and mode != "layers":
+    if per_graph != 1 and mode == "none":
         raise ValueError(
-            f"--torch-compile-layers-per-graph {per_graph} needs --torch-compile layers "
-            "(gigatron/training/training.py)"
+            f"--torch-compile-layers-per-graph {per_graph} needs --torch-compile layers or "
+            "model (gigatron/training/training.py)"
         )
     if compile_mode is not None and mode == "none":
         raise ValueError(
@@ -113,6 +113,10 @@ def _compile_chunks(args, chunks) -> None:
                 "input tensor changes per microbatch); use --torch-compile layers "
                 "(gigatron/training/training.py)"
             )
+        if per_graph > 1:  # the model's graphs stop around the layer groups
+            from gigatron.core.transformer._compile import compile_transformer_layers
+
+            compile_transformer_layers(chunks[0], mode=compile_mode, layers_per_graph=per_graph)
         chunks[0].compile(mode=compile_mode)
 
 

@@ -42,19 +42,34 @@ def _body(backend):
     graphs = recorder.num_graphs
     collectives = recorder.collectives
 
+    # The whole model compiled around the groups (bench --compile model --layers-per-graph):
+    # its graphs stop before the first group and resume after the last; same numbers.
+    outer = _Recorder(backend)
+    whole = torch.compile(loss, backend=outer)
+    around = _fwd_bwd(whole, params, [ids, labels], 99, grad_scale=1 / (B * S))
+    err = max(err, _compare(eager, around, "whole model compiled around the groups"))
+    assert recorder.num_graphs == graphs, (recorder.num_graphs, graphs)  # groups reused
+    outer_graphs = outer.num_graphs
+    outer_ops = {op for seq in outer.sequences.values() for op in seq}
+
     # Full recompute runs the layers through tensor_parallel.checkpoint, not the groups: it
     # still gives the eager numbers.
     model.config.recompute_granularity, model.config.recompute_method = "full", "uniform"
     model.config.recompute_num_layers = 1
     recomputed = _fwd_bwd(loss, params, [ids, labels], 99, grad_scale=1 / (B * S))
     err = max(err, _compare(eager, recomputed, "full recompute with groups set"))
-    return err, graphs, sorted(collectives)
+    return err, graphs, sorted(collectives), outer_graphs, "embedding" in str(outer_ops)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager"])
 def test_layer_groups_match_eager(backend):
-    err, graphs, collectives = run_distributed(_body, TP, args=(backend,), timeout=240)[0]
+    err, graphs, collectives, outer_graphs, outer_has_embedding = run_distributed(
+        _body, TP, args=(backend,), timeout=240
+    )[0]
     print(f"max |c - e| / (1 + |e|): {err}; graphs {graphs}; collectives {collectives}")
+    print(f"graphs of the whole model compiled around the groups: {outer_graphs}")
+    assert outer_graphs >= 2, outer_graphs  # before the groups and after them, not through them
+    assert outer_has_embedding, "the outer graphs should hold the embedding lookup"
     assert err <= TOL["rtol"], err
     assert graphs == 3, graphs
     assert "c10d.all_gather_into_tensor" in collectives, collectives

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 from gigatron.core.transformer.module import MegatronModule
@@ -116,9 +117,7 @@ class TransformerBlock(MegatronModule):
     def _run_layers(self, start, end, hidden_states, context, **kw):
         groups = getattr(self, "_compiled_layer_groups", None)  # compile_transformer_layers
         if groups and (start, end) == (0, len(self.layers)):
-            for run in groups:  # one compiled graph each (forward and backward)
-                hidden_states, context = run(hidden_states, context, **kw)
-            return hidden_states, context
+            return _run_layer_groups(groups, hidden_states, context, kw)
         for index in range(start, end):
             hidden_states, context = self.layers[index](hidden_states, context=context, **kw)
         return hidden_states, context
@@ -201,3 +200,15 @@ class TransformerBlock(MegatronModule):
             hidden_states = self.final_layernorm(hidden_states)
             hidden_states = make_viewless_tensor(hidden_states, requires_grad=True, keep_graph=True)
         return hidden_states
+
+
+@torch._dynamo.disable(recursive=False)
+def _run_layer_groups(groups, hidden_states, context, kw):
+    """Run the compiled layer groups of `compile_transformer_layers(layers_per_graph=N)` in turn.
+    Never traced itself (recursive=False: the groups still run their own compiled graphs), so a
+    whole model compiled around it breaks here: its graphs end before the first group and resume
+    after the last, and each group's backward stays a separate graph (DDP buckets can start
+    between them)."""
+    for run in groups:
+        hidden_states, context = run(hidden_states, context, **kw)
+    return hidden_states, context
