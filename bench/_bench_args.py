@@ -77,10 +77,11 @@ def parse_args(argv=None, doc: str | None = None):
     )
     p.add_argument(
         "--layers-per-graph",
-        type=int,
+        type=_layers_per_graph,
         default=1,
-        help="one compiled graph per this many consecutive layers (--compile layers; with "
-        "--compile model the model's graphs stop around them: DDP buckets start per group)",
+        help="one compiled graph per this many consecutive layers, or a comma list of group "
+        "sizes (4,20) (--compile layers; with --compile model the model's graphs stop around "
+        "them: DDP buckets start per group)",
     )
     p.add_argument(
         "--compile-mode", default=None, help="torch.compile mode (reduce-overhead: CUDA graphs)"
@@ -199,3 +200,9 @@ def _check_layout_args(a) -> None:
         )
     if _layout_path(a) and a.ddp == "off":
         raise ValueError("--ddp off works only with pp = cp = num_microbatches = 1 (bench_gpt.py)")
+
+
+def _layers_per_graph(text: str):
+    from gigatron.core.transformer._compile import parse_layers_per_graph
+
+    return parse_layers_per_graph(text)

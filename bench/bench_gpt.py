@@ -219,7 +219,7 @@ def _ddp_config(a):
 def _compile_layers(a, chunks) -> None:
     from gigatron.core.transformer._compile import compile_transformer_layers
 
-    if a.compile != "layers" and not (a.compile == "model" and a.layers_per_graph > 1):
+    if a.compile != "layers" and not (a.compile == "model" and a.layers_per_graph != 1):
         return  # --compile model --layers-per-graph N: the model's graphs break around groups
     # auto: on, except CP's p2p ring attention (dynamo cannot trace P2POp: eager between breaks)
     ring = a.cp > 1 and a.cp_comm_type == "p2p"

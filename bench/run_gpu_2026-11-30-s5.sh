@@ -12,6 +12,8 @@
 #   bash bench/run_gpu_2026-11-30-s5.sh final  # whole model compiled around layer groups
 #       (graphs stop around each 6 or 12 layers: DDP buckets start per group), one GPU and DP = 2;
 #       both anchors and both configs' one-GPU standing beside them
+#   bash bench/run_gpu_2026-11-30-s5.sh split  # uneven layer groups (a short first group: less
+#       DDP communication left after the last backward graph), DP = 2 and the one-GPU reference
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -96,11 +98,22 @@ final_dp() {
   run dp.log 120 $T $L13 $D --layers-per-graph 12 --label fast-dp2-model-groups12-tanh
 }
 
+split_calls() {
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921
+  local G="$L13 --gelu tanh --ce chunked --compile model"
+  run refs.log 85 $B $G --label fast-compile-model-tanh
+  unset CUDA_VISIBLE_DEVICES MASTER_PORT
+  local D="--overlap-grad-reduce --bucket-size 100000000"
+  run dp.log 70 $T $G $D --layers-per-graph 4,20 --label fast-dp2-model-groups4-20-tanh
+  run dp.log 70 $T $G $D --layers-per-graph 2,22 --label fast-dp2-model-groups2-22-tanh
+}
+
 case "${1:-}" in
+  split) split_calls ;;
   final) final_gpu0 & final_gpu1 & wait; final_dp ;;
   groups) groups_gpu0 & groups_gpu1 & wait; groups_dp ;;
   ce) ce_micro ;;
   gelu) gelu_gpu0 & gelu_gpu1 & wait; dp_model ;;
-  *) echo "usage: $0 ce|gelu|groups|final" >&2; exit 2 ;;
+  *) echo "usage: $0 ce|gelu|groups|final|split" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40

@@ -187,9 +187,10 @@ def _training_args(p):
     _add(
         g,
         "--torch-compile-layers-per-graph",
-        int,
-        1,
-        "gigatron addition: compile runs of this many consecutive layers as one graph each "
+        str,
+        "1",
+        "gigatron addition: compile runs of this many consecutive layers as one graph each, or "
+        "a comma list of group sizes in layer order (4,20) "
         "(--torch-compile layers: fusion across layer boundaries; --torch-compile model: the "
         "model's graphs stop around the groups, so DDP buckets start after each group's "
         "backward instead of after the whole backward)",

@@ -88,9 +88,14 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
 def _compile_chunks(args, chunks) -> None:
     """`--torch-compile layers|model` [`--torch-compile-mode`, `--torch-compile-layers-per-graph`]
     (gigatron additions): torch.compile in place."""
+    from gigatron.core.transformer._compile import (
+        compile_transformer_layers,
+        parse_layers_per_graph,
+    )
+
     mode = getattr(args, "torch_compile", "none")
     compile_mode = getattr(args, "torch_compile_mode", None)
-    per_graph = getattr(args, "torch_compile_layers_per_graph", 1)
+    per_graph = parse_layers_per_graph(getattr(args, "torch_compile_layers_per_graph", "1"))
     if per_graph != 1 and mode == "none":
         raise ValueError(
             f"--torch-compile-layers-per-graph {per_graph} needs --torch-compile layers or "
@@ -102,8 +107,6 @@ def _compile_chunks(args, chunks) -> None:
             "(gigatron/training/training.py)"
         )
     if mode == "layers":
-        from gigatron.core.transformer._compile import compile_transformer_layers
-
         for chunk in chunks:
             compile_transformer_layers(chunk, mode=compile_mode, layers_per_graph=per_graph)
     elif mode == "model":
@@ -113,9 +116,7 @@ def _compile_chunks(args, chunks) -> None:
                 "input tensor changes per microbatch); use --torch-compile layers "
                 "(gigatron/training/training.py)"
             )
-        if per_graph > 1:  # the model's graphs stop around the layer groups
-            from gigatron.core.transformer._compile import compile_transformer_layers
-
+        if per_graph != 1:  # the model's graphs stop around the layer groups
             compile_transformer_layers(chunks[0], mode=compile_mode, layers_per_graph=per_graph)
         chunks[0].compile(mode=compile_mode)
 

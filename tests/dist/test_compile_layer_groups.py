@@ -5,13 +5,15 @@ collectives inside them; the full-recompute path still runs the layers one by on
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
-from gigatron.core.transformer._compile import compile_transformer_layers
+from gigatron.core.transformer._compile import compile_transformer_layers, parse_layers_per_graph
 from gigatron.testing import run_distributed
 from tests.dist.test_tp_compile import TOL, TP, B, S, V, _compare, _fwd_bwd, _gpt_config, _Recorder
 
@@ -21,7 +23,7 @@ def _model(num_layers):
     return GPTModel(_gpt_config(True, num_layers), get_gpt_layer_fast_spec(), V, S)
 
 
-def _body(backend):
+def _body(backend, sizes):
     torch.set_num_threads(1)
     parallel_state.initialize_model_parallel(TP)
     model = _model(5)
@@ -34,9 +36,9 @@ def _body(backend):
     params = list(model.named_parameters())
     eager = _fwd_bwd(loss, params, [ids, labels], 99, grad_scale=1 / (B * S))
     recorder = _Recorder(backend)
-    assert compile_transformer_layers(model, layers_per_graph=2, backend=recorder) == 5
+    assert compile_transformer_layers(model, layers_per_graph=sizes, backend=recorder) == 5
     compiled = _fwd_bwd(loss, params, [ids, labels], 99, grad_scale=1 / (B * S))
-    err = _compare(eager, compiled, f"layers_per_graph=2 ({backend})")
+    err = _compare(eager, compiled, f"layers_per_graph={sizes} ({backend})")
     # Each compiled group is one dynamo graph; a second step reuses them (no recompile).
     _fwd_bwd(loss, params, [ids, labels], 99, grad_scale=1 / (B * S))
     graphs = recorder.num_graphs
@@ -61,21 +63,43 @@ def _body(backend):
     return err, graphs, sorted(collectives), outer_graphs, "embedding" in str(outer_ops)
 
 
-@pytest.mark.parametrize("backend", ["aot_eager"])
-def test_layer_groups_match_eager(backend):
+@pytest.mark.parametrize("sizes,expected_graphs", [(2, 3), ([1, 4], 2)])
+def test_layer_groups_match_eager(sizes, expected_graphs):
     err, graphs, collectives, outer_graphs, outer_has_embedding = run_distributed(
-        _body, TP, args=(backend,), timeout=240
+        _body, TP, args=("aot_eager", sizes), timeout=240
     )[0]
     print(f"max |c - e| / (1 + |e|): {err}; graphs {graphs}; collectives {collectives}")
     print(f"graphs of the whole model compiled around the groups: {outer_graphs}")
     assert outer_graphs >= 2, outer_graphs  # before the groups and after them, not through them
     assert outer_has_embedding, "the outer graphs should hold the embedding lookup"
     assert err <= TOL["rtol"], err
-    assert graphs == 3, graphs
+    assert graphs == expected_graphs, graphs
     assert "c10d.all_gather_into_tensor" in collectives, collectives
     assert "c10d.reduce_scatter_tensor" in collectives, collectives
 
 
-def test_layers_per_graph_must_be_positive():
-    with pytest.raises(ValueError, match=r"layers_per_graph \(0\) must be an int >= 1"):
-        compile_transformer_layers(torch.nn.Linear(2, 2), layers_per_graph=0)
+@pytest.mark.parametrize("bad", [0, -1, [], [2, 0], True, "6", 1.5])
+def test_layers_per_graph_must_be_positive_ints(bad):
+    with pytest.raises(ValueError, match=r"layers_per_graph .* must be an int >= 1"):
+        compile_transformer_layers(torch.nn.Linear(2, 2), layers_per_graph=bad)
+
+
+def _sizes_error():
+    parallel_state.initialize_model_parallel(1)
+    cfg = replace(_gpt_config(False, 3), tensor_model_parallel_size=1)
+    model = GPTModel(cfg, get_gpt_layer_fast_spec(), V, S)
+    with pytest.raises(ValueError) as info:
+        compile_transformer_layers(model, layers_per_graph=[1, 1])
+    return str(info.value)
+
+
+def test_layer_group_sizes_must_add_up_to_the_layer_count():
+    message = run_distributed(_sizes_error, 1, timeout=120)[0]
+    assert "[1, 1] adds up to 2, but the block has 3 layers" in message, message
+
+
+def test_parse_layers_per_graph():
+    assert parse_layers_per_graph("6") == 6
+    assert parse_layers_per_graph("4,20") == [4, 20]
+    with pytest.raises(ValueError, match=r"layers per graph \('4;20'\) must be an int"):
+        parse_layers_per_graph("4;20")

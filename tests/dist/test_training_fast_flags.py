@@ -56,9 +56,24 @@ def test_torch_compile_layers_and_model_match_eager():
     ((whole, whole_compiled, _),) = run_distributed(
         _losses, 1, args=(["--torch-compile", "model"],), timeout=600
     )
-    assert not was_compiled and is_compiled and whole_compiled
+    # The whole model compiled around layer groups (its graphs stop before and after them).
+    ((grouped, grouped_compiled, _),) = run_distributed(
+        _losses,
+        1,
+        args=(["--torch-compile", "model", "--torch-compile-layers-per-graph", "1,1"],),
+        timeout=600,
+    )
+    assert not was_compiled and is_compiled and whole_compiled and grouped_compiled
     assert _close(compiled, eager, 1e-5), (compiled, eager)
     assert _close(whole, eager, 1e-5), (whole, eager)
+    assert _close(grouped, eager, 1e-5), (grouped, eager)
+
+
+def test_layers_per_graph_needs_torch_compile():
+    from gigatron.testing import DistributedTestError
+
+    with pytest.raises(DistributedTestError, match="--torch-compile-layers-per-graph 2 needs"):
+        run_distributed(_losses, 1, args=(["--torch-compile-layers-per-graph", "2"],))
 
 
 def test_torch_compile_mode_needs_torch_compile():

@@ -20,6 +20,7 @@ reference: `tests/gpu/test_fast_path.py` checks each piece against it.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import torch
 
@@ -44,7 +45,7 @@ def compile_transformer_layers(
     mode: str | None = None,
     dynamic: bool = False,
     options: dict | None = None,
-    layers_per_graph: int = 1,
+    layers_per_graph: int | Sequence[int] = 1,
     backend="inductor",
 ) -> int:
     """Compile every TransformerLayer inside `model` in place; returns how many were compiled.
@@ -52,7 +53,10 @@ def compile_transformer_layers(
     `backend` is torch.compile's (tests use "aot_eager" or a recording backend).
     `layers_per_graph` > 1: each TransformerBlock runs its layers in groups of that many
     consecutive layers (the last group may be shorter), each group one compiled function; the
-    layers themselves stay uncompiled modules (state_dict, hooks and names unchanged).
+    layers themselves stay uncompiled modules (state_dict, hooks and names unchanged). A list
+    gives the group sizes in layer order (they must add up to each block's layer count): a
+    short first group leaves less DDP communication after the last backward graph, e.g.
+    `[4, 20]` for 24 layers.
 
     `fullgraph=True` makes a graph break an error instead of a silent slow path (TP/SP
     collectives are traced as functional collectives, so this holds under TP too); False
@@ -64,11 +68,7 @@ def compile_transformer_layers(
     """
     from gigatron.core.transformer.transformer_layer import TransformerLayer
 
-    if not isinstance(layers_per_graph, int) or layers_per_graph < 1:
-        raise ValueError(
-            f"compile_transformer_layers: layers_per_graph ({layers_per_graph!r}) must be an "
-            f"int >= 1 ({_FILE})"
-        )
+    sizes = _group_sizes(layers_per_graph)
     layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
     if not layers:
         raise ValueError(
@@ -81,23 +81,61 @@ def compile_transformer_layers(
         # tests/dist/test_tp_compile_schedule.py); keep the order the linears issue.
         options = {"reorder_for_peak_memory": False}
     kw = dict(fullgraph=fullgraph, mode=mode, dynamic=dynamic, options=options, backend=backend)
-    if layers_per_graph > 1:
-        return _compile_layer_groups(model, layers_per_graph, kw)
+    if sizes != [1]:
+        return _compile_layer_groups(model, sizes, kw)
     for layer in layers:
         layer.compile(**kw)
     return len(layers)
 
 
-def _compile_layer_groups(model: torch.nn.Module, size: int, compile_kw: dict) -> int:
-    """Give every TransformerBlock in `model` one compiled function per `size` layers."""
+def parse_layers_per_graph(text: str) -> int | list[int]:
+    """A command-line `layers_per_graph`: "6" -> 6, "4,20" -> [4, 20] (checked when used)."""
+    try:
+        sizes = [int(part) for part in str(text).split(",")]
+    except ValueError:
+        raise ValueError(
+            f"layers per graph ({text!r}) must be an int or a comma list of ints, e.g. 6 or "
+            f"4,20 ({_FILE})"
+        ) from None
+    return sizes[0] if len(sizes) == 1 else sizes
+
+
+def _group_sizes(layers_per_graph) -> list[int]:
+    """[N] for an int N >= 1, the list itself for a non-empty list of ints >= 1."""
+    sizes = [layers_per_graph] if isinstance(layers_per_graph, int) else layers_per_graph
+    if (
+        isinstance(layers_per_graph, (bool, str))
+        or not isinstance(sizes, (list, tuple))
+        or not sizes
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes)
+    ):
+        raise ValueError(
+            f"compile_transformer_layers: layers_per_graph ({layers_per_graph!r}) must be an "
+            f"int >= 1 or a non-empty list of ints >= 1 ({_FILE})"
+        )
+    return list(sizes)
+
+
+def _compile_layer_groups(model: torch.nn.Module, sizes: list[int], compile_kw: dict) -> int:
+    """Give every TransformerBlock in `model` one compiled function per group of layers:
+    groups of `sizes[0]` layers (one size), or of the listed sizes in order."""
     from gigatron.core.transformer.transformer_block import TransformerBlock
 
     count = 0
     for block in (m for m in model.modules() if isinstance(m, TransformerBlock)):
         n = len(block.layers)
+        if len(sizes) == 1:
+            bounds = [(start, min(n, start + sizes[0])) for start in range(0, n, sizes[0])]
+        elif sum(sizes) != n:
+            raise ValueError(
+                f"compile_transformer_layers: layers_per_graph {sizes} adds up to {sum(sizes)}, "
+                f"but the block has {n} layers; the sizes must add up to it ({_FILE})"
+            )
+        else:
+            ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+            bounds = list(zip([0, *ends[:-1]], ends))
         block._compiled_layer_groups = [
-            torch.compile(_layer_group(block, start, min(n, start + size)), **compile_kw)
-            for start in range(0, n, size)
+            torch.compile(_layer_group(block, start, end), **compile_kw) for start, end in bounds
         ]
         count += n
     return count
