@@ -14,6 +14,9 @@
 #       both anchors and both configs' one-GPU standing beside them
 #   bash bench/run_gpu_2026-11-30-s5.sh split  # uneven layer groups (a short first group: less
 #       DDP communication left after the last backward graph), DP = 2 and the one-GPU reference
+#   bash bench/run_gpu_2026-11-30-s5.sh next   # NOT RUN YET (for the next session): repeat the
+#       DP = 2 layer-group splits with the one-GPU reference before and after them (4,20 ran out
+#       of its 70 s limit in s5-call5: the first DP run compiles cold)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -108,12 +111,26 @@ split_calls() {
   run dp.log 70 $T $G $D --layers-per-graph 2,22 --label fast-dp2-model-groups2-22-tanh
 }
 
+next_calls() {
+  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921
+  local G="$L13 --gelu tanh --ce chunked --compile model"
+  run refs.log 100 $B $G --label fast-compile-model-tanh
+  unset CUDA_VISIBLE_DEVICES MASTER_PORT
+  local D="--overlap-grad-reduce --bucket-size 100000000"
+  for split in 2,22 4,20 1,23 2,22; do
+    run dp.log 110 $T $G $D --layers-per-graph $split --label fast-dp2-model-groups${split/,/-}-tanh
+  done
+  export CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29931
+  run refs.log 90 $B $G --label fast-compile-model-tanh
+}
+
 case "${1:-}" in
+  next) next_calls ;;
   split) split_calls ;;
   final) final_gpu0 & final_gpu1 & wait; final_dp ;;
   groups) groups_gpu0 & groups_gpu1 & wait; groups_dp ;;
   ce) ce_micro ;;
   gelu) gelu_gpu0 & gelu_gpu1 & wait; dp_model ;;
-  *) echo "usage: $0 ce|gelu|groups|final|split" >&2; exit 2 ;;
+  *) echo "usage: $0 ce|gelu|groups|final|split|next" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
