@@ -101,27 +101,25 @@ final_dp() {
   run dp.log 120 $T $L13 $D --layers-per-graph 12 --label fast-dp2-model-groups12-tanh
 }
 
-split_calls() {
-  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921
+# dp_splits REF_LIMIT DP_LIMIT SPLIT...: the one-GPU reference on GPU 0, then DP = 2 with the
+# whole model compiled around each layer-group split
+dp_splits() {
+  local ref=$1 lim=$2 split
+  shift 2
   local G="$L13 --gelu tanh --ce chunked --compile model"
-  run refs.log 85 $B $G --label fast-compile-model-tanh
-  unset CUDA_VISIBLE_DEVICES MASTER_PORT
-  local D="--overlap-grad-reduce --bucket-size 100000000"
-  run dp.log 70 $T $G $D --layers-per-graph 4,20 --label fast-dp2-model-groups4-20-tanh
-  run dp.log 70 $T $G $D --layers-per-graph 2,22 --label fast-dp2-model-groups2-22-tanh
+  CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921 run refs.log "$ref" $B $G --label fast-compile-model-tanh
+  for split in "$@"; do
+    run dp.log "$lim" $T $G --overlap-grad-reduce --bucket-size 100000000 \
+      --layers-per-graph "$split" --label "fast-dp2-model-groups${split/,/-}-tanh"
+  done
 }
 
-next_calls() {
-  export CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921
-  local G="$L13 --gelu tanh --ce chunked --compile model"
-  run refs.log 100 $B $G --label fast-compile-model-tanh
-  unset CUDA_VISIBLE_DEVICES MASTER_PORT
-  local D="--overlap-grad-reduce --bucket-size 100000000"
-  for split in 2,22 4,20 1,23 2,22; do
-    run dp.log 110 $T $G $D --layers-per-graph $split --label fast-dp2-model-groups${split/,/-}-tanh
-  done
-  export CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29931
-  run refs.log 90 $B $G --label fast-compile-model-tanh
+split_calls() { dp_splits 85 70 4,20 2,22; }
+
+next_calls() {  # the reference again after the DP runs, on the other GPU
+  dp_splits 100 110 2,22 4,20 1,23 2,22
+  CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29931 run refs.log 90 $B $L13 --gelu tanh --ce chunked \
+    --compile model --label fast-compile-model-tanh
 }
 
 case "${1:-}" in
