@@ -60,6 +60,11 @@ def _body(backend, sizes):
     model.config.recompute_num_layers = 1
     recomputed = _fwd_bwd(loss, params, [ids, labels], 99, grad_scale=1 / (B * S))
     err = max(err, _compare(eager, recomputed, "full recompute with groups set"))
+    # One checkpointed chunk of all 5 layers: still the plain loop, no group graph compiled.
+    model.config.recompute_num_layers = 5
+    recomputed = _fwd_bwd(loss, params, [ids, labels], 99, grad_scale=1 / (B * S))
+    err = max(err, _compare(eager, recomputed, "full recompute of one 5-layer chunk"))
+    assert recorder.num_graphs == graphs, ("groups ran under full recompute", recorder.num_graphs)
     return err, graphs, sorted(collectives), outer_graphs, "embedding" in str(outer_ops)
 
 

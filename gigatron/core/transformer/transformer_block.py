@@ -115,9 +115,6 @@ class TransformerBlock(MegatronModule):
         return contextlib.nullcontext()
 
     def _run_layers(self, start, end, hidden_states, context, **kw):
-        groups = getattr(self, "_compiled_layer_groups", None)  # compile_transformer_layers
-        if groups and (start, end) == (0, len(self.layers)):
-            return _run_layer_groups(groups, hidden_states, context, kw)
         for index in range(start, end):
             hidden_states, context = self.layers[index](hidden_states, context=context, **kw)
         return hidden_states, context
@@ -192,6 +189,11 @@ class TransformerBlock(MegatronModule):
         with self._rng_context():
             if self.config.recompute_granularity == "full" and self.training:
                 hidden_states = self._checkpointed_forward(hidden_states, context, **kw)
+            elif getattr(self, "_compiled_layer_groups", None):  # compile_transformer_layers
+                # Not under full recompute: its checkpointed chunks run the layers themselves.
+                hidden_states, _ = _run_layer_groups(
+                    self._compiled_layer_groups, hidden_states, context, kw
+                )
             else:
                 hidden_states, _ = self._run_layers(
                     0, len(self.layers), hidden_states, context, **kw
