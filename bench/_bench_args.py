@@ -194,6 +194,11 @@ def _check_layout_args(a) -> None:
         )
     if a.vpp is not None and (a.pp < 2 or a.vpp < 2):
         raise ValueError(f"--vpp ({a.vpp}) needs --pp >= 2 and --vpp >= 2 (bench_gpt.py)")
+    if a.layers_per_graph != 1 and a.compile == "none":
+        raise ValueError(
+            f"--layers-per-graph {a.layers_per_graph} needs --compile layers or model "
+            "(bench_gpt.py)"
+        )
     if _layout_path(a) and a.compile == "model":
         raise ValueError(
             "--compile model works only with pp = cp = num_microbatches = 1 (bench_gpt.py)"

@@ -89,18 +89,22 @@ def test_layers_per_graph_must_be_positive_ints(bad):
         compile_transformer_layers(torch.nn.Linear(2, 2), layers_per_graph=bad)
 
 
-def _sizes_error():
+def _errors():
     parallel_state.initialize_model_parallel(1)
-    cfg = replace(_gpt_config(False, 3), tensor_model_parallel_size=1)
-    model = GPTModel(cfg, get_gpt_layer_fast_spec(), V, S)
-    with pytest.raises(ValueError) as info:
-        compile_transformer_layers(model, layers_per_graph=[1, 1])
-    return str(info.value)
+    messages = []
+    for sizes, recompute in [([1, 1], {}), (3, dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1))]:
+        cfg = replace(_gpt_config(False, 3), tensor_model_parallel_size=1, **recompute)
+        model = GPTModel(cfg, get_gpt_layer_fast_spec(), V, S)
+        with pytest.raises(ValueError) as info:
+            compile_transformer_layers(model, layers_per_graph=sizes)
+        messages.append(str(info.value))
+    return messages
 
 
-def test_layer_group_sizes_must_add_up_to_the_layer_count():
-    message = run_distributed(_sizes_error, 1, timeout=120)[0]
-    assert "[1, 1] adds up to 2, but the block has 3 layers" in message, message
+def test_layer_groups_refuse_bad_sizes_and_full_recompute():
+    sizes, recompute = run_distributed(_errors, 1, timeout=120)[0]
+    assert "[1, 1] adds up to 2, but the block has 3 layers" in sizes, sizes
+    assert "[3] with recompute_granularity='full'" in recompute, recompute
 
 
 def test_parse_layers_per_graph():

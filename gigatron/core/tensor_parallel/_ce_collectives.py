@@ -38,9 +38,10 @@ class _Workspace:
         """A slot of at least `nbytes` for the next collective: returns (handle, byte offset)."""
         from torch.distributed import _symmetric_memory as symm_mem
 
-        if nbytes > self.slot_bytes:  # warm-up only (every rank grows at the same call)
+        if nbytes > self.slot_bytes or self.handle is None:  # warm-up only (all ranks alike)
             torch.cuda.synchronize()
-            self.slot_bytes = max(nbytes, 2 * self.slot_bytes)
+            # Slots start on 512-byte boundaries: any dtype's element offset is exact.
+            self.slot_bytes = -(-max(nbytes, 2 * self.slot_bytes, 1) // 512) * 512
             device = torch.device("cuda", torch.cuda.current_device())
             self.buffer = symm_mem.empty(self.slot_bytes * _SLOTS, dtype=torch.uint8, device=device)
             self.handle = symm_mem.rendezvous(self.buffer, group_name)

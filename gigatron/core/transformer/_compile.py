@@ -124,6 +124,12 @@ def _compile_layer_groups(model: torch.nn.Module, sizes: list[int], compile_kw: 
     count = 0
     for block in (m for m in model.modules() if isinstance(m, TransformerBlock)):
         n = len(block.layers)
+        if block.config.recompute_granularity == "full":
+            raise ValueError(
+                f"compile_transformer_layers: layers_per_graph {sizes} with "
+                "recompute_granularity='full': the checkpointed chunks run the layers one by "
+                f"one, outside the groups; compile single layers instead ({_FILE})"
+            )
         if len(sizes) == 1:
             bounds = [(start, min(n, start + sizes[0])) for start in range(0, n, sizes[0])]
         elif sum(sizes) != n:
@@ -134,11 +140,30 @@ def _compile_layer_groups(model: torch.nn.Module, sizes: list[int], compile_kw: 
         else:
             ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
             bounds = list(zip([0, *ends[:-1]], ends))
-        block._compiled_layer_groups = [
+        groups = [
             torch.compile(_layer_group(block, start, end), **compile_kw) for start, end in bounds
         ]
+        block._compiled_layer_groups = groups
+        block._run_compiled_layer_groups = torch._dynamo.disable(
+            _run_groups(groups), recursive=False
+        )
         count += n
     return count
+
+
+def _run_groups(groups):
+    """`(hidden_states, context, kw) -> (hidden_states, context)` through the compiled groups in
+    turn. Wrapped in `torch._dynamo.disable(recursive=False)`: never traced itself (the groups
+    still run their own compiled graphs), so a whole model compiled around it breaks there: its
+    graphs end before the first group and resume after the last, and each group's backward stays
+    a separate graph (DDP buckets can start between them)."""
+
+    def run(hidden_states, context, kw):
+        for group in groups:
+            hidden_states, context = group(hidden_states, context, **kw)
+        return hidden_states, context
+
+    return run
 
 
 def _layer_group(block, start: int, end: int):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 from gigatron.core.transformer.module import MegatronModule
@@ -189,11 +188,9 @@ class TransformerBlock(MegatronModule):
         with self._rng_context():
             if self.config.recompute_granularity == "full" and self.training:
                 hidden_states = self._checkpointed_forward(hidden_states, context, **kw)
-            elif getattr(self, "_compiled_layer_groups", None):  # compile_transformer_layers
+            elif getattr(self, "_run_compiled_layer_groups", None):  # compile_transformer_layers
                 # Not under full recompute: its checkpointed chunks run the layers themselves.
-                hidden_states, _ = _run_layer_groups(
-                    self._compiled_layer_groups, hidden_states, context, kw
-                )
+                hidden_states, _ = self._run_compiled_layer_groups(hidden_states, context, kw)
             else:
                 hidden_states, _ = self._run_layers(
                     0, len(self.layers), hidden_states, context, **kw
@@ -202,15 +199,3 @@ class TransformerBlock(MegatronModule):
             hidden_states = self.final_layernorm(hidden_states)
             hidden_states = make_viewless_tensor(hidden_states, requires_grad=True, keep_graph=True)
         return hidden_states
-
-
-@torch._dynamo.disable(recursive=False)
-def _run_layer_groups(groups, hidden_states, context, kw):
-    """Run the compiled layer groups of `compile_transformer_layers(layers_per_graph=N)` in turn.
-    Never traced itself (recursive=False: the groups still run their own compiled graphs), so a
-    whole model compiled around it breaks here: its graphs end before the first group and resume
-    after the last, and each group's backward stays a separate graph (DDP buckets can start
-    between them)."""
-    for run in groups:
-        hidden_states, context = run(hidden_states, context, **kw)
-    return hidden_states, context
