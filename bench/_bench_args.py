@@ -99,6 +99,12 @@ def parse_args(argv=None, doc: str | None = None):
         "--openai-gelu; the plain-PyTorch anchor's model uses it)",
     )
     p.add_argument(
+        "--row-bias-in-gemm",
+        action="store_true",
+        help="experiment: attention proj / MLP fc2 add their bias in the GEMM (TP = 1) instead "
+        "of the residual-add kernel (skip_bias_add=False; changes what SelfAttention/MLP return)",
+    )
+    p.add_argument(
         "--ce",
         choices=["plain", "chunked", "chunked-recompute"],
         help="plain: logits then cross entropy; chunked: GPTModel's cross_entropy_loss_fusion "

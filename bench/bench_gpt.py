@@ -104,7 +104,25 @@ def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=No
             position_embedding_type="rope" if shape.get("rope") else "learned_absolute",
             **stage,
         )
+    if a.row_bias_in_gemm:
+        _row_bias_in_gemm(model)
     return model.to(device=a.device, dtype=dtype), cfg
+
+
+def _row_bias_in_gemm(model) -> None:
+    """`--row-bias-in-gemm` (experiment): the attention proj and dense MLP fc2 add their bias
+    themselves (`skip_bias_add=False`: in the GEMM at TP = 1) instead of returning it to the
+    bias-dropout-add, whose residual + LayerNorm kernel the bias load slows (s5 report).
+    SelfAttention / MLP then return `(out + bias, None)` instead of Megatron's `(out, bias)`."""
+    from gigatron.core.transformer.transformer_layer import TransformerLayer
+
+    for layer in (m for m in model.modules() if isinstance(m, TransformerLayer)):
+        for linear in (
+            getattr(layer.self_attention, "linear_proj", None),
+            getattr(layer.mlp, "linear_fc2", None),
+        ):
+            if linear is not None:
+                linear.skip_bias_add = False
 
 
 def _seed(a) -> None:
@@ -390,6 +408,7 @@ def main(argv=None) -> dict:
             "tp_comm_ce": a.tp_comm_ce,
             "gelu": a.gelu,
             "layers_per_graph": a.layers_per_graph,
+            "row_bias_in_gemm": a.row_bias_in_gemm,
             "comm_reorder": a.comm_reorder,
             "memory_reorder": not a.no_memory_reorder,
             "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},

@@ -15,8 +15,8 @@
 #   bash bench/run_gpu_2026-11-30-s5.sh split  # uneven layer groups (a short first group: less
 #       DDP communication left after the last backward graph), DP = 2 and the one-GPU reference
 #   bash bench/run_gpu_2026-11-30-s5.sh next   # NOT RUN YET (for the next session): repeat the
-#       DP = 2 layer-group splits with the one-GPU reference before and after them (4,20 ran out
-#       of its 70 s limit in s5-call5: the first DP run compiles cold)
+#       DP = 2 layer-group splits with one-GPU references (4,20 ran out of its 70 s limit in
+#       s5-call5: the first DP run compiles cold); A/B of --row-bias-in-gemm, GPUs swapped
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -101,25 +101,38 @@ final_dp() {
   run dp.log 120 $T $L13 $D --layers-per-graph 12 --label fast-dp2-model-groups12-tanh
 }
 
-# dp_splits REF_LIMIT DP_LIMIT SPLIT...: the one-GPU reference on GPU 0, then DP = 2 with the
-# whole model compiled around each layer-group split
-dp_splits() {
-  local ref=$1 lim=$2 split
-  shift 2
-  local G="$L13 --gelu tanh --ce chunked --compile model"
-  CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29921 run refs.log "$ref" $B $G --label fast-compile-model-tanh
+# one_gpu GPU PORT LIMIT LABEL FLAGS...: gpt-1.3b with the anchor's model, whole model compiled
+one_gpu() {
+  local gpu=$1 port=$2 lim=$3 label=$4
+  shift 4
+  CUDA_VISIBLE_DEVICES=$gpu MASTER_PORT=$port run refs.log "$lim" $B $L13 --gelu tanh --ce chunked \
+    --compile model --label "$label" "$@"
+}
+
+# dp_runs LIMIT SPLIT...: DP = 2, the whole model compiled around each layer-group split
+dp_runs() {
+  local lim=$1 split
+  shift
   for split in "$@"; do
-    run dp.log "$lim" $T $G --overlap-grad-reduce --bucket-size 100000000 \
-      --layers-per-graph "$split" --label "fast-dp2-model-groups${split/,/-}-tanh"
+    run dp.log "$lim" $T $L13 --gelu tanh --ce chunked --compile model --overlap-grad-reduce \
+      --bucket-size 100000000 --layers-per-graph "$split" \
+      --label "fast-dp2-model-groups${split/,/-}-tanh"
   done
 }
 
-split_calls() { dp_splits 85 70 4,20 2,22; }
+split_calls() {
+  one_gpu 0 29921 85 fast-compile-model-tanh
+  dp_runs 70 4,20 2,22
+}
 
-next_calls() {  # the reference again after the DP runs, on the other GPU
-  dp_splits 100 110 2,22 4,20 1,23 2,22
-  CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29931 run refs.log 90 $B $L13 --gelu tanh --ce chunked \
-    --compile model --label fast-compile-model-tanh
+next_calls() {  # A/B of --row-bias-in-gemm on both GPUs, swapped after the DP runs
+  one_gpu 0 29921 110 fast-compile-model-tanh &
+  one_gpu 1 29931 110 fast-compile-model-tanh-row-bias --row-bias-in-gemm &
+  wait
+  dp_runs 110 2,22 4,20 1,23 2,22
+  one_gpu 0 29921 90 fast-compile-model-tanh-row-bias --row-bias-in-gemm &
+  one_gpu 1 29931 90 fast-compile-model-tanh &
+  wait
 }
 
 case "${1:-}" in

@@ -365,6 +365,11 @@ class RowParallelLinear(_ExtraStateMixin, torch.nn.Module):
             input_parallel = input_
         else:
             input_parallel = scatter_to_tensor_model_parallel_region(input_, self.tp_group)
+        # Nothing to reduce (one TP rank, no expert communication): a bias that is not skipped
+        # goes into the GEMM like ColumnParallelLinear's (cuBLAS bias epilogue when compiled).
+        gemm_bias = None
+        if not self.skip_bias_add and not self.explicit_expert_comm:
+            gemm_bias = self.bias if group_size(self.tp_group) == 1 else None
         if self._overlaps_reduce_scatter():  # matmul and reduce-scatter pipelined
             output_ = LinearReduceScatterOverlapped.apply(
                 input_parallel, self.weight, self.gradient_accumulation_fusion, self.tp_group
@@ -374,7 +379,7 @@ class RowParallelLinear(_ExtraStateMixin, torch.nn.Module):
                 linear_with_grad_accumulation_and_async_allreduce(
                     input=input_parallel,
                     weight=self.weight,
-                    bias=None,
+                    bias=gemm_bias,
                     gradient_accumulation_fusion=self.gradient_accumulation_fusion,
                     allreduce_dgrad=False,
                     sequence_parallel=False,
@@ -383,8 +388,9 @@ class RowParallelLinear(_ExtraStateMixin, torch.nn.Module):
             )
         if self.skip_bias_add:
             return output_, self.bias
-        output = output_ + self.bias if self.bias is not None else output_
-        return output, None
+        if self.bias is None or gemm_bias is not None:
+            return output_, None
+        return output_ + self.bias, None  # after the reduction
 
     def _overlaps_reduce_scatter(self) -> bool:
         """`tp_comm_overlap` under SP: the output reduce-scatter is pipelined with the matmul."""

@@ -1,0 +1,47 @@
+"""bench_gpt.py --row-bias-in-gemm (experiment for the residual + LayerNorm kernel): the attention
+proj and dense MLP fc2 add their own bias (TP = 1: inside the linear's GEMM), SelfAttention / MLP
+return no bias, and the model's loss and every grad equal the default model's (fp32, CPU)."""
+
+import os
+import sys
+
+import torch
+
+from tests.unit._one_rank import one_rank_fixtures
+
+gloo_world, single_rank = one_rank_fixtures()
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import _bench_args  # noqa: E402
+import bench_gpt  # noqa: E402
+
+
+def _loss_and_grads(flags):
+    a = _bench_args.parse_args(["--config", "tiny", "--device", "cpu", *flags])
+    torch.manual_seed(0)
+    shape = dict(_bench_args.CONFIGS["tiny"])
+    model, _ = bench_gpt.build_model(shape, a)
+    g = torch.Generator().manual_seed(1)
+    batch = (2, shape["seq"])
+    tokens, labels = (torch.randint(0, shape["vocab"], batch, generator=g) for _ in "ab")
+    pos = torch.arange(shape["seq"]).unsqueeze(0).expand(2, -1)
+    loss = model(tokens, pos, None, labels=labels).mean()
+    loss.backward()
+    return model, loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_row_bias_in_gemm_keeps_the_numbers():
+    plain, loss, grads = _loss_and_grads([])
+    moved, moved_loss, moved_grads = _loss_and_grads(["--row-bias-in-gemm"])
+    layer = moved.decoder.layers[0]
+    assert not layer.self_attention.linear_proj.skip_bias_add
+    assert not layer.mlp.linear_fc2.skip_bias_add
+    assert plain.decoder.layers[0].self_attention.linear_proj.skip_bias_add
+    hidden = torch.randn(8, 2, plain.config.hidden_size)  # [s, b, h]
+    assert layer.mlp(hidden)[1] is None and plain.decoder.layers[0].mlp(hidden)[1] is not None
+    torch.testing.assert_close(moved_loss, loss, rtol=1e-6, atol=1e-6)
+    assert moved_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(moved_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
