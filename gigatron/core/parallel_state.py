@@ -280,6 +280,9 @@ def destroy_model_parallel() -> None:
     _VIRTUAL_PP_RANK = None
     _VIRTUAL_PP_SIZE = None
     _GLOBAL_MEMORY_BUFFER = None
+    from gigatron.core.tensor_parallel._collectives import reset_copy_engine_collectives
+
+    reset_copy_engine_collectives()  # its routing is keyed by group names, which may be reused
 
 
 def model_parallel_is_initialized() -> bool:

@@ -60,6 +60,17 @@ def enable_copy_engine_collectives(group, enabled: bool = True) -> None:
         _COPY_ENGINE_GROUPS.discard(name)
 
 
+def reset_copy_engine_collectives() -> None:
+    """Route every group back to NCCL and free the copy-engine workspaces (called by
+    `parallel_state.destroy_model_parallel`)."""
+    _COPY_ENGINE_GROUPS.clear()
+    import sys
+
+    module = sys.modules.get("gigatron.core.tensor_parallel._ce_collectives")
+    if module is not None:
+        module._WORKSPACES.clear()
+
+
 def _copy_engine(inp: torch.Tensor, group) -> bool:
     return bool(_COPY_ENGINE_GROUPS) and inp.is_cuda and _group_name(group) in _COPY_ENGINE_GROUPS
 
