@@ -22,24 +22,14 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gigatron.core.tensor_parallel import _ce_collectives  # noqa: E402,F401
-from gigatron.core.tensor_parallel._collectives import (  # noqa: E402
-    _all_gather_into,
-    _reduce_scatter_into,
+from gigatron.core.tensor_parallel._collectives import (  # noqa: E402  (NCCL here)
+    _gathered_dim0 as nccl_ag,
+)
+from gigatron.core.tensor_parallel._collectives import (
+    _reduce_scattered_dim0 as nccl_rs,
 )
 
 WAIT = torch.ops._c10d_functional.wait_tensor
-
-
-def nccl_ag(x, group):
-    out = x.new_empty((x.size(0) * dist.get_world_size(group), *x.shape[1:]))
-    _all_gather_into(out, x, group)
-    return out
-
-
-def nccl_rs(x, group):
-    out = x.new_empty((x.size(0) // dist.get_world_size(group), *x.shape[1:]))
-    _reduce_scatter_into(out, x, group)
-    return out
 
 
 def ce_ag(x, group):
