@@ -106,10 +106,11 @@ def parse_args(argv=None, doc: str | None = None):
     )
     p.add_argument(
         "--ce",
-        choices=["plain", "chunked", "chunked-recompute"],
+        choices=["plain", "chunked", "chunked-recompute", "chunked-grad-in-forward"],
         help="plain: logits then cross entropy; chunked: GPTModel's cross_entropy_loss_fusion "
         "(logits recomputed in backward); chunked-recompute: the same (the name of earlier "
-        "reports). Default: per --impl",
+        "reports); chunked-grad-in-forward: cross_entropy_fusion_impl='native_grad_in_forward' "
+        "(gradients in forward, no logits recompute). Default: per --impl",
     )
     p.add_argument("--sdpa", default=None, help="comma list, e.g. cudnn,flash ('default': torch)")
     p.add_argument("--tp", type=int, default=1)

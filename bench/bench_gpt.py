@@ -71,6 +71,8 @@ def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=No
         layout["gradient_accumulation_fusion"] = True
     if a.ce != "plain":
         layout["cross_entropy_loss_fusion"] = True  # GPTModel's chunked CE
+    if a.ce == "chunked-grad-in-forward":  # the mean loss's gradient is uniform: no mask needed
+        layout["cross_entropy_fusion_impl"] = "native_grad_in_forward"
     cfg = config or TransformerConfig(
         num_layers=shape["layers"],
         hidden_size=shape["hidden"],

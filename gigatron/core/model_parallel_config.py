@@ -21,9 +21,9 @@ _UNSUPPORTED_FIELDS: dict[str, str] = {
     "use_ring_exchange_p2p": "ring-exchange p2p needs a custom PyTorch build",
     "defer_embedding_wgrad_compute": "deferred embedding wgrad needs gradient_accumulation_fusion",
     "hybrid_context_parallel": "hybrid (dynamic) context parallel is not implemented",
-    "cross_entropy_fusion_impl": "'te' needs Transformer Engine; 'native' is gigatron's chunked "
-    "output layer + cross entropy",
 }
+
+CROSS_ENTROPY_FUSION_IMPLS = ("native", "native_grad_in_forward")
 
 
 @dataclass(kw_only=True)
@@ -99,8 +99,12 @@ class ModelParallelConfig:
     cross_entropy_loss_fusion: bool = False
     """Use the fused vocab-parallel cross entropy."""
     cross_entropy_fusion_impl: str = "native"
-    """Fused cross-entropy implementation. Megatron: 'native' or 'te'; gigatron: 'native' only
-    (output layer + vocab-parallel cross entropy in token chunks, logits recomputed in backward)."""
+    """Fused cross-entropy implementation. Megatron: 'native' or 'te'. gigatron: 'native' (output
+    layer + vocab-parallel cross entropy in token chunks, logits recomputed in backward) or the
+    gigatron-only 'native_grad_in_forward' (both gradients computed in forward: one logits
+    matmul fewer; the per-token loss gradient must be proportional to the `loss_mask` given to
+    GPTModel.forward, as Megatron's loss_func makes it; docs/performance.md). 'te' needs
+    Transformer Engine."""
 
     # ---- pipeline ----
     pipeline_dtype: torch.dtype | None = None
@@ -136,6 +140,12 @@ class ModelParallelConfig:
                     f"{name}={getattr(self, name)!r} is not supported by gigatron ({why}); "
                     f"leave it at its default {default!r}"
                 )
+        if self.cross_entropy_fusion_impl not in CROSS_ENTROPY_FUSION_IMPLS:
+            raise ValueError(
+                f"cross_entropy_fusion_impl={self.cross_entropy_fusion_impl!r} must be one of "
+                f"{CROSS_ENTROPY_FUSION_IMPLS} in gigatron ('te' needs Transformer Engine) "
+                "(gigatron/core/model_parallel_config.py)"
+            )
         for name in (
             "tensor_model_parallel_size",
             "pipeline_model_parallel_size",

@@ -59,6 +59,7 @@ def core_transformer_config_from_args(args, config_class=None):
         use_cpu_initialization=True,
         transformer_impl="local",
         cross_entropy_loss_fusion=args.cross_entropy_loss_fusion,
+        cross_entropy_fusion_impl=args.cross_entropy_fusion_impl,
         tp_comm_overlap=args.tp_comm_overlap,
         gradient_accumulation_fusion=getattr(args, "gradient_accumulation_fusion", True),
     )

@@ -163,8 +163,9 @@ def _training_args(p):
         "--cross-entropy-fusion-impl",
         str,
         "native",
-        "native (gigatron's chunked kernel; 'te' needs Transformer Engine)",
-        choices=["native"],
+        "native (gigatron's chunked kernel) or native_grad_in_forward (gigatron-only: gradients "
+        "computed in forward, one logits matmul fewer); 'te' needs Transformer Engine",
+        choices=["native", "native_grad_in_forward"],
     )
     _add(
         g,

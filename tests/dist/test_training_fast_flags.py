@@ -1,5 +1,6 @@
 """The training entry's fast-path flags keep the numbers: `--cross-entropy-loss-fusion`
-(chunked output layer + cross entropy), `--tp-comm-overlap` (SP all-gather overlapped with
+(chunked output layer + cross entropy; also `--cross-entropy-fusion-impl native_grad_in_forward`
+with `--eod-mask-loss`), `--tp-comm-overlap` (SP all-gather overlapped with
 GEMMs) and gigatron's `--torch-compile layers`, each against the same run without it."""
 
 import shutil
@@ -48,6 +49,14 @@ def test_ce_fusion_and_tp_comm_overlap_match_the_plain_run_at_tp2_sp():
     for (a, _, flags), (b, _, plain_flags) in zip(fused, plain):
         assert flags == (True, True) and plain_flags == (False, False)
         assert len(a) == 4 and _close(a, b, 1e-6), (a, b)
+    # gigatron's 'native_grad_in_forward': gradients computed in forward, scaled in backward by
+    # the loss mask's factor (EOD tokens masked, 4 microbatches a step): same losses.
+    eod = ["--eod-mask-loss"]
+    plain_eod = run_distributed(_losses, 2, args=(tp + eod,), timeout=300)
+    impl = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "native_grad_in_forward"]
+    in_fwd = run_distributed(_losses, 2, args=(tp + eod + impl,), timeout=300)
+    for (a, _, flags), (b, _, _) in zip(in_fwd, plain_eod):
+        assert flags[0] and len(a) == 4 and _close(a, b, 1e-6), (a, b)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,

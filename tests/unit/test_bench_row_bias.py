@@ -1,6 +1,7 @@
-"""bench_gpt.py --row-bias-in-gemm (experiment for the residual + LayerNorm kernel): the attention
-proj and dense MLP fc2 add their own bias (TP = 1: inside the linear's GEMM), SelfAttention / MLP
-return no bias, and the model's loss and every grad equal the default model's (fp32, CPU)."""
+"""bench_gpt.py experiments keep the numbers (fp32, CPU). --row-bias-in-gemm (for the residual +
+LayerNorm kernel): the attention proj and dense MLP fc2 add their own bias (TP = 1: inside the
+linear's GEMM), SelfAttention / MLP return no bias, loss and every grad equal the default model's.
+--ce chunked-grad-in-forward: the same against --ce chunked."""
 
 import os
 import sys
@@ -45,3 +46,14 @@ def test_row_bias_in_gemm_keeps_the_numbers():
     assert moved_grads.keys() == grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(moved_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_ce_grad_in_forward_keeps_the_numbers():
+    """--ce chunked-grad-in-forward (bench): the mean loss's grads equal the chunked path's."""
+    base, loss, grads = _loss_and_grads(["--ce", "chunked"])
+    fused, fused_loss, fused_grads = _loss_and_grads(["--ce", "chunked-grad-in-forward"])
+    assert fused.config.cross_entropy_fusion_impl == "native_grad_in_forward"
+    assert base.config.cross_entropy_fusion_impl == "native"
+    torch.testing.assert_close(fused_loss, loss, rtol=1e-6, atol=1e-6)
+    for name, grad in grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)

@@ -14,6 +14,14 @@ Backward applies the per-token incoming gradient g on the narrow side: dX = diag
 dW = D^T (diag(g) X) (two big matmuls, no pass over D, no recompute of the logits). With
 `recompute=True` D is not kept: backward rebuilds it chunk by chunk (one more logits matmul).
 
+With `grad_in_forward=True` (gigatron-only, opt-in) forward also finishes both gradients, so
+the logits are multiplied once: per chunk dX_c = D_c W (unscaled) and dW += D_c^T (m_c X_c),
+where m is the `loss_weight` (the training loop's loss mask; None = every token 1). Backward
+then only scales: dX = diag(g) dX, dW = a dW with a = <g, m> / <m, m>. That is exact only when the
+incoming per-token gradient is proportional to m (g = a m: masked sums or means of the per-token
+loss, any loss scale or 1/num_tokens factor; Megatron's loss_func): backward checks it without a
+host sync (`torch._assert_async`: a RuntimeError on CPU, a device assert on CUDA).
+
 Shapes: N: tokens (s*b), h: hidden, V: vocabulary, tp: tensor-parallel size, c: chunk tokens.
 Memory: D costs N*V/tp elements of the logits dtype (bf16: half of the fp32 logits the plain
 path keeps for its backward); `recompute=True` keeps only x, W and the fp32 log-sum-exp [N].
@@ -135,6 +143,69 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_x, grad_weight.to(weight.dtype), None, None, None, None, None
 
 
+class _ChunkedLinearCrossEntropyGradInForward(torch.autograd.Function):
+    """`_ChunkedLinearCrossEntropy` whose forward also computes the gradients (one logits matmul
+    per chunk in all; see the module docstring for the contract on the incoming gradient).
+
+    forward:  x [N, h], W [V/tp, h], target [N], loss_weight fp32 [N] or None -> loss fp32 [N];
+              keeps dX_u [N, h] (x dtype, partial over TP) and dW_u fp32 [V/tp, h]
+    backward: grad g [N] -> dX = diag(g) dX_u, dW = a dW_u, a = <g, m> / <m, m>
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, target, loss_weight, chunk_size, tp_group, compiled, need_grad):
+        helpers = _helpers(compiled)
+        tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
+        n_tokens, vocab_per_rank = x.size(0), weight.size(0)
+        start = tp_rank * vocab_per_rank
+        owned = (target >= start) & (target < start + vocab_per_rank)  # [N]
+        local_target = torch.where(owned, target - start, torch.zeros_like(target))
+        loss = torch.empty(n_tokens, dtype=torch.float32, device=x.device)
+        grad_x = grad_weight = None
+        if need_grad:
+            grad_x = torch.empty_like(x)  # [N, h], rows not yet scaled by g
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for lo in range(0, n_tokens, chunk_size):
+            hi = min(n_tokens, lo + chunk_size)
+            t_c, o_c = local_target[lo:hi], owned[lo:hi]
+            logits, lse, loss_c = _chunk_stats(x[lo:hi], weight, t_c, o_c, tp_group, helpers)
+            loss[lo:hi] = loss_c
+            if need_grad:
+                d = helpers[2](logits, lse, t_c, o_c)  # [c, V/tp]
+                del logits
+                grad_x[lo:hi] = d.matmul(weight)
+                x_c = x[lo:hi]
+                if loss_weight is not None:
+                    x_c = x_c * loss_weight[lo:hi].unsqueeze(-1).to(x.dtype)
+                grad_weight.add_(d.t().matmul(x_c))
+        ctx.has_weight = loss_weight is not None
+        ctx.save_for_backward(weight, grad_x, grad_weight, loss_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        from gigatron.core.tensor_parallel._wgrad import hand_over_weight_grad
+
+        weight, grad_x, grad_weight, loss_weight = ctx.saved_tensors
+        if grad_x is None:
+            raise RuntimeError(
+                "chunked cross entropy with grad_in_forward=True ran its forward without grad "
+                f"(torch.no_grad or inputs not requiring grad) but got a backward ({_FILE})"
+            )
+        g = grad_loss.float()  # [N]
+        m = loss_weight if ctx.has_weight else torch.ones_like(g)
+        a = (g * m).sum() / (m * m).sum().clamp_min(torch.finfo(torch.float32).tiny)
+        off = (g - a * m).abs().amax()
+        torch._assert_async(
+            off <= 1e-4 * g.abs().amax(),
+            "chunked cross entropy with grad_in_forward=True: the per-token loss gradient must "
+            f"be proportional to loss_mask (a masked sum or mean of the loss) ({_FILE})",
+        )
+        dx = grad_x * g.to(grad_x.dtype).unsqueeze(-1)  # [N, h]
+        dw = hand_over_weight_grad(weight, grad_weight * a)  # fp32, straight to main_grad
+        return dx, dw.to(weight.dtype), None, None, None, None, None, None
+
+
 def chunked_linear_cross_entropy(
     hidden_states: Tensor,
     weight: Tensor,
@@ -145,6 +216,8 @@ def chunked_linear_cross_entropy(
     tp_group=None,
     compiled: bool | None = None,
     recompute: bool = False,
+    grad_in_forward: bool = False,
+    loss_mask: Tensor | None = None,
 ) -> Tensor:
     """Per-token fp32 loss [b, s] of `hidden_states` [s(/tp), b, h] through the output weight.
 
@@ -155,7 +228,10 @@ def chunked_linear_cross_entropy(
     parallel_state is not initialized). `compiled=None` compiles the elementwise helpers on CUDA.
     `recompute=True` keeps no [N, V/tp] buffer between forward and backward (the logits are
     recomputed chunk by chunk in backward: one more logits matmul, less peak memory).
-    Same result as GPTModel's output_layer + vocab_parallel_cross_entropy (no label smoothing).
+    `grad_in_forward=True`: forward also computes both gradients (no logits matmul in
+    backward; needs the incoming gradient proportional to `loss_mask` [b, s], None = all ones;
+    module docstring). Same result as GPTModel's output_layer + vocab_parallel_cross_entropy
+    (no label smoothing).
     """
     from gigatron.core import parallel_state
     from gigatron.core.tensor_parallel import mappings
@@ -170,6 +246,11 @@ def chunked_linear_cross_entropy(
         raise ValueError(
             f"labels shape {tuple(labels.shape)} must be [b, s] = "
             f"({b}, {s_local * (tp_size if sequence_parallel else 1)}) ({_FILE})"
+        )
+    if loss_mask is not None and tuple(loss_mask.shape) != tuple(labels.shape):
+        raise ValueError(
+            f"loss_mask shape {tuple(loss_mask.shape)} must equal labels shape "
+            f"{tuple(labels.shape)} ({_FILE})"
         )
     if weight.size(-1) != h:
         raise ValueError(f"weight shape {tuple(weight.shape)} must be [V/tp, {h}] ({_FILE})")
@@ -189,7 +270,16 @@ def chunked_linear_cross_entropy(
     s = hidden_states.size(0)
     x = hidden_states.reshape(s * b, h)  # [N, h], token n = i*b + j for (seq i, batch j)
     target = labels.transpose(0, 1).reshape(s * b)  # [N] in the same order
-    loss = _ChunkedLinearCrossEntropy.apply(
-        x, weight, target, chunk_size, tp_group, compiled, recompute
-    )
+    if grad_in_forward:
+        need_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        weights = None
+        if loss_mask is not None:
+            weights = loss_mask.transpose(0, 1).reshape(s * b).float()  # [N], token order of x
+        loss = _ChunkedLinearCrossEntropyGradInForward.apply(
+            x, weight, target, weights, chunk_size, tp_group, compiled, need_grad
+        )
+    else:
+        loss = _ChunkedLinearCrossEntropy.apply(
+            x, weight, target, chunk_size, tp_group, compiled, recompute
+        )
     return loss.view(s, b).transpose(0, 1).contiguous()  # [b, s]

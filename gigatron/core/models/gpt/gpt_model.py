@@ -125,12 +125,17 @@ class GPTModel(LanguageModule):
             # them (bench/reports/2026-11-30-gpu.md).
             from gigatron.core.fusions.chunked_cross_entropy import chunked_linear_cross_entropy
 
+            # 'native_grad_in_forward' (gigatron-only): both gradients in forward, one logits
+            # matmul fewer; the loss gradient must be proportional to loss_mask.
+            grad_in_forward = self.config.cross_entropy_fusion_impl == "native_grad_in_forward"
             return chunked_linear_cross_entropy(
                 hidden_states,
                 self.output_layer.weight if output_weight is None else output_weight,
                 labels,
                 sequence_parallel=self.config.sequence_parallel,
                 recompute=True,
+                grad_in_forward=grad_in_forward,
+                loss_mask=loss_mask if grad_in_forward else None,
             )  # [b, s]
         logits, _ = self.output_layer(
             hidden_states, weight=output_weight, runtime_gather_output=runtime_gather_output

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Session 6 GPU measurements of issue 9 (bench/reports/2026-11-30-s6-gpu.md), device kind
+# nvidia-h200-x2, from the repo root:
+#
+#   bash bench/run_gpu_2026-11-30-s6.sh ce13   # GPU tests of the grad-in-forward cross entropy
+#       and the copy-engine routing; gpt-1.3b --ce chunked vs chunked-grad-in-forward on both
+#       GPUs, swapped; the compiled anchor beside them
+#   bash bench/run_gpu_2026-11-30-s6.sh ce125  # the same A/B for gpt-125m with its anchor; DP = 2
+#       gpt-1.3b with grad-in-forward (layer groups 2,22)
+#
+# Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
+source bench/_run_lib.sh
+
+T="torchrun --nproc-per-node 2 --master-port 29651 bench/bench_gpt.py"
+
+# one GPU CONFIG GPU PORT LIMIT LABEL FLAGS...: the anchor's model (tanh GELU), whole model compiled
+one() {
+  local config=$1 gpu=$2 port=$3 lim=$4 label=$5
+  shift 5
+  CUDA_VISIBLE_DEVICES=$gpu MASTER_PORT=$port run refs.log "$lim" $B --config "$config" $NC \
+    --gelu tanh --compile model --label "$label" "$@"
+}
+
+anchor() {  # anchor CONFIG GPU LIMIT
+  CUDA_VISIBLE_DEVICES=$2 run anchors.log "$3" python3 $A/torch_baseline_bench.py "$1" compile
+}
+
+ce13() {
+  run_tests 200 tests/unit/test_ce_grad_in_forward.py tests/gpu/test_chunked_cross_entropy.py \
+    tests/gpu/test_ce_collectives.py -m gpu
+  one gpt-1.3b 0 29921 110 fast-compile-model-tanh --ce chunked &
+  one gpt-1.3b 1 29931 110 fast-compile-model-tanh-ce-fwd-grad --ce chunked-grad-in-forward &
+  wait
+  one gpt-1.3b 0 29921 90 fast-compile-model-tanh-ce-fwd-grad --ce chunked-grad-in-forward &
+  one gpt-1.3b 1 29931 90 fast-compile-model-tanh --ce chunked &
+  wait
+  anchor gpt-1.3b 0 100 &
+  one gpt-1.3b 1 29931 90 fast-compile-model-tanh-ce-fwd-grad --ce chunked-grad-in-forward &
+  wait
+}
+
+ce125() {
+  one gpt-125m 0 29921 100 fast-compile-model-tanh --ce chunked &
+  one gpt-125m 1 29931 100 fast-compile-model-tanh-ce-fwd-grad --ce chunked-grad-in-forward &
+  wait
+  one gpt-125m 0 29921 80 fast-compile-model-tanh-ce-fwd-grad --ce chunked-grad-in-forward &
+  one gpt-125m 1 29931 80 fast-compile-model-tanh --ce chunked &
+  wait
+  anchor gpt-125m 0 90 &
+  one gpt-1.3b 1 29931 100 fast-compile-model-tanh-ce-fwd-grad --ce chunked-grad-in-forward &
+  wait
+  unset CUDA_VISIBLE_DEVICES
+  run dp.log 130 $T --config gpt-1.3b $NC --gelu tanh --ce chunked-grad-in-forward \
+    --compile model --overlap-grad-reduce --bucket-size 100000000 --layers-per-graph 2,22 \
+    --label fast-dp2-model-groups2-22-tanh-ce-fwd-grad
+}
+
+case "${1:-}" in
+  ce13) ce13 ;;
+  ce125) ce125 ;;
+  *) echo "usage: $0 ce13|ce125" >&2; exit 2 ;;
+esac
+python3 bench/compare.py "$RES" 2>/dev/null | tail -40
