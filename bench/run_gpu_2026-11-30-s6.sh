@@ -5,8 +5,8 @@
 #   bash bench/run_gpu_2026-11-30-s6.sh ce13   # GPU tests of the grad-in-forward cross entropy
 #       and the copy-engine routing; gpt-1.3b --ce chunked vs chunked-grad-in-forward on both
 #       GPUs, swapped; the compiled anchor beside them
-#   bash bench/run_gpu_2026-11-30-s6.sh ce125  # the same A/B for gpt-125m with its anchor; DP = 2
-#       gpt-1.3b with grad-in-forward (layer groups 2,22)
+#   bash bench/run_gpu_2026-11-30-s6.sh ce125  # the same A/B for gpt-125m with its anchor; a
+#       kernel profile of gpt-1.3b with grad-in-forward; DP = 2 gpt-1.3b with it (groups 2,22)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -47,7 +47,8 @@ ce125() {
   one gpt-125m 1 29931 80 fast-compile-model-tanh --ce chunked &
   wait
   anchor gpt-125m 0 90 &
-  one gpt-1.3b 1 29931 100 fast-compile-model-tanh-ce-fwd-grad --ce chunked-grad-in-forward &
+  one gpt-1.3b 1 29931 110 fast-compile-model-tanh-ce-fwd-grad-profiled \
+    --ce chunked-grad-in-forward --profile "$OUT/profile-1.3b-ce-fwd-grad.json" &
   wait
   unset CUDA_VISIBLE_DEVICES
   run dp.log 130 $T --config gpt-1.3b $NC --gelu tanh --ce chunked-grad-in-forward \
