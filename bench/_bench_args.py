@@ -160,8 +160,9 @@ def parse_args(argv=None, doc: str | None = None):
     p.add_argument(
         "--optimizer",
         default="torch-fused",
-        choices=["torch-fused", "torch-foreach", "compiled"],
-        help="compiled: torch.compile of a foreach AdamW step (Inductor-fused kernels)",
+        choices=["torch-fused", "torch-foreach", "compiled", "flat"],
+        help="compiled: torch.compile of a foreach AdamW step (Inductor-fused kernels); flat: "
+        "gigatron's FlatAdamW over DDP's flat grad buffers (needs DDP: --ddp on at DP = 1)",
     )
     p.add_argument(
         "--sync-debug", action="store_true", help="report the host syncs of one step (source lines)"
@@ -209,6 +210,11 @@ def _check_layout_args(a) -> None:
     if _layout_path(a) and a.compile == "model":
         raise ValueError(
             "--compile model works only with pp = cp = num_microbatches = 1 (bench_gpt.py)"
+        )
+    if a.optimizer == "flat" and (_layout_path(a) or a.ddp == "off"):
+        raise ValueError(
+            "--optimizer flat needs DDP (--ddp on or auto with DP > 1) and pp = cp = "
+            "num_microbatches = 1 (bench_gpt.py)"
         )
     if _layout_path(a) and a.ddp == "off":
         raise ValueError("--ddp off works only with pp = cp = num_microbatches = 1 (bench_gpt.py)")

@@ -193,8 +193,9 @@ class _Step:
         loss.backward()
         if self.ddp is not None:
             self.ddp.finish_grad_sync()
-            for p in self.params:  # DDP moved the grads into its buffer (param.main_grad)
-                p.grad = p.main_grad
+            if self.a.optimizer != "flat":  # FlatAdamW reads DDP's grad buffers itself
+                for p in self.params:  # DDP moved the grads into its buffer (param.main_grad)
+                    p.grad = p.main_grad
         self.opt.step()
         return loss
 
@@ -265,7 +266,14 @@ def _plain_step(a, shape, dp, batch, sdpa_ctx):
 
         ddp = DistributedDataParallel(cfg, _ddp_config(a), model)
     _compile_layers(a, [model])
-    opt = _optimizer(a, [p for p in model.parameters() if p.requires_grad])
+    if a.optimizer == "flat":
+        if ddp is None:
+            raise ValueError("--optimizer flat needs DDP: add --ddp on at DP = 1 (bench_gpt.py)")
+        from gigatron.core.optimizer.flat_adamw import FlatAdamW
+
+        opt = FlatAdamW(ddp, lr=1e-4)  # torch AdamW's defaults otherwise, as _optimizer's
+    else:
+        opt = _optimizer(a, [p for p in model.parameters() if p.requires_grad])
     return _Step(a, model, ddp, opt, batch, sdpa_ctx), use_ddp
 
 

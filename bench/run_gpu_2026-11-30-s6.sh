@@ -7,6 +7,10 @@
 #       GPUs, swapped; the compiled anchor beside them
 #   bash bench/run_gpu_2026-11-30-s6.sh ce125  # the same A/B for gpt-125m with its anchor; a
 #       kernel profile of gpt-1.3b with grad-in-forward; DP = 2 gpt-1.3b with it (groups 2,22)
+#   bash bench/run_gpu_2026-11-30-s6.sh flat   # NOT RUN YET (next session): FlatAdamW (AdamW over
+#       DDP's flat grad buffers, one compiled pass per buffer): its GPU tests; one GPU without DDP
+#       (torch fused AdamW, the reference) and with DDP + --optimizer flat, on both GPUs; DP = 2
+#       with --optimizer flat and with torch fused AdamW (layer groups 2,22)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -56,9 +60,27 @@ ce125() {
     --label fast-dp2-model-groups2-22-tanh-ce-fwd-grad
 }
 
+flat() {
+  run_tests 120 tests/dist/test_flat_adamw.py -m gpu
+  one gpt-1.3b 0 29921 110 fast-compile-model-tanh --ce chunked &
+  one gpt-1.3b 1 29931 110 fast-compile-model-tanh-ddp-flat-adamw --ce chunked --ddp on \
+    --optimizer flat &
+  wait
+  unset CUDA_VISIBLE_DEVICES
+  local D="--config gpt-1.3b $NC --gelu tanh --ce chunked --compile model --overlap-grad-reduce"
+  D="$D --bucket-size 100000000 --layers-per-graph 2,22"
+  run dp.log 130 $T $D --optimizer flat --label fast-dp2-model-groups2-22-tanh-flat-adamw
+  run dp.log 90 $T $D --label fast-dp2-model-groups2-22-tanh
+  one gpt-1.3b 0 29921 80 fast-compile-model-tanh-ddp-flat-adamw --ce chunked --ddp on \
+    --optimizer flat &
+  one gpt-1.3b 1 29931 80 fast-compile-model-tanh --ce chunked &
+  wait
+}
+
 case "${1:-}" in
   ce13) ce13 ;;
   ce125) ce125 ;;
-  *) echo "usage: $0 ce13|ce125" >&2; exit 2 ;;
+  flat) flat ;;
+  *) echo "usage: $0 ce13|ce125|flat" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
