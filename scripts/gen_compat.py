@@ -145,7 +145,7 @@ def config_rows():
         if theirs is None:
             continue
         our_fields = {f.name for f in dataclasses.fields(ours)} if ours else set()
-        rejected = set()
+        rejected, restricted = set(), {}
         for module_name in (
             "gigatron.core.model_parallel_config",
             "gigatron.core.transformer._config_checks",
@@ -157,6 +157,7 @@ def config_rows():
                 continue
             for attr in ("_UNSUPPORTED_FIELDS", "UNSUPPORTED_FIELDS", "_UNSUPPORTED"):
                 rejected |= set(getattr(module, attr, {}) or {})
+            restricted.update(getattr(module, "_RESTRICTED_FIELDS", {}) or {})
         cls_name = path.rpartition(".")[2]
         for f in dataclasses.fields(theirs):
             if f.name.startswith("_"):
@@ -166,6 +167,8 @@ def config_rows():
                 yield row, "field", "not supported", ""
             elif f.name in rejected:
                 yield row, "field", "default only", ""
+            elif f.name in restricted:
+                yield row, "field", "partial", "values: " + restricted[f.name]
             else:
                 yield row, "field", "supported", ""
 

@@ -25,6 +25,13 @@ _UNSUPPORTED_FIELDS: dict[str, str] = {
 
 CROSS_ENTROPY_FUSION_IMPLS = ("native", "native_grad_in_forward")
 
+# Megatron fields gigatron accepts with only some of Megatron's values: name -> which
+# (docs/compat.md lists them as partial).
+_RESTRICTED_FIELDS: dict[str, str] = {
+    "cross_entropy_fusion_impl": "'native' and gigatron's 'native_grad_in_forward'; 'te' "
+    "(Transformer Engine) raises",
+}
+
 
 @dataclass(kw_only=True)
 class ModelParallelConfig:

@@ -34,7 +34,11 @@ def _losses(extra):
     )
     cfg = model.config
     losses = [h["losses"]["lm loss"] for h in result["history"]]
-    return losses, compiled, (cfg.cross_entropy_loss_fusion, cfg.tp_comm_overlap)
+    return losses, compiled, (
+        cfg.cross_entropy_loss_fusion,
+        cfg.tp_comm_overlap,
+        cfg.cross_entropy_fusion_impl,
+    )
 
 
 def _close(a, b, tol):
@@ -47,7 +51,7 @@ def test_ce_fusion_and_tp_comm_overlap_match_the_plain_run_at_tp2_sp():
     fast = ["--cross-entropy-loss-fusion", "--tp-comm-overlap"]
     fused = run_distributed(_losses, 2, args=(tp + fast,), timeout=300)
     for (a, _, flags), (b, _, plain_flags) in zip(fused, plain):
-        assert flags == (True, True) and plain_flags == (False, False)
+        assert flags == (True, True, "native") and plain_flags == (False, False, "native")
         assert len(a) == 4 and _close(a, b, 1e-6), (a, b)
     # gigatron's 'native_grad_in_forward': gradients computed in forward, scaled in backward by
     # the loss mask's factor (EOD tokens masked, 4 microbatches a step): same losses.
@@ -56,7 +60,8 @@ def test_ce_fusion_and_tp_comm_overlap_match_the_plain_run_at_tp2_sp():
     impl = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "native_grad_in_forward"]
     in_fwd = run_distributed(_losses, 2, args=(tp + eod + impl,), timeout=300)
     for (a, _, flags), (b, _, _) in zip(in_fwd, plain_eod):
-        assert flags[0] and len(a) == 4 and _close(a, b, 1e-6), (a, b)
+        assert flags[0] and flags[2] == "native_grad_in_forward", flags
+        assert len(a) == 4 and _close(a, b, 1e-6), (a, b)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,

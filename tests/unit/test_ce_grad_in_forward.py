@@ -85,6 +85,28 @@ def test_bad_loss_mask_shape():
         )
 
 
+def test_config_accepts_native_impls_and_refuses_te():
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    kw = dict(num_layers=1, hidden_size=16, num_attention_heads=2)
+    impl = TransformerConfig(**kw, cross_entropy_fusion_impl="native_grad_in_forward")
+    assert impl.cross_entropy_fusion_impl == "native_grad_in_forward"
+    with pytest.raises(ValueError, match="cross_entropy_fusion_impl='te'"):
+        TransformerConfig(**kw, cross_entropy_fusion_impl="te")
+
+
+def test_only_the_needed_gradient_is_computed():
+    """A frozen output weight: forward computes dX only (and dX matches the plain path)."""
+    hidden, weight, labels, mask = _case(6, 2, 8, 20)
+    x = hidden.clone().requires_grad_()
+    loss = chunked_linear_cross_entropy(x, weight, labels, grad_in_forward=True, loss_mask=mask)
+    _masked_mean(loss, mask).backward()
+    assert weight.grad is None
+    x_ref = hidden.clone().requires_grad_()
+    _masked_mean(_plain(x_ref, weight, labels), mask).backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-6)
+
+
 def _tp_worker(sequence_parallel):
     import torch.distributed as dist
 

@@ -153,7 +153,8 @@ class _ChunkedLinearCrossEntropyGradInForward(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, target, loss_weight, chunk_size, tp_group, compiled, need_grad):
+    def forward(ctx, x, weight, target, loss_weight, chunk_size, tp_group, compiled, need):
+        # need: (dX wanted, dW wanted), decided by the caller (grad mode and requires_grad)
         helpers = _helpers(compiled)
         tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
         n_tokens, vocab_per_rank = x.size(0), weight.size(0)
@@ -161,24 +162,28 @@ class _ChunkedLinearCrossEntropyGradInForward(torch.autograd.Function):
         owned = (target >= start) & (target < start + vocab_per_rank)  # [N]
         local_target = torch.where(owned, target - start, torch.zeros_like(target))
         loss = torch.empty(n_tokens, dtype=torch.float32, device=x.device)
+        need_x, need_w = need
         grad_x = grad_weight = None
-        if need_grad:
+        if need_x:
             grad_x = torch.empty_like(x)  # [N, h], rows not yet scaled by g
+        if need_w:
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for lo in range(0, n_tokens, chunk_size):
             hi = min(n_tokens, lo + chunk_size)
             t_c, o_c = local_target[lo:hi], owned[lo:hi]
             logits, lse, loss_c = _chunk_stats(x[lo:hi], weight, t_c, o_c, tp_group, helpers)
             loss[lo:hi] = loss_c
-            if need_grad:
+            if need_x or need_w:
                 d = helpers[2](logits, lse, t_c, o_c)  # [c, V/tp]
                 del logits
-                grad_x[lo:hi] = d.matmul(weight)
-                x_c = x[lo:hi]
-                if loss_weight is not None:
-                    x_c = x_c * loss_weight[lo:hi].unsqueeze(-1).to(x.dtype)
-                grad_weight.add_(d.t().matmul(x_c))
-        ctx.has_weight = loss_weight is not None
+                if need_x:
+                    grad_x[lo:hi] = d.matmul(weight)
+                if need_w:
+                    x_c = x[lo:hi]
+                    if loss_weight is not None:
+                        x_c = x_c * loss_weight[lo:hi].unsqueeze(-1).to(x.dtype)
+                    grad_weight.add_(d.t().matmul(x_c))
+        ctx.has_weight, ctx.need = loss_weight is not None, need
         ctx.save_for_backward(weight, grad_x, grad_weight, loss_weight)
         return loss
 
@@ -187,7 +192,7 @@ class _ChunkedLinearCrossEntropyGradInForward(torch.autograd.Function):
         from gigatron.core.tensor_parallel._wgrad import hand_over_weight_grad
 
         weight, grad_x, grad_weight, loss_weight = ctx.saved_tensors
-        if grad_x is None:
+        if not any(ctx.need):
             raise RuntimeError(
                 "chunked cross entropy with grad_in_forward=True ran its forward without grad "
                 f"(torch.no_grad or inputs not requiring grad) but got a backward ({_FILE})"
@@ -201,9 +206,12 @@ class _ChunkedLinearCrossEntropyGradInForward(torch.autograd.Function):
             "chunked cross entropy with grad_in_forward=True: the per-token loss gradient must "
             f"be proportional to loss_mask (a masked sum or mean of the loss) ({_FILE})",
         )
-        dx = grad_x * g.to(grad_x.dtype).unsqueeze(-1)  # [N, h]
-        dw = hand_over_weight_grad(weight, grad_weight * a)  # fp32, straight to main_grad
-        return dx, dw.to(weight.dtype), None, None, None, None, None, None
+        dx = dw = None
+        if grad_x is not None:
+            dx = grad_x * g.to(grad_x.dtype).unsqueeze(-1)  # [N, h]
+        if grad_weight is not None:  # fp32, straight to main_grad
+            dw = hand_over_weight_grad(weight, grad_weight * a).to(weight.dtype)
+        return dx, dw, None, None, None, None, None, None
 
 
 def chunked_linear_cross_entropy(
@@ -271,7 +279,8 @@ def chunked_linear_cross_entropy(
     x = hidden_states.reshape(s * b, h)  # [N, h], token n = i*b + j for (seq i, batch j)
     target = labels.transpose(0, 1).reshape(s * b)  # [N] in the same order
     if grad_in_forward:
-        need_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        grad_on = torch.is_grad_enabled()
+        need_grad = (grad_on and x.requires_grad, grad_on and weight.requires_grad)
         weights = None
         if loss_mask is not None:
             weights = loss_mask.transpose(0, 1).reshape(s * b).float()  # [N], token order of x
