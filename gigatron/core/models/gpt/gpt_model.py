@@ -122,7 +122,8 @@ class GPTModel(LanguageModule):
             # Fast path: output layer + vocab-parallel cross entropy in token chunks, never the
             # whole batch's fp32 logits (same numbers as the two steps below). The logits are
             # recomputed chunk by chunk in backward: on H200 faster and smaller than keeping
-            # them (bench/reports/2026-11-30-gpu.md).
+            # them (bench/reports/2026-11-30-gpu.md; under torch.compile AOT autograd merges the
+            # recompute with the forward matmul: bench/count_ce_matmuls.py).
             from gigatron.core.fusions.chunked_cross_entropy import chunked_linear_cross_entropy
 
             # 'native_grad_in_forward' (gigatron-only): both gradients in forward, one logits
