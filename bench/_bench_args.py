@@ -105,6 +105,12 @@ def parse_args(argv=None, doc: str | None = None):
         "of the residual-add kernel (skip_bias_add=False; changes what SelfAttention/MLP return)",
     )
     p.add_argument(
+        "--anchor-init",
+        action="store_true",
+        help="experiment: the anchor's initial values (PyTorch defaults: U(+-1/sqrt(fan_in)) "
+        "linears and biases, N(0, 1) embeddings) instead of Megatron's; TP = 1",
+    )
+    p.add_argument(
         "--ce",
         choices=["plain", "chunked", "chunked-recompute", "chunked-grad-in-forward"],
         help="plain: logits then cross entropy; chunked: GPTModel's cross_entropy_loss_fusion "
@@ -211,6 +217,8 @@ def _check_layout_args(a) -> None:
         raise ValueError(
             "--compile model works only with pp = cp = num_microbatches = 1 (bench_gpt.py)"
         )
+    if a.anchor_init and a.tp != 1:
+        raise ValueError(f"--anchor-init needs --tp 1 (got {a.tp}) (bench_gpt.py)")
     if a.optimizer == "flat" and (_layout_path(a) or a.ddp == "off"):
         raise ValueError(
             "--optimizer flat needs DDP (--ddp on or auto with DP > 1) and pp = cp = "

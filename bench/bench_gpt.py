@@ -108,7 +108,31 @@ def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=No
         )
     if a.row_bias_in_gemm:
         _row_bias_in_gemm(model)
+    if a.anchor_init:
+        _anchor_init(model)
     return model.to(device=a.device, dtype=dtype), cfg
+
+
+def _anchor_init(model) -> None:
+    """`--anchor-init` (experiment): the plain-PyTorch anchor's initial values instead of
+    Megatron's (PyTorch module defaults: linear weights and biases U(+-1/sqrt(fan_in)), embeddings
+    N(0, 1), LayerNorm 1 / 0), to compare kernel speeds on the same data distributions. TP = 1:
+    fan_in is the weight's own second dimension."""
+    from gigatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    with torch.no_grad():
+        for module in model.modules():
+            # (the tied output layer has no weight of its own)
+            if isinstance(module, ColumnParallelLinear | RowParallelLinear) and (
+                module.weight is not None
+            ):
+                bound = module.weight.shape[1] ** -0.5
+                module.weight.uniform_(-bound, bound)
+                if module.bias is not None:
+                    module.bias.uniform_(-bound, bound)
+        for name, param in model.named_parameters():
+            if name.endswith("embeddings.weight"):
+                param.normal_(0.0, 1.0)
 
 
 def _row_bias_in_gemm(model) -> None:
@@ -419,6 +443,7 @@ def main(argv=None) -> dict:
             "gelu": a.gelu,
             "layers_per_graph": a.layers_per_graph,
             "row_bias_in_gemm": a.row_bias_in_gemm,
+            "anchor_init": a.anchor_init,
             "comm_reorder": a.comm_reorder,
             "memory_reorder": not a.no_memory_reorder,
             "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},

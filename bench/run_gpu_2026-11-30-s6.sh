@@ -11,6 +11,11 @@
 #       DDP's flat grad buffers, one compiled pass per buffer): its GPU tests; one GPU without DDP
 #       (torch fused AdamW, the reference) and with DDP + --optimizer flat, on both GPUs; DP = 2
 #       with --optimizer flat and with torch fused AdamW (layer groups 2,22)
+#   bash bench/run_gpu_2026-11-30-s6.sh gemmgap  # NOT RUN YET: why every GEMM class runs 4-6%
+#       longer in gigatron's step than in the anchor's: the layer GEMMs in isolation with both
+#       init distributions (bench_gemm_shapes.py), gigatron with Megatron's and with the anchor's
+#       init (--anchor-init), the anchor; SM clock / power sampled by nvidia-smi (smi.csv, align
+#       with the start times in the logs)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -77,10 +82,31 @@ flat() {
   wait
 }
 
+gemmgap() {
+  nvidia-smi --query-gpu=index,timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+    --format=csv,noheader -lms 250 >"$OUT/smi.csv" &
+  local smi=$!
+  gap_gpu 0 gpt-1.3b 29921 110 &
+  local g0=$!
+  gap_gpu 1 gpt-125m 29931 100 &
+  local g1=$!
+  wait "$g0" "$g1"
+  kill "$smi"
+}
+
+gap_gpu() {  # gap_gpu GPU CONFIG PORT LIMIT: isolated GEMMs, both inits, the anchor
+  local gpu=$1 config=$2 port=$3 lim=$4
+  CUDA_VISIBLE_DEVICES=$gpu run gemm.log 90 python3 bench/bench_gemm_shapes.py --config "$config"
+  one "$config" "$gpu" "$port" "$lim" fast-compile-model-tanh --ce chunked
+  one "$config" "$gpu" "$port" 90 fast-compile-model-tanh-anchor-init --ce chunked --anchor-init
+  anchor "$config" "$gpu" 100
+}
+
 case "${1:-}" in
   ce13) ce13 ;;
   ce125) ce125 ;;
   flat) flat ;;
-  *) echo "usage: $0 ce13|ce125|flat" >&2; exit 2 ;;
+  gemmgap) gemmgap ;;
+  *) echo "usage: $0 ce13|ce125|flat|gemmgap" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40

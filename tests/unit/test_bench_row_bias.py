@@ -6,6 +6,7 @@ linear's GEMM), SelfAttention / MLP return no bias, loss and every grad equal th
 import os
 import sys
 
+import pytest
 import torch
 
 from tests.unit._one_rank import one_rank_fixtures
@@ -57,3 +58,22 @@ def test_ce_grad_in_forward_keeps_the_numbers():
     torch.testing.assert_close(fused_loss, loss, rtol=1e-6, atol=1e-6)
     for name, grad in grads.items():
         torch.testing.assert_close(fused_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_anchor_init_draws_the_anchor_distributions():
+    """--anchor-init: PyTorch's module defaults (the anchor's model), not Megatron's init."""
+    a = _bench_args.parse_args(["--config", "tiny", "--device", "cpu", "--anchor-init"])
+    torch.manual_seed(0)
+    model, _ = bench_gpt.build_model(dict(_bench_args.CONFIGS["tiny"]), a)
+    params = dict(model.named_parameters())
+    emb = params["embedding.word_embeddings.weight"]
+    assert 0.9 < emb.std().item() < 1.1  # N(0, 1), Megatron's is N(0, 0.02)
+    fc2 = params["decoder.layers.0.mlp.linear_fc2.weight"]  # [h, 4h]
+    bound = fc2.shape[1] ** -0.5
+    assert fc2.abs().max().item() <= bound and fc2.abs().max().item() > 0.9 * bound
+    assert params["decoder.layers.0.mlp.linear_fc2.bias"].abs().max().item() > 0  # Megatron: 0
+    assert torch.equal(params["decoder.final_layernorm.weight"], torch.ones_like(emb[0]))
+    with pytest.raises(ValueError, match="--anchor-init needs --tp 1"):
+        _bench_args.parse_args(
+            ["--config", "tiny", "--device", "cpu", "--anchor-init", "--tp", "2"]
+        )
