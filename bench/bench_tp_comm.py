@@ -1,6 +1,6 @@
 """TP = 2 sequence-parallel communication beside a GEMM: NCCL vs copy-engine collectives.
 
-    torchrun --nproc-per-node 2 bench/bench_tp_comm.py [--check-only]
+    torchrun --nproc-per-node 2 bench/bench_tp_comm.py [--check-only | --nccl-only]
 
 First checks `gigatron::ce_all_gather` / `ce_reduce_scatter` (gigatron/core/tensor_parallel/
 _ce_collectives.py) against NCCL bitwise, eager and under torch.compile (exit code 1 on a
@@ -81,12 +81,17 @@ def timed(fn, iters=20, warmup=5) -> float:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--check-only", action="store_true")
+    p.add_argument(
+        "--nccl-only",
+        action="store_true",
+        help="no copy-engine check or timings: NCCL alone and beside the GEMM (for NCCL_* sweeps)",
+    )
     a = p.parse_args()
     local = int(os.environ.get("LOCAL_RANK", 0))
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     group = dist.group.WORLD
-    bad = check(group)
+    bad = [] if a.nccl_only else check(group)
     if bad:
         print("MISMATCH", bad, flush=True)
     if a.check_only or bad:
@@ -117,14 +122,18 @@ def main() -> None:
 
     res = {"gemm_ms": timed(gemm), "gemm_tflops": None}
     res["gemm_tflops"] = 2 * s * b * h * 2 * h / res["gemm_ms"] / 1e9
-    for name, comm, inp in [
+    cases = [
         ("nccl_all_gather", nccl_ag, x),
         ("ce_all_gather", ce_ag, x),
         ("nccl_reduce_scatter", nccl_rs, y),
         ("ce_reduce_scatter", ce_rs, y),
-    ]:
+    ]
+    for name, comm, inp in [c for c in cases if not (a.nccl_only and c[0].startswith("ce"))]:
         res[f"{name}_ms"] = timed(lambda c=comm, i=inp: c(i, group))
         res[f"gemm_with_{name}_ms"] = timed(beside(comm, inp))
+    # bytes each rank receives (16 MiB for both at these shapes) per second
+    for name in ("nccl_all_gather", "nccl_reduce_scatter"):
+        res[f"{name}_gb_s"] = x.numel() * x.element_size() / res[f"{name}_ms"] / 1e6
     res["nccl_env"] = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "CUDA_DEV"))}
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps({k: (round(v, 4) if isinstance(v, float) else v)

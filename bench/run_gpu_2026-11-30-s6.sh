@@ -11,6 +11,10 @@
 #       DDP's flat grad buffers, one compiled pass per buffer): its GPU tests; one GPU without DDP
 #       (torch fused AdamW, the reference) and with DDP + --optimizer flat, on both GPUs; DP = 2
 #       with --optimizer flat and with torch fused AdamW (layer groups 2,22)
+#   bash bench/run_gpu_2026-11-30-s6.sh nccl   # NOT RUN YET: in the TP = 2 + SP step each
+#       all-gather / reduce-scatter of 16 MiB takes 108 / 137 us (~150 GB/s; NVLink should give
+#       2-3x): sweep NCCL_PROTO / channels / buffer size with bench_tp_comm.py --nccl-only, then
+#       gpt-1.3b TP = 2 + SP with the fastest setting (± --tp-comm-overlap) and the default one
 #   bash bench/run_gpu_2026-11-30-s6.sh gemmgap  # NOT RUN YET: why every GEMM class runs 4-6%
 #       longer in gigatron's step than in the anchor's: the layer GEMMs in isolation with both
 #       init distributions (bench_gemm_shapes.py), gigatron with Megatron's and with the anchor's
@@ -82,6 +86,48 @@ flat() {
   wait
 }
 
+NCCL_SWEEP=(
+  "NCCL_DEBUG=WARN"
+  "NCCL_PROTO=Simple"
+  "NCCL_PROTO=LL128"
+  "NCCL_PROTO=LL"
+  "NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32"
+  "NCCL_PROTO=LL128 NCCL_MIN_NCHANNELS=32"
+  "NCCL_MIN_NCHANNELS=16 NCCL_MAX_NCHANNELS=16"
+  "NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=8 NCCL_MAX_NCHANNELS=8"
+  "NCCL_PROTO=Simple NCCL_BUFFSIZE=16777216 NCCL_MIN_NCHANNELS=32"
+  "NCCL_PROTO=Simple NCCL_NCHANNELS_PER_NET_PEER=32 NCCL_MIN_NCHANNELS=32"
+)
+
+nccl() {
+  unset CUDA_VISIBLE_DEVICES
+  local e
+  for e in "${NCCL_SWEEP[@]}"; do
+    # shellcheck disable=SC2086  (word splitting of the assignments is intended)
+    run nccl.log 45 env $e torchrun --nproc-per-node 2 --master-port 29671 \
+      bench/bench_tp_comm.py --nccl-only
+  done
+  local best
+  best=$(python3 - "$RES" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if "nccl_all_gather_ms" in l]
+best = min(rows, key=lambda r: r["nccl_all_gather_ms"] + r["nccl_reduce_scatter_ms"])
+print(" ".join(f"{k}={v}" for k, v in best["nccl_env"].items()
+               if k.startswith("NCCL_") and k not in ("NCCL_VERSION", "NCCL_NVLS_ENABLE")))
+PY
+)
+  echo "fastest NCCL setting: $best" >>"$OUT/nccl.log"
+  local TP="--config gpt-1.3b $NC --gelu tanh --ce chunked --compile model --tp 2 --sp"
+  TP="$TP --no-memory-reorder"
+  # shellcheck disable=SC2086
+  run tp.log 130 env $best $T $TP --label fast-tp2-sp-model-tanh-best-nccl
+  # shellcheck disable=SC2086
+  run tp.log 100 env $best CUDA_DEVICE_MAX_CONNECTIONS=1 $T $TP --tp-comm-overlap \
+    --label fast-tp2-sp-model-tanh-best-nccl-overlap
+  run tp.log 100 $T $TP --label fast-tp2-sp-model-tanh
+  one gpt-1.3b 0 29921 90 fast-compile-model-tanh --ce chunked
+}
+
 gemmgap() {
   nvidia-smi --query-gpu=index,timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
     --format=csv,noheader -lms 250 >"$OUT/smi.csv" &
@@ -107,6 +153,7 @@ case "${1:-}" in
   ce125) ce125 ;;
   flat) flat ;;
   gemmgap) gemmgap ;;
-  *) echo "usage: $0 ce13|ce125|flat|gemmgap" >&2; exit 2 ;;
+  nccl) nccl ;;
+  *) echo "usage: $0 ce13|ce125|flat|gemmgap|nccl" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
