@@ -90,13 +90,10 @@ NCCL_SWEEP=(
   "NCCL_DEBUG=WARN"
   "NCCL_PROTO=Simple"
   "NCCL_PROTO=LL128"
-  "NCCL_PROTO=LL"
   "NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32"
   "NCCL_PROTO=LL128 NCCL_MIN_NCHANNELS=32"
-  "NCCL_MIN_NCHANNELS=16 NCCL_MAX_NCHANNELS=16"
   "NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=8 NCCL_MAX_NCHANNELS=8"
   "NCCL_PROTO=Simple NCCL_BUFFSIZE=16777216 NCCL_MIN_NCHANNELS=32"
-  "NCCL_PROTO=Simple NCCL_NCHANNELS_PER_NET_PEER=32 NCCL_MIN_NCHANNELS=32"
 )
 
 nccl() {
@@ -121,11 +118,11 @@ PY
   TP="$TP --no-memory-reorder"
   # shellcheck disable=SC2086
   run tp.log 130 env $best $T $TP --label fast-tp2-sp-model-tanh-best-nccl
-  # shellcheck disable=SC2086
-  run tp.log 100 env $best CUDA_DEVICE_MAX_CONNECTIONS=1 $T $TP --tp-comm-overlap \
-    --label fast-tp2-sp-model-tanh-best-nccl-overlap
-  run tp.log 100 $T $TP --label fast-tp2-sp-model-tanh
+  run tp.log 90 $T $TP --label fast-tp2-sp-model-tanh
   one gpt-1.3b 0 29921 90 fast-compile-model-tanh --ce chunked
+  # shellcheck disable=SC2086
+  run tp.log 90 env $best CUDA_DEVICE_MAX_CONNECTIONS=1 $T $TP --tp-comm-overlap \
+    --label fast-tp2-sp-model-tanh-best-nccl-overlap
 }
 
 gemmgap() {
