@@ -58,6 +58,12 @@ class FlatAdamW:
     ddp_model: gigatron `DistributedDataParallel` without the distributed optimizer (the grads
     of every param in its buffers are final after `finish_grad_sync`). `compiled=None` compiles
     the update on CUDA.
+
+    Build it before anything keeps the params' old storage: before CUDA graphs capture the model
+    (torch.compile of the model is fine, its graphs read the params as inputs), and once per DDP
+    model (a second FlatAdamW moves the params again; the first one then steps stale copies).
+    Load weights in place afterwards (`model.load_state_dict`, not `assign=True`). The lr is
+    `self.lr` (no `param_groups`: torch / Megatron LR schedulers cannot drive it; set `lr`).
     """
 
     def __init__(
