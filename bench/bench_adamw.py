@@ -23,6 +23,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import CONFIGS  # noqa: E402
 
+# GPT-shaped configs only: param_shapes assume multi-head qkv [3h, h], a 4h GELU MLP with biases,
+# LayerNorm and learned positions (llama-1b's GQA / SwiGLU / RMSNorm shapes would be wrong)
+GPT_CONFIGS = sorted(
+    k
+    for k, c in CONFIGS.items()
+    if not {"kv_heads", "ffn", "swiglu", "rope", "rmsnorm", "bias"} & set(c)
+)
+
 
 def param_shapes(cfg: dict) -> list[tuple[int, ...]]:
     """GPTModel's parameter shapes (learned positions, tied output layer, biases, LayerNorm)."""
@@ -70,10 +78,10 @@ def compiled_flat(p, g) -> float:
     return timed(flat_step)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="gpt-1.3b", choices=sorted(CONFIGS))
-    a = ap.parse_args()
+    ap.add_argument("--config", default="gpt-1.3b", choices=GPT_CONFIGS)
+    a = ap.parse_args(argv)
     shapes = param_shapes(CONFIGS[a.config])
     n = sum(torch.Size(s).numel() for s in shapes)
     dev, dt = "cuda", torch.bfloat16

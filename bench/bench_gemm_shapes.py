@@ -25,6 +25,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import CONFIGS  # noqa: E402
 
+# GPT-shaped configs only: the shapes below assume multi-head qkv [3h, h], a 4h GELU MLP with
+# biases, LayerNorm and learned positions (llama-1b's GQA / SwiGLU / RMSNorm shapes would be wrong)
+GPT_CONFIGS = sorted(
+    k
+    for k, c in CONFIGS.items()
+    if not {"kv_heads", "ffn", "swiglu", "rope", "rmsnorm", "bias"} & set(c)
+)
+
 
 def timed(fn, steps=30, warmup=5) -> float:
     for _ in range(warmup):
@@ -61,10 +69,10 @@ def linear_ms(n: int, in_f: int, out_f: int, init: str, scaled: bool, layers: in
     }
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="gpt-1.3b", choices=sorted(CONFIGS))
-    a = ap.parse_args()
+    ap.add_argument("--config", default="gpt-1.3b", choices=GPT_CONFIGS)
+    a = ap.parse_args(argv)
     cfg = CONFIGS[a.config]
     h, layers, n = cfg["hidden"], cfg["layers"], cfg["mbs"] * cfg["seq"]
     shapes = {  # name: (in, out, Megatron's scaled output init)

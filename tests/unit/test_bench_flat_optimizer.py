@@ -1,12 +1,26 @@
 """bench_gpt.py --optimizer flat (gigatron's FlatAdamW over DDP's grad buffers) trains like the
-torch AdamW step on CPU: same losses after four steps, and it refuses to run without DDP."""
+torch AdamW step on CPU: same losses after four steps, and it refuses to run without DDP.
+bench_adamw.py / bench_gemm_shapes.py: their GPT shapes are the bench model's; other configs
+are refused."""
 
 import json
 import os
 import subprocess
 import sys
 
+import pytest
+
+from tests.unit._one_rank import one_rank_fixtures
+
+gloo_world, single_rank = one_rank_fixtures()
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import _bench_args  # noqa: E402
+import bench_adamw  # noqa: E402
+import bench_gemm_shapes  # noqa: E402
+import bench_gpt  # noqa: E402
 
 
 def _bench(*flags):
@@ -30,3 +44,15 @@ def test_flat_optimizer_needs_ddp():
     out, result = _bench("--ddp", "off", "--optimizer", "flat")
     assert result is None and out.returncode != 0
     assert "--optimizer flat needs DDP" in out.stderr
+
+
+def test_adamw_bench_shapes_are_the_bench_models_and_other_configs_are_refused():
+    a = _bench_args.parse_args(["--config", "tiny", "--device", "cpu"])
+    shape = dict(_bench_args.CONFIGS["tiny"])
+    model, _ = bench_gpt.build_model(shape, a)
+    got = sorted(tuple(p.shape) for p in model.parameters() if p.requires_grad)
+    assert got == sorted(bench_adamw.param_shapes(shape))
+    for bench in (bench_adamw, bench_gemm_shapes):
+        assert {"gpt-125m", "gpt-1.3b"} <= set(bench.GPT_CONFIGS)
+        with pytest.raises(SystemExit):  # GQA / SwiGLU / RMSNorm shapes: not these benches'
+            bench.main(["--config", "llama-1b"])
