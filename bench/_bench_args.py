@@ -217,8 +217,11 @@ def _check_layout_args(a) -> None:
         raise ValueError(
             "--compile model works only with pp = cp = num_microbatches = 1 (bench_gpt.py)"
         )
-    if a.anchor_init and a.tp != 1:
-        raise ValueError(f"--anchor-init needs --tp 1 (got {a.tp}) (bench_gpt.py)")
+    if a.anchor_init and (a.tp != 1 or a.pp != 1):
+        raise ValueError(
+            f"--anchor-init needs --tp 1 and --pp 1 (got {a.tp}, {a.pp}): it draws whole, "
+            "untied-by-stage weights (bench_gpt.py)"
+        )
     if a.optimizer == "flat" and (_layout_path(a) or a.ddp == "off"):
         raise ValueError(
             "--optimizer flat needs DDP (--ddp on or auto with DP > 1) and pp = cp = "
