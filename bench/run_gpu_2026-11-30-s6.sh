@@ -80,9 +80,10 @@ flat() {
   D="$D --bucket-size 100000000 --layers-per-graph 2,22"
   run dp.log 130 $T $D --optimizer flat --label fast-dp2-model-groups2-22-tanh-flat-adamw
   run dp.log 90 $T $D --label fast-dp2-model-groups2-22-tanh
+  # the DDP grad copy alone: DDP + torch fused AdamW beside DDP + FlatAdamW, GPUs swapped
   one gpt-1.3b 0 29921 80 fast-compile-model-tanh-ddp-flat-adamw --ce chunked --ddp on \
     --optimizer flat &
-  one gpt-1.3b 1 29931 80 fast-compile-model-tanh --ce chunked &
+  one gpt-1.3b 1 29931 80 fast-compile-model-tanh-ddp --ce chunked --ddp on &
   wait
 }
 

@@ -73,7 +73,8 @@ def test_anchor_init_draws_the_anchor_distributions():
     assert fc2.abs().max().item() <= bound and fc2.abs().max().item() > 0.9 * bound
     assert params["decoder.layers.0.mlp.linear_fc2.bias"].abs().max().item() > 0  # Megatron: 0
     assert torch.equal(params["decoder.final_layernorm.weight"], torch.ones_like(emb[0]))
-    with pytest.raises(ValueError, match="--anchor-init needs --tp 1"):
-        _bench_args.parse_args(
-            ["--config", "tiny", "--device", "cpu", "--anchor-init", "--tp", "2"]
-        )
+    for layout in (["--tp", "2"], ["--pp", "2"]):
+        with pytest.raises(ValueError, match="--anchor-init needs --tp 1 and --pp 1"):
+            _bench_args.parse_args(
+                ["--config", "tiny", "--device", "cpu", "--anchor-init", *layout]
+            )
