@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import CONFIGS  # noqa: E402
+from _bench_timing import cuda_ms  # noqa: E402
 
 # GPT-shaped configs only: param_shapes assume multi-head qkv [3h, h], a 4h GELU MLP with biases,
 # LayerNorm and learned positions (llama-1b's GQA / SwiGLU / RMSNorm shapes would be wrong)
@@ -38,19 +39,6 @@ def param_shapes(cfg: dict) -> list[tuple[int, ...]]:
     layer = [(3 * h, h), (3 * h,), (h, h), (h,), (4 * h, h), (4 * h,), (h, 4 * h), (h,)]
     layer += [(h,)] * 4  # two LayerNorms: weight, bias
     return [(v, h), (s, h)] + layer * cfg["layers"] + [(h,), (h,)]
-
-
-def timed(fn, steps=20, warmup=5) -> float:
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(steps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / steps
 
 
 def adamw_flat(p, g, m, v, step, lr=1e-4, b1=0.9, b2=0.999, eps=1e-8, wd=0.01):
@@ -75,7 +63,7 @@ def compiled_flat(p, g) -> float:
         step.add_(1)
         fn(p, g, m, v, step)
 
-    return timed(flat_step)
+    return cuda_ms(flat_step)
 
 
 def main(argv=None) -> None:
@@ -95,19 +83,19 @@ def main(argv=None) -> None:
 
     ps = listed()
     opt = torch.optim.AdamW(ps, lr=1e-4, fused=True)
-    out["torch_fused_list_ms"] = timed(opt.step)
+    out["torch_fused_list_ms"] = cuda_ms(opt.step)
     del opt, ps
     flat = [torch.nn.Parameter(torch.randn(n, device=dev, dtype=dt) * 0.02)]
     flat[0].grad = torch.randn_like(flat[0]) * 1e-3
     opt = torch.optim.AdamW(flat, lr=1e-4, fused=True)
-    out["torch_fused_flat_ms"] = timed(opt.step)
+    out["torch_fused_flat_ms"] = cuda_ms(opt.step)
     del opt
     out["compiled_flat_ms"] = compiled_flat(flat[0].detach(), flat[0].grad)
     del flat
     ps = listed()
     opt = torch.optim.AdamW(ps, lr=1e-4, foreach=True)
     compiled_step = torch.compile(opt.step)
-    out["compiled_foreach_list_ms"] = timed(compiled_step)
+    out["compiled_foreach_list_ms"] = cuda_ms(compiled_step)
     for k in [k for k in out if k.endswith("_ms")]:
         out[k.replace("_ms", "_tb_s")] = round(14 * n / (out[k] * 1e-3) / 1e12, 2)
         out[k] = round(out[k], 3)

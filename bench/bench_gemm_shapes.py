@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_args import CONFIGS  # noqa: E402
+from _bench_timing import cuda_ms  # noqa: E402
 
 # GPT-shaped configs only: the shapes below assume multi-head qkv [3h, h], a 4h GELU MLP with
 # biases, LayerNorm and learned positions (llama-1b's GQA / SwiGLU / RMSNorm shapes would be wrong)
@@ -34,16 +35,8 @@ GPT_CONFIGS = sorted(
 )
 
 
-def timed(fn, steps=30, warmup=5) -> float:
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / steps
+def timed(fn) -> float:
+    return cuda_ms(fn, iters=30)
 
 
 def weight(out_f: int, in_f: int, init: str, scaled: bool, layers: int) -> torch.Tensor:

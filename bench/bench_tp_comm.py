@@ -20,6 +20,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _bench_timing import cuda_ms  # noqa: E402
 
 from gigatron.core.tensor_parallel import _ce_collectives  # noqa: E402,F401
 from gigatron.core.tensor_parallel._collectives import (  # noqa: E402  (NCCL here)
@@ -63,19 +66,9 @@ def check(group) -> list[str]:
     return bad
 
 
-def timed(fn, iters=20, warmup=5) -> float:
-    """Mean milliseconds of `fn()` on the current stream (CUDA events)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+def timed(fn) -> float:
+    """Mean milliseconds of `fn()` (CUDA events), the ranks lined up after the warm-up."""
+    return cuda_ms(fn, barrier=dist.barrier)
 
 
 def main() -> None:

@@ -17,13 +17,30 @@ def _plain(hidden, weight, labels):
     return loss.view(labels.t().shape).t().contiguous()  # [b, s]
 
 
-def _case(s, b, h, vocab, seed=0):
+def _case(s, b, h, vocab, seed=0, device="cpu", dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(s, b, h, generator=g)
-    weight = torch.randn(vocab, h, generator=g) * h**-0.5
-    labels = torch.randint(0, vocab, (b, s), generator=g)
-    mask = (torch.rand(b, s, generator=g) > 0.3).float()
+    hidden = torch.randn(s, b, h, generator=g).to(device, dtype)
+    weight = (torch.randn(vocab, h, generator=g) * h**-0.5).to(device, dtype)
+    labels = torch.randint(0, vocab, (b, s), generator=g).to(device)
+    mask = (torch.rand(b, s, generator=g) > 0.3).float().to(device)
     return hidden, weight, labels, mask
+
+
+def _plain_and_fused(hidden, weight, labels, mask, pass_mask=True, **kw):
+    """[(loss, dX, dW) of the plain path, the same of grad_in_forward] under the masked mean."""
+    out = []
+    for fused in (False, True):
+        x = hidden.clone().requires_grad_()
+        w = weight.clone().requires_grad_()
+        if fused:
+            loss = chunked_linear_cross_entropy(
+                x, w, labels, grad_in_forward=True, loss_mask=mask if pass_mask else None, **kw
+            )
+        else:
+            loss = _plain(x, w, labels)
+        _masked_mean(loss, mask).backward()
+        out.append((loss.detach(), x.grad, w.grad))
+    return out
 
 
 def _masked_mean(loss, mask):
@@ -37,23 +54,7 @@ def test_grad_in_forward_matches_plain(chunk_size, masked):
     hidden, weight, labels, mask = _case(8, 3, 16, 50)
     if not masked:
         mask = torch.ones_like(mask)
-    grads = []
-    for fused in (False, True):
-        x = hidden.clone().requires_grad_()
-        w = weight.clone().requires_grad_()
-        if fused:
-            loss = chunked_linear_cross_entropy(
-                x,
-                w,
-                labels,
-                chunk_size=chunk_size,
-                grad_in_forward=True,
-                loss_mask=mask if masked else None,
-            )
-        else:
-            loss = _plain(x, w, labels)
-        _masked_mean(loss, mask).backward()
-        grads.append((loss.detach(), x.grad, w.grad))
+    grads = _plain_and_fused(hidden, weight, labels, mask, masked, chunk_size=chunk_size)
     (l0, dx0, dw0), (l1, dx1, dw1) = grads
     torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-6)
@@ -152,24 +153,9 @@ def test_grad_in_forward_tp2_matches_unsharded(sequence_parallel):
 def test_grad_in_forward_cuda_bf16_compiled():
     """bf16 on CUDA with the compiled helpers: the plain path's numbers, the contract check
     passes for a masked mean (no device assert), and no full-batch fp32 logits are kept."""
-    g = torch.Generator().manual_seed(0)
     s, b, h, vocab = 512, 4, 256, 8192
-    hidden = torch.randn(s, b, h, generator=g).cuda().bfloat16()
-    weight = (torch.randn(vocab, h, generator=g) * h**-0.5).cuda().bfloat16()
-    labels = torch.randint(0, vocab, (b, s), generator=g).cuda()
-    mask = (torch.rand(b, s, generator=g) > 0.3).float().cuda()
-    grads = []
-    for fused in (False, True):
-        x = hidden.clone().requires_grad_()
-        w = weight.clone().requires_grad_()
-        if fused:
-            loss = chunked_linear_cross_entropy(
-                x, w, labels, chunk_size=700, compiled=True, grad_in_forward=True, loss_mask=mask
-            )
-        else:
-            loss = _plain(x, w, labels)
-        _masked_mean(loss, mask).backward()
-        grads.append((loss.detach(), x.grad, w.grad))
+    hidden, weight, labels, mask = _case(s, b, h, vocab, device="cuda", dtype=torch.bfloat16)
+    grads = _plain_and_fused(hidden, weight, labels, mask, chunk_size=700, compiled=True)
     torch.cuda.synchronize()  # a failed contract check would surface here
     (l0, dx0, dw0), (l1, dx1, dw1) = grads
     torch.testing.assert_close(l1, l0, rtol=2e-3, atol=2e-3)

@@ -68,6 +68,14 @@ def _helpers(compiled: bool):
     return _HELPERS[key]
 
 
+def _local_targets(target: Tensor, vocab_per_rank: int, tp_group) -> tuple[Tensor, Tensor]:
+    """[N] global ids -> (owned [N]: this rank's vocabulary slice holds the id, local id [N])."""
+    tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
+    start = tp_rank * vocab_per_rank
+    owned = (target >= start) & (target < start + vocab_per_rank)
+    return owned, torch.where(owned, target - start, torch.zeros_like(target))
+
+
 def _chunk_stats(x_c, weight, target_c, owned_c, tp_group, helpers):
     """One chunk's logits [c, V/tp], log-sum-exp [c] and loss [c] (2 all-reduces under TP)."""
     row_max_fn, row_stats_fn, _ = helpers
@@ -97,16 +105,13 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, target, chunk_size, tp_group, compiled, recompute):
         helpers = _helpers(compiled)
-        tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
-        n_tokens, vocab_per_rank = x.size(0), weight.size(0)
-        start = tp_rank * vocab_per_rank
-        owned = (target >= start) & (target < start + vocab_per_rank)  # [N]
-        local_target = torch.where(owned, target - start, torch.zeros_like(target))
+        owned, local_target = _local_targets(target, weight.size(0), tp_group)
+        n_tokens = x.size(0)
         loss = torch.empty(n_tokens, dtype=torch.float32, device=x.device)
         lse_all = torch.empty(n_tokens, dtype=torch.float32, device=x.device)
         grad_logits = None
         if not recompute:
-            grad_logits = torch.empty(n_tokens, vocab_per_rank, dtype=x.dtype, device=x.device)
+            grad_logits = torch.empty(n_tokens, weight.size(0), dtype=x.dtype, device=x.device)
         for lo in range(0, n_tokens, chunk_size):
             hi = min(n_tokens, lo + chunk_size)
             t_c, o_c = local_target[lo:hi], owned[lo:hi]
@@ -156,11 +161,8 @@ class _ChunkedLinearCrossEntropyGradInForward(torch.autograd.Function):
     def forward(ctx, x, weight, target, loss_weight, chunk_size, tp_group, compiled, need):
         # need: (dX wanted, dW wanted), decided by the caller (grad mode and requires_grad)
         helpers = _helpers(compiled)
-        tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
-        n_tokens, vocab_per_rank = x.size(0), weight.size(0)
-        start = tp_rank * vocab_per_rank
-        owned = (target >= start) & (target < start + vocab_per_rank)  # [N]
-        local_target = torch.where(owned, target - start, torch.zeros_like(target))
+        owned, local_target = _local_targets(target, weight.size(0), tp_group)
+        n_tokens = x.size(0)
         loss = torch.empty(n_tokens, dtype=torch.float32, device=x.device)
         need_x, need_w = need
         grad_x = grad_weight = None
