@@ -166,9 +166,10 @@ def parse_args(argv=None, doc: str | None = None):
     p.add_argument(
         "--optimizer",
         default="torch-fused",
-        choices=["torch-fused", "torch-foreach", "compiled", "flat"],
+        choices=["torch-fused", "torch-foreach", "compiled", "flat", "multi-tensor"],
         help="compiled: torch.compile of a foreach AdamW step (Inductor-fused kernels); flat: "
-        "gigatron's FlatAdamW over DDP's flat grad buffers (needs DDP: --ddp on at DP = 1)",
+        "gigatron's FlatAdamW over DDP's flat grad buffers (needs DDP: --ddp on at DP = 1); "
+        "multi-tensor: gigatron's MultiTensorAdamW (one Triton launch over all tensors)",
     )
     p.add_argument(
         "--sync-debug", action="store_true", help="report the host syncs of one step (source lines)"

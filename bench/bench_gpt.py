@@ -225,6 +225,10 @@ class _Step:
 
 
 def _optimizer(a, params):
+    if a.optimizer == "multi-tensor":  # gigatron's one-launch Triton AdamW
+        from gigatron.core.optimizer.multi_tensor_adamw import MultiTensorAdamW
+
+        return MultiTensorAdamW(params, lr=1e-4)
     kw = {"fused": True} if a.optimizer == "torch-fused" else {"foreach": True}
     opt = torch.optim.AdamW(params, lr=1e-4, **kw)
     if a.optimizer == "compiled":  # constant lr here (a scheduler would want lr as a tensor)

@@ -7,6 +7,10 @@
 #       GPUs, swapped; the compiled anchor beside them
 #   bash bench/run_gpu_2026-11-30-s6.sh ce125  # the same A/B for gpt-125m with its anchor; a
 #       kernel profile of gpt-1.3b with grad-in-forward; DP = 2 gpt-1.3b with it (groups 2,22)
+#   bash bench/run_gpu_2026-11-30-s6.sh mt     # NOT RUN YET (run first): MultiTensorAdamW (one
+#       Triton launch over all param tensors): GPU tests, bench_adamw.py (all AdamW variants,
+#       both configs), gpt-1.3b with --optimizer multi-tensor vs torch fused AdamW on both GPUs
+#       (swapped), DP = 2 with it (layer groups 2,22)
 #   bash bench/run_gpu_2026-11-30-s6.sh flat   # NOT RUN YET (next session): FlatAdamW (AdamW over
 #       DDP's flat grad buffers, one compiled pass per buffer): its GPU tests; one GPU without DDP
 #       (torch fused AdamW, the reference) and with DDP + --optimizer flat, on both GPUs; DP = 2
@@ -87,6 +91,23 @@ flat() {
   wait
 }
 
+mt() {
+  run_tests 150 tests/unit/test_multi_tensor_adamw.py tests/dist/test_flat_adamw.py -m gpu
+  CUDA_VISIBLE_DEVICES=0 run adamw.log 150 python3 bench/bench_adamw.py --config gpt-1.3b &
+  CUDA_VISIBLE_DEVICES=1 run adamw.log 120 python3 bench/bench_adamw.py --config gpt-125m &
+  wait
+  one gpt-1.3b 0 29921 110 fast-compile-model-tanh --ce chunked &
+  one gpt-1.3b 1 29931 110 fast-compile-model-tanh-mt-adamw --ce chunked --optimizer multi-tensor &
+  wait
+  one gpt-1.3b 0 29921 80 fast-compile-model-tanh-mt-adamw --ce chunked --optimizer multi-tensor &
+  one gpt-1.3b 1 29931 80 fast-compile-model-tanh --ce chunked &
+  wait
+  unset CUDA_VISIBLE_DEVICES
+  run dp.log 130 $T --config gpt-1.3b $NC --gelu tanh --ce chunked --compile model \
+    --overlap-grad-reduce --bucket-size 100000000 --layers-per-graph 2,22 \
+    --optimizer multi-tensor --label fast-dp2-model-groups2-22-tanh-mt-adamw
+}
+
 NCCL_SWEEP=(
   "NCCL_DEBUG=WARN"
   "NCCL_PROTO=Simple"
@@ -149,9 +170,10 @@ gap_gpu() {  # gap_gpu GPU CONFIG PORT LIMIT: isolated GEMMs, both inits, the an
 case "${1:-}" in
   ce13) ce13 ;;
   ce125) ce125 ;;
+  mt) mt ;;
   flat) flat ;;
   gemmgap) gemmgap ;;
   nccl) nccl ;;
-  *) echo "usage: $0 ce13|ce125|flat|gemmgap|nccl" >&2; exit 2 ;;
+  *) echo "usage: $0 ce13|ce125|mt|flat|gemmgap|nccl" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40

@@ -1,5 +1,6 @@
-"""bench_gpt.py --optimizer flat (gigatron's FlatAdamW over DDP's grad buffers) trains like the
-torch AdamW step on CPU: same losses after four steps, and it refuses to run without DDP.
+"""bench_gpt.py --optimizer flat (gigatron's FlatAdamW over DDP's grad buffers) and
+--optimizer multi-tensor (MultiTensorAdamW) train like the torch AdamW step on CPU: same losses
+after four steps; flat refuses to run without DDP.
 bench_adamw.py / bench_gemm_shapes.py: their GPT shapes are the bench model's; other configs
 are refused."""
 
@@ -32,12 +33,13 @@ def _bench(*flags):
     return out, (json.loads(lines[-1][7:]) if lines else None)
 
 
-def test_flat_optimizer_matches_torch_adamw_in_the_bench():
-    _, flat = _bench("--ddp", "on", "--optimizer", "flat")
+@pytest.mark.parametrize("optimizer", ["flat", "multi-tensor"])
+def test_gigatron_optimizers_match_torch_adamw_in_the_bench(optimizer):
+    _, got = _bench("--ddp", "on", "--optimizer", optimizer)
     _, ref = _bench("--ddp", "on", "--optimizer", "torch-foreach")
-    assert flat["switches"]["optimizer"] == "flat"
-    assert flat["loss"] == ref["loss"] and flat["first_loss"] == ref["first_loss"]
-    assert flat["loss"] < flat["first_loss"] - 0.05  # the optimizer really stepped
+    assert got["switches"]["optimizer"] == optimizer
+    assert got["loss"] == ref["loss"] and got["first_loss"] == ref["first_loss"]
+    assert got["loss"] < got["first_loss"] - 0.05  # the optimizer really stepped
 
 
 def test_flat_optimizer_needs_ddp():
