@@ -10,14 +10,16 @@ grads may be the fresh tensors autograd makes every step. A drop-in `torch.optim
 param groups (each with its own lr / weight decay, LR schedulers work), torch AdamW's state keys
 (`step`, `exp_avg`, `exp_avg_sq`: state dicts load into either), moments in the params' dtype,
 math in fp32 with torch AdamW's formula (host float64 bias corrections). Without CUDA or Triton
-the same update runs per tensor in PyTorch. Not supported (ValueError): amsgrad, maximize,
-non-contiguous tensors on the Triton path fall back to the PyTorch update.
+the same update runs per tensor in PyTorch. Not supported (ValueError): amsgrad, maximize.
+Tensors the kernel cannot take (non-contiguous, or moments of another dtype, size or device) get
+the PyTorch update, in their own shapes and strides.
 
     opt = MultiTensorAdamW(model.parameters(), lr=1e-4)   # then as torch.optim.AdamW
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -72,6 +74,15 @@ class MultiTensorAdamW(torch.optim.Optimizer):
         self.block, self.use_triton = block, use_triton
         self._tables: dict[tuple, tuple] = {}
 
+    def load_state_dict(self, state_dict) -> None:
+        """torch's load, then every `step` a CPU float32 tensor: torch puts it on the param's
+        device when the saved groups say fused / capturable (a fused AdamW's state dict), and
+        `step` reads it on the host per tensor (a device sync each if left on the GPU)."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            if "step" in state:
+                state["step"] = torch.as_tensor(state["step"]).to("cpu", torch.float32)
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -100,15 +111,15 @@ class MultiTensorAdamW(torch.optim.Optimizer):
                 key = (beta1, beta2, group["eps"], p.dtype, p.grad.dtype, p.device)
                 batches.setdefault(key, []).append(entry)
         for (beta1, beta2, eps, *_), entries in batches.items():
-            fast = [e for e in entries if self._triton_ok(e)]
+            ok = [self._triton_ok(e) for e in entries]
+            fast = [e for e, o in zip(entries, ok, strict=True) if o]
             if fast:
                 self._triton_step(fast, (beta1, beta2, eps))
-            for p, g, state, *scalars in (e for e in entries if not self._triton_ok(e)):
+            for p, g, state, *scalars in (e for e, o in zip(entries, ok, strict=True) if not o):
                 s = torch.tensor(scalars, dtype=torch.float32, device=p.device)
-                adamw_flat_update(
-                    p.view(-1), g.reshape(-1), state["exp_avg"].view(-1),
-                    state["exp_avg_sq"].view(-1), s, beta1, beta2, eps,
-                )  # fmt: skip
+                # elementwise in the tensors' own shapes: any strides (no view(-1))
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                adamw_flat_update(p, g, m, v, s, beta1, beta2, eps)
         return loss
 
     def _triton_ok(self, entry) -> bool:
@@ -116,8 +127,12 @@ class MultiTensorAdamW(torch.optim.Optimizer):
         use = self.use_triton
         if use is None:
             use = p.is_cuda and _triton_available()
-        tensors = (p, g, state["exp_avg"], state["exp_avg_sq"])
-        return bool(use) and all(t.is_contiguous() for t in tensors)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        # the kernel reads raw addresses: moments in the param's dtype, sizes and device, or
+        # the PyTorch update (which casts, or raises on a mismatch instead of corrupting memory)
+        same = all(t.dtype == p.dtype and t.device == p.device for t in (m, v))
+        same = same and g.device == p.device and p.numel() == g.numel() == m.numel() == v.numel()
+        return bool(use) and same and all(t.is_contiguous() for t in (p, g, m, v))
 
     def _triton_step(self, entries, betas_eps) -> None:
         from gigatron.core.optimizer import _triton_adamw
@@ -132,27 +147,28 @@ class MultiTensorAdamW(torch.optim.Optimizer):
             [s["exp_avg_sq"].data_ptr() for s in cols[2]],
         ]
         host = torch.tensor(addrs, dtype=torch.int64)  # [4, T]
+        aligned = bool((host % 16 == 0).all())
         scal = torch.tensor([cols[3], cols[4], cols[5]], dtype=torch.float64).float()  # [3, T]
         if device.type == "cuda":
             host, scal = host.pin_memory(), scal.pin_memory()
         host = host.to(device, non_blocking=True)
         scal = scal.to(device, non_blocking=True)
-        _triton_adamw.launch(
-            tables,
-            tuple(host),
-            tuple(scal),
-            betas_eps,
-            cols[0][0].dtype,
-            cols[1][0].dtype,
-            self.block,
-        )
+        dtypes = (cols[0][0].dtype, cols[1][0].dtype)
+        # Triton launches on the current device: make it the params' one
+        guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+        with guard:
+            _triton_adamw.launch(
+                tables, tuple(host), tuple(scal), betas_eps, *dtypes, self.block, aligned
+            )
 
     def _block_table(self, params: tuple, device) -> tuple:
         """(block -> tensor index int32 [B], block -> first element int64 [B], numel [T]),
-        built once per set of tensors."""
-        key = tuple(id(p) for p in params)
+        built once per list of tensor sizes (the table depends on nothing else: keyed by the
+        sizes, not by id(p), it cannot go stale when a param is replaced or resized or an id is
+        reused)."""
+        numels = tuple(p.numel() for p in params)
+        key = (device, self.block, numels)
         if key not in self._tables:
-            numels = [p.numel() for p in params]
             blocks = [(i, o) for i, n in enumerate(numels) for o in range(0, n, self.block)]
             block_tensor = torch.tensor([b[0] for b in blocks], dtype=torch.int32)
             block_offset = torch.tensor([b[1] for b in blocks], dtype=torch.int64)
