@@ -52,7 +52,29 @@ def initialize_distributed(args) -> None:
         world_size=int(os.environ["WORLD_SIZE"]),
         timeout=timedelta(minutes=args.distributed_timeout_minutes),
     )
+    global _OWNS_PROCESS_GROUP
+    _OWNS_PROCESS_GROUP = True
     args.rank, args.world_size = dist.get_rank(), dist.get_world_size()
+
+
+_OWNS_PROCESS_GROUP = False  # initialize_distributed created the default process group
+
+
+def destroy_distributed() -> None:
+    """End of a training entry point: tear down the model-parallel groups and the process group
+    `initialize_distributed` created (after a barrier), so the process exits cleanly instead of
+    leaving it to interpreter shutdown (a gloo group destroyed there can abort the process after
+    a finished run). A process group created by the caller is left alone."""
+    global _OWNS_PROCESS_GROUP
+    if not (_OWNS_PROCESS_GROUP and dist.is_initialized()):
+        return
+    from gigatron.core import parallel_state
+
+    dist.barrier()
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+    _OWNS_PROCESS_GROUP = False
 
 
 def set_random_seed(seed: int, data_parallel_random_init: bool = False) -> None:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from gigatron.core.transformer.enums import ModelType
 from gigatron.training import _pretrain_common as common
 from gigatron.training.global_vars import get_args, get_tokenizer
+from gigatron.training.initialize import destroy_distributed
 from gigatron.training.training import pretrain
 
 _SPECIALS = {
@@ -160,7 +161,7 @@ train_valid_test_datasets_provider.is_distributed = True
 def main(argv: list[str] | None = None):
     """Parse Megatron's flags (plus the BERT ones) and train; returns pretrain's result."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    return pretrain(
+    result = pretrain(
         train_valid_test_datasets_provider,
         model_provider,
         ModelType.encoder_or_decoder,
@@ -168,6 +169,8 @@ def main(argv: list[str] | None = None):
         extra_args_provider=add_bert_args,
         argv=argv,
     )
+    destroy_distributed()  # a clean exit (the process group this entry point created)
+    return result
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from gigatron.core.transformer.enums import ModelType
 from gigatron.core.utils import get_batch_on_this_cp_rank
 from gigatron.training import _pretrain_common as common
 from gigatron.training.global_vars import get_args, get_tokenizer
+from gigatron.training.initialize import destroy_distributed
 from gigatron.training.training import pretrain
 
 
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         forward_step,
         argv=argv,
     )
+    destroy_distributed()  # a clean exit (the process group this entry point created)
     return 0
 
 

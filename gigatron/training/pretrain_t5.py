@@ -23,6 +23,7 @@ from functools import partial
 from gigatron.core.transformer.enums import ModelType
 from gigatron.training import _pretrain_common as common
 from gigatron.training.global_vars import get_args, get_tokenizer
+from gigatron.training.initialize import destroy_distributed
 from gigatron.training.pretrain_bert import MaskedLMTokenizer
 from gigatron.training.training import pretrain
 
@@ -171,7 +172,7 @@ def _with_encoder_seq_length(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None):
     """Parse Megatron's flags (plus the T5 ones) and train; returns pretrain's result."""
     argv = _with_encoder_seq_length(list(sys.argv[1:] if argv is None else argv))
-    return pretrain(
+    result = pretrain(
         train_valid_test_datasets_provider,
         model_provider,
         ModelType.encoder_or_decoder,
@@ -180,6 +181,8 @@ def main(argv: list[str] | None = None):
         get_position_embedding_ranks=t5_position_embedding_ranks,
         argv=argv,
     )
+    destroy_distributed()  # a clean exit (the process group this entry point created)
+    return result
 
 
 if __name__ == "__main__":
