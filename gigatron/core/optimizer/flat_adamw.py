@@ -42,6 +42,15 @@ def adamw_flat_update(param, grad, exp_avg, exp_avg_sq, scalars, beta1, beta2, e
     exp_avg_sq.copy_(v)
 
 
+def check_adamw_hyperparameters(owner: str, lr, betas, eps, weight_decay, file: str) -> None:
+    """ValueError naming the value and the rule: lr, eps, weight_decay >= 0, betas in [0, 1)."""
+    for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+        if value < 0:
+            raise ValueError(f"{owner} {name} ({value}) must be >= 0 ({file})")
+    if not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{owner} betas {betas} must lie in [0, 1) ({file})")
+
+
 _UPDATE = {"eager": adamw_flat_update}
 
 
@@ -80,11 +89,7 @@ class FlatAdamW:
                 "FlatAdamW needs DDP without use_distributed_optimizer (True): each rank steps "
                 f"whole buffers ({_FILE})"
             )
-        for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
-            if value < 0:
-                raise ValueError(f"FlatAdamW {name} ({value}) must be >= 0 ({_FILE})")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"FlatAdamW betas {betas} must lie in [0, 1) ({_FILE})")
+        check_adamw_hyperparameters("FlatAdamW", lr, betas, eps, weight_decay, _FILE)
         self.beta1, self.beta2 = (float(b) for b in betas)
         self.eps, self.weight_decay = float(eps), float(weight_decay)
         self.buffers = list(ddp_model.buffers) + list(ddp_model.expert_parallel_buffers)

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from gigatron.core.optimizer.flat_adamw import adamw_flat_update
+from gigatron.core.optimizer.flat_adamw import adamw_flat_update, check_adamw_hyperparameters
 
 _FILE = "gigatron/core/optimizer/multi_tensor_adamw.py"
 
@@ -57,11 +57,7 @@ class MultiTensorAdamW(torch.optim.Optimizer):
         block: int = 4096,
         use_triton: bool | None = None,
     ):
-        for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
-            if value < 0:
-                raise ValueError(f"MultiTensorAdamW {name} ({value}) must be >= 0 ({_FILE})")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"MultiTensorAdamW betas {betas} must lie in [0, 1) ({_FILE})")
+        check_adamw_hyperparameters("MultiTensorAdamW", lr, betas, eps, weight_decay, _FILE)
         if amsgrad or maximize:
             raise ValueError(
                 f"MultiTensorAdamW: amsgrad ({amsgrad}) and maximize ({maximize}) are not "
