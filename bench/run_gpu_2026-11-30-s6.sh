@@ -23,7 +23,7 @@
 #       longer in gigatron's step than in the anchor's: the layer GEMMs in isolation with both
 #       init distributions (bench_gemm_shapes.py), gigatron with Megatron's and with the anchor's
 #       init (--anchor-init), the anchor; SM clock / power sampled by nvidia-smi (smi.csv, align
-#       with the start times in the logs)
+#       with the start times in the logs); kernel profiles of gpt-125m and its anchor
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -165,6 +165,12 @@ gap_gpu() {  # gap_gpu GPU CONFIG PORT LIMIT: isolated GEMMs, both inits, the an
   one "$config" "$gpu" "$port" "$lim" fast-compile-model-tanh --ce chunked
   one "$config" "$gpu" "$port" 90 fast-compile-model-tanh-anchor-init --ce chunked --anchor-init
   anchor "$config" "$gpu" 100
+  if [ "$config" = gpt-125m ]; then  # no profile of gpt-125m's current fast path exists yet
+    one "$config" "$gpu" "$port" 90 fast-compile-model-tanh-profiled --ce chunked \
+      --profile "$OUT/profile-gigatron-gpt-125m.json"
+    CUDA_VISIBLE_DEVICES=$gpu run anchors.log 90 python3 bench/compare_profile.py gpt-125m compile \
+      "$OUT/profile-torch-compile-gpt-125m.json"
+  fi
 }
 
 case "${1:-}" in
