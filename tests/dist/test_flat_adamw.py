@@ -139,8 +139,10 @@ def test_compiled_update_matches_eager():
 
 @pytest.mark.gpu
 def test_compiled_bf16_update_matches_torch_fused_adamw_cuda():
-    """The compiled (Triton) update on CUDA, bf16: AdamW(fused=True)'s params within one bf16
-    rounding, its moments within one rounding, over three steps of the same grads."""
+    """The compiled (Triton) update on CUDA, bf16: from the same state as AdamW(fused=True), one
+    step gives its params within one bf16 rounding and its moments within one rounding, for each
+    of three steps (each step restarts from the reference's state: roundings that differ by one
+    ulp would otherwise compound across steps)."""
     from gigatron.core.optimizer.flat_adamw import _update_fn
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -148,19 +150,27 @@ def test_compiled_bf16_update_matches_torch_fused_adamw_cuda():
     p0 = (torch.randn(n, device="cuda", generator=gen) * 0.05).bfloat16()
     ref = torch.nn.Parameter(p0.clone())
     opt = torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.1, fused=True)
-    flat, m, v = p0.clone(), torch.zeros_like(p0), torch.zeros_like(p0)
     for step in (1, 2, 3):
         grad = (torch.randn(n, device="cuda", generator=gen) * 1e-2).bfloat16()
+        before = ref.detach().clone()
+        if step == 1:
+            m, v = torch.zeros_like(p0), torch.zeros_like(p0)
+        else:
+            m, v = opt.state[ref]["exp_avg"].clone(), opt.state[ref]["exp_avg_sq"].clone()
         ref.grad = grad.clone()
         opt.step()
+        flat = before.clone()
         scalars = torch.tensor(
             [1 - 1e-2 * 0.1, 1e-2 / (1 - 0.9**step), (1 - 0.999**step) ** 0.5], device="cuda"
         )
         _update_fn(True)(flat, grad, m, v, scalars, 0.9, 0.999, 1e-8)
         got, want = flat.float(), ref.detach().float()
-        scale = torch.maximum(torch.maximum(got.abs(), want.abs()), p0.float().abs())
-        assert ((got - want).abs() <= scale * 2**-7).all(), step
+        scale = torch.maximum(torch.maximum(got.abs(), want.abs()), before.float().abs())
+        worst = ((got - want).abs() / scale).max().item()
+        assert worst <= 2**-7, (step, worst)
+        assert (got != want).float().mean().item() < 0.01, step  # rounding ties only
         torch.testing.assert_close(m, opt.state[ref]["exp_avg"], rtol=8e-3, atol=1e-6)
+        torch.testing.assert_close(v, opt.state[ref]["exp_avg_sq"], rtol=8e-3, atol=1e-9)
 
 
 def _flat_setup(seed: int = 0):

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Session 7 GPU measurements of issue 9 (bench/reports/2026-11-30-s7-gpu.md), device kind
+# nvidia-h200-x2, from the repo root:
+#
+#   bash bench/run_gpu_2026-11-30-s6.sh mt       # call 1 (session 6's script, run first here)
+#   bash bench/run_gpu_2026-11-30-s7.sh gapdp    # call 2: FlatAdamW's GPU test; why every GEMM
+#       class runs 4-6% longer in gigatron's step than in the anchor's (GPU 0 gpt-1.3b, GPU 1
+#       gpt-125m, concurrently: the layer GEMMs in isolation with both init distributions,
+#       gigatron with Megatron's and with the anchor's init, the anchor; gpt-125m kernel profiles
+#       of gigatron and its anchor; SM clock / power sampled by nvidia-smi into smi.csv); then
+#       DP = 2 gpt-1.3b with FlatAdamW and with torch fused AdamW (layer groups 2,22)
+#   bash bench/run_gpu_2026-11-30-s6.sh nccl     # call 3: NCCL settings for TP = 2 + SP
+#
+# Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
+source bench/_run_lib.sh
+
+T="torchrun --nproc-per-node 2 --master-port 29651 bench/bench_gpt.py"
+
+one() {  # one CONFIG GPU PORT LIMIT LABEL FLAGS...: the anchor's model (tanh GELU), compiled
+  local config=$1 gpu=$2 port=$3 lim=$4 label=$5
+  shift 5
+  CUDA_VISIBLE_DEVICES=$gpu MASTER_PORT=$port run refs.log "$lim" $B --config "$config" $NC \
+    --gelu tanh --compile model --ce chunked --label "$label" "$@"
+}
+
+gap_gpu() {  # gap_gpu GPU CONFIG PORT: isolated GEMMs, both inits, the anchor (+ profiles)
+  local gpu=$1 config=$2 port=$3
+  CUDA_VISIBLE_DEVICES=$gpu run gemm.log 60 python3 bench/bench_gemm_shapes.py --config "$config"
+  one "$config" "$gpu" "$port" 120 fast-compile-model-tanh
+  one "$config" "$gpu" "$port" 80 fast-compile-model-tanh-anchor-init --anchor-init
+  CUDA_VISIBLE_DEVICES=$gpu run anchors.log 90 python3 $A/torch_baseline_bench.py "$config" compile
+  if [ "$config" = gpt-125m ]; then
+    one "$config" "$gpu" "$port" 70 fast-compile-model-tanh-profiled \
+      --profile "$OUT/profile-gigatron-gpt-125m.json"
+    CUDA_VISIBLE_DEVICES=$gpu run anchors.log 70 python3 bench/compare_profile.py gpt-125m compile \
+      "$OUT/profile-torch-compile-gpt-125m.json"
+  fi
+}
+
+gapdp() {
+  run_tests 90 tests/dist/test_flat_adamw.py -m gpu
+  nvidia-smi --query-gpu=index,timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu \
+    --format=csv,noheader -lms 250 >"$OUT/smi.csv" &
+  local smi=$!
+  gap_gpu 0 gpt-1.3b 29921 &
+  local g0=$!
+  gap_gpu 1 gpt-125m 29931 &
+  local g1=$!
+  wait "$g0" "$g1"
+  kill "$smi"
+  unset CUDA_VISIBLE_DEVICES
+  local D="--config gpt-1.3b $NC --gelu tanh --ce chunked --compile model --overlap-grad-reduce"
+  D="$D --bucket-size 100000000 --layers-per-graph 2,22"
+  run dp.log 120 $T $D --optimizer flat --label fast-dp2-model-groups2-22-tanh-flat-adamw
+  run dp.log 90 $T $D --label fast-dp2-model-groups2-22-tanh
+}
+
+case "${1:-}" in
+  gapdp) gapdp ;;
+  *) echo "usage: $0 gapdp" >&2; exit 2 ;;
+esac
+python3 bench/compare.py "$RES" 2>/dev/null | tail -40
