@@ -10,6 +10,10 @@
 #       of gigatron and its anchor; SM clock / power sampled by nvidia-smi into smi.csv); then
 #       DP = 2 gpt-1.3b with FlatAdamW and with torch fused AdamW (layer groups 2,22)
 #   bash bench/run_gpu_2026-11-30-s6.sh nccl     # call 3: NCCL settings for TP = 2 + SP
+#   bash bench/run_gpu_2026-11-30-s7.sh last     # call 4: MultiTensorAdamW with its host work
+#       per group and cached address arrays: GPU tests, bench_adamw.py on both configs; gpt-1.3b
+#       one GPU torch fused AdamW (GPU 0) beside MultiTensorAdamW (GPU 1); DP = 2 with FlatAdamW
+#       and with MultiTensorAdamW (layer groups 2,22)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -55,8 +59,24 @@ gapdp() {
   run dp.log 90 $T $D --label fast-dp2-model-groups2-22-tanh
 }
 
+last() {
+  run_tests 90 tests/unit/test_multi_tensor_adamw.py tests/dist/test_flat_adamw.py -m gpu
+  CUDA_VISIBLE_DEVICES=0 run adamw.log 60 python3 bench/bench_adamw.py --config gpt-1.3b &
+  CUDA_VISIBLE_DEVICES=1 run adamw.log 60 python3 bench/bench_adamw.py --config gpt-125m &
+  wait
+  one gpt-1.3b 0 29921 120 fast-compile-model-tanh &
+  one gpt-1.3b 1 29931 120 fast-compile-model-tanh-mt-adamw --optimizer multi-tensor &
+  wait
+  unset CUDA_VISIBLE_DEVICES
+  local D="--config gpt-1.3b $NC --gelu tanh --ce chunked --compile model --overlap-grad-reduce"
+  D="$D --bucket-size 100000000 --layers-per-graph 2,22"
+  run dp.log 110 $T $D --optimizer flat --label fast-dp2-model-groups2-22-tanh-flat-adamw
+  run dp.log 90 $T $D --optimizer multi-tensor --label fast-dp2-model-groups2-22-tanh-mt-adamw
+}
+
 case "${1:-}" in
   gapdp) gapdp ;;
-  *) echo "usage: $0 gapdp" >&2; exit 2 ;;
+  last) last ;;
+  *) echo "usage: $0 gapdp|last" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40

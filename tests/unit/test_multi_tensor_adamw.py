@@ -204,3 +204,47 @@ def test_triton_kernel_cuda_bf16_matches_fused_adamw():
     for a, b in zip(got, want, strict=True):
         a, b = a.detach().float(), b.detach().float()
         assert ((a - b).abs() <= torch.maximum(a.abs(), b.abs()) * 2**-7 + 1e-6).all()
+
+
+def test_triton_path_host_logic_with_a_recording_launch(monkeypatch):
+    """The host side of the Triton path, with the kernel replaced by one that records its
+    arguments (runs without Triton): per-tensor scalars equal torch AdamW's bias corrections per
+    group; the device address arrays are reused while every address stays and rebuilt when one
+    moves (a new grad tensor); a non-contiguous grad goes to the PyTorch update instead."""
+    import types
+
+    calls = []
+
+    def launch(tables, addrs, scalars, betas_eps, param_dtype, grad_dtype, block, aligned):
+        calls.append([t.clone() for t in addrs] + [t.clone() for t in scalars] + [addrs[0]])
+
+    fake = types.ModuleType("gigatron.core.optimizer._triton_adamw")
+    fake.launch = launch
+    monkeypatch.setitem(sys.modules, "gigatron.core.optimizer._triton_adamw", fake)
+    import gigatron.core.optimizer as pkg
+
+    monkeypatch.setattr(pkg, "_triton_adamw", fake, raising=False)
+    ps = _params()
+    opt = MultiTensorAdamW(_groups(ps), betas=(0.9, 0.99), use_triton=True)
+    grads = [torch.ones_like(p) for p in ps]
+    for p, g in zip(ps, grads, strict=True):
+        p.grad = g
+    opt.step()
+    opt.step()
+    assert len(calls) == 2
+    first, second = calls
+    assert second[-1] is first[-1]  # same addresses: the device arrays were reused
+    want = [p.data_ptr() for p in ps] + [g.data_ptr() for g in grads]
+    assert first[0].tolist() + first[1].tolist() == want
+    decay, step_size, bias2 = second[4:7]  # step 2: lr 1e-2 / wd 0.1, then lr 3e-3 / wd 0
+    assert decay.tolist() == pytest.approx([1 - 1e-3] * 3 + [1.0] * 2)
+    assert step_size.tolist() == pytest.approx([1e-2 / 0.19] * 3 + [3e-3 / 0.19] * 2)
+    assert bias2.tolist() == pytest.approx([(1 - 0.99**2) ** 0.5] * 5)
+    ps[2].grad = torch.ones_like(ps[2])  # a new tensor: a new address
+    ps[0].grad = torch.ones(7, 33).t()  # non-contiguous: PyTorch path
+    before = ps[0].detach().clone()
+    opt.step()
+    assert calls[-1][-1] is not first[-1]
+    assert calls[-1][0].tolist() == [p.data_ptr() for p in ps[1:3]] + [p.data_ptr() for p in ps[3:]]
+    assert calls[-1][1].tolist()[1] == ps[2].grad.data_ptr()
+    assert not torch.equal(ps[0].detach(), before)  # stepped by the PyTorch update

@@ -37,6 +37,13 @@ def _triton_available() -> bool:
     return True
 
 
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on `device` without a host sync (pinned, non-blocking on CUDA)."""
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 class MultiTensorAdamW(torch.optim.Optimizer):
     """torch.optim.AdamW's update, one Triton launch per dtype pair on CUDA (module docstring).
 
@@ -69,6 +76,8 @@ class MultiTensorAdamW(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.block, self.use_triton = block, use_triton
         self._tables: dict[tuple, tuple] = {}
+        # batch key -> (addresses, their device arrays, all 16-byte aligned)
+        self._addresses: dict[tuple, tuple] = {}
 
     def load_state_dict(self, state_dict) -> None:
         """torch's load, then every `step` a CPU float32 tensor: torch puts it on the param's
@@ -86,13 +95,17 @@ class MultiTensorAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         # (beta1, beta2, eps, dtype pair, device) -> [(param, grad, state, decay, step size, b2)]
+        # The host work is per group, not per tensor, where it can be (a step of gpt-1.3b's 292
+        # tensors is otherwise ~2 ms of Python, more than its kernel).
         batches: dict[tuple, list] = {}
         for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
             beta1, beta2 = group["betas"]
-            lr, wd = group["lr"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            states = []
+            for p in params:
                 if p.grad.is_sparse:
                     raise ValueError(f"MultiTensorAdamW: sparse gradients ({_FILE})")
                 state = self.state[p]
@@ -100,17 +113,23 @@ class MultiTensorAdamW(torch.optim.Optimizer):
                     state["step"] = torch.tensor(0.0)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                t = float(state["step"])
-                entry = (p, p.grad, state, 1.0 - lr * wd, lr / (1.0 - beta1**t))
-                entry += (math.sqrt(1.0 - beta2**t),)
-                key = (beta1, beta2, group["eps"], p.dtype, p.grad.dtype, p.device)
-                batches.setdefault(key, []).append(entry)
-        for (beta1, beta2, eps, *_), entries in batches.items():
+                states.append(state)
+            steps = [s["step"] for s in states]
+            torch._foreach_add_(steps, 1.0)
+            scalars: dict[float, tuple] = {}  # step -> (1 - lr wd, lr / (1 - b1^t), sqrt(1 - b2^t))
+            for p, state, t in zip(params, states, torch.stack(steps).tolist(), strict=True):
+                sc = scalars.get(t)
+                if sc is None:
+                    sc = (1.0 - lr * wd, lr / (1.0 - beta1**t), math.sqrt(1.0 - beta2**t))
+                    scalars[t] = sc
+                key = (beta1, beta2, eps, p.dtype, p.grad.dtype, p.device)
+                batches.setdefault(key, []).append((p, p.grad, state, *sc))
+        for key, entries in batches.items():
+            beta1, beta2, eps = key[:3]
             ok = [self._triton_ok(e) for e in entries]
             fast = [e for e, o in zip(entries, ok, strict=True) if o]
             if fast:
-                self._triton_step(fast, (beta1, beta2, eps))
+                self._triton_step(key, fast, (beta1, beta2, eps))
             for p, g, state, *scalars in (e for e, o in zip(entries, ok, strict=True) if not o):
                 s = torch.tensor(scalars, dtype=torch.float32, device=p.device)
                 # elementwise in the tensors' own shapes: any strides (no view(-1))
@@ -123,38 +142,49 @@ class MultiTensorAdamW(torch.optim.Optimizer):
         use = self.use_triton
         if use is None:
             use = p.is_cuda and _triton_available()
+        if not use:
+            return False
         m, v = state["exp_avg"], state["exp_avg_sq"]
         # the kernel reads raw addresses: moments in the param's dtype, sizes and device, or
         # the PyTorch update (which casts, or raises on a mismatch instead of corrupting memory)
-        same = all(t.dtype == p.dtype and t.device == p.device for t in (m, v))
-        same = same and g.device == p.device and p.numel() == g.numel() == m.numel() == v.numel()
-        return bool(use) and same and all(t.is_contiguous() for t in (p, g, m, v))
+        dt, dev, n = p.dtype, p.device, p.numel()
+        return (
+            m.dtype == dt
+            and v.dtype == dt
+            and m.device == dev
+            and v.device == dev
+            and g.device == dev
+            and n == g.numel() == m.numel() == v.numel()
+            and p.is_contiguous()
+            and g.is_contiguous()
+            and m.is_contiguous()
+            and v.is_contiguous()
+        )
 
-    def _triton_step(self, entries, betas_eps) -> None:
+    def _triton_step(self, batch_key, entries, betas_eps) -> None:
         from gigatron.core.optimizer import _triton_adamw
 
         device = entries[0][0].device
         tables = self._block_table(tuple(e[0] for e in entries), device)
         cols = list(zip(*entries, strict=True))  # params, grads, states, decay, step, b2
-        addrs = [
-            [t.data_ptr() for t in cols[0]],
-            [t.data_ptr() for t in cols[1]],
-            [s["exp_avg"].data_ptr() for s in cols[2]],
-            [s["exp_avg_sq"].data_ptr() for s in cols[2]],
-        ]
-        host = torch.tensor(addrs, dtype=torch.int64)  # [4, T]
-        aligned = bool((host % 16 == 0).all())
+        addrs = tuple(t.data_ptr() for t in cols[0]) + tuple(t.data_ptr() for t in cols[1])
+        addrs += tuple(s["exp_avg"].data_ptr() for s in cols[2])
+        addrs += tuple(s["exp_avg_sq"].data_ptr() for s in cols[2])
+        # the address arrays on the device, reused while nothing moved (autograd's caching
+        # allocator mostly hands the grads the same blocks every step): no copy, no pinning
+        cached = self._addresses.get(batch_key)
+        if cached is None or cached[0] != addrs:
+            aligned = all(a % 16 == 0 for a in addrs)
+            host = _to_device(torch.tensor(addrs, dtype=torch.int64).view(4, -1), device)
+            cached = self._addresses[batch_key] = (addrs, tuple(host), aligned)
         scal = torch.tensor([cols[3], cols[4], cols[5]], dtype=torch.float64).float()  # [3, T]
-        if device.type == "cuda":
-            host, scal = host.pin_memory(), scal.pin_memory()
-        host = host.to(device, non_blocking=True)
-        scal = scal.to(device, non_blocking=True)
+        scal = _to_device(scal, device)
         dtypes = (cols[0][0].dtype, cols[1][0].dtype)
         # Triton launches on the current device: make it the params' one
         guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
         with guard:
             _triton_adamw.launch(
-                tables, tuple(host), tuple(scal), betas_eps, *dtypes, self.block, aligned
+                tables, cached[1], tuple(scal), betas_eps, *dtypes, self.block, cached[2]
             )
 
     def _block_table(self, params: tuple, device) -> tuple:
