@@ -153,6 +153,15 @@ class ModelParallelConfig:
                 f"{CROSS_ENTROPY_FUSION_IMPLS} in gigatron ('te' needs Transformer Engine) "
                 "(gigatron/core/model_parallel_config.py)"
             )
+        if self.cross_entropy_fusion_impl == "native_grad_in_forward" and not (
+            self.cross_entropy_loss_fusion
+        ):
+            raise ValueError(
+                "cross_entropy_fusion_impl='native_grad_in_forward' needs "
+                "cross_entropy_loss_fusion=True (training flag --cross-entropy-loss-fusion): "
+                "without it the plain cross entropy runs and the impl would be ignored "
+                "(gigatron/core/model_parallel_config.py)"
+            )
         for name in (
             "tensor_model_parallel_size",
             "pipeline_model_parallel_size",

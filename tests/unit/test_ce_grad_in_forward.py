@@ -90,8 +90,12 @@ def test_config_accepts_native_impls_and_refuses_te():
     from gigatron.core.transformer.transformer_config import TransformerConfig
 
     kw = dict(num_layers=1, hidden_size=16, num_attention_heads=2)
-    impl = TransformerConfig(**kw, cross_entropy_fusion_impl="native_grad_in_forward")
+    impl = TransformerConfig(
+        **kw, cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="native_grad_in_forward"
+    )
     assert impl.cross_entropy_fusion_impl == "native_grad_in_forward"
+    with pytest.raises(ValueError, match="needs cross_entropy_loss_fusion=True"):
+        TransformerConfig(**kw, cross_entropy_fusion_impl="native_grad_in_forward")
     with pytest.raises(ValueError, match="cross_entropy_fusion_impl='te'"):
         TransformerConfig(**kw, cross_entropy_fusion_impl="te")
 
