@@ -11,7 +11,9 @@
 Timed like the anchors in bench/anchors (copies of shared/bench/anchors): random tokens, bf16
 params, fused AdamW on the bf16 params, 5 warm-up steps, mean of 10 timed steps, FLOPs by the
 Megatron formula (gigatron/training/flops.py, equal to the anchors' formula for a plain GPT),
-MFU against 989 TFLOP/s. The last line on rank 0 is `RESULT {json}`.
+MFU against 989 TFLOP/s. The last line on rank 0 is `RESULT {json}`; its `gpu_power` holds rank
+0's SM clock and board power during the timed steps (nvidia-smi polled, bench/_bench_power.py;
+None on CPU): at the GPU's power limit the clock, and so the GEMMs, depend on the data.
 
 `--impl fast` = SDPA spec + compiled layers + chunked cross entropy + cuDNN-first SDPA;
 `--impl plain` = local spec, eager, plain cross entropy. Each switch can be overridden.
@@ -22,6 +24,7 @@ PP / VPP / CP / several micro-batches run the Megatron train step through the pi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -37,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _bench_layouts
 
 from _bench_args import CONFIGS, _layout_path, parse_args  # noqa: E402  (bench_ckpt: CONFIGS)
+from _bench_power import GpuSampler  # noqa: E402
 from _bench_profile import host_syncs, profile_step  # noqa: E402
 
 from gigatron.training._config_from_args import openai_gelu  # noqa: E402
@@ -236,9 +240,10 @@ def _optimizer(a, params):
     return opt
 
 
-def _time(step, a, device):
+def _time(step, a, device, sampler=None):
     """(seconds per timed step, warm-up seconds, loss of the first step, of the last step);
-    the losses as the step returned them (the first one copied: CUDA graphs reuse outputs)."""
+    the losses as the step returned them (the first one copied: CUDA graphs reuse outputs).
+    `sampler` (a GpuSampler) runs over the timed steps only."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     first = None
     t0 = time.perf_counter()
@@ -247,12 +252,14 @@ def _time(step, a, device):
         first = loss.detach().clone() if first is None else first
     sync()
     warm_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(a.steps):
-        loss = step()
-        first = loss.detach().clone() if first is None else first
-    sync()
-    return (time.perf_counter() - t0) / a.steps, warm_s, first, loss
+    with sampler or contextlib.nullcontext():
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            loss = step()
+            first = loss.detach().clone() if first is None else first
+        sync()
+        dt = time.perf_counter() - t0
+    return dt / a.steps, warm_s, first, loss
 
 
 def _ddp_config(a):
@@ -388,7 +395,8 @@ def main(argv=None) -> dict:
         to_float = lambda loss: float(loss.detach())  # noqa: E731  (rank 0's own loss)
     if a.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    dt, warm_s, first_loss, loss = _time(step, a, a.device)
+    sampler = GpuSampler(dev)
+    dt, warm_s, first_loss, loss = _time(step, a, a.device, sampler)
     first_loss, loss = to_float(first_loss), to_float(loss)
     per_token = flops_per_token(
         num_layers=shape["layers"],
@@ -419,6 +427,9 @@ def main(argv=None) -> dict:
         if a.device == "cuda"
         else None,
         "loss": round(loss, 4),
+        # rank 0's GPU during the timed steps (None off CUDA / without nvidia-smi): at the power
+        # limit the SM clock, hence the GEMMs' speed, depends on the data (s7 report)
+        "gpu_power": sampler.summary(),
         "warmup_s": round(warm_s, 1),
         "pp": a.pp,
         "vpp": a.vpp,

@@ -34,20 +34,22 @@ def _find(rows, impl, config, gpus=1):
 
 def table(rows) -> list[str]:
     out = [
-        "| impl | config | GPUs | layout | tokens/s | TFLOP/s/GPU | MFU | peak GB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| impl | config | GPUs | layout | tokens/s | TFLOP/s/GPU | MFU | peak GB | SM MHz / W |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "failed" in r:
-            out.append(f"| FAILED: `{r['failed']}` (rc {r['rc']}) | | | | | | | |")
+            out.append(f"| FAILED: `{r['failed']}` (rc {r['rc']}) | | | | | | | | |")
             continue
         if "tokens_per_s" not in r:
             continue  # a profile-only row (compare_profile.py)
         layout = f"tp{r.get('tp', r.get('gpus'))}" + ("+sp" if r.get("sp") else "")
         layout += f" dp{r.get('dp', 1)}"
+        power = r.get("gpu_power") or {}  # bench_gpt.py's nvidia-smi samples (rank 0's GPU)
+        clock = f"{power['sm_clock_mhz_mean']} / {power['power_w_mean']}" if power else ""
         out.append(
             f"| {r['impl']} | {r['config']} | {r['gpus']} | {layout} | {r['tokens_per_s']:,} | "
-            f"{r['tflops_per_gpu']} | {100 * r['mfu']:.1f}% | {r['peak_mem_gb']} |"
+            f"{r['tflops_per_gpu']} | {100 * r['mfu']:.1f}% | {r['peak_mem_gb']} | {clock} |"
         )
     return out
 

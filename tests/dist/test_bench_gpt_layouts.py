@@ -59,6 +59,7 @@ def test_one_rank_keeps_the_plain_step(one_rank):
     )
     assert r["vpp"] is None and r["cp_comm_type"] is None and r["switches"]["ddp"] is False
     assert r["init"] == "invariant" and 4.0 < r["first_loss"] < 8.0  # ~ln(512) at init
+    assert r["gpu_power"] is None  # CPU: no nvidia-smi sampling
 
 
 @pytest.mark.timeout(120)
