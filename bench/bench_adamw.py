@@ -6,7 +6,11 @@ The bench's optimizer step (torch.optim.AdamW(fused=True) over the per-parameter
 of a 130 ms gpt-1.3b step in the s6 profile) against alternatives, to see what a different
 kernel could save: the same fused AdamW over one flat tensor, a torch.compile'd foreach AdamW
 step, gigatron's compiled flat update (FlatAdamW's: an Inductor/Triton pointwise kernel), and
-gigatron's MultiTensorAdamW (one Triton launch over the per-parameter tensors).
+gigatron's MultiTensorAdamW (one Triton launch over the per-parameter tensors). Also the step
+of gigatron's training optimizer, Megatron's mixed-precision path (`get_megatron_optimizer`:
+bf16 model params in DDP buffers, fp32 grad buffers, fp32 main params, clip at 1.0): the
+whole `optimizer.step()` (grad views, norm + clip, fused AdamW on the fp32 main params, copy to
+the bf16 params) with and without the distributed optimizer, on a one-rank process group.
 Times with CUDA events (mean of 20 steps after 5 warm-up); effective bandwidth counts
 14 bytes per element (read param, grad, exp_avg, exp_avg_sq; write param, exp_avg,
 exp_avg_sq). Prints one `RESULT {json}` line.
@@ -54,6 +58,63 @@ def compiled_flat(p, g) -> float:
     return cuda_ms(lambda: update(p, g, m, v, scalars, 0.9, 0.999, 1e-8))
 
 
+def megatron_step(shapes, device, use_distributed_optimizer: bool):
+    """(step callable, ddp model) of gigatron's training optimizer over params of `shapes` (bf16,
+    random, in a DDP model with fp32 grad buffers holding random grads, the same for either
+    optimizer kind). Needs an initialized
+    process group and parallel_state (one rank is enough)."""
+    from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from gigatron.core.model_parallel_config import ModelParallelConfig
+    from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    module = torch.nn.Module()
+    module.params = torch.nn.ParameterList(
+        torch.nn.Parameter(torch.randn(s, device=device, dtype=torch.bfloat16) * 0.02)
+        for s in shapes
+    )
+    ddp = DistributedDataParallel(
+        ModelParallelConfig(),
+        DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, use_distributed_optimizer=use_distributed_optimizer
+        ),
+        module,
+    )
+    gen = torch.Generator(device=device).manual_seed(1)
+    for p in module.parameters():  # the grads DDP would have reduced into its buffers
+        p.main_grad.copy_(torch.randn(p.shape, device=device, generator=gen) * 1e-3)
+    config = OptimizerConfig(
+        lr=1e-4,
+        weight_decay=0.1,
+        clip_grad=1.0,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    opt = get_megatron_optimizer(config, [ddp])
+    return opt.step, ddp
+
+
+def _megatron_ms(shapes) -> dict:
+    """ms per `optimizer.step()` of gigatron's training optimizer, both kinds (one rank)."""
+    import torch.distributed as dist
+
+    from gigatron.core import parallel_state
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29655")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    out = {}
+    for name, distributed in (("float16", False), ("distributed", True)):
+        step, ddp = megatron_step(shapes, "cuda", distributed)
+        out[f"megatron_{name}_optimizer_ms"] = round(cuda_ms(step), 3)
+        del step, ddp
+        torch.cuda.empty_cache()
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="gpt-1.3b", choices=GPT_CONFIGS)
@@ -90,9 +151,11 @@ def main(argv=None) -> None:
     ps = listed()
     opt = MultiTensorAdamW(ps, lr=1e-4)
     out["triton_multi_tensor_list_ms"] = cuda_ms(opt.step)
+    del opt, ps
     for k in [k for k in out if k.endswith("_ms")]:
         out[k.replace("_ms", "_tb_s")] = round(14 * n / (out[k] * 1e-3) / 1e12, 2)
         out[k] = round(out[k], 3)
+    out.update(_megatron_ms(shapes))
     out["gpu"] = torch.cuda.get_device_name()
     out["torch"] = torch.__version__
     print("RESULT " + json.dumps(out))
