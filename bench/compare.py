@@ -64,17 +64,19 @@ _LAYOUT_SWITCHES = {
 
 
 def _runs(rows, config, gpus=1, impl_prefix="gigatron", call=None, anchor_init=False):
-    """gigatron's runs of one config / GPU count / call. `--anchor-init` runs (the anchor's
-    initial values, not Megatron's: an experiment, session 7 found GEMM speed depends on them)
-    only with anchor_init=True: they never stand for gigatron in the targets."""
+    """gigatron's bench_gpt runs of one config / GPU count / call (rows with a throughput: a
+    results file may also hold bench_ckpt's rows, impl 'gigatron' too). `--anchor-init` runs (the
+    anchor's initial values, not Megatron's: an experiment, session 7 found GEMM speed depends on
+    them) only with anchor_init=True: they never stand for gigatron in the targets."""
     return [
         r
         for r in rows
         if str(r.get("impl", "")).startswith(impl_prefix)
+        and "tflops_per_gpu" in r
         and r.get("config") == config
         and r.get("gpus", 1) == gpus
         and r.get("device_call") == call
-        and bool(r.get("switches", {}).get("anchor_init")) == anchor_init
+        and bool((r.get("switches") or {}).get("anchor_init")) == anchor_init
     ]
 
 

@@ -63,3 +63,24 @@ def test_compare_table_shows_clock_and_power():
     lines = compare.table([row, dict(row, gpu_power=None)])
     assert lines[2].endswith("| 20.4 | 1650 / 690.2 |"), lines[2]
     assert lines[3].endswith("| 20.4 |  |"), lines[3]
+
+
+def test_compare_skips_rows_without_throughput_and_keeps_anchor_init_out_of_targets():
+    """A results file with bench_ckpt rows (impl 'gigatron', no TFLOP/s) must not crash ratios /
+    targets (2026-11-30-gpu-results.jsonl did); an --anchor-init run is never the target's best."""
+    run = {
+        "impl": "gigatron-x", "config": "gpt-1.3b", "gpus": 1, "tp": 1, "dp": 1,
+        "tokens_per_s": 60000, "tflops_per_gpu": 550.0, "mfu": 0.556, "peak_mem_gb": 20.4,
+        "switches": {"anchor_init": False},
+    }  # fmt: skip
+    fast = dict(run, impl="gigatron-x-anchor-init", tflops_per_gpu=600.0, tokens_per_s=65000)
+    fast["switches"] = {"anchor_init": True}
+    ckpt = {"impl": "gigatron", "config": "gpt-1.3b", "dist_opt": True, "setup_s": 5.1}
+    ref = dict(run, impl="torch-sdpa-compile", switches=None)
+    rows = [run, fast, ckpt, ref]
+    ratios = compare.ratios(rows)
+    assert any("| gigatron-x | torch-sdpa-compile |" in r for r in ratios), ratios
+    assert any("| gigatron-x-anchor-init | torch-sdpa-compile |" in r for r in ratios), ratios
+    targets = compare.targets(rows)
+    assert any("| gigatron-x | 550.0 | NO |" in t for t in targets), targets
+    assert not any("anchor-init" in t for t in targets), targets
