@@ -248,3 +248,21 @@ def test_triton_path_host_logic_with_a_recording_launch(monkeypatch):
     assert calls[-1][0].tolist() == [p.data_ptr() for p in ps[1:3]] + [p.data_ptr() for p in ps[3:]]
     assert calls[-1][1].tolist()[1] == ps[2].grad.data_ptr()
     assert not torch.equal(ps[0].detach(), before)  # stepped by the PyTorch update
+
+
+def test_step_count_is_float32_under_a_half_default_dtype():
+    """torch AdamW keeps `step` float32 unless the default dtype is float64; a step made with
+    the default dtype bf16 stops counting at 256 (256 + 1 rounds to 256)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        p = torch.nn.Parameter(torch.zeros(4, dtype=torch.float32))
+        opt = MultiTensorAdamW([p], lr=1e-3, use_triton=False)
+        p.grad = torch.ones(4, dtype=torch.float32)
+        opt.step()
+        assert opt.state[p]["step"].dtype == torch.float32
+        opt.state[p]["step"].fill_(256.0)
+        opt.step()
+        assert float(opt.state[p]["step"]) == 257.0
+    finally:
+        torch.set_default_dtype(old)

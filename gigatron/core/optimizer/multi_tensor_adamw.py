@@ -110,7 +110,8 @@ class MultiTensorAdamW(torch.optim.Optimizer):
                     raise ValueError(f"MultiTensorAdamW: sparse gradients ({_FILE})")
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.tensor(0.0)
+                    # float32 whatever the default dtype (torch AdamW's; a bf16 count stops at 256)
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 states.append(state)
