@@ -266,3 +266,32 @@ def test_step_count_is_float32_under_a_half_default_dtype():
         assert float(opt.state[p]["step"]) == 257.0
     finally:
         torch.set_default_dtype(old)
+
+
+def test_caches_stay_bounded_under_a_momentum_schedule_and_changing_grad_sets(monkeypatch):
+    """OneCycleLR (cycle_momentum) changes beta1, hence the batch key, every step: the address
+    arrays are kept for this step's batches only (one entry per step grew without bound). Grads
+    present on changing subsets of the params (MoE experts without tokens) each need a block
+    table: only the most recent `_MAX_TABLES` stay. The recorded launches see each step's betas."""
+    import types
+
+    from gigatron.core.optimizer import multi_tensor_adamw as mod
+
+    calls = []
+    fake = types.ModuleType("gigatron.core.optimizer._triton_adamw")
+    fake.launch = lambda tables, addrs, scalars, betas_eps, *rest: calls.append(betas_eps)
+    monkeypatch.setitem(sys.modules, "gigatron.core.optimizer._triton_adamw", fake)
+    import gigatron.core.optimizer as pkg
+
+    monkeypatch.setattr(pkg, "_triton_adamw", fake, raising=False)
+    ps = [torch.nn.Parameter(torch.zeros(10 + i)) for i in range(10)]
+    opt = MultiTensorAdamW(ps, lr=1e-3, use_triton=True)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=40)
+    for step in range(30):
+        for i, p in enumerate(ps):  # every param but ps[k % 11] (all at k % 11 == 10)
+            p.grad = None if i == step % 11 else torch.ones_like(p)
+        opt.step()
+        sched.step()
+        assert len(opt._addresses) == 1, len(opt._addresses)
+    assert len({c[0] for c in calls}) > 10  # beta1 moved: a new batch key most steps
+    assert len(opt._tables) == mod._MAX_TABLES < 11  # 11 grad subsets were used

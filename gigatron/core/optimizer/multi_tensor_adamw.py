@@ -27,6 +27,7 @@ import torch
 from gigatron.core.optimizer.flat_adamw import adamw_flat_update, check_adamw_hyperparameters
 
 _FILE = "gigatron/core/optimizer/multi_tensor_adamw.py"
+_MAX_TABLES = 8  # block tables kept (most recently used): grads of other subsets of the params
 
 
 def _triton_available() -> bool:
@@ -136,6 +137,10 @@ class MultiTensorAdamW(torch.optim.Optimizer):
                 # elementwise in the tensors' own shapes: any strides (no view(-1))
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 adamw_flat_update(p, g, m, v, s, beta1, beta2, eps)
+        # address arrays only for this step's batches: a momentum schedule (OneCycleLR's
+        # cycle_momentum) changes beta1, so the batch key, every step
+        for key in self._addresses.keys() - batches.keys():
+            del self._addresses[key]
         return loss
 
     def _triton_ok(self, entry) -> bool:
@@ -192,13 +197,17 @@ class MultiTensorAdamW(torch.optim.Optimizer):
         """(block -> tensor index int32 [B], block -> first element int64 [B], numel [T]),
         built once per list of tensor sizes (the table depends on nothing else: keyed by the
         sizes, not by id(p), it cannot go stale when a param is replaced or resized or an id is
-        reused)."""
+        reused); the `_MAX_TABLES` most recently used lists are kept."""
         numels = tuple(p.numel() for p in params)
         key = (device, self.block, numels)
-        if key not in self._tables:
+        table = self._tables.pop(key, None)
+        if table is None:
             blocks = [(i, o) for i, n in enumerate(numels) for o in range(0, n, self.block)]
             block_tensor = torch.tensor([b[0] for b in blocks], dtype=torch.int32)
             block_offset = torch.tensor([b[1] for b in blocks], dtype=torch.int64)
             numel = torch.tensor(numels, dtype=torch.int64)
-            self._tables[key] = tuple(t.to(device) for t in (block_tensor, block_offset, numel))
-        return self._tables[key]
+            table = tuple(t.to(device) for t in (block_tensor, block_offset, numel))
+        self._tables[key] = table  # the most recently used last
+        while len(self._tables) > _MAX_TABLES:  # e.g. MoE experts without tokens: grad None
+            del self._tables[next(iter(self._tables))]
+        return table
