@@ -109,9 +109,15 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             main.grad = param.main_grad.view(-1)[lo:hi].float()
 
     def _copy_main_params_to_model_params(self) -> None:
-        for param, main, lo, hi in self._entries():
-            if param.dtype != torch.float32:
-                param.detach().view(-1)[lo:hi].copy_(main.detach())
+        # one multi-tensor copy (fp32 -> model dtype) instead of a launch per param; fp32
+        # params' main shards alias the param buffer already
+        pairs = [
+            (param.detach().view(-1)[lo:hi], main.detach())
+            for param, main, lo, hi in self._entries()
+            if param.dtype != torch.float32
+        ]
+        if pairs:
+            torch._foreach_copy_(*map(list, zip(*pairs, strict=True)))
 
     def step_with_ready_grads(self) -> bool:
         self.optimizer.step()

@@ -264,9 +264,11 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
                     param.grad = grad.float()
 
     def _copy_main_params_to_model_params(self) -> None:
-        for model_group, main_group in zip(self.float16_groups, self.fp32_from_float16_groups):
-            for model_param, main_param in zip(model_group, main_group):
-                model_param.data.copy_(main_param.data)
+        # one multi-tensor copy (fp32 -> model dtype) instead of a launch per param
+        model = [p.detach() for g in self.float16_groups for p in g]
+        main = [p.detach() for g in self.fp32_from_float16_groups for p in g]
+        if model:
+            torch._foreach_copy_(model, main)
 
     def step_with_ready_grads(self) -> bool:
         self.optimizer.step()
