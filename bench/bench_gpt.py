@@ -395,7 +395,7 @@ def main(argv=None) -> dict:
         to_float = lambda loss: float(loss.detach())  # noqa: E731  (rank 0's own loss)
     if a.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    sampler = GpuSampler(dev)
+    sampler = GpuSampler(dev) if rank == 0 else None  # only rank 0's figures are printed
     dt, warm_s, first_loss, loss = _time(step, a, a.device, sampler)
     first_loss, loss = to_float(first_loss), to_float(loss)
     per_token = flops_per_token(
@@ -429,7 +429,7 @@ def main(argv=None) -> dict:
         "loss": round(loss, 4),
         # rank 0's GPU during the timed steps (None off CUDA / without nvidia-smi): at the power
         # limit the SM clock, hence the GEMMs' speed, depends on the data (s7 report)
-        "gpu_power": sampler.summary(),
+        "gpu_power": sampler.summary() if sampler else None,
         "warmup_s": round(warm_s, 1),
         "pp": a.pp,
         "vpp": a.vpp,

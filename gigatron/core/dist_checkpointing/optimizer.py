@@ -50,7 +50,7 @@ def _units(optimizer) -> tuple[list, bool]:
 def _ensure_state(torch_opt, main: torch.Tensor) -> dict:
     state = torch_opt.state[main]
     if not state:  # before the first step: Adam's zero state, so a load has somewhere to go
-        state["step"] = torch.tensor(0.0)
+        state["step"] = torch.tensor(0.0, dtype=torch.float32)  # torch AdamW's, any default
         state["exp_avg"] = torch.zeros_like(main, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(main, memory_format=torch.preserve_format)
     return state
