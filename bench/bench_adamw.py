@@ -58,11 +58,11 @@ def compiled_flat(p, g) -> float:
     return cuda_ms(lambda: update(p, g, m, v, scalars, 0.9, 0.999, 1e-8))
 
 
-def megatron_step(shapes, device, use_distributed_optimizer: bool):
+def megatron_step(shapes, device, use_distributed_optimizer: bool, flat: bool = False):
     """(step callable, ddp model) of gigatron's training optimizer over params of `shapes` (bf16,
     random, in a DDP model with fp32 grad buffers holding random grads, the same for either
-    optimizer kind). Needs an initialized
-    process group and parallel_state (one rank is enough)."""
+    optimizer kind). `flat`: the distributed optimizer with GIGATRON_FLAT_OPTIMIZER_STEP=1.
+    Needs an initialized process group and parallel_state (one rank is enough)."""
     from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from gigatron.core.model_parallel_config import ModelParallelConfig
     from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -90,7 +90,11 @@ def megatron_step(shapes, device, use_distributed_optimizer: bool):
         params_dtype=torch.bfloat16,
         use_distributed_optimizer=use_distributed_optimizer,
     )
-    opt = get_megatron_optimizer(config, [ddp])
+    os.environ["GIGATRON_FLAT_OPTIMIZER_STEP"] = "1" if flat else "0"
+    try:
+        opt = get_megatron_optimizer(config, [ddp])
+    finally:
+        os.environ.pop("GIGATRON_FLAT_OPTIMIZER_STEP")
     return opt.step, ddp
 
 
@@ -105,8 +109,10 @@ def _megatron_ms(shapes) -> dict:
     dist.init_process_group("nccl", rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
     out = {}
-    for name, distributed in (("float16", False), ("distributed", True)):
-        step, ddp = megatron_step(shapes, "cuda", distributed)
+    kinds = (("float16", False, False), ("distributed", True, False))
+    kinds += (("distributed_flat", True, True),)
+    for name, distributed, flat in kinds:
+        step, ddp = megatron_step(shapes, "cuda", distributed, flat)
         out[f"megatron_{name}_optimizer_ms"] = round(cuda_ms(step), 3)
         del step, ddp
         torch.cuda.empty_cache()

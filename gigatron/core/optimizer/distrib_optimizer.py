@@ -17,6 +17,7 @@ fp32 models: the main shard *is* a view of the param buffer (no extra copy), as 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -84,6 +85,12 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                 shard_params.append(main)
             group["params"] = shard_params
             self.shard_groups.append(entries)
+        # gigatron-only, experimental: one flat fused Adam pass per shard (_flat_adam_step.py)
+        self._flat_step = None
+        if os.environ.get("GIGATRON_FLAT_OPTIMIZER_STEP", "0") == "1":
+            from gigatron.core.optimizer._flat_adam_step import FlatAdamStep
+
+            self._flat_step = FlatAdamStep(self)
 
     def _build_shard_ranges(self) -> dict:
         ranges = {}
@@ -120,8 +127,11 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             torch._foreach_copy_(*map(list, zip(*pairs, strict=True)))
 
     def step_with_ready_grads(self) -> bool:
-        self.optimizer.step()
-        self._copy_main_params_to_model_params()
+        if self._flat_step is not None:
+            self._flat_step.step()  # main params, Adam state and model params in one pass
+        else:
+            self.optimizer.step()
+            self._copy_main_params_to_model_params()
         # With overlap_param_gather the forward pre-hooks all-gather, bucket by bucket.
         if self.ddp_config is not None and not self.ddp_config.overlap_param_gather:
             for group in self.bucket_groups:
@@ -153,6 +163,8 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         entries = self._entries()
         for (_, main, _, _), saved in zip(entries, state_dict["shard_main_params"]):
             main.data.copy_(saved)
+        if self._flat_step is not None:
+            self._flat_step.resync()  # the load replaced the Adam state tensors
         self._copy_main_params_to_model_params()
         for group in self.bucket_groups:
             group.start_param_sync(force_sync=True)

@@ -1,0 +1,190 @@
+"""A flat fused Adam / AdamW step for `DistributedOptimizer` (gigatron-only, experimental, opt-in
+with the environment variable GIGATRON_FLAT_OPTIMIZER_STEP=1).
+
+Under the distributed optimizer each bucket's shard of this rank, [s0, s1) in DDP's flat
+buffers, is contiguous in the grad buffer (fp32: the reduce-scatter's result) and in the param
+buffer (the model dtype). This step keeps the fp32 main params and Adam's exp_avg / exp_avg_sq
+of each shard as flat fp32 tensors laid out like the buffer (padding included); the torch
+optimizer's params and state are views of them, so state dicts and checkpoints are unchanged.
+One compiled elementwise pass per shard reads main, grad, exp_avg, exp_avg_sq and a per-element
+param-group index, and writes main, exp_avg, exp_avg_sq and the model-dtype param: the torch
+fused Adam step and the main -> model copy in one pass (torch's formula; fp32 results equal up
+to rounding order). Padding elements belong to an extra group whose step leaves them as they
+are. Norm and clipping run before, as without it (on the grad buffer's views).
+
+Needs: torch.optim.Adam / AdamW without amsgrad / maximize, fp32 grad buffers
+(`grad_reduce_in_fp32=True`), no loss scaler (bf16 or fp32 models).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_FILE = "gigatron/core/optimizer/_flat_adam_step.py"
+# table columns: decay, step_size, bias2_sqrt, 1 - beta1, beta2, 1 - beta2, eps, l2 (Adam's
+# coupled weight decay); 1 - beta in float64 on the host as torch does (1 - fp32(0.999) is off
+# by 1.3e-5)
+
+
+def flat_adam_update(main, grad, exp_avg, exp_avg_sq, gid, table, model) -> None:
+    """One Adam(W) update in place, in torch.optim.AdamW's order of operations. main / exp_avg /
+    exp_avg_sq fp32 [n], grad fp32 [n], gid uint8 [n] (row of `table` for each element), table
+    fp32 [G, 8] (columns above), model [n] in the model dtype or None (fp32 models: main is the
+    param buffer)."""
+    idx = gid.long()
+    decay, step_size, bias2_sqrt = table[:, 0][idx], table[:, 1][idx], table[:, 2][idx]
+    one_minus_beta1, beta2, one_minus_beta2 = table[:, 3][idx], table[:, 4][idx], table[:, 5][idx]
+    eps, l2 = table[:, 6][idx], table[:, 7][idx]
+    g = grad + l2 * main
+    m = exp_avg.lerp(g, one_minus_beta1)
+    v = exp_avg_sq * beta2 + one_minus_beta2 * (g * g)
+    p = main * decay - step_size * (m / (v.sqrt() / bias2_sqrt + eps))
+    main.copy_(p)
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
+    if model is not None:
+        model.copy_(p)
+
+
+_COMPILED = {}
+
+
+def _update_fn(device: torch.device):
+    if device.type != "cuda":  # CPU (tests, gloo): eager
+        return flat_adam_update
+    if "fn" not in _COMPILED:
+        _COMPILED["fn"] = torch.compile(flat_adam_update, dynamic=True)
+    return _COMPILED["fn"]
+
+
+class _Segment:
+    """This rank's shard of one bucket: flat views and tensors, and where each main lives."""
+
+    def __init__(self, grad, param, n):
+        self.grad = grad  # [n] fp32 view of the grad buffer
+        fp32 = param.dtype == torch.float32
+        self.model = None if fp32 else param  # [n] model-dtype view of the param buffer
+        self.main = param if fp32 else torch.zeros(n, dtype=torch.float32, device=grad.device)
+        self.exp_avg = torch.zeros(n, dtype=torch.float32, device=grad.device)
+        self.exp_avg_sq = torch.zeros_like(self.exp_avg)
+        self.gid = torch.empty(n, dtype=torch.uint8, device=grad.device)
+
+
+class FlatAdamStep:
+    """Builds the flat storage for a DistributedOptimizer and steps it (see module docstring)."""
+
+    def __init__(self, dist_opt):
+        opt = dist_opt.optimizer
+        self.opt = opt
+        _check(dist_opt)
+        groups = opt.param_groups
+        if len(groups) >= 255:
+            raise ValueError(f"flat Adam step: {len(groups)} param groups (at most 254) ({_FILE})")
+        group_of = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
+        self.padding_row = len(groups)
+        self.segments: list[_Segment] = []
+        self.views: list[tuple] = []  # (main param, segment, a, b)
+        where = {}
+        for param, main, lo, hi in dist_opt._entries():
+            where[param] = (main, lo, hi)
+        for buffer in dist_opt.buffers:
+            size = buffer.data_parallel_world_size
+            rank = torch.distributed.get_rank(buffer.data_parallel_group) if size > 1 else 0
+            for bucket in buffer.buckets:
+                shard = bucket.grad_data.numel() // size
+                s0 = bucket.offset + rank * shard
+                seg = _Segment(
+                    buffer.grad_data[s0 : s0 + shard], buffer.param_data[s0 : s0 + shard], shard
+                )
+                seg.gid.fill_(self.padding_row)
+                for param in bucket.params_list:
+                    if param not in where:
+                        continue
+                    main, lo, hi = where[param]
+                    a = buffer.param_index_map[param][0] + lo - s0
+                    seg.gid[a : a + hi - lo] = group_of[id(main)]
+                    self.views.append((main, seg, a, a + hi - lo))
+                self.segments.append(seg)
+        self.resync()
+
+    def resync(self) -> None:
+        """Point every main param and its Adam state at the flat storage, copying the values
+        they hold now (after building, or after a load replaced the tensors)."""
+        with torch.no_grad():
+            for main, seg, a, b in self.views:
+                flat = seg.main[a:b]
+                if main.data_ptr() != flat.data_ptr():
+                    flat.copy_(main.detach().view(-1))
+                    main.data = flat.view(main.shape)
+                state = self.opt.state[main]
+                step = state.get("step")
+                if step is None:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                elif step.device.type != "cpu" or step.dtype != torch.float32:
+                    # a fused optimizer's state dict keeps it on the GPU: read on the host here
+                    state["step"] = step.detach().to("cpu", torch.float32)
+                for key, store in (("exp_avg", seg.exp_avg), ("exp_avg_sq", seg.exp_avg_sq)):
+                    view = store[a:b]
+                    old = state.get(key)
+                    if old is None or old.data_ptr() != view.data_ptr():
+                        view.copy_(0.0 if old is None else old.detach().reshape(-1))
+                        state[key] = view.view(main.shape)
+
+    def _table(self, device) -> torch.Tensor:
+        """[G + 1, 8] fp32: each group's scalars for this step (its steps advanced by one) and
+        the padding row (leaves its elements unchanged)."""
+        rows = []
+        for group in self.opt.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            steps = [self.opt.state[p]["step"] for p in group["params"]]
+            if steps:
+                torch._foreach_add_(steps, 1.0)
+            t = float(steps[0]) if steps else 1.0
+            decoupled = group.get("decoupled_weight_decay", isinstance(self.opt, torch.optim.AdamW))
+            decay, l2 = (1.0 - lr * wd, 0.0) if decoupled else (1.0, wd)
+            bias1, bias2_sqrt = 1.0 - beta1**t, (1.0 - beta2**t) ** 0.5
+            rows.append([decay, lr / bias1, bias2_sqrt, 1.0 - beta1, beta2, 1.0 - beta2, eps, l2])
+        rows.append([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0])  # padding: m = v = 0, p unchanged
+        table = torch.tensor(rows, dtype=torch.float64).float()
+        if device.type == "cuda":
+            return table.pin_memory().to(device, non_blocking=True)
+        return table
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """The Adam(W) step of every shard, model params included (grads already clipped)."""
+        self.resync()  # cheap when nothing moved (data_ptr checks)
+        if not self.segments:
+            return
+        device = self.segments[0].grad.device
+        table = self._table(device)
+        update = _update_fn(device)
+        for seg in self.segments:
+            update(seg.main, seg.grad, seg.exp_avg, seg.exp_avg_sq, seg.gid, table, seg.model)
+
+
+def _check(dist_opt) -> None:
+    """ValueError naming the rule when the flat step cannot stand in for the torch step."""
+    opt = dist_opt.optimizer
+    if type(opt) not in (torch.optim.Adam, torch.optim.AdamW):
+        raise ValueError(
+            f"GIGATRON_FLAT_OPTIMIZER_STEP=1 needs torch.optim.Adam or AdamW (got "
+            f"{type(opt).__name__}) ({_FILE})"
+        )
+    for group in opt.param_groups:
+        if group.get("amsgrad") or group.get("maximize"):
+            raise ValueError(
+                f"GIGATRON_FLAT_OPTIMIZER_STEP=1: amsgrad / maximize are not supported ({_FILE})"
+            )
+    if dist_opt.grad_scaler is not None:
+        raise ValueError(
+            "GIGATRON_FLAT_OPTIMIZER_STEP=1 needs no loss scaler (bf16 or fp32 models, not "
+            f"fp16) ({_FILE})"
+        )
+    for buffer in dist_opt.buffers:
+        if buffer.grad_dtype != torch.float32:
+            raise ValueError(
+                f"GIGATRON_FLAT_OPTIMIZER_STEP=1 needs fp32 grad buffers (got {buffer.grad_dtype}"
+                f"): set DistributedDataParallelConfig(grad_reduce_in_fp32=True) ({_FILE})"
+            )
