@@ -14,6 +14,12 @@
 #       per group and cached address arrays: GPU tests, bench_adamw.py on both configs; gpt-1.3b
 #       one GPU torch fused AdamW (GPU 0) beside MultiTensorAdamW (GPU 1); DP = 2 with FlatAdamW
 #       and with MultiTensorAdamW (layer groups 2,22)
+#   bash bench/run_gpu_2026-11-30-s7.sh train    # NOT RUN YET (next session): GPU tests of the
+#       flat Adam step and the optimizers; bench_adamw.py on both configs (incl. gigatron's
+#       training optimizer: Float16, distributed, distributed + flat step); pretrain_gpt itself
+#       (Megatron's flags, gpt-1.3b shape, mock data, bf16, distributed optimizer, fp32 grads,
+#       CE fusion, whole model compiled) with and without GIGATRON_FLAT_OPTIMIZER_STEP=1 on both
+#       GPUs at once, then swapped: the first GPU measurement of the training loop itself
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -74,9 +80,50 @@ last() {
   run dp.log 90 $T $D --optimizer multi-tensor --label fast-dp2-model-groups2-22-tanh-mt-adamw
 }
 
+# pretrain_gpt at gpt-1.3b's shape (TRAIN_SHAPE overrides it for a CPU dry run)
+TRAIN_SHAPE=${TRAIN_SHAPE:-"--num-layers 24 --hidden-size 2048 --num-attention-heads 16 \
+  --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 4 --global-batch-size 4 \
+  --vocab-size 50304 --train-iters 40 --log-interval 10"}
+
+train_one() {  # train_one GPU PORT LIMIT LABEL FLAT(0|1): pretrain_gpt on one GPU
+  local gpu=$1 port=$2 lim=$3 label=$4 flat=$5
+  local log="$OUT/train-$label-gpu$gpu.log"
+  local left=$((END - $(date +%s)))
+  [ "$lim" -gt "$left" ] && lim=$left
+  if [ "$lim" -lt 25 ]; then echo "{\"skipped\": \"train $label\"}" >>"$RES"; return; fi
+  echo "=== train $label GPU $gpu flat=$flat ($(date -u +%T))" >>"$OUT/train.log"
+  # shellcheck disable=SC2086  (TRAIN_SHAPE is a list of flags)
+  CUDA_VISIBLE_DEVICES=$gpu GIGATRON_FLAT_OPTIMIZER_STEP=$flat timeout "$lim" \
+    torchrun --nproc-per-node 1 --master-port "$port" -m gigatron.training.pretrain_gpt \
+    $TRAIN_SHAPE --lr 1e-4 --min-lr 1e-5 --mock-data --bf16 --use-distributed-optimizer \
+    --accumulate-allreduce-grads-in-fp32 --cross-entropy-loss-fusion --torch-compile model \
+    --clip-grad 1.0 --weight-decay 0.1 --eval-iters 0 --eval-interval 100000 \
+    --no-progress-bar >"$log" 2>&1
+  tail -c 3000 "$log" >>"$OUT/train.log"
+  local line
+  line=$(python3 bench/parse_train_log.py "$log" --label "$label" | sed -n 's/^RESULT //p')
+  if [ -n "$line" ]; then echo "$line" >>"$RES"; else
+    echo "{\"failed\": \"train $label\", \"rc\": 1}" >>"$RES"; fi
+}
+
+train() {
+  run_tests 150 tests/gpu/test_flat_adam_step_cuda.py tests/unit/test_multi_tensor_adamw.py \
+    tests/dist/test_flat_adamw.py -m gpu
+  CUDA_VISIBLE_DEVICES=0 run adamw.log 150 python3 bench/bench_adamw.py --config gpt-1.3b &
+  CUDA_VISIBLE_DEVICES=1 run adamw.log 120 python3 bench/bench_adamw.py --config gpt-125m &
+  wait
+  train_one 0 29921 150 torch-adamw 0 &
+  train_one 1 29931 150 flat-step 1 &
+  wait
+  train_one 0 29921 110 flat-step 1 &
+  train_one 1 29931 110 torch-adamw 0 &
+  wait
+}
+
 case "${1:-}" in
   gapdp) gapdp ;;
   last) last ;;
-  *) echo "usage: $0 gapdp|last" >&2; exit 2 ;;
+  train) train ;;
+  *) echo "usage: $0 gapdp|last|train" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
