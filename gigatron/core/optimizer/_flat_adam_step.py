@@ -68,6 +68,11 @@ class _Segment:
         self.exp_avg = torch.zeros(n, dtype=torch.float32, device=grad.device)
         self.exp_avg_sq = torch.zeros_like(self.exp_avg)
         self.gid = torch.empty(n, dtype=torch.uint8, device=grad.device)
+        # [a, b) ranges of params in the shard that no main param covers (in a buffer but not
+        # in the optimizer, e.g. frozen after DDP wrapped the model): the step writes main
+        # into the model param there, so main must hold the model's values (bf16 -> fp32 is
+        # exact)
+        self.keep: list[tuple[int, int]] = []
 
 
 class FlatAdamStep:
@@ -99,6 +104,10 @@ class FlatAdamStep:
                 seg.gid.fill_(self.padding_row)
                 for param in bucket.params_list:
                     if param not in where:
+                        p0, p1, _ = buffer.param_index_map[param]
+                        a, b = max(p0, s0) - s0, min(p1, s0 + shard) - s0
+                        if a < b and seg.model is not None:
+                            seg.keep.append((a, b))
                         continue
                     main, lo, hi = where[param]
                     a = buffer.param_index_map[param][0] + lo - s0
@@ -161,6 +170,8 @@ class FlatAdamStep:
         table = self._table(device)
         update = _update_fn(device)
         for seg in self.segments:
+            for a, b in seg.keep:  # their model values (a load may have changed them)
+                seg.main[a:b].copy_(seg.model[a:b])
             update(seg.main, seg.grad, seg.exp_avg, seg.exp_avg_sq, seg.gid, table, seg.model)
 
 
