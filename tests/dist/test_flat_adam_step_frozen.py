@@ -1,7 +1,8 @@
 """GIGATRON_FLAT_OPTIMIZER_STEP=1 (gigatron/core/optimizer/_flat_adam_step.py): a param that
 sits in DDP's buffers but not in the optimizer (frozen after DDP wrapped the model, so
 get_megatron_optimizer leaves it out) keeps its values through the flat step of a bf16 model,
-as with the torch step; the other params match the torch step (DP = 2 gloo ranks)."""
+as with the torch step; the other params match the torch step (DP = 2 gloo ranks). Padding
+elements keep their values and zero Adam state whatever their grads."""
 
 import os
 
@@ -15,6 +16,7 @@ from gigatron.core.distributed import (
 )
 from gigatron.core.model_parallel_config import ModelParallelConfig
 from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from gigatron.core.optimizer._flat_adam_step import FlatAdamStep, flat_adam_update
 from gigatron.testing import run_distributed
 
 
@@ -60,3 +62,27 @@ def test_frozen_param_in_a_buffer_keeps_its_values():
             torch.testing.assert_close(flat[0], ref[0], rtol=0, atol=0, msg=f"{key} frozen")
             for a, b in zip(flat[1:], ref[1:], strict=True):
                 torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-6, msg=key)
+
+
+def test_padding_row_leaves_its_elements_unchanged():
+    """Elements of the padding row (FlatAdamStep._table's last row) keep main, exp_avg,
+    exp_avg_sq (0) and get the model param bf16(main), whatever their grads."""
+    n = 6
+    main, grad = torch.randn(n), torch.randn(n)  # padding grads need not be zero
+    exp_avg, exp_avg_sq = torch.zeros(n), torch.zeros(n)
+    gid = torch.tensor([0, 1, 1, 0, 1, 1], dtype=torch.uint8)
+    table = torch.tensor(
+        [[0.999, 0.1, 0.3, 0.1, 0.999, 0.001, 1e-8, 0.0], [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]]
+    )
+    no_groups = FlatAdamStep.__new__(FlatAdamStep)
+    no_groups.opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+    no_groups.opt.param_groups.clear()
+    assert torch.equal(no_groups._table(torch.device("cpu")), table[1:])
+    model = torch.zeros(n, dtype=torch.bfloat16)
+    before = main.clone()
+    flat_adam_update(main, grad, exp_avg, exp_avg_sq, gid, table, model)
+    pad = gid == 1
+    assert torch.equal(main[pad], before[pad])
+    assert torch.equal(model[pad].float(), before[pad].bfloat16().float())
+    assert not exp_avg[pad].any() and not exp_avg_sq[pad].any()
+    assert not torch.equal(main[~pad], before[~pad])  # the real group moved

@@ -154,7 +154,9 @@ class FlatAdamStep:
             decay, l2 = (1.0 - lr * wd, 0.0) if decoupled else (1.0, wd)
             bias1, bias2_sqrt = 1.0 - beta1**t, (1.0 - beta2**t) ** 0.5
             rows.append([decay, lr / bias1, bias2_sqrt, 1.0 - beta1, beta2, 1.0 - beta2, eps, l2])
-        rows.append([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0])  # padding: m = v = 0, p unchanged
+        # padding (and params no main covers): weights 0, so m, v and p keep their values
+        # (m = lerp(m, g, 0), v = v * 1 + 0 * g^2, p = p * 1 - 0 * ...) for finite grads
+        rows.append([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0])
         table = torch.tensor(rows, dtype=torch.float64).float()
         if device.type == "cuda":
             return table.pin_memory().to(device, non_blocking=True)
