@@ -74,10 +74,14 @@ def build_pretraining_data_loader(dataset, consumed_samples: int, args) -> DataL
         data_parallel_rank=ps.get_data_parallel_rank(),
         data_parallel_size=ps.get_data_parallel_world_size(),
     )
+    # Each DataLoader iterator draws a base seed; from its own generator, not the global one,
+    # so building the loader after a checkpoint's RNG states were restored does not move the
+    # torch RNG that CPU dropout draws from (a resumed run then repeats the uninterrupted one)
     return DataLoader(
         dataset,
         batch_sampler=sampler,
         num_workers=args.num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=args.num_workers > 0,
+        generator=torch.Generator().manual_seed(getattr(args, "seed", 1234)),
     )

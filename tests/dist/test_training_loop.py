@@ -140,7 +140,7 @@ def test_tp2_pp2_matches_one_rank_step_by_step():
             assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (step, a, b)
 
 
-def _run_with_sigterm(ckpt_dir, kill_at, load):
+def _run_with_sigterm(ckpt_dir, kill_at, load, dropout=0.0):
     import os
     import signal
 
@@ -155,6 +155,7 @@ def _run_with_sigterm(ckpt_dir, kill_at, load):
         return pretrain_gpt.forward_step(data_iterator, model)
 
     extra = ["--train-iters", "12", "--seed", "3", "--use-distributed-optimizer"]
+    extra += ["--hidden-dropout", str(dropout), "--attention-dropout", str(dropout)]
     if ckpt_dir:
         extra += ["--save", ckpt_dir, "--exit-signal-handler"]
     if load:
@@ -171,12 +172,15 @@ def _run_with_sigterm(ckpt_dir, kill_at, load):
     return result["iteration"], [h["losses"]["lm loss"] for h in result["history"]], weights
 
 
-def test_sigterm_saves_and_resume_matches_uninterrupted(tmp_path):
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_sigterm_saves_and_resume_matches_uninterrupted(tmp_path, dropout):
+    """With dropout the resumed run must draw the same masks: the RNG states are restored at
+    load, and nothing built afterwards (the data loader) may move them."""
     ckpt = str(tmp_path / "ckpt")
-    full = run_distributed(_run_with_sigterm, 2, args=(None, 0, False), timeout=300)
-    first = run_distributed(_run_with_sigterm, 2, args=(ckpt, 5, False), timeout=300)
+    full = run_distributed(_run_with_sigterm, 2, args=(None, 0, False, dropout), timeout=300)
+    first = run_distributed(_run_with_sigterm, 2, args=(ckpt, 5, False, dropout), timeout=300)
     assert [r[0] for r in first] == [5, 5]  # every rank stopped after the signalled step
-    second = run_distributed(_run_with_sigterm, 2, args=(ckpt, 0, True), timeout=300)
+    second = run_distributed(_run_with_sigterm, 2, args=(ckpt, 0, True, dropout), timeout=300)
     for rank in range(2):
         iteration, losses, weights = second[rank]
         assert iteration == 12
