@@ -295,3 +295,13 @@ def test_caches_stay_bounded_under_a_momentum_schedule_and_changing_grad_sets(mo
         assert len(opt._addresses) == 1, len(opt._addresses)
     assert len({c[0] for c in calls}) > 10  # beta1 moved: a new batch key most steps
     assert len(opt._tables) == mod._MAX_TABLES < 11  # 11 grad subsets were used
+
+
+def test_state_dict_with_amsgrad_or_maximize_is_refused():
+    ps = _params()
+    for key in ("amsgrad", "maximize"):
+        torch_opt = torch.optim.AdamW(ps, lr=1e-3, **{key: True})
+        with pytest.raises(ValueError, match=f"param group 0 has {key}=True"):
+            MultiTensorAdamW(ps, lr=1e-3).load_state_dict(torch_opt.state_dict())
+    plain = torch.optim.AdamW(ps, lr=1e-3).state_dict()  # amsgrad / maximize False: loads
+    MultiTensorAdamW(ps, lr=1e-3).load_state_dict(plain)

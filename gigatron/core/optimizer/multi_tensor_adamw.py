@@ -83,7 +83,16 @@ class MultiTensorAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict) -> None:
         """torch's load, then every `step` a CPU float32 tensor: torch puts it on the param's
         device when the saved groups say fused / capturable (a fused AdamW's state dict), and
-        `step` reads it on the host per tensor (a device sync each if left on the GPU)."""
+        `step` reads it on the host per tensor (a device sync each if left on the GPU). A state
+        dict whose groups ask for amsgrad or maximize (a torch AdamW's) is refused: this
+        optimizer would silently step without them."""
+        for i, group in enumerate(state_dict.get("param_groups", [])):
+            for key in ("amsgrad", "maximize"):
+                if group.get(key):
+                    raise ValueError(
+                        f"MultiTensorAdamW.load_state_dict: param group {i} has {key}=True, "
+                        f"which MultiTensorAdamW does not support ({_FILE})"
+                    )
         super().load_state_dict(state_dict)
         for state in self.state.values():
             if "step" in state:
