@@ -92,28 +92,22 @@ class FlatAdamStep:
         where = {}
         for param, main, lo, hi in dist_opt._entries():
             where[param] = (main, lo, hi)
-        for buffer in dist_opt.buffers:
-            size = buffer.data_parallel_world_size
-            rank = torch.distributed.get_rank(buffer.data_parallel_group) if size > 1 else 0
-            for bucket in buffer.buckets:
-                shard = bucket.grad_data.numel() // size
-                s0 = bucket.offset + rank * shard
-                seg = _Segment(
-                    buffer.grad_data[s0 : s0 + shard], buffer.param_data[s0 : s0 + shard], shard
-                )
-                seg.gid.fill_(self.padding_row)
-                for param in bucket.params_list:
-                    if param not in where:
-                        p0, p1, _ = buffer.param_index_map[param]
-                        a, b = max(p0, s0) - s0, min(p1, s0 + shard) - s0
-                        if a < b and seg.model is not None:
-                            seg.keep.append((a, b))
-                        continue
-                    main, lo, hi = where[param]
-                    a = buffer.param_index_map[param][0] + lo - s0
-                    seg.gid[a : a + hi - lo] = group_of[id(main)]
-                    self.views.append((main, seg, a, a + hi - lo))
-                self.segments.append(seg)
+        for buffer, bucket, s0, s1 in dist_opt.bucket_shards():
+            shard = s1 - s0
+            seg = _Segment(buffer.grad_data[s0:s1], buffer.param_data[s0:s1], shard)
+            seg.gid.fill_(self.padding_row)
+            for param in bucket.params_list:
+                if param not in where:
+                    p0, p1, _ = buffer.param_index_map[param]
+                    a, b = max(p0, s0) - s0, min(p1, s1) - s0
+                    if a < b and seg.model is not None:
+                        seg.keep.append((a, b))
+                    continue
+                main, lo, hi = where[param]
+                a = buffer.param_index_map[param][0] + lo - s0
+                seg.gid[a : a + hi - lo] = group_of[id(main)]
+                self.views.append((main, seg, a, a + hi - lo))
+            self.segments.append(seg)
         self.resync()
 
     def resync(self) -> None:

@@ -92,20 +92,25 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
 
             self._flat_step = FlatAdamStep(self)
 
-    def _build_shard_ranges(self) -> dict:
-        ranges = {}
+    def bucket_shards(self):
+        """(buffer, bucket, s0, s1) for every bucket: this rank's shard [s0, s1) of it, in the
+        buffer's flat coordinates."""
         for buffer in self.buffers:
             size = buffer.data_parallel_world_size
             rank = dist.get_rank(buffer.data_parallel_group) if size > 1 else 0
             for bucket in buffer.buckets:
                 shard = bucket.grad_data.numel() // size
                 s0 = bucket.offset + rank * shard
-                s1 = s0 + shard
-                for param in bucket.params_list:
-                    p0, p1, _ = buffer.param_index_map[param]
-                    lo, hi = max(p0, s0), min(p1, s1)
-                    if lo < hi:
-                        ranges[param] = (lo - p0, hi - p0)
+                yield buffer, bucket, s0, s0 + shard
+
+    def _build_shard_ranges(self) -> dict:
+        ranges = {}
+        for buffer, bucket, s0, s1 in self.bucket_shards():
+            for param in bucket.params_list:
+                p0, p1, _ = buffer.param_index_map[param]
+                lo, hi = max(p0, s0), min(p1, s1)
+                if lo < hi:
+                    ranges[param] = (lo - p0, hi - p0)
         return ranges
 
     def _entries(self):
