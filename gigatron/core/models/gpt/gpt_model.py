@@ -118,7 +118,10 @@ class GPTModel(LanguageModule):
             if inference_context.materialize_only_last_token_logits:
                 hidden_states = hidden_states[-1:]  # [1, b, h]: all a sampler needs
         output_weight = self._tied_output_weight()
-        if labels is not None and self.config.cross_entropy_loss_fusion and self.parallel_output:
+        # The loss kernel follows cross_entropy_loss_fusion / cross_entropy_fusion_impl alone,
+        # whatever parallel_output is, as Megatron's compute_language_model_loss picks it: the
+        # chunked kernel reads the vocab-parallel weight and returns no logits to gather.
+        if labels is not None and self.config.cross_entropy_loss_fusion:
             # Fast path: output layer + vocab-parallel cross entropy in token chunks, never the
             # whole batch's fp32 logits (same numbers as the two steps below). The logits are
             # recomputed chunk by chunk in backward: on H200 faster and smaller than keeping
