@@ -141,8 +141,12 @@ class GPTModel(LanguageModule):
                 grad_in_forward=grad_in_forward,
                 loss_mask=loss_mask if grad_in_forward else None,
             )  # [b, s]
+        # With labels the loss is taken over the vocab-parallel logits, never gathered ones:
+        # vocab_parallel_cross_entropy would read gathered [s, b, V] logits as a V-wide shard
+        # per rank and return loss + log(tp) (Megatron does; gigatron differs on purpose).
+        gather = False if labels is not None else runtime_gather_output
         logits, _ = self.output_layer(
-            hidden_states, weight=output_weight, runtime_gather_output=runtime_gather_output
+            hidden_states, weight=output_weight, runtime_gather_output=gather
         )  # [s, b, V/tp]
         if labels is None:
             return logits.transpose(0, 1).contiguous()  # [b, s, V/tp]
