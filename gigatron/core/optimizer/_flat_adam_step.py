@@ -12,6 +12,11 @@ fused Adam step and the main -> model copy in one pass (torch's formula; fp32 re
 to rounding order). Padding elements belong to an extra group whose step leaves them as they
 are. Norm and clipping run before, as without it (on the grad buffer's views).
 
+Step hooks: the torch optimizer's step pre / post hooks (its own and the global ones) run around
+the flat step as around `opt.step()`, through torch's wrapper. One difference: the model params
+are written in the same pass, so post hooks see them updated (the torch path copies main ->
+model after its post hooks).
+
 Needs: torch.optim.Adam / AdamW without amsgrad / maximize, fp32 grad buffers
 (`grad_reduce_in_fp32=True`), no loss scaler (bf16 or fp32 models).
 """
@@ -156,9 +161,26 @@ class FlatAdamStep:
             return table.pin_memory().to(device, non_blocking=True)
         return table
 
+    def step(self):
+        """The Adam(W) step of every shard, model params included (grads already clipped),
+        between the torch optimizer's step hooks as `self.opt.step()` runs them: torch's own
+        wrapper calls the global then the optimizer's pre hooks with (opt, (opt,), {}) (one may
+        return new (args, kwargs), e.g. a closure), the same profiler range, then the post
+        hooks with the final arguments. Returns the closure's loss, as Adam.step does."""
+        return torch.optim.Optimizer.profile_hook_step(self._hooked_step)(self.opt)
+
+    def _hooked_step(self, opt, closure=None):
+        """Adam.step's arguments after its `self` (`opt`): what the pre hooks hand over."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():  # as Adam.step calls it
+                loss = closure()
+        self._update()
+        return loss
+
     @torch.no_grad()
-    def step(self) -> None:
-        """The Adam(W) step of every shard, model params included (grads already clipped)."""
+    def _update(self) -> None:
+        # after the pre hooks: they may change lr or replace params / state (resync sees it)
         self.resync()  # cheap when nothing moved (data_ptr checks)
         if not self.segments:
             return
