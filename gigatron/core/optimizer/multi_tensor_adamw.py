@@ -12,7 +12,9 @@ param groups (each with its own lr / weight decay, LR schedulers work), torch Ad
 math in fp32 with torch AdamW's formula (host float64 bias corrections). Without CUDA or Triton
 the same update runs per tensor in PyTorch. Not supported (ValueError): amsgrad, maximize.
 Tensors the kernel cannot take (non-contiguous, or moments of another dtype, size or device) get
-the PyTorch update, in their own shapes and strides.
+the PyTorch update, in their own shapes and strides. Steps may run on different CUDA streams: the
+cached address arrays are copied anew on a stream other than the one that copied them, and a
+block table read on another stream is recorded on it for the caching allocator.
 
     opt = MultiTensorAdamW(model.parameters(), lr=1e-4)   # then as torch.optim.AdamW
 """
@@ -36,6 +38,19 @@ def _triton_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _current_stream(device: torch.device):
+    """The CUDA stream now current on `device`, where the launch goes (None off CUDA)."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+
+def _keep_alive_on(tensors, stream) -> None:
+    """Tell the caching allocator that `stream` reads `tensors` (allocated on another stream):
+    their memory is not handed out again, once freed, before that stream's queued work ran."""
+    if stream is not None:
+        for t in tensors:
+            t.record_stream(stream)
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -76,8 +91,10 @@ class MultiTensorAdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
         self.block, self.use_triton = block, use_triton
+        # sizes key -> (block table, the stream it was allocated on)
         self._tables: dict[tuple, tuple] = {}
-        # batch key -> (addresses, their device arrays, all 16-byte aligned)
+        # batch key -> (addresses, their device arrays, all 16-byte aligned, the stream that
+        # copied them)
         self._addresses: dict[tuple, tuple] = {}
 
     def load_state_dict(self, state_dict) -> None:
@@ -180,18 +197,23 @@ class MultiTensorAdamW(torch.optim.Optimizer):
         from gigatron.core.optimizer import _triton_adamw
 
         device = entries[0][0].device
-        tables = self._block_table(tuple(e[0] for e in entries), device)
+        stream = _current_stream(device)
+        tables = self._block_table(tuple(e[0] for e in entries), device, stream)
         cols = list(zip(*entries, strict=True))  # params, grads, states, decay, step, b2
         addrs = tuple(t.data_ptr() for t in cols[0]) + tuple(t.data_ptr() for t in cols[1])
         addrs += tuple(s["exp_avg"].data_ptr() for s in cols[2])
         addrs += tuple(s["exp_avg_sq"].data_ptr() for s in cols[2])
         # the address arrays on the device, reused while nothing moved (autograd's caching
-        # allocator mostly hands the grads the same blocks every step): no copy, no pinning
+        # allocator mostly hands the grads the same blocks every step): no copy, no pinning.
+        # Only on the stream that copied them: their non-blocking copy is ordered on that
+        # stream alone, and their memory returns to that stream's pool when dropped (another
+        # stream's kernel could read it before the copy lands, or after it is handed out
+        # again). A step on another stream copies them anew there.
         cached = self._addresses.get(batch_key)
-        if cached is None or cached[0] != addrs:
+        if cached is None or cached[0] != addrs or cached[3] != stream:
             aligned = all(a % 16 == 0 for a in addrs)
             host = _to_device(torch.tensor(addrs, dtype=torch.int64).view(4, -1), device)
-            cached = self._addresses[batch_key] = (addrs, tuple(host), aligned)
+            cached = self._addresses[batch_key] = (addrs, tuple(host), aligned, stream)
         scal = torch.tensor([cols[3], cols[4], cols[5]], dtype=torch.float64).float()  # [3, T]
         scal = _to_device(scal, device)
         dtypes = (cols[0][0].dtype, cols[1][0].dtype)
@@ -202,21 +224,28 @@ class MultiTensorAdamW(torch.optim.Optimizer):
                 tables, cached[1], tuple(scal), betas_eps, *dtypes, self.block, cached[2]
             )
 
-    def _block_table(self, params: tuple, device) -> tuple:
+    def _block_table(self, params: tuple, device, stream) -> tuple:
         """(block -> tensor index int32 [B], block -> first element int64 [B], numel [T]),
         built once per list of tensor sizes (the table depends on nothing else: keyed by the
         sizes, not by id(p), it cannot go stale when a param is replaced or resized or an id is
-        reused); the `_MAX_TABLES` most recently used lists are kept."""
+        reused); the `_MAX_TABLES` most recently used lists are kept. `stream`: where the
+        kernel reading it runs (None off CUDA)."""
         numels = tuple(p.numel() for p in params)
         key = (device, self.block, numels)
-        table = self._tables.pop(key, None)
-        if table is None:
+        entry = self._tables.pop(key, None)
+        if entry is None:
             blocks = [(i, o) for i, n in enumerate(numels) for o in range(0, n, self.block)]
             block_tensor = torch.tensor([b[0] for b in blocks], dtype=torch.int32)
             block_offset = torch.tensor([b[1] for b in blocks], dtype=torch.int64)
             numel = torch.tensor(numels, dtype=torch.int64)
-            table = tuple(t.to(device) for t in (block_tensor, block_offset, numel))
-        self._tables[key] = table  # the most recently used last
+            # a blocking copy (pageable host memory): done before any stream reads the table
+            entry = (tuple(t.to(device) for t in (block_tensor, block_offset, numel)), stream)
+        elif entry[1] != stream:
+            # read on a stream other than the one it was allocated on: once evicted, its
+            # memory must wait for this stream's kernel (rebuilding instead: ~0.15 s of host work
+            # for gpt-1.3b's tables)
+            _keep_alive_on(entry[0], stream)
+        self._tables[key] = entry  # the most recently used last
         while len(self._tables) > _MAX_TABLES:  # e.g. MoE experts without tokens: grad None
             del self._tables[next(iter(self._tables))]
-        return table
+        return entry[0]
