@@ -166,9 +166,18 @@ def parse_args(argv=None, doc: str | None = None):
     p.add_argument(
         "--optimizer",
         default="torch-fused",
-        choices=["torch-fused", "torch-foreach", "compiled", "flat", "multi-tensor"],
+        choices=[
+            "torch-fused",
+            "torch-foreach",
+            "compiled",
+            "flat",
+            "flat-overlap",
+            "multi-tensor",
+        ],
         help="compiled: torch.compile of a foreach AdamW step (Inductor-fused kernels); flat: "
         "gigatron's FlatAdamW over DDP's flat grad buffers (needs DDP: --ddp on at DP = 1); "
+        "flat-overlap: FlatAdamW.finish_grad_sync_and_step (the last buckets' collective beside "
+        "the other buckets' update); "
         "multi-tensor: gigatron's MultiTensorAdamW (one Triton launch over all tensors)",
     )
     p.add_argument(
@@ -223,7 +232,7 @@ def _check_layout_args(a) -> None:
             f"--anchor-init needs --tp 1 and --pp 1 (got {a.tp}, {a.pp}): it draws whole, "
             "untied-by-stage weights (bench_gpt.py)"
         )
-    if a.optimizer == "flat" and (_layout_path(a) or a.ddp == "off"):
+    if a.optimizer.startswith("flat") and (_layout_path(a) or a.ddp == "off"):
         raise ValueError(
             "--optimizer flat needs DDP (--ddp on or auto with DP > 1) and pp = cp = "
             "num_microbatches = 1 (bench_gpt.py)"

@@ -219,6 +219,9 @@ class _Step:
         with self.sdpa_ctx():
             loss = self.loss_fn(self.model, *self.batch)
         loss.backward()
+        if self.a.optimizer == "flat-overlap":
+            self.opt.finish_grad_sync_and_step()
+            return loss
         if self.ddp is not None:
             self.ddp.finish_grad_sync()
             if self.a.optimizer != "flat":  # FlatAdamW reads DDP's grad buffers itself
@@ -301,7 +304,7 @@ def _plain_step(a, shape, dp, batch, sdpa_ctx):
 
         ddp = DistributedDataParallel(cfg, _ddp_config(a), model)
     _compile_layers(a, [model])
-    if a.optimizer == "flat":
+    if a.optimizer.startswith("flat"):
         if ddp is None:
             raise ValueError("--optimizer flat needs DDP: add --ddp on at DP = 1 (bench_gpt.py)")
         from gigatron.core.optimizer.flat_adamw import FlatAdamW

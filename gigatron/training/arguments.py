@@ -265,6 +265,11 @@ def _checkpoint_logging_args(p):
     _add(g, "--wandb-save-dir", str, None, "Weights & Biases directory")
     _add(g, "--log-throughput", bool, help_="log throughput (always on in gigatron)")
     _add(g, "--no-progress-bar", bool, help_="no progress bar")
+    _add(g, "--profile", bool, help_="profile iterations --profile-step-start .. end")
+    _add(g, "--use-pytorch-profiler", bool, help_="torch.profiler trace into --tensorboard-dir")
+    _add(g, "--profile-step-start", int, 10, "first profiled iteration")
+    _add(g, "--profile-step-end", int, 12, "iteration at which profiling stops")
+    _add(g, "--profile-ranks", int, [0], "global ranks to profile", nargs="+")
     g = p.add_argument_group("exit")
     _add(g, "--exit-signal-handler", bool, help_="save and exit on SIGTERM")
     _add(g, "--exit-duration-in-mins", float, None, "save and exit after this many minutes")
@@ -431,6 +436,9 @@ def validate_args(args, world_size: int | None = None):
         args.transformer_impl = "local"  # no Transformer Engine: the local spec is the only one
     if not args.mock_data and not args.data_path:
         raise ValueError("give --data-path PREFIX (or --mock-data for random tokens)")
+    from gigatron.training._profiler import check_profile_args
+
+    check_profile_args(args)
     args.consumed_train_samples = 0
     args.consumed_valid_samples = 0
     return args

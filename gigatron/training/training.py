@@ -30,6 +30,7 @@ from gigatron.core.num_microbatches_calculator import (
 )
 from gigatron.training import _config_from_args as cfa
 from gigatron.training import _training_log as tlog
+from gigatron.training._profiler import StepProfiler
 from gigatron.training._train_step import (  # noqa: F401  (Megatron's public names live here)
     NonFiniteGradientError,
     evaluate,
@@ -236,8 +237,10 @@ def train(
     window_start, window_iters = time.perf_counter(), 0
     counts = {"skipped": 0, "nan": 0}
     history = args.train_history = getattr(args, "train_history", [])
+    profiler = StepProfiler(args)
     try:
         while iteration < args.train_iters:
+            profiler.step(iteration)
             update_num_microbatches(args.consumed_train_samples, consistency_check=True)
             args.iteration = iteration
             losses, skipped, grad_norm, num_zeros, nan_iter = train_step(
@@ -313,6 +316,7 @@ def train(
                 print_rank_0(f"exiting at iteration {iteration}: --exit-interval")
                 break
     finally:
+        profiler.close()
         bar.close()
         exit_signal.restore()
         if args.async_save:

@@ -15,8 +15,9 @@ from gigatron.testing import run_distributed
 VOCAB, SEQ, MBS, HIDDEN = 96, 16, 2, 32
 
 
-def _train(flat: bool, dtype: torch.dtype):
-    """Three DDP steps on this rank's batches: the params (as fp32) after each step."""
+def _train(flat: bool, dtype: torch.dtype, overlap: bool = False):
+    """Three DDP steps on this rank's batches: the params (as fp32) after each step. `overlap`:
+    FlatAdamW.finish_grad_sync_and_step instead of finish_grad_sync + step."""
     import torch.distributed as dist
 
     from gigatron.core import parallel_state
@@ -58,6 +59,11 @@ def _train(flat: bool, dtype: torch.dtype):
         tokens = torch.randint(0, VOCAB, (MBS, SEQ), generator=gen)
         pos = torch.arange(SEQ).unsqueeze(0).expand(MBS, SEQ)
         ddp(tokens, pos, None, labels=tokens).float().mean().backward()
+        if overlap:
+            assert len(ddp.bucket_groups) > 2  # the split leaves buckets on both sides
+            opt.finish_grad_sync_and_step()
+            history.append([p.detach().float().clone() for p in params])
+            continue
         ddp.finish_grad_sync()
         if not flat:
             for p in params:
@@ -81,6 +87,18 @@ def test_flat_adamw_matches_torch_adamw_under_ddp():
                 torch.testing.assert_close(x, y, rtol=1e-6, atol=tol, msg=f"step {step} param {i}")
         moved = max(moved, max((x - y).abs().max().item() for x, y in zip(got[0][-1], got[0][0])))
     assert moved > 1e-3  # the params really changed over the steps
+
+
+def test_overlapped_finish_and_step_equals_finish_then_step():
+    """The last buckets' update queued after their collective, the others' before it: bitwise
+    the same params as finish_grad_sync() + step()."""
+    ref = run_distributed(_train, 2, args=(True, torch.float32), timeout=180)
+    got = run_distributed(_train, 2, args=(True, torch.float32, True), timeout=180)
+    for rank in range(2):
+        for step, (a, b) in enumerate(zip(got[rank], ref[rank], strict=True)):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                assert torch.equal(x, y), f"rank {rank} step {step} param {i}"
+    assert not torch.equal(got[0][0][0], got[0][-1][0])  # the params moved
 
 
 def test_bf16_update_matches_torch_fused_adamw():

@@ -33,7 +33,7 @@ def _bench(*flags):
     return out, (json.loads(lines[-1][7:]) if lines else None)
 
 
-@pytest.mark.parametrize("optimizer", ["flat", "multi-tensor"])
+@pytest.mark.parametrize("optimizer", ["flat", "flat-overlap", "multi-tensor"])
 def test_gigatron_optimizers_match_torch_adamw_in_the_bench(optimizer):
     _, got = _bench("--ddp", "on", "--optimizer", optimizer)
     _, ref = _bench("--ddp", "on", "--optimizer", "torch-foreach")

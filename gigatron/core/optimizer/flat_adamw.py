@@ -92,6 +92,7 @@ class FlatAdamW:
         check_adamw_hyperparameters("FlatAdamW", lr, betas, eps, weight_decay, _FILE)
         self.beta1, self.beta2 = (float(b) for b in betas)
         self.eps, self.weight_decay = float(eps), float(weight_decay)
+        self.ddp = ddp_model
         self.buffers = list(ddp_model.buffers) + list(ddp_model.expert_parallel_buffers)
         if not self.buffers:
             raise ValueError(f"FlatAdamW: the DDP model has no trainable params ({_FILE})")
@@ -114,10 +115,8 @@ class FlatAdamW:
                 self.flat.append((flat, buffer.grad_data, *state))
         self.compiled = device.type == "cuda" if compiled is None else compiled
 
-    @torch.no_grad()
-    def step(self) -> None:
-        """One AdamW update of every param from the (reduced) grad buffers (`self.lr` may be
-        changed between steps)."""
+    def _next_step(self):
+        """Advance the step count, set the device scalars; return the update function."""
         self.step_count += 1
         t = self.step_count
         host = (
@@ -127,9 +126,44 @@ class FlatAdamW:
         )
         for i, value in enumerate(host):
             self._scalars[i].fill_(value)  # a kernel argument each: no host-device sync
-        update = _update_fn(self.compiled)
-        for flat, grad, exp_avg, exp_avg_sq in self.flat:
-            update(flat, grad, exp_avg, exp_avg_sq, self._scalars, self.beta1, self.beta2, self.eps)
+        return _update_fn(self.compiled)
+
+    def _update(self, update, lo_hi) -> None:
+        """Update elements [lo, hi) of each buffer (lo_hi: one (lo, hi) per buffer)."""
+        for (flat, grad, m, v), (lo, hi) in zip(self.flat, lo_hi, strict=True):
+            if hi > lo:
+                args = (flat[lo:hi], grad[lo:hi], m[lo:hi], v[lo:hi], self._scalars)
+                update(*args, self.beta1, self.beta2, self.eps)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One AdamW update of every param from the (reduced) grad buffers (`self.lr` may be
+        changed between steps)."""
+        update = self._next_step()
+        self._update(update, [(0, flat.numel()) for flat, _, _, _ in self.flat])
+
+    @torch.no_grad()
+    def finish_grad_sync_and_step(self) -> None:
+        """`ddp.finish_grad_sync(); step()` with the update of all but each buffer's last bucket
+        queued before waiting for the last buckets' collectives.
+
+        The last bucket of a buffer (highest offset: the first-registered params, e.g. the word
+        embedding, whose grad is complete only at the end of backward) is reduced last; its
+        collective then runs beside the update of the other buckets instead of before it. Same
+        result as the two calls (each element sees the same update)."""
+        lasts = [max(buffer.buckets, key=lambda b: b.offset) for buffer in self.buffers]
+        split = [b.offset for b in lasts]
+        last = {id(b) for b in lasts}
+        groups = self.ddp._all_bucket_groups()
+        late = [g for g in groups if any(id(b) in last for b in g.buckets)]
+        for group in groups:
+            if all(group is not g for g in late):
+                group.finish_grad_sync()
+        update = self._next_step()
+        self._update(update, [(0, k) for k in split])
+        for group in late:
+            group.finish_grad_sync()
+        self._update(update, [(k, flat.numel()) for k, (flat, _, _, _) in zip(split, self.flat)])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop any `.grad` (DDP's zero_grad_buffer zeroes the grads this optimizer reads)."""

@@ -1,0 +1,149 @@
+"""`--profile`: Megatron's step-window profiling of the training loop, plus a kernel summary.
+
+As in Megatron, the iterations from `--profile-step-start` up to (not including)
+`--profile-step-end` are profiled on the global ranks in `--profile-ranks`; an iteration's number
+is the count of iterations done before it (checkpoint included), as Megatron's loop counts:
+
+- with `--use-pytorch-profiler`, by `torch.profiler` (CPU + CUDA activities, shapes and stacks
+  recorded), the trace written by `tensorboard_trace_handler` into `--tensorboard-dir`;
+- without it, by `cudaProfilerStart` / `cudaProfilerStop` (for
+  `nsys profile --capture-range=cudaProfilerApi`).
+
+gigatron also prints, on each profiled rank, the device time per profiled iteration by kernel
+category (GEMM, attention, communication, compiled Triton, optimizer, other) and the top kernels:
+what Megatron users otherwise read off the trace by hand. On CPU the summary lists operators by
+CPU self time instead.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+_FILE = "gigatron/training/_profiler.py"
+
+
+def kernel_category(name: str) -> str:
+    """Coarse class of a CUDA kernel from its name (the categories of the reports in bench/)."""
+    low = name.lower()
+    if "nccl" in low:
+        return "nccl"
+    if any(k in low for k in ("nvjet", "gemm", "cutlass", "xmma")):
+        return "gemm"
+    if any(k in low for k in ("sdpa", "flash", "fmha", "attention")):
+        return "attention"
+    if "multi_tensor_apply" in low or "adam" in low:
+        return "optimizer"
+    if low.startswith("triton_"):
+        return "triton (compiled elementwise/norm/reduction)"
+    return "other (eager elementwise, copies, embedding)"
+
+
+def check_profile_args(args) -> None:
+    """ValueError naming the flag and the rule (called by validate_args)."""
+    if not getattr(args, "profile", False):
+        return
+    if args.profile_step_start < 0 or args.profile_step_end <= args.profile_step_start:
+        raise ValueError(
+            f"--profile-step-start ({args.profile_step_start}) must be >= 0 and below "
+            f"--profile-step-end ({args.profile_step_end}) ({_FILE})"
+        )
+    if args.use_pytorch_profiler and not args.tensorboard_dir:
+        raise ValueError(
+            "--use-pytorch-profiler writes its trace into --tensorboard-dir (None): set it "
+            f"({_FILE})"
+        )
+
+
+def summarize(prof, iterations: int, top: int = 15) -> str:
+    """Device (or, without CUDA events, CPU self) time per iteration: by category and top names."""
+    from torch.autograd import DeviceType
+
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    if kernels:
+        rows = [(e.key, e.self_device_time_total, e.count) for e in kernels]
+        what = "CUDA kernel time"
+    else:
+        python = (".py(", "<built-in", "<method")  # with_stack's Python frames: not operators
+        rows = [
+            (e.key, e.self_cpu_time_total, e.count)
+            for e in events
+            if not any(k in e.key for k in python)
+        ]
+        what = "CPU self time of operators"
+    n = max(iterations, 1)
+    total = sum(r[1] for r in rows) / n / 1e3
+    lines = [f"profile: {what} per iteration {total:.2f} ms over {iterations} iterations"]
+    if kernels:
+        by_cat: dict[str, float] = {}
+        for name, us, _ in rows:
+            by_cat[kernel_category(name)] = by_cat.get(kernel_category(name), 0.0) + us / n / 1e3
+        for cat, ms in sorted(by_cat.items(), key=lambda x: -x[1]):
+            lines.append(f"  {ms:9.2f} ms  {cat}")
+    lines.append("  top:")
+    for name, us, count in sorted(rows, key=lambda r: -r[1])[:top]:
+        lines.append(f"  {us / n / 1e3:9.3f} ms  {count // n:5d} calls  {name[:110]}")
+    return "\n".join(lines)
+
+
+class StepProfiler:
+    """Call `step(i)` at the start of every iteration (i = iterations done before it) and
+    `close()` once after the loop (also on error)."""
+
+    def __init__(self, args):
+        self.args = args
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        self.enabled = bool(getattr(args, "profile", False)) and rank in args.profile_ranks
+        self.start, self.end = (
+            getattr(args, "profile_step_start", 0),
+            getattr(args, "profile_step_end", 0),
+        )
+        self.prof = None
+        self.active = False
+        self.done = False
+        self.last = -1
+
+    def step(self, i: int) -> None:
+        if not self.enabled or self.done:
+            return
+        self.last = i
+        if i == self.start:
+            self._begin()
+        elif i == self.end and self.active:
+            self._finish()
+
+    def _begin(self) -> None:
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self.args.use_pytorch_profiler:
+            from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            self.prof = profile(
+                activities=activities,
+                on_trace_ready=tensorboard_trace_handler(self.args.tensorboard_dir),
+                record_shapes=True,
+                with_stack=True,
+            )
+            self.prof.start()
+        elif cuda:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+        self.active = True
+
+    def _finish(self) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        if self.prof is not None:
+            self.prof.stop()  # runs on_trace_ready: the trace file
+            print(summarize(self.prof, self.end - self.start), flush=True)
+            print(f"profile: trace written to {self.args.tensorboard_dir}", flush=True)
+        elif torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.cudart().cudaProfilerStop()
+        self.active, self.done = False, True
+
+    def close(self) -> None:
+        """End a window the loop left open (fewer iterations than --profile-step-end)."""
+        if self.active:
+            self.end = self.last + 1
+            self._finish()
