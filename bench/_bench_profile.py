@@ -9,6 +9,9 @@ import json
 
 import torch
 
+from gigatron.training._profiler import idle_gaps as _idle_gaps
+from gigatron.training._profiler import kernel_category
+
 
 def host_syncs(step) -> list[str]:
     """Run one step with CUDA sync debugging on; return where each host sync came from."""
@@ -24,44 +27,7 @@ def host_syncs(step) -> list[str]:
     return [f"{w.filename}:{w.lineno}: {str(w.message)[:80]}" for w in caught][:20]
 
 
-def _category(name: str) -> str:
-    low = name.lower()
-    if "nccl" in low:
-        return "nccl"
-    if any(k in low for k in ("nvjet", "gemm", "cutlass", "xmma")):
-        return "gemm"
-    if any(k in low for k in ("sdpa", "flash", "fmha", "attention")):
-        return "attention"
-    if "multi_tensor_apply" in low or "adam" in low:
-        return "optimizer"
-    if low.startswith("triton_"):
-        return "triton (compiled elementwise/norm/reduction)"
-    return "other (eager elementwise, copies, embedding)"
-
-
-def _idle_gaps(prof, n: int) -> dict:
-    """GPU idle time between kernels (ms per step) and the 12 largest gaps with the kernels
-    around them: where the GPU waits on the CPU (launch overhead, host syncs)."""
-    from torch.autograd import DeviceType
-
-    spans = sorted(
-        (e.time_range.start, e.time_range.end, e.name)
-        for e in prof.events()
-        if e.device_type == DeviceType.CUDA and "#" not in e.name  # not the optimizer annotation
-    )
-    gaps, reach = [], None
-    for (start, _end, name), prev in zip(spans[1:], spans[:-1]):
-        reach = prev[1] if reach is None else max(reach, prev[1])
-        if start > reach:
-            gaps.append((start - reach, prev[2][:70], name[:70]))
-    by_next: dict[str, float] = {}
-    for gap, _, after in gaps:
-        by_next[after] = by_next.get(after, 0.0) + gap / n / 1e3
-    return {
-        "idle_ms_per_step": round(sum(g[0] for g in gaps) / n / 1e3, 2),
-        "largest_us": [(round(g, 1), before, after) for g, before, after in sorted(gaps)[-12:]],
-        "by_next_kernel_ms": dict(sorted(by_next.items(), key=lambda x: -x[1])[:12]),
-    }
+_category = kernel_category
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -133,7 +99,9 @@ def profile_step(step, path: str | None, iter_s: float, n: int = 3, trace: str |
         for _ in range(n):
             step()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    kernels = [  # not the ranges drawn on the GPU timeline (they span kernels: counted twice)
+        e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and "#" not in e.key
+    ]
     total = sum(e.self_device_time_total for e in kernels) / n / 1e3  # ms per step
     by_cat: dict[str, float] = {}
     for e in kernels:

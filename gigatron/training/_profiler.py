@@ -55,12 +55,47 @@ def check_profile_args(args) -> None:
         )
 
 
+def _is_annotation(name: str) -> bool:
+    """Profiler ranges shown on the GPU timeline (`## Call CompiledFxGraph ... ##`,
+    `Optimizer.step#AdamW.step`): they span kernels, counting them would count time twice."""
+    return "#" in name
+
+
+def idle_gaps(prof, iterations: int, largest: int = 12) -> dict:
+    """GPU time with no kernel running (ms per iteration) and the largest gaps with the kernels
+    before and after them: where the GPU waits on the host (syncs, launch overhead, data)."""
+    from torch.autograd import DeviceType
+
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and not _is_annotation(e.name)
+    )
+    gaps, reach = [], None
+    for (start, _end, name), prev in zip(spans[1:], spans[:-1]):
+        reach = prev[1] if reach is None else max(reach, prev[1])
+        if start > reach:
+            gaps.append((start - reach, prev[2][:70], name[:70]))
+    by_next: dict[str, float] = {}
+    n = max(iterations, 1)
+    for gap, _, after in gaps:
+        by_next[after] = by_next.get(after, 0.0) + gap / n / 1e3
+    return {
+        "idle_ms_per_step": round(sum(g[0] for g in gaps) / n / 1e3, 2),
+        "largest_us": [
+            (round(g, 1), before, after) for g, before, after in sorted(gaps)[-largest:]
+        ],
+        "by_next_kernel_ms": dict(sorted(by_next.items(), key=lambda x: -x[1])[:largest]),
+    }
+
+
 def summarize(prof, iterations: int, top: int = 15) -> str:
-    """Device (or, without CUDA events, CPU self) time per iteration: by category and top names."""
+    """Device (or, without CUDA events, CPU self) time per iteration: by category and top names;
+    on CUDA also the GPU's idle time and its largest gaps."""
     from torch.autograd import DeviceType
 
     events = prof.key_averages()
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and not _is_annotation(e.key)]
     if kernels:
         rows = [(e.key, e.self_device_time_total, e.count) for e in kernels]
         what = "CUDA kernel time"
@@ -81,6 +116,11 @@ def summarize(prof, iterations: int, top: int = 15) -> str:
             by_cat[kernel_category(name)] = by_cat.get(kernel_category(name), 0.0) + us / n / 1e3
         for cat, ms in sorted(by_cat.items(), key=lambda x: -x[1]):
             lines.append(f"  {ms:9.2f} ms  {cat}")
+        gaps = idle_gaps(prof, iterations)
+        lines.append(f"  GPU idle (no kernel running): {gaps['idle_ms_per_step']:.2f} ms")
+        lines.append("  largest idle gaps (us, kernel before -> kernel after):")
+        for us, before, after in reversed(gaps["largest_us"]):
+            lines.append(f"  {us:9.1f} us  {before[:50]} -> {after[:50]}")
     lines.append("  top:")
     for name, us, count in sorted(rows, key=lambda r: -r[1])[:top]:
         lines.append(f"  {us / n / 1e3:9.3f} ms  {count // n:5d} calls  {name[:110]}")

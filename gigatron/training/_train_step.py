@@ -21,19 +21,34 @@ class NonFiniteGradientError(RuntimeError):
 
 
 # ---------------------------------------------------------------- one step
-def _nonfinite_grad_ranks(model) -> list[int]:
-    """Global ranks whose gradients hold NaN/Inf, agreed on every rank (one all-gather)."""
-    bad = 0.0
+def _grad_tensors(model) -> list[torch.Tensor]:
+    """Every grad of the model chunks: DDP's flat grad buffers (one tensor per buffer) where a
+    chunk is wrapped, else each param's main_grad / grad."""
+    from gigatron.core.distributed import DistributedDataParallel
+
+    out = []
     for chunk in model:
+        if isinstance(chunk, DistributedDataParallel):
+            out += [b.grad_data for b in chunk.buffers + chunk.expert_parallel_buffers]
+            continue
         for p in chunk.parameters():
             g = getattr(p, "main_grad", None)
             g = p.grad if g is None else g
-            if g is not None and not torch.isfinite(g).all():
-                bad = 1.0
-                break
+            if g is not None:
+                out.append(g)
+    return out
+
+
+def _nonfinite_grad_ranks(model) -> list[int]:
+    """Global ranks whose gradients hold NaN/Inf, agreed on every rank (one all-reduce, one
+    host sync). One min/max pass per grad buffer: NaN propagates through both, ±Inf shows as
+    an extreme, and no per-element temporary is made."""
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     flags = torch.zeros(dist.get_world_size(), device=device)
-    flags[dist.get_rank()] = bad
+    grads = [g for g in _grad_tensors(model) if g.numel()]
+    if grads:
+        extremes = torch.stack([v.float() for g in grads for v in torch.aminmax(g.detach())])
+        flags[dist.get_rank()] = (~torch.isfinite(extremes).all()).to(flags.device, flags.dtype)
     dist.all_reduce(flags)
     return [r for r, f in enumerate(flags.tolist()) if f]
 
