@@ -94,8 +94,10 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     return _reduce_losses(losses_reduced), skipped, grad_norm, num_zeros, nan_iter
 
 
-def _reduce_losses(losses_reduced: list[dict]) -> dict[str, float]:
-    """[sum, count] report pairs are summed over microbatches and DP×CP, then divided."""
+def _reduce_losses(losses_reduced: list[dict]) -> dict[str, torch.Tensor]:
+    """[sum, count] report pairs are summed over microbatches and DP×CP, then divided. Values are
+    0-dim device tensors, as Megatron's train_step returns them: reading them (`float()`) waits
+    for the step, so the loop reads them only when it logs (`materialize_losses`)."""
     out = {}
     if not losses_reduced:
         return out
@@ -104,10 +106,27 @@ def _reduce_losses(losses_reduced: list[dict]) -> dict[str, float]:
         if values[0].numel() == 2:
             total = torch.vstack(values).sum(dim=0)
             dist.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
-            out[key] = (total[0] / total[1].clamp(min=1)).item()
+            out[key] = total[0] / total[1].clamp(min=1)
         else:
-            out[key] = torch.cat(values).mean().item()
+            out[key] = torch.cat(values).mean()
     return out
+
+
+def materialize_losses(entries: list[dict]) -> None:
+    """Replace the tensor losses of `entries` (history entries, in place) by floats with one host
+    sync for all of them."""
+    slots = [
+        (losses, key)
+        for entry in entries
+        for losses in (entry["losses"],)
+        for key, value in losses.items()
+        if isinstance(value, torch.Tensor)
+    ]
+    if not slots:
+        return
+    values = torch.stack([losses[key].detach().float().reshape(()) for losses, key in slots])
+    for (losses, key), value in zip(slots, values.tolist(), strict=True):
+        losses[key] = value
 
 
 # ---------------------------------------------------------------- evaluation

@@ -34,6 +34,7 @@ from gigatron.training._profiler import StepProfiler
 from gigatron.training._train_step import (  # noqa: F401  (Megatron's public names live here)
     NonFiniteGradientError,
     evaluate,
+    materialize_losses,
     train_step,
 )
 from gigatron.training.data_samplers import build_pretraining_data_loader
@@ -237,6 +238,7 @@ def train(
     window_start, window_iters = time.perf_counter(), 0
     counts = {"skipped": 0, "nan": 0}
     history = args.train_history = getattr(args, "train_history", [])
+    pending: list[dict] = []  # history entries whose losses are still device tensors
     profiler = StepProfiler(args)
     try:
         while iteration < args.train_iters:
@@ -257,20 +259,24 @@ def train(
             batch = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
             args.consumed_train_samples += batch
             flops_so_far += _step_flops(args, batch)
-            history.append(
-                {
-                    "iteration": iteration,
-                    "losses": losses,
-                    "skipped": skipped,
-                    "nan": nan_iter,
-                    "grad_norm": None if grad_norm is None else float(grad_norm),
-                }
-            )
+            entry = {
+                "iteration": iteration,
+                "losses": losses,
+                "skipped": skipped,
+                "nan": nan_iter,
+                "grad_norm": None if grad_norm is None else float(grad_norm),
+            }
+            history.append(entry)
+            pending.append(entry)
             counts["skipped"] += skipped
             counts["nan"] += nan_iter
             window_iters += 1
+            log_now = iteration % args.log_interval == 0
+            if log_now or bar.bar is not None:  # a host sync: only when the value is shown
+                materialize_losses(pending)
+                pending = []
             bar.update(next(iter(losses.values()), None))
-            if iteration % args.log_interval == 0:
+            if log_now:
                 stats = {
                     "lr": optimizer.param_groups[0]["lr"],
                     "losses": losses,
@@ -304,7 +310,10 @@ def train(
                 args.exit_duration_in_mins is not None
                 and (time.time() - start_time) / 60.0 > args.exit_duration_in_mins
             )
-            if _any_rank(exit_signal.received or out_of_time):
+            # Agreed over ranks only when an exit condition is armed (a collective and a host
+            # sync each iteration otherwise, as Megatron also skips them)
+            armed = args.exit_signal_handler or args.exit_duration_in_mins is not None
+            if armed and _any_rank(exit_signal.received or out_of_time):
                 reason = "SIGTERM received" if exit_signal.received else "exit duration reached"
                 if args.save and not saved:
                     _save(iteration, model, optimizer, scheduler, flops_so_far)
@@ -315,6 +324,7 @@ def train(
                     _save(iteration, model, optimizer, scheduler, flops_so_far)
                 print_rank_0(f"exiting at iteration {iteration}: --exit-interval")
                 break
+        materialize_losses(pending)  # after the last iteration or an exit condition's break
     finally:
         profiler.close()
         bar.close()
