@@ -63,6 +63,8 @@ def _step(model, ddp, opt, step: int, dtype) -> None:
             group["lr"] = 5e-3  # a scheduler's change
     ok, norm, _ = opt.step()
     assert ok and norm > 0.05  # clipping is active
+    if opt._flat_step is not None:  # clipping folded into the pass: its coefficient used once
+        assert opt._flat_step.grad_scale == 1.0
 
 
 def _snapshot(model, opt) -> dict:

@@ -24,9 +24,9 @@ def test_compiled_update_matches_eager():
     param_buf = torch.zeros(20000, dtype=torch.bfloat16)
     fp32_buf = torch.randn(20000, generator=gen)
     grad_buf = torch.randn(20000, generator=gen)
-    table = torch.rand(3, 8, generator=gen) * 0.5 + 0.5
-    table[2] = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0])  # padding row
-    off = 7  # not 3 or 8: duck sizing would tie it to the table's shape (a recompile)
+    table = torch.rand(3, 9, generator=gen) * 0.5 + 0.5
+    table[2] = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0])  # padding row
+    off = 7  # not 3 or 9: duck sizing would tie it to the table's shape (a recompile)
     for i, n in enumerate((128, 384, 1000, 2048, 640, 4096)):
         bf16 = i % 2 == 0
         gid = torch.randint(0, 3, (n,), dtype=torch.uint8, generator=gen)

@@ -72,7 +72,10 @@ def test_padding_row_leaves_its_elements_unchanged():
     exp_avg, exp_avg_sq = torch.zeros(n), torch.zeros(n)
     gid = torch.tensor([0, 1, 1, 0, 1, 1], dtype=torch.uint8)
     table = torch.tensor(
-        [[0.999, 0.1, 0.3, 0.1, 0.999, 0.001, 1e-8, 0.0], [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]]
+        [
+            [0.999, 0.1, 0.3, 0.1, 0.999, 0.001, 1e-8, 0.0, 1.0],
+            [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0],
+        ]
     )
     no_groups = FlatAdamStep.__new__(FlatAdamStep)
     no_groups.opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)])

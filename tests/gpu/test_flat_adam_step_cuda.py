@@ -13,7 +13,7 @@ BETAS, EPS = (0.9, 0.95), 1e-8
 
 def _row(lr: float, wd: float, t: int) -> list[float]:
     b1, b2 = BETAS
-    return [1 - lr * wd, lr / (1 - b1**t), (1 - b2**t) ** 0.5, 1 - b1, b2, 1 - b2, EPS, 0.0]
+    return [1 - lr * wd, lr / (1 - b1**t), (1 - b2**t) ** 0.5, 1 - b1, b2, 1 - b2, EPS, 0.0, 1.0]
 
 
 def _run(device: str, n: int, fns: dict) -> dict:
@@ -35,7 +35,7 @@ def _run(device: str, n: int, fns: dict) -> dict:
     for t in (1, 2, 3):
         grad = torch.randn(n, device=device, generator=gen) * 1e-2
         grad[n - pad :] = 0.0
-        rows = [_row(lrs[0], wds[0], t), _row(lrs[1], wds[1], t), [1, 0, 1, 1, 0, 1, 1, 0]]
+        rows = [_row(lrs[0], wds[0], t), _row(lrs[1], wds[1], t), [1, 0, 1, 1, 0, 1, 1, 0, 1]]
         table = torch.tensor(rows, dtype=torch.float64).float().to(device)
         for key, fn in fns.items():
             main, m, v = states[key]

@@ -10,7 +10,9 @@ One compiled elementwise pass per shard reads main, grad, exp_avg, exp_avg_sq an
 param-group index, and writes main, exp_avg, exp_avg_sq and the model-dtype param: the torch
 fused Adam step and the main -> model copy in one pass (torch's formula; fp32 results equal up
 to rounding order). Padding elements belong to an extra group whose step leaves them as they
-are. Norm and clipping run before, as without it (on the grad buffer's views).
+are. The norm is taken before, as without it (on the grad buffer's views); clipping is folded
+into the pass (the grad times the clipping coefficient, the product clipping would store), so
+the grad buffer keeps the unclipped grads after the step.
 
 Step hooks: the torch optimizer's step pre / post hooks (its own and the global ones) run around
 the flat step as around `opt.step()`, through torch's wrapper. One difference: the model params
@@ -27,20 +29,20 @@ import torch
 
 _FILE = "gigatron/core/optimizer/_flat_adam_step.py"
 # table columns: decay, step_size, bias2_sqrt, 1 - beta1, beta2, 1 - beta2, eps, l2 (Adam's
-# coupled weight decay); 1 - beta in float64 on the host as torch does (1 - fp32(0.999) is off
-# by 1.3e-5)
+# coupled weight decay), grad scale (the clipping coefficient); 1 - beta in float64 on the host
+# as torch does (1 - fp32(0.999) is off by 1.3e-5)
 
 
 def flat_adam_update(main, grad, exp_avg, exp_avg_sq, gid, table, model) -> None:
     """One Adam(W) update in place, in torch.optim.AdamW's order of operations. main / exp_avg /
     exp_avg_sq fp32 [n], grad fp32 [n], gid uint8 [n] (row of `table` for each element), table
-    fp32 [G, 8] (columns above), model [n] in the model dtype or None (fp32 models: main is the
-    param buffer)."""
+    fp32 [G, 9] (columns above), model [n] in the model dtype or None (fp32 models: main is the
+    param buffer). The grad is multiplied by the scale first, as clipping scales it in place."""
     idx = gid.long()
     decay, step_size, bias2_sqrt = table[:, 0][idx], table[:, 1][idx], table[:, 2][idx]
     one_minus_beta1, beta2, one_minus_beta2 = table[:, 3][idx], table[:, 4][idx], table[:, 5][idx]
-    eps, l2 = table[:, 6][idx], table[:, 7][idx]
-    g = grad + l2 * main
+    eps, l2, scale = table[:, 6][idx], table[:, 7][idx], table[:, 8][idx]
+    g = grad * scale + l2 * main
     m = exp_avg.lerp(g, one_minus_beta1)
     v = exp_avg_sq * beta2 + one_minus_beta2 * (g * g)
     p = main * decay - step_size * (m / (v.sqrt() / bias2_sqrt + eps))
@@ -92,6 +94,7 @@ class FlatAdamStep:
             raise ValueError(f"flat Adam step: {len(groups)} param groups (at most 254) ({_FILE})")
         group_of = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
         self.padding_row = len(groups)
+        self.grad_scale = 1.0  # the clipping coefficient of the coming step (then back to 1)
         self.segments: list[_Segment] = []
         self.views: list[tuple] = []  # (main param, segment, a, b)
         where = {}
@@ -139,7 +142,7 @@ class FlatAdamStep:
                         state[key] = view.view(main.shape)
 
     def _table(self, device) -> torch.Tensor:
-        """[G + 1, 8] fp32: each group's scalars for this step (its steps advanced by one) and
+        """[G + 1, 9] fp32: each group's scalars for this step (its steps advanced by one) and
         the padding row (leaves its elements unchanged)."""
         rows = []
         for group in self.opt.param_groups:
@@ -152,10 +155,13 @@ class FlatAdamStep:
             decoupled = group.get("decoupled_weight_decay", isinstance(self.opt, torch.optim.AdamW))
             decay, l2 = (1.0 - lr * wd, 0.0) if decoupled else (1.0, wd)
             bias1, bias2_sqrt = 1.0 - beta1**t, (1.0 - beta2**t) ** 0.5
-            rows.append([decay, lr / bias1, bias2_sqrt, 1.0 - beta1, beta2, 1.0 - beta2, eps, l2])
+            rows.append(
+                [decay, lr / bias1, bias2_sqrt, 1.0 - beta1, beta2, 1.0 - beta2, eps, l2]
+                + [self.grad_scale]
+            )
         # padding (and params no main covers): weights 0, so m, v and p keep their values
         # (m = lerp(m, g, 0), v = v * 1 + 0 * g^2, p = p * 1 - 0 * ...) for finite grads
-        rows.append([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0])
+        rows.append([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
         table = torch.tensor(rows, dtype=torch.float64).float()
         if device.type == "cuda":
             return table.pin_memory().to(device, non_blocking=True)
@@ -186,6 +192,7 @@ class FlatAdamStep:
             return
         device = self.segments[0].grad.device
         table = self._table(device)
+        self.grad_scale = 1.0  # used once: a later step without clipping must not reuse it
         update = _update_fn(device)
         for seg in self.segments:
             for a, b in seg.keep:  # their model values (a load may have changed them)

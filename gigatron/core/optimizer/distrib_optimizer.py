@@ -131,6 +131,16 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         if pairs:
             torch._foreach_copy_(*map(list, zip(*pairs, strict=True)))
 
+    def clip_grad_norm(self, clip_grad: float) -> float:
+        """As MegatronOptimizer's; with the flat Adam step the scaling is folded into its pass
+        (no separate pass over the grads)."""
+        if self._flat_step is None:
+            return super().clip_grad_norm(clip_grad)
+        grad_norm = self.get_grad_norm()
+        clip_coeff = clip_grad / (grad_norm + 1.0e-6)
+        self._flat_step.grad_scale = clip_coeff if clip_coeff < 1.0 else 1.0
+        return grad_norm
+
     def step_with_ready_grads(self) -> bool:
         if self._flat_step is not None:
             self._flat_step.step()  # main params, Adam state and model params in one pass
