@@ -8,6 +8,11 @@
 #       --profile summary with Megatron's default dropout (0.1) and without; without clipping;
 #       with the flat Adam step; the one-GPU bench for the DP ratio; DP = 2 with
 #       FlatAdamW.finish_grad_sync_and_step (flat-overlap) and with plain FlatAdamW
+#   bash bench/run_gpu_2026-11-30-s8.sh train2  # call 3: after the training-loop fixes (one
+#       host sync for the NaN check instead of one per param, losses read at log time, no
+#       exit-condition all-reduce, clipping folded into the flat step): GPU tests; bench_adamw
+#       gpt-1.3b; pretrain_gpt without dropout with and without the flat step (profiled, then
+#       swapped), with Megatron's default dropout (profiled), without clipping
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -46,7 +51,7 @@ PROF="--profile --use-pytorch-profiler --profile-step-start 32 --profile-step-en
 NODROP="--hidden-dropout 0 --attention-dropout 0"
 
 diag() {
-  train_one 0 29921 120 base 0 --clip-grad 1.0 $PROF --tensorboard-dir /tmp/tb-base &
+  train_one 0 29921 120 base --clip-grad 1.0 $PROF --tensorboard-dir /tmp/tb-base &
   train_one 1 29931 120 nodrop --clip-grad 1.0 $NODROP $PROF --tensorboard-dir /tmp/tb-nodrop &
   wait
   CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29941 run refs.log 130 $B --config gpt-1.3b $NC \
@@ -62,9 +67,28 @@ diag() {
   run dp.log 110 $T $D --optimizer flat --label fast-dp2-model-groups2-22-tanh-flat-adamw
 }
 
+train2() {
+  CUDA_VISIBLE_DEVICES=0 run_tests 100 tests/gpu/test_flat_adam_step_cuda.py \
+    tests/gpu/test_multi_tensor_adamw_streams.py tests/dist/test_flat_adamw.py -m gpu &
+  CUDA_VISIBLE_DEVICES=1 run adamw.log 100 python3 bench/bench_adamw.py --config gpt-1.3b &
+  wait
+  train_one 0 29921 150 nodrop --clip-grad 1.0 $NODROP $PROF --tensorboard-dir /tmp/tb-a &
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 1 29931 150 nodrop-flat-step --clip-grad 1.0 \
+    $NODROP $PROF --tensorboard-dir /tmp/tb-b &
+  wait
+  train_one 0 29921 130 base --clip-grad 1.0 $PROF --tensorboard-dir /tmp/tb-c &
+  train_one 1 29931 130 nodrop-noclip --clip-grad 0 $NODROP &
+  wait
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 0 29921 120 nodrop-flat-step --clip-grad 1.0 \
+    $NODROP &
+  train_one 1 29931 120 nodrop --clip-grad 1.0 $NODROP &
+  wait
+}
+
 case "${1:-}" in
   diag) diag ;;
+  train2) train2 ;;
   dry) train_one 0 29921 120 base --clip-grad 1.0 $PROF --tensorboard-dir /tmp/tb-base ;;
-  *) echo "usage: $0 diag|dry" >&2; exit 2 ;;
+  *) echo "usage: $0 diag|train2|dry" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
