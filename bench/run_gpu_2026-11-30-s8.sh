@@ -13,6 +13,9 @@
 #       exit-condition all-reduce, clipping folded into the flat step): GPU tests; bench_adamw
 #       gpt-1.3b; pretrain_gpt without dropout with and without the flat step (profiled, then
 #       swapped), with Megatron's default dropout (profiled), without clipping
+#   bash bench/run_gpu_2026-11-30-s8.sh train3  # call 4: pretrain_gpt without dropout, clip 1.0,
+#       with and without the flat Adam step on both GPUs, swapped; then both with the light
+#       profile (GIGATRON_PROFILE_STACKS=0: the GPU idle time without the profiler's overhead)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -85,10 +88,28 @@ train2() {
   wait
 }
 
+train3() {
+  train_one 0 29921 110 nodrop --clip-grad 1.0 $NODROP &
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 1 29931 110 nodrop-flat-step --clip-grad 1.0 \
+    $NODROP &
+  wait
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 0 29921 100 nodrop-flat-step --clip-grad 1.0 \
+    $NODROP &
+  train_one 1 29931 100 nodrop --clip-grad 1.0 $NODROP &
+  wait
+  export GIGATRON_PROFILE_STACKS=0
+  train_one 0 29921 110 nodrop-light-profile --clip-grad 1.0 $NODROP $PROF \
+    --tensorboard-dir /tmp/tb-d &
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 1 29931 110 nodrop-flat-step-light-profile \
+    --clip-grad 1.0 $NODROP $PROF --tensorboard-dir /tmp/tb-e &
+  wait
+}
+
 case "${1:-}" in
   diag) diag ;;
+  train3) train3 ;;
   train2) train2 ;;
   dry) train_one 0 29921 120 base --clip-grad 1.0 $PROF --tensorboard-dir /tmp/tb-base ;;
-  *) echo "usage: $0 diag|train2|dry" >&2; exit 2 ;;
+  *) echo "usage: $0 diag|train2|train3|dry" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40

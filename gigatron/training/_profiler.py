@@ -11,11 +11,15 @@ is the count of iterations done before it (checkpoint included), as Megatron's l
 
 gigatron also prints, on each profiled rank, the device time per profiled iteration by kernel
 category (GEMM, attention, communication, compiled Triton, optimizer, other) and the top kernels:
-what Megatron users otherwise read off the trace by hand. On CPU the summary lists operators by
-CPU self time instead.
+what Megatron users otherwise read off the trace by hand, and the GPU's idle time with its
+largest gaps. On CPU the summary lists operators by CPU self time instead. Recording shapes and
+Python stacks (as Megatron does) slows the host several-fold, which inflates the idle time;
+`GIGATRON_PROFILE_STACKS=0` in the environment records neither.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -159,11 +163,15 @@ class StepProfiler:
             from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            # GIGATRON_PROFILE_STACKS=0: no shapes / Python stacks (Megatron records both): far
+            # less host overhead, so the GPU idle time in the summary is the run's, not the
+            # profiler's
+            detail = os.environ.get("GIGATRON_PROFILE_STACKS", "1") != "0"
             self.prof = profile(
                 activities=activities,
                 on_trace_ready=tensorboard_trace_handler(self.args.tensorboard_dir),
-                record_shapes=True,
-                with_stack=True,
+                record_shapes=detail,
+                with_stack=detail,
             )
             self.prof.start()
         elif cuda:

@@ -13,9 +13,11 @@ from gigatron.training._profiler import check_profile_args
 from tests.dist.test_training_loop import ARGS, _reset_globals
 
 
-def _profiled_run(tb_dir: str, extra: list[str]):
+def _profiled_run(tb_dir: str, extra: list[str], env: dict | None = None):
     import contextlib
     import io
+
+    os.environ.update(env or {})  # here: forkserver ranks do not see the test's environment
 
     import torch.distributed as dist
 
@@ -55,19 +57,26 @@ def test_pytorch_profiler_window_on_the_chosen_rank(tmp_path):
     assert lines[0].startswith("profile: CPU self time of operators per iteration")
     assert lines[0].endswith("over 2 iterations")
     assert "aten::mm" in outs[1] or "aten::addmm" in outs[1]  # the model's GEMMs are listed
-    assert glob.glob(os.path.join(tmp_path, "1", "*.pt.trace.json"))
+    (trace,) = glob.glob(os.path.join(tmp_path, "1", "*.pt.trace.json"))
     assert not glob.glob(os.path.join(tmp_path, "0", "*.pt.trace.json"))
+    assert '"python_function"' in open(trace).read()  # Megatron's settings: Python stacks
 
 
 def test_window_past_the_last_iteration_is_closed_at_the_end(tmp_path):
+    """Also the light profile (GIGATRON_PROFILE_STACKS=0): no Python stacks in the trace."""
     (out,) = run_distributed(
         _profiled_run,
         1,
-        args=(str(tmp_path), ["--profile-step-start", "4", "--profile-step-end", "100"]),
+        args=(
+            str(tmp_path),
+            ["--profile-step-start", "4", "--profile-step-end", "100"],
+            {"GIGATRON_PROFILE_STACKS": "0"},
+        ),
         timeout=300,
     )
     assert _summary(out)[0].endswith("over 2 iterations")  # iterations 4 and 5 of 6
-    assert glob.glob(os.path.join(tmp_path, "0", "*.pt.trace.json"))
+    (trace,) = glob.glob(os.path.join(tmp_path, "0", "*.pt.trace.json"))
+    assert '"python_function"' not in open(trace).read()
 
 
 @pytest.mark.parametrize(
