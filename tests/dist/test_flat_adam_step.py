@@ -111,6 +111,34 @@ def test_flat_step_matches_the_torch_step():
                 torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-6, msg=f"{key} model")
 
 
+def _replaced_state():
+    """Between steps, user code swaps one main param's exp_avg for a new tensor and rebinds
+    another main param's data: the flat step notices (its per-step identity checks) and steps
+    the new values, as the torch step does."""
+    ps.initialize_model_parallel()
+    dtype = torch.bfloat16
+    snaps = []
+    for flat in (False, True):
+        model, ddp, opt = _build(flat, dtype)
+        mains = [m for g in opt.optimizer.param_groups for m in g["params"]]
+        for step in range(4):
+            if step == 2:
+                state = opt.optimizer.state[mains[0]]
+                state["exp_avg"] = state["exp_avg"] * 0.5 + 1e-3
+                mains[-1].data = mains[-1].data * 0.9
+            _step(model, ddp, opt, step, dtype)
+        snaps.append(_snapshot(model, opt))
+    return snaps
+
+
+def test_state_replaced_between_steps_is_stepped():
+    for ref, flat in run_distributed(_replaced_state, 2):
+        for name in ("main", "exp_avg", "exp_avg_sq"):
+            for a, b in zip(flat[name], ref[name], strict=True):
+                err = ((a - b).abs().max() / b.abs().max()).item()
+                assert err <= 2e-6, (name, err)
+
+
 def _resume():
     ps.initialize_model_parallel()
     dtype = torch.bfloat16

@@ -118,9 +118,29 @@ class FlatAdamStep:
             self.segments.append(seg)
         self.resync()
 
+    def _in_place(self) -> bool:
+        """True when every main param and Adam state tensor is still the one resync() left
+        (identity and storage checks only: the per-step fast path of resync)."""
+        state = self.opt.state
+        for main, m, v, ptr in self._synced:
+            st = state.get(main)
+            if (
+                st is None
+                or st.get("exp_avg") is not m
+                or st.get("exp_avg_sq") is not v
+                or main.data_ptr() != ptr
+                or st["step"].device.type != "cpu"
+            ):
+                return False
+        return True
+
     def resync(self) -> None:
         """Point every main param and its Adam state at the flat storage, copying the values
-        they hold now (after building, or after a load replaced the tensors)."""
+        they hold now (after building, or after a load or a hook replaced the tensors). A step
+        finding everything in place costs identity checks only."""
+        if getattr(self, "_synced", None) is not None and self._in_place():
+            return
+        self._synced = []
         with torch.no_grad():
             for main, seg, a, b in self.views:
                 flat = seg.main[a:b]
@@ -140,6 +160,7 @@ class FlatAdamStep:
                     if old is None or old.data_ptr() != view.data_ptr():
                         view.copy_(0.0 if old is None else old.detach().reshape(-1))
                         state[key] = view.view(main.shape)
+                self._synced.append((main, state["exp_avg"], state["exp_avg_sq"], flat.data_ptr()))
 
     def _table(self, device) -> torch.Tensor:
         """[G + 1, 9] fp32: each group's scalars for this step (its steps advanced by one) and

@@ -64,13 +64,23 @@ class MegatronOptimizer:
 
     def get_main_grads_for_grad_norm(self) -> list[torch.Tensor]:
         """Grads counted in the norm: not a tied copy, not a TP replica on TP rank > 0."""
-        return [
-            p.grad
-            for p in self.get_parameters()
-            if p.grad is not None
-            and param_is_not_shared(p)
-            and _is_not_tp_duplicate(p, self.tp_group)
-        ]
+        # Whether a param counts depends on its `shared` / `tensor_model_parallel` attributes
+        # and the TP group: decided once per param and attribute values, not each step (the TP
+        # check asks the process group for ranks)
+        counts = self.__dict__.setdefault("_counts_in_norm", {})
+        out = []
+        for p in self.get_parameters():
+            if p.grad is None:
+                continue
+            attrs = (getattr(p, "shared", False), getattr(p, "tensor_model_parallel", False))
+            hit = counts.get(id(p))
+            if hit is None or hit[0] is not p or hit[1] != attrs:
+                counted = param_is_not_shared(p) and _is_not_tp_duplicate(p, self.tp_group)
+                hit = (p, attrs, counted)
+                counts[id(p)] = hit
+            if hit[2]:
+                out.append(p.grad)
+        return out
 
     def get_grad_stats_parallel_group(self):
         return self.grad_stats_parallel_group
