@@ -5,7 +5,8 @@ the device scripts' results.jsonl:
 
 Reads the last iteration log line (Megatron's format: `elapsed time per iteration (ms): ...`,
 `tokens/s: ...`, `throughput per GPU (TFLOP/s/GPU): ...`, `max GPU memory` on GPU) and
-prints impl `gigatron-train-<label>`; exits 1 when the log has no iteration line.
+prints impl `gigatron-train-<label>`; exits 1 when the log has fewer than two iteration lines
+(the first window holds the warm-up and compilation).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ _FIELDS = {
 
 
 def parse(text: str) -> dict | None:
-    """The last iteration line's figures (None when there is none)."""
+    """The last iteration line's figures (None when there is none, or only the first one: its
+    window holds the warm-up and compilation, not the training speed)."""
     lines = [line for line in text.splitlines() if "elapsed time per iteration" in line]
-    if not lines:
+    if len(lines) < 2:
         return None
     out = {}
     for key, pattern in _FIELDS.items():
@@ -47,7 +49,7 @@ def main(argv=None) -> int:
     with open(a.log, errors="replace") as f:
         got = parse(f.read())
     if got is None:
-        print(f"no iteration line in {a.log}", file=sys.stderr)
+        print(f"fewer than two iteration lines in {a.log} (the first is warm-up)", file=sys.stderr)
         return 1
     tf = got["tflops_per_gpu"]
     result = {

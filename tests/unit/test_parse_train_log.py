@@ -33,3 +33,9 @@ def test_last_iteration_line_becomes_a_result(tmp_path):
     empty.write_text("crashed\n")
     bad = subprocess.run([sys.executable, script, str(empty), "--label", "x"], capture_output=True)
     assert bad.returncode == 1
+    warmup_only = tmp_path / "warmup.log"  # killed during compilation: no training speed yet
+    warmup_only.write_text("setup noise\n" + first + "\n")
+    bad = subprocess.run(
+        [sys.executable, script, str(warmup_only), "--label", "x"], capture_output=True, text=True
+    )
+    assert bad.returncode == 1 and "warm-up" in bad.stderr
