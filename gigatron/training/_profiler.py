@@ -1,8 +1,11 @@
 """`--profile`: Megatron's step-window profiling of the training loop, plus a kernel summary.
 
-As in Megatron, the iterations from `--profile-step-start` up to (not including)
-`--profile-step-end` are profiled on the global ranks in `--profile-ranks`; an iteration's number
-is the count of iterations done before it (checkpoint included), as Megatron's loop counts:
+The iterations from `--profile-step-start` up to (not including) `--profile-step-end` are
+profiled on the global ranks in `--profile-ranks`; an iteration's number is the count of
+iterations done before it (a loaded checkpoint's included), as Megatron's nsys path counts
+(Megatron's torch-profiler schedule counts from the start of the run, one iteration earlier;
+gigatron uses one numbering for both). A run resumed past the window profiles nothing and says
+so:
 
 - with `--use-pytorch-profiler`, by `torch.profiler` (CPU + CUDA activities, shapes and stacks
   recorded), the trace written by `tensorboard_trace_handler` into `--tensorboard-dir`;
@@ -133,9 +136,10 @@ def summarize(prof, iterations: int, top: int = 15) -> str:
 
 class StepProfiler:
     """Call `step(i)` at the start of every iteration (i = iterations done before it) and
-    `close()` once after the loop (also on error)."""
+    `close()` once after the loop (also on error). Each profiled iteration is a range named
+    `iteration <i>` in the trace."""
 
-    def __init__(self, args):
+    def __init__(self, args, start_iteration: int = 0):
         self.args = args
         rank = dist.get_rank() if dist.is_initialized() else 0
         self.enabled = bool(getattr(args, "profile", False)) and rank in args.profile_ranks
@@ -147,6 +151,15 @@ class StepProfiler:
         self.active = False
         self.done = False
         self.last = -1
+        self.profiled: list[int] = []  # iterations inside the window so far
+        self._range = None
+        if self.enabled and start_iteration > self.start:
+            print(
+                f"WARNING: --profile-step-start ({self.start}) lies before the first iteration "
+                f"of this run ({start_iteration}, resumed): nothing is profiled ({_FILE})",
+                flush=True,
+            )
+            self.done = True
 
     def step(self, i: int) -> None:
         if not self.enabled or self.done:
@@ -156,6 +169,17 @@ class StepProfiler:
             self._begin()
         elif i == self.end and self.active:
             self._finish()
+            return
+        if self.active:
+            self._end_range()
+            self._range = torch.profiler.record_function(f"iteration {i}")
+            self._range.__enter__()
+            self.profiled.append(i)
+
+    def _end_range(self) -> None:
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
 
     def _begin(self) -> None:
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
@@ -180,18 +204,18 @@ class StepProfiler:
         self.active = True
 
     def _finish(self) -> None:
+        self.active, self.done = False, True  # first: a failure below must not run it again
+        self._end_range()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
         if self.prof is not None:
             self.prof.stop()  # runs on_trace_ready: the trace file
-            print(summarize(self.prof, self.end - self.start), flush=True)
+            print(summarize(self.prof, len(self.profiled)), flush=True)
             print(f"profile: trace written to {self.args.tensorboard_dir}", flush=True)
         elif torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.cudart().cudaProfilerStop()
-        self.active, self.done = False, True
 
     def close(self) -> None:
         """End a window the loop left open (fewer iterations than --profile-step-end)."""
         if self.active:
-            self.end = self.last + 1
             self._finish()

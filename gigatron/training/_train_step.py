@@ -22,14 +22,16 @@ class NonFiniteGradientError(RuntimeError):
 
 # ---------------------------------------------------------------- one step
 def _grad_tensors(model) -> list[torch.Tensor]:
-    """Every grad of the model chunks: DDP's flat grad buffers (one tensor per buffer) where a
-    chunk is wrapped, else each param's main_grad / grad."""
+    """Every grad of the model chunks: DDP's flat grad buffers (one tensor per buffer) and any
+    `.grad` left outside them where a chunk is wrapped, else each param's main_grad / grad."""
     from gigatron.core.distributed import DistributedDataParallel
 
     out = []
     for chunk in model:
         if isinstance(chunk, DistributedDataParallel):
             out += [b.grad_data for b in chunk.buffers + chunk.expert_parallel_buffers]
+            # and grads outside the buffers (a param frozen when DDP was built, unfrozen later)
+            out += [p.grad for p in chunk.parameters() if p.grad is not None]
             continue
         for p in chunk.parameters():
             g = getattr(p, "main_grad", None)

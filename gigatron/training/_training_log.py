@@ -38,12 +38,13 @@ def print_flops_formula(args) -> None:
 
 
 class ProgressBar:
-    """tqdm over iterations on the last rank when tqdm is installed and stderr is a terminal or
-    the run asks for it; otherwise nothing (log lines still show progress)."""
+    """tqdm over iterations on the last rank when tqdm is installed and stderr is a terminal;
+    otherwise nothing (log lines still show progress). The loss it shows is the last one read
+    at a log line (reading it every iteration would cost a host sync each)."""
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
         self.bar = None
-        if not enabled or not is_last_rank():
+        if not enabled or not is_last_rank() or not sys.stderr.isatty():
             return
         try:
             from tqdm import tqdm

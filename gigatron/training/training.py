@@ -14,6 +14,7 @@ save a checkpoint before exiting on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
@@ -239,7 +240,7 @@ def train(
     counts = {"skipped": 0, "nan": 0}
     history = args.train_history = getattr(args, "train_history", [])
     pending: list[dict] = []  # history entries whose losses are still device tensors
-    profiler = StepProfiler(args)
+    profiler = StepProfiler(args, start_iteration)
     try:
         while iteration < args.train_iters:
             profiler.step(iteration)
@@ -272,10 +273,11 @@ def train(
             counts["nan"] += nan_iter
             window_iters += 1
             log_now = iteration % args.log_interval == 0
-            if log_now or bar.bar is not None:  # a host sync: only when the value is shown
+            if log_now:  # the one host sync for the losses of the window
                 materialize_losses(pending)
                 pending = []
-            bar.update(next(iter(losses.values()), None))
+            shown = next(iter(losses.values()), None)  # a bar shows losses already read
+            bar.update(shown if isinstance(shown, float) else None)
             if log_now:
                 stats = {
                     "lr": optimizer.param_groups[0]["lr"],
@@ -325,14 +327,20 @@ def train(
                 print_rank_0(f"exiting at iteration {iteration}: --exit-interval")
                 break
         materialize_losses(pending)  # after the last iteration or an exit condition's break
+    except BaseException:
+        with contextlib.suppress(Exception):  # the loop's own error is the one to report
+            materialize_losses(pending)
+        raise
     finally:
-        profiler.close()
-        bar.close()
-        exit_signal.restore()
-        if args.async_save:
-            from gigatron.training.checkpointing import maybe_finalize_async_save
+        try:
+            profiler.close()
+        finally:
+            bar.close()
+            exit_signal.restore()
+            if args.async_save:
+                from gigatron.training.checkpointing import maybe_finalize_async_save
 
-            maybe_finalize_async_save(blocking=True)
+                maybe_finalize_async_save(blocking=True)
     return iteration, flops_so_far
 
 

@@ -65,6 +65,10 @@ def _step(model, ddp, opt, step: int, dtype) -> None:
     assert ok and norm > 0.05  # clipping is active
     if opt._flat_step is not None:  # clipping folded into the pass: its coefficient used once
         assert opt._flat_step.grad_scale == 1.0
+        opt.clip_grad_norm(1e-3)  # a clip whose step never runs (e.g. the caller skips it)
+        assert opt._flat_step.grad_scale < 1.0
+        opt.zero_grad()  # the next step must not inherit it
+        assert opt._flat_step.grad_scale == 1.0
 
 
 def _snapshot(model, opt) -> dict:

@@ -59,7 +59,11 @@ def test_pytorch_profiler_window_on_the_chosen_rank(tmp_path):
     assert "aten::mm" in outs[1] or "aten::addmm" in outs[1]  # the model's GEMMs are listed
     (trace,) = glob.glob(os.path.join(tmp_path, "1", "*.pt.trace.json"))
     assert not glob.glob(os.path.join(tmp_path, "0", "*.pt.trace.json"))
-    assert '"python_function"' in open(trace).read()  # Megatron's settings: Python stacks
+    text = open(trace).read()
+    assert '"python_function"' in text  # Megatron's settings: Python stacks
+    # exactly iterations 2 and 3 (numbered by the iterations done before them) were recorded
+    assert '"iteration 2"' in text and '"iteration 3"' in text
+    assert '"iteration 1"' not in text and '"iteration 4"' not in text
 
 
 def test_window_past_the_last_iteration_is_closed_at_the_end(tmp_path):
@@ -97,3 +101,43 @@ def test_bad_profile_flags_are_refused_by_name(start, end, tb, message):
     )
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_profile_args(args)
+
+
+def _args(**kw):
+    base = dict(
+        profile=True,
+        profile_ranks=[0],
+        profile_step_start=2,
+        profile_step_end=4,
+        use_pytorch_profiler=True,
+        tensorboard_dir=None,
+    )
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_resumed_past_the_window_profiles_nothing_and_says_so(capsys, tmp_path):
+    from gigatron.training._profiler import StepProfiler
+
+    prof = StepProfiler(_args(tensorboard_dir=str(tmp_path)), start_iteration=3)
+    assert "lies before the first iteration of this run (3, resumed)" in capsys.readouterr().out
+    for i in range(3, 6):
+        prof.step(i)
+    prof.close()
+    assert prof.profiled == [] and not os.listdir(tmp_path)
+
+
+def test_a_failing_summary_is_raised_once_and_the_window_is_closed(monkeypatch, tmp_path):
+    from gigatron.training import _profiler
+
+    def broken(*_):
+        raise RuntimeError("summary failed")
+
+    monkeypatch.setattr(_profiler, "summarize", broken)
+    prof = _profiler.StepProfiler(_args(tensorboard_dir=str(tmp_path)))
+    for i in range(3):
+        prof.step(i)
+    assert prof.active and prof.profiled == [2]
+    with pytest.raises(RuntimeError, match="summary failed"):
+        prof.close()
+    assert not prof.active and prof.done
+    prof.close()  # nothing left to finish: no second error

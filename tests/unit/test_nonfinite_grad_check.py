@@ -47,3 +47,28 @@ def test_plain_module_grads_are_checked_per_param():
     assert _nonfinite_grad_ranks([model]) == []
     model[1].bias.grad[0] = float("nan")
     assert _nonfinite_grad_ranks([model]) == [0]
+
+
+def test_expert_buffers_and_grads_outside_the_buffers_are_checked():
+    """Expert-parallel params (allreduce=False) live in DDP's expert buffers; a param frozen
+    when DDP was built and unfrozen later keeps its grad in .grad, outside every buffer."""
+    from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    for p in model[1].parameters():
+        p.allreduce = False  # expert-parallel
+    model[2].weight.requires_grad_(False)
+    cfg = TransformerConfig(num_layers=1, hidden_size=4, num_attention_heads=1)
+    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(), model)
+    assert ddp.expert_parallel_buffers
+    model[2].weight.requires_grad_(True)  # unfrozen after wrapping: not in any buffer
+    ddp.zero_grad_buffer()
+    ddp(torch.randn(3, 4)).sum().backward()
+    assert model[2].weight.grad is not None
+    assert _nonfinite_grad_ranks([ddp]) == []
+    model[1].weight.main_grad.view(-1)[0] = float("inf")  # in the expert buffer
+    assert _nonfinite_grad_ranks([ddp]) == [0]
+    model[1].weight.main_grad.zero_()
+    model[2].weight.grad[0, 0] = float("nan")  # outside the buffers
+    assert _nonfinite_grad_ranks([ddp]) == [0]

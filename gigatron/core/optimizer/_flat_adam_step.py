@@ -15,9 +15,10 @@ into the pass (the grad times the clipping coefficient, the product clipping wou
 the grad buffer keeps the unclipped grads after the step.
 
 Step hooks: the torch optimizer's step pre / post hooks (its own and the global ones) run around
-the flat step as around `opt.step()`, through torch's wrapper. One difference: the model params
+the flat step as around `opt.step()`, through torch's wrapper. Two differences: the model params
 are written in the same pass, so post hooks see them updated (the torch path copies main ->
-model after its post hooks).
+model after its post hooks); and the grads they see are not clipped (clipping is folded into
+the pass; `grad_scale` holds the coefficient the pass will apply).
 
 Needs: torch.optim.Adam / AdamW without amsgrad / maximize, fp32 grad buffers
 (`grad_reduce_in_fp32=True`), no loss scaler (bf16 or fp32 models).

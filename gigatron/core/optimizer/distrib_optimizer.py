@@ -171,6 +171,8 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                 main.data.copy_(param.detach().view(-1)[lo:hi])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._flat_step is not None:
+            self._flat_step.grad_scale = 1.0  # a clip_grad_norm() whose step never ran
         for param, main, _, _ in self._entries():
             param.grad = None
             main.grad = None

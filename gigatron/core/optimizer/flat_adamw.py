@@ -151,11 +151,14 @@ class FlatAdamW:
         embedding, whose grad is complete only at the end of backward) is reduced last; its
         collective then runs beside the update of the other buckets instead of before it. Same
         result as the two calls (each element sees the same update)."""
-        lasts = [max(buffer.buckets, key=lambda b: b.offset) for buffer in self.buffers]
-        split = [b.offset for b in lasts]
-        last = {id(b) for b in lasts}
+        last = {id(max(buffer.buckets, key=lambda b: b.offset)) for buffer in self.buffers}
         groups = self.ddp._all_bucket_groups()
         late = [g for g in groups if any(id(b) in last for b in g.buckets)]
+        # per buffer: where its late buckets start (a group may hold several buckets)
+        late_ids = {id(b) for g in late for b in g.buckets}
+        split = [
+            min(b.offset for b in buffer.buckets if id(b) in late_ids) for buffer in self.buffers
+        ]
         for group in groups:
             if all(group is not g for g in late):
                 group.finish_grad_sync()
