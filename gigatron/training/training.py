@@ -273,6 +273,7 @@ def train(
             counts["nan"] += nan_iter
             window_iters += 1
             log_now = iteration % args.log_interval == 0
+            window = pending
             if log_now:  # the one host sync for the losses of the window
                 materialize_losses(pending)
                 pending = []
@@ -281,7 +282,7 @@ def train(
             if log_now:
                 stats = {
                     "lr": optimizer.param_groups[0]["lr"],
-                    "losses": losses,
+                    "losses": _window_mean(window),
                     "grad_norm": grad_norm,
                     "num_zeros": num_zeros,
                     "loss_scale": optimizer.get_loss_scale().item() if args.fp16 else None,
@@ -342,6 +343,17 @@ def train(
 
                 maybe_finalize_async_save(blocking=True)
     return iteration, flops_so_far
+
+
+def _window_mean(entries: list[dict]) -> dict[str, float]:
+    """Each loss averaged over the log window's iterations that updated the weights, as
+    Megatron's log line reports it (a window of skipped steps only: its last losses)."""
+    kept = [e for e in entries if not e["skipped"]] or entries[-1:]
+    sums: dict[str, list[float]] = {}
+    for e in kept:
+        for key, value in e["losses"].items():
+            sums.setdefault(key, []).append(float(value))
+    return {key: sum(v) / len(v) for key, v in sums.items()}
 
 
 def _moe_losses(args, config, iteration: int) -> dict[str, float]:

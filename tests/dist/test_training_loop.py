@@ -274,3 +274,40 @@ def test_wandb_offline_logging(tmp_path):
     assert last is not None and last.startswith(str(tmp_path))
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs and list(runs[0].glob("*.wandb"))
+
+
+def _log_lines_and_history():
+    import contextlib
+    import io
+
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.training import pretrain
+
+    _reset_globals()
+    argv = [a for a in ARGS]
+    argv[argv.index("--log-interval") + 1] = "5"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = pretrain(
+            pretrain_gpt.train_valid_test_datasets_provider,
+            pretrain_gpt.model_provider,
+            None,
+            pretrain_gpt.forward_step,
+            argv=argv + ["--train-iters", "10", "--seed", "5"],
+        )
+    logged = [
+        float(line.split("lm loss: ")[1].split(" |")[0])
+        for line in out.getvalue().splitlines()
+        if "lm loss: " in line and "iteration" in line
+    ]
+    return logged, [h["losses"]["lm loss"] for h in result["history"]]
+
+
+def test_log_line_reports_the_window_mean_loss():
+    """As Megatron's log line: each loss averaged over the iterations since the last line."""
+    ((logged, per_iteration),) = run_distributed(_log_lines_and_history, 1, timeout=300)
+    assert len(logged) == 2 and len(per_iteration) == 10
+    for window, value in enumerate(logged):
+        mean = sum(per_iteration[5 * window : 5 * window + 5]) / 5
+        assert abs(value - mean) <= 1e-6 * abs(mean), (window, value, mean)
+        assert abs(value - per_iteration[5 * window + 4]) > 1e-4  # not the last iteration's
