@@ -356,9 +356,11 @@ def _window_mean(entries: list[dict]) -> dict[str, float]:
     return {key: sum(v) / len(v) for key, v in sums.items()}
 
 
-def _moe_losses(args, config, iteration: int) -> dict[str, float]:
+def _moe_losses(args, config, iteration: int) -> dict[str, torch.Tensor]:
     """MoE aux / z losses of this iteration, averaged over MoE layers (every rank calls it:
-    the tracker reduces across ranks), also written to TensorBoard / W&B, per layer if asked."""
+    the tracker reduces across ranks), also written to TensorBoard / W&B, per layer if asked.
+    Device tensors, read with the other losses when the loop logs (no host sync here unless a
+    writer is configured: it records every iteration, as Megatron's)."""
     if not args.num_experts:
         return {}
     from gigatron.core.transformer.moe.moe_utils import track_moe_metrics
@@ -375,7 +377,9 @@ def _moe_losses(args, config, iteration: int) -> dict[str, float]:
         num_layers=config.num_layers,
         moe_layer_freq=config.moe_layer_freq,
     )
-    return {name: float(value) for name, value in totals.items()}
+    return {
+        name: torch.as_tensor(value).detach().float().reshape(()) for name, value in totals.items()
+    }
 
 
 def _step_flops(args, batch: int) -> float:

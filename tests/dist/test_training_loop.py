@@ -311,3 +311,30 @@ def test_log_line_reports_the_window_mean_loss():
         mean = sum(per_iteration[5 * window : 5 * window + 5]) / 5
         assert abs(value - mean) <= 1e-6 * abs(mean), (window, value, mean)
         assert abs(value - per_iteration[5 * window + 4]) > 1e-4  # not the last iteration's
+
+
+def _moe_run():
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.training import pretrain
+
+    _reset_globals()
+    moe = ["--num-experts", "2", "--moe-router-topk", "1", "--moe-aux-loss-coeff", "0.01"]
+    result = pretrain(
+        pretrain_gpt.train_valid_test_datasets_provider,
+        pretrain_gpt.model_provider,
+        None,
+        pretrain_gpt.forward_step,
+        argv=ARGS + ["--train-iters", "4", "--seed", "5"] + moe,
+    )
+    return [h["losses"] for h in result["history"]]
+
+
+def test_moe_aux_losses_reach_the_history_as_floats():
+    """pretrain_gpt with MoE layers: the load-balancing loss of each iteration is in the history
+    beside the LM loss, read (like it) when the loop logs, not each iteration."""
+    for losses in run_distributed(_moe_run, 2, timeout=300):
+        assert len(losses) == 4
+        for entry in losses:
+            assert set(entry) == {"lm loss", "load_balancing_loss"}, entry
+            assert all(isinstance(v, float) for v in entry.values())
+            assert entry["load_balancing_loss"] > 0.0
