@@ -16,6 +16,11 @@
 #   bash bench/run_gpu_2026-11-30-s8.sh train3  # call 4: pretrain_gpt without dropout, clip 1.0,
 #       with and without the flat Adam step on both GPUs, swapped; then both with the light
 #       profile (GIGATRON_PROFILE_STACKS=0: the GPU idle time without the profiler's overhead)
+#   bash bench/run_gpu_2026-11-30-s8.sh confirm-train  # NOT RUN (next session): pretrain_gpt
+#       after the host-work cuts committed after call 4: no dropout, torch step (GPU 0) beside
+#       the flat step (GPU 1), then swapped, each run given 230 s (cold whole-model compiles)
+#   bash bench/run_gpu_2026-11-30-s8.sh confirm-dp     # NOT RUN (next session): the one-GPU
+#       benchmark step and DP = 2 with flat-overlap / flat, to confirm 1.9x in a second call
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -105,11 +110,33 @@ train3() {
   wait
 }
 
+confirm_train() {
+  train_one 0 29921 230 nodrop --clip-grad 1.0 $NODROP &
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 1 29931 230 nodrop-flat-step --clip-grad 1.0 \
+    $NODROP &
+  wait
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 0 29921 230 nodrop-flat-step --clip-grad 1.0 \
+    $NODROP &
+  train_one 1 29931 230 nodrop --clip-grad 1.0 $NODROP &
+  wait
+}
+
+confirm_dp() {
+  CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29941 run refs.log 150 $B --config gpt-1.3b $NC \
+    --gelu tanh --compile model --ce chunked --label fast-compile-model-tanh
+  local D="--config gpt-1.3b $NC --gelu tanh --ce chunked --compile model --overlap-grad-reduce"
+  D="$D --bucket-size 100000000 --layers-per-graph 2,22"
+  run dp.log 150 $T $D --optimizer flat-overlap --label fast-dp2-model-groups2-22-tanh-flat-overlap
+  run dp.log 140 $T $D --optimizer flat --label fast-dp2-model-groups2-22-tanh-flat-adamw
+}
+
 case "${1:-}" in
+  confirm-train) confirm_train ;;
+  confirm-dp) confirm_dp ;;
   diag) diag ;;
   train3) train3 ;;
   train2) train2 ;;
   dry) train_one 0 29921 120 base --clip-grad 1.0 $PROF --tensorboard-dir /tmp/tb-base ;;
-  *) echo "usage: $0 diag|train2|train3|dry" >&2; exit 2 ;;
+  *) echo "usage: $0 diag|train2|train3|confirm-train|confirm-dp|dry" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
