@@ -79,8 +79,19 @@ class T5LMHead(MegatronModule):
             skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights,
         )
 
-    def forward(self, hidden_states: Tensor, word_embeddings_weight: Tensor | None) -> Tensor:
-        logits, _ = self.output_layer(hidden_states, weight=word_embeddings_weight)
+    def forward(
+        self,
+        hidden_states: Tensor,
+        word_embeddings_weight: Tensor | None,
+        runtime_gather_output: bool | None = None,
+    ) -> Tensor:
+        """[sd, b, h] -> [sd, b, V/tp], or [sd, b, V] when gathered (`runtime_gather_output`,
+        else `not parallel_output`)."""
+        logits, _ = self.output_layer(
+            hidden_states,
+            weight=word_embeddings_weight,
+            runtime_gather_output=runtime_gather_output,
+        )
         return logits
 
 
@@ -321,7 +332,15 @@ class T5Model(LanguageModule):
         if not self.post_process:
             return decoder_hidden_states
         output_weight = self._tied_output_weight()
-        logits = self.lm_head(decoder_hidden_states, word_embeddings_weight=output_weight)
+        # With lm_labels the loss is taken over the vocab-parallel logits, never gathered ones:
+        # vocab_parallel_cross_entropy would read gathered [sd, b, V] logits as a V-wide shard
+        # per rank and return loss + log(tp) (Megatron does; gigatron differs on purpose).
+        gather = False if lm_labels is not None else None  # None: parallel_output decides
+        logits = self.lm_head(
+            decoder_hidden_states,
+            word_embeddings_weight=output_weight,
+            runtime_gather_output=gather,
+        )  # [sd, b, V/tp] (V when returned with parallel_output=False)
         if lm_labels is None:
             return logits.transpose(0, 1).contiguous()  # [b, sd, V/tp]
         return self.compute_language_model_loss(lm_labels, logits)  # [b, sd]

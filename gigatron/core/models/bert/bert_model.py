@@ -149,7 +149,13 @@ class BertModel(LanguageModule):
             return _mean_embeddings(hidden_states, attention_mask)
         output_weight = self._tied_output_weight()
         transformed = self.lm_head(hidden_states=hidden_states)  # [s, b, h]
-        logits, _ = self.output_layer(transformed, weight=output_weight)  # [s, b, V/tp]
+        # With lm_labels the loss is taken over the vocab-parallel logits, never gathered ones:
+        # vocab_parallel_cross_entropy would read gathered [s, b, V] logits as a V-wide shard
+        # per rank and return loss + log(tp) (Megatron does; gigatron differs on purpose).
+        gather = False if lm_labels is not None else None  # None: parallel_output decides
+        logits, _ = self.output_layer(
+            transformed, weight=output_weight, runtime_gather_output=gather
+        )  # [s, b, V/tp] (V when returned with parallel_output=False)
         binary_logits = self.binary_head(pooled) if self.binary_head is not None else None
         if lm_labels is None:
             return logits.transpose(0, 1).contiguous(), binary_logits  # [b, s, V/tp], [b, 2]
