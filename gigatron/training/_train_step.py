@@ -118,10 +118,9 @@ def materialize_losses(entries: list[dict]) -> None:
     """Replace the tensor losses of `entries` (history entries, in place) by floats with one host
     sync for all of them."""
     slots = [
-        (losses, key)
+        (entry["losses"], key)
         for entry in entries
-        for losses in (entry["losses"],)
-        for key, value in losses.items()
+        for key, value in entry["losses"].items()
         if isinstance(value, torch.Tensor)
     ]
     if not slots:

@@ -72,6 +72,13 @@ def get_grad_norm_fp32(
     return total.item() ** (1.0 / norm_type)
 
 
+def clip_coefficient(max_norm: float, total_norm: float) -> float:
+    """The factor clipping multiplies the grads by: max_norm / (total_norm + 1e-6) when below 1,
+    else 1 (also for a NaN norm: no scaling, as Megatron)."""
+    coeff = max_norm / (total_norm + 1.0e-6)
+    return coeff if coeff < 1.0 else 1.0
+
+
 def clip_grad_by_total_norm_fp32(
     parameters: list[torch.Tensor] | torch.Tensor, max_norm: float, total_norm: float
 ) -> None:
@@ -79,7 +86,7 @@ def clip_grad_by_total_norm_fp32(
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     grads = [p.grad.detach() for p in parameters if p.grad is not None]
-    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    clip_coeff = clip_coefficient(max_norm, total_norm)
     if clip_coeff < 1.0 and grads:
         torch._foreach_mul_(grads, clip_coeff)
 

@@ -148,9 +148,10 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         (no separate pass over the grads)."""
         if self._flat_step is None:
             return super().clip_grad_norm(clip_grad)
+        from gigatron.core.optimizer.clip_grads import clip_coefficient
+
         grad_norm = self.get_grad_norm()
-        clip_coeff = clip_grad / (grad_norm + 1.0e-6)
-        self._flat_step.grad_scale = clip_coeff if clip_coeff < 1.0 else 1.0
+        self._flat_step.grad_scale = clip_coefficient(clip_grad, grad_norm)
         return grad_norm
 
     def step_with_ready_grads(self) -> bool:
