@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Session 9 GPU measurements of issue 9 (bench/reports/2026-11-30-s9-gpu.md), device kind
+# nvidia-h200-x2, from the repo root:
+#
+#   bash bench/run_gpu_2026-11-30-s9.sh targets  # call 1: every target of the issue in one
+#       call beside its anchor: gpt-1.3b and gpt-125m on GPU 0 while the torch.compile anchor
+#       runs the same config on GPU 1; then DP = 2 (flat-overlap) and TP = 2 + SP on both
+#   bash bench/run_gpu_2026-11-30-s9.sh train    # call 2: pretrain_gpt (gpt-1.3b shape, no
+#       dropout, clip 1.0) with the NaN/Inf check folded into the clipping norm: torch Adam step
+#       on GPU 0 beside the flat step on GPU 1, then swapped
+#
+# Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
+source bench/_run_lib.sh
+
+T="torchrun --nproc-per-node 2 --master-port 29651 bench/bench_gpt.py"
+BEST="$NC --gelu tanh --compile model --ce chunked"
+
+targets() {
+  (
+    for c in gpt-1.3b gpt-125m; do
+      CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29941 run refs.log 140 $B --config $c $BEST \
+        --label fast-compile-model-tanh
+    done
+  ) &
+  (
+    for c in gpt-1.3b gpt-125m; do
+      CUDA_VISIBLE_DEVICES=1 run anchors.log 140 python3 $A/torch_baseline_bench.py $c compile
+    done
+  ) &
+  wait
+  local D="--config gpt-1.3b $BEST --overlap-grad-reduce --bucket-size 100000000"
+  run dp.log 140 $T $D --layers-per-graph 2,22 --optimizer flat-overlap \
+    --label fast-dp2-model-groups2-22-tanh-flat-overlap
+  run tp.log 130 $T --config gpt-1.3b $BEST --tp 2 --sp --no-memory-reorder \
+    --label fast-tp2-sp-model-tanh
+}
+
+# pretrain_gpt at gpt-1.3b's shape (TRAIN_SHAPE overrides it for a CPU dry run)
+TRAIN_SHAPE=${TRAIN_SHAPE:-"--num-layers 24 --hidden-size 2048 --num-attention-heads 16 \
+  --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 4 --global-batch-size 4 \
+  --vocab-size 50304 --train-iters 50 --log-interval 10"}
+
+train_one() {  # train_one GPU PORT LIMIT LABEL FLAGS...: pretrain_gpt on one GPU
+  local gpu=$1 port=$2 lim=$3 label=$4
+  shift 4
+  local log="$OUT/train-$label-gpu$gpu.log"
+  local left=$((END - $(date +%s)))
+  [ "$lim" -gt "$left" ] && lim=$left
+  if [ "$lim" -lt 25 ]; then echo "{\"skipped\": \"train $label\"}" >>"$RES"; return; fi
+  echo "=== train $label GPU $gpu $* ($(date -u +%T))" >>"$OUT/train.log"
+  # shellcheck disable=SC2086  (TRAIN_SHAPE is a list of flags)
+  CUDA_VISIBLE_DEVICES=$gpu timeout "$lim" \
+    torchrun --nproc-per-node 1 --master-port "$port" -m gigatron.training.pretrain_gpt \
+    $TRAIN_SHAPE --lr 1e-4 --min-lr 1e-5 --mock-data --bf16 --use-distributed-optimizer \
+    --accumulate-allreduce-grads-in-fp32 --cross-entropy-loss-fusion --torch-compile model \
+    --weight-decay 0.1 --eval-iters 0 --eval-interval 100000 --no-progress-bar \
+    --hidden-dropout 0 --attention-dropout 0 "$@" >"$log" 2>&1
+  grep -v "^W1\|warn" "$log" | tail -c 3000 >>"$OUT/train.log"
+  local line
+  line=$(python3 bench/parse_train_log.py "$log" --label "$label" | sed -n 's/^RESULT //p')
+  if [ -n "$line" ]; then echo "$line" >>"$RES"; else
+    echo "{\"failed\": \"train $label\", \"rc\": 1}" >>"$RES"; fi
+}
+
+train() {
+  train_one 0 29921 230 nodrop --clip-grad 1.0 &
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 1 29931 230 nodrop-flat-step --clip-grad 1.0 &
+  wait
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 0 29921 230 nodrop-flat-step --clip-grad 1.0 &
+  train_one 1 29931 230 nodrop --clip-grad 1.0 &
+  wait
+}
+
+case "${1:-}" in
+  targets) targets ;;
+  train) train ;;
+  *) echo "usage: $0 targets|train" >&2; exit 2 ;;
+esac
+python3 bench/compare.py "$RES" 2>/dev/null | tail -40
