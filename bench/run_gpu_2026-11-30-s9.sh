@@ -7,7 +7,7 @@
 #       runs the same config on GPU 1; then DP = 2 (flat-overlap) and TP = 2 + SP on both
 #   bash bench/run_gpu_2026-11-30-s9.sh train    # call 2: pretrain_gpt (gpt-1.3b shape, no
 #       dropout, clip 1.0) with the NaN/Inf check folded into the clipping norm: torch Adam step
-#       on GPU 0 beside the flat step on GPU 1, then swapped
+#       on GPU 0 beside the flat step on GPU 1, then swapped; then both with the light profile
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -56,6 +56,7 @@ train_one() {  # train_one GPU PORT LIMIT LABEL FLAGS...: pretrain_gpt on one GP
     --weight-decay 0.1 --eval-iters 0 --eval-interval 100000 --no-progress-bar \
     --hidden-dropout 0 --attention-dropout 0 "$@" >"$log" 2>&1
   grep -v "^W1\|warn" "$log" | tail -c 3000 >>"$OUT/train.log"
+  { echo "=== $label GPU $gpu $*"; grep -A24 "^profile: " "$log"; } >>"$OUT/profiles.txt"
   local line
   line=$(python3 bench/parse_train_log.py "$log" --label "$label" | sed -n 's/^RESULT //p')
   if [ -n "$line" ]; then echo "$line" >>"$RES"; else
@@ -68,6 +69,12 @@ train() {
   wait
   GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 0 29921 230 nodrop-flat-step --clip-grad 1.0 &
   train_one 1 29931 230 nodrop --clip-grad 1.0 &
+  wait
+  local prof="--profile --use-pytorch-profiler --profile-step-start 32 --profile-step-end 34"
+  export GIGATRON_PROFILE_STACKS=0
+  train_one 0 29921 200 nodrop-light-profile --clip-grad 1.0 $prof --tensorboard-dir /tmp/tb-a &
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 1 29931 200 nodrop-flat-step-light-profile \
+    --clip-grad 1.0 $prof --tensorboard-dir /tmp/tb-b &
   wait
 }
 

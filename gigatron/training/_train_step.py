@@ -1,11 +1,20 @@
 """One training iteration and one evaluation pass, as `megatron.training.training` has them.
 
 `train_step` runs forward/backward over all microbatches through the pipeline schedule, checks
-gradients for NaN/Inf on every rank (one small all-gather) and steps the optimizer and the
-scheduler; `evaluate` runs forward-only iterations. Re-exported by `gigatron.training.training`.
+gradients for NaN/Inf on every rank and steps the optimizer and the scheduler; `evaluate` runs
+forward-only iterations. Re-exported by `gigatron.training.training`.
+
+The NaN/Inf check costs nothing extra when clipping is on: the global grad norm the optimizer
+computes for clipping is NaN/Inf exactly when some gradient is (or when its sum of squares
+overflows fp32), so `optimizer.step_with_grad_norm_check()` skips the update on such a norm and
+only then are the grad buffers scanned to name the ranks. Without clipping one min/max pass per
+grad buffer and one all-reduce run before the step. With fp16 loss scaling the scaler's overflow
+check is the check: such a step is skipped and counted, and the scale backs off, as Megatron.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -76,17 +85,7 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
         decoder_seq_length=args.seq_length,
         forward_only=False,
     )
-    bad_ranks = _nonfinite_grad_ranks(model)
-    nan_iter = 0
-    if bad_ranks:
-        nan_iter = 1
-        message = f"non-finite gradient at iteration {args.iteration + 1} on ranks {bad_ranks}"
-        if not args.skip_nan_steps:
-            raise NonFiniteGradientError(message + " (pass --skip-nan-steps to skip such steps)")
-        print_rank_0(f"WARNING: {message}; skipping the update on every rank")
-        update_successful, grad_norm, num_zeros = False, None, None
-    else:
-        update_successful, grad_norm, num_zeros = optimizer.step()
+    update_successful, grad_norm, num_zeros, nan_iter = _optimizer_step(optimizer, model, args)
     if update_successful:
         increment = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
         opt_param_scheduler.step(increment=increment)
@@ -94,6 +93,40 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     if not ps.is_pipeline_last_stage(ignore_virtual=True):
         return {}, skipped, grad_norm, num_zeros, nan_iter
     return _reduce_losses(losses_reduced), skipped, grad_norm, num_zeros, nan_iter
+
+
+def _optimizer_step(optimizer, model, args):
+    """optimizer.step() behind the NaN/Inf gradient check (module docstring).
+
+    Returns (update_successful, grad_norm, num_zeros, nan_iter); raises NonFiniteGradientError
+    on a non-finite gradient unless `--skip-nan-steps`. Every rank takes the same branch: the
+    norm and the flags are reduced over all of them."""
+    opts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    if any(getattr(opt, "grad_scaler", None) is not None for opt in opts):
+        update_successful, grad_norm, num_zeros = optimizer.step()
+        return update_successful, grad_norm, num_zeros, 0
+    if optimizer.config.clip_grad > 0.0 and hasattr(optimizer, "step_with_grad_norm_check"):
+        update_successful, grad_norm, num_zeros = optimizer.step_with_grad_norm_check()
+        if update_successful or grad_norm is None or math.isfinite(grad_norm):
+            return update_successful, grad_norm, num_zeros, 0
+        bad_ranks = _nonfinite_grad_ranks(model)  # only now: to name the ranks
+        message = (
+            f"non-finite gradient at iteration {args.iteration + 1} on ranks {bad_ranks} "
+            f"(grad norm {grad_norm})"
+            if bad_ranks
+            else f"non-finite grad norm {grad_norm} at iteration {args.iteration + 1}: no "
+            "NaN/Inf gradient element, the sum of squares of the gradients overflowed fp32"
+        )
+    else:
+        bad_ranks = _nonfinite_grad_ranks(model)
+        if not bad_ranks:
+            update_successful, grad_norm, num_zeros = optimizer.step()
+            return update_successful, grad_norm, num_zeros, 0
+        message = f"non-finite gradient at iteration {args.iteration + 1} on ranks {bad_ranks}"
+    if not args.skip_nan_steps:
+        raise NonFiniteGradientError(message + " (pass --skip-nan-steps to skip such steps)")
+    print_rank_0(f"WARNING: {message}; skipping the update on every rank")
+    return False, None, None, 1
 
 
 def _reduce_losses(losses_reduced: list[dict]) -> dict[str, torch.Tensor]:

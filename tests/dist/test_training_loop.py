@@ -52,12 +52,15 @@ def _reset_globals():
     ps.destroy_model_parallel()
 
 
-def _train_with_nan(skip: bool, nan_rank: int, nan_iteration: int):
-    from gigatron.training import pretrain_gpt
+def _train_with_nan(skip: bool, nan_rank: int, nan_iteration: int, clip: str = "1.0"):
+    from gigatron.training import _train_step, pretrain_gpt
     from gigatron.training.global_vars import get_args
     from gigatron.training.training import NonFiniteGradientError, pretrain
 
     snapshots = {}
+    scans = []  # calls of the grad-buffer scan: with clipping only on the bad step
+    scan = _train_step._nonfinite_grad_ranks
+    _train_step._nonfinite_grad_ranks = lambda model: scans.append(1) or scan(model)
 
     def forward_step(data_iterator, model):
         args = get_args()
@@ -70,7 +73,8 @@ def _train_with_nan(skip: bool, nan_rank: int, nan_iteration: int):
             snapshots.setdefault("after", [p.detach().clone() for p in model.parameters()])
         return output, loss_func
 
-    argv = ARGS + ["--train-iters", "5"] + (["--skip-nan-steps"] if skip else [])
+    argv = ARGS + ["--train-iters", "5", "--clip-grad", clip]
+    argv += ["--skip-nan-steps"] if skip else []
     _reset_globals()
     try:
         result = pretrain(
@@ -81,7 +85,9 @@ def _train_with_nan(skip: bool, nan_rank: int, nan_iteration: int):
             argv=argv,
         )
     except NonFiniteGradientError as e:
-        return str(e)
+        return str(e), len(scans)
+    finally:
+        _train_step._nonfinite_grad_ranks = scan
     history = result["history"]
     unchanged = all(torch.equal(a, b) for a, b in zip(snapshots["before"], snapshots["after"]))
     return (
@@ -89,23 +95,58 @@ def _train_with_nan(skip: bool, nan_rank: int, nan_iteration: int):
         [h["nan"] for h in history],
         result["iteration"],
         unchanged,
+        len(scans),
     )
 
 
-def test_injected_nan_is_skipped_on_every_rank():
-    out = run_distributed(_train_with_nan, 2, args=(True, 1, 3), timeout=240)
-    for skipped, nans, iteration, unchanged in out:
+# clip 1.0: the check is the clipping norm's (the buffers are scanned only to name the ranks of
+# a bad step); clip 0: one scan before every step
+@pytest.mark.parametrize("clip, scans", [("1.0", 1), ("0", 5)])
+def test_injected_nan_is_skipped_on_every_rank(clip, scans):
+    out = run_distributed(_train_with_nan, 2, args=(True, 1, 3, clip), timeout=240)
+    for skipped, nans, iteration, unchanged, n_scans in out:
         assert unchanged, "the skipped step changed the weights"
         assert skipped == [0, 0, 1, 0, 0]
         assert nans == [0, 0, 1, 0, 0]
         assert iteration == 5
+        assert n_scans == scans
 
 
-def test_injected_nan_stops_every_rank_naming_the_step():
-    out = run_distributed(_train_with_nan, 2, args=(False, 1, 2), timeout=240)
-    for message in out:
-        assert "non-finite gradient at iteration 2" in message
+@pytest.mark.parametrize("clip, scans", [("1.0", 1), ("0", 2)])
+def test_injected_nan_stops_every_rank_naming_the_step(clip, scans):
+    out = run_distributed(_train_with_nan, 2, args=(False, 1, 2, clip), timeout=240)
+    for message, n_scans in out:
+        # the NaN spreads to both ranks through the DP all-reduce of the grads
+        assert "non-finite gradient at iteration 2 on ranks [0, 1]" in message
         assert "--skip-nan-steps" in message
+        assert n_scans == scans
+
+
+def _train_fp16():
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.training import pretrain
+
+    _reset_globals()
+    result = pretrain(
+        pretrain_gpt.train_valid_test_datasets_provider,
+        pretrain_gpt.model_provider,
+        None,
+        pretrain_gpt.forward_step,
+        argv=ARGS + ["--train-iters", "12", "--fp16", "--initial-loss-scale", "4194304"],
+    )
+    history = result["history"]
+    return [h["skipped"] for h in history], [h["nan"] for h in history], result["iteration"]
+
+
+def test_fp16_loss_scale_overflow_skips_the_step_and_backs_off():
+    """fp16 with dynamic loss scaling: the first steps overflow (scale 2^22); the scaler skips
+    them on every rank and halves the scale until the grads fit, as Megatron (the NaN/Inf check
+    used to stop the run at iteration 1)."""
+    for skipped, nans, iteration in run_distributed(_train_fp16, 2, timeout=240):
+        assert iteration == 12
+        assert nans == [0] * 12
+        assert skipped[0] == 1 and 0 < sum(skipped) < 12
+        assert skipped[-1] == 0
 
 
 def _losses(extra):

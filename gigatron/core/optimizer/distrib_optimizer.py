@@ -143,16 +143,14 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         if pairs:
             torch._foreach_copy_(*map(list, zip(*pairs, strict=True)))
 
-    def clip_grad_norm(self, clip_grad: float) -> float:
+    def _clip_grads_by_norm(self, clip_grad: float, grad_norm: float) -> None:
         """As MegatronOptimizer's; with the flat Adam step the scaling is folded into its pass
         (no separate pass over the grads)."""
         if self._flat_step is None:
-            return super().clip_grad_norm(clip_grad)
+            return super()._clip_grads_by_norm(clip_grad, grad_norm)
         from gigatron.core.optimizer.clip_grads import clip_coefficient
 
-        grad_norm = self.get_grad_norm()
         self._flat_step.grad_scale = clip_coefficient(clip_grad, grad_norm)
-        return grad_norm
 
     def step_with_ready_grads(self) -> bool:
         if self._flat_step is not None:

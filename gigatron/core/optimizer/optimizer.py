@@ -10,10 +10,15 @@
 
 `step()` returns `(update_successful, grad_norm, num_zeros_in_grad)`; on overflow
 `(False, None, None)` and neither weights nor optimizer state change.
+`step_with_grad_norm_check()` (gigatron addition) is `step()` that also skips the update when
+the global grad norm it computes for clipping is NaN/Inf, returning `(False, grad_norm, None)`:
+the training loop's NaN/Inf gradient check without a pass over the grads or a host sync of its
+own.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -94,8 +99,12 @@ class MegatronOptimizer:
     def clip_grad_norm(self, clip_grad: float) -> float:
         """Global L2 norm of the grads; scale them so it is at most `clip_grad`."""
         grad_norm = self.get_grad_norm()
-        clip_grad_by_total_norm_fp32(self.get_parameters(), clip_grad, grad_norm)
+        self._clip_grads_by_norm(clip_grad, grad_norm)
         return grad_norm
+
+    def _clip_grads_by_norm(self, clip_grad: float, grad_norm: float) -> None:
+        """Scale the grads by clip_grad / (grad_norm + 1e-6) when that is below 1."""
+        clip_grad_by_total_norm_fp32(self.get_parameters(), clip_grad, grad_norm)
 
     def count_zeros(self) -> float:
         return count_zeros_fp32(
@@ -145,11 +154,29 @@ class MegatronOptimizer:
     @torch.no_grad()
     def step(self):
         """prepare grads -> (skip on overflow) -> clip -> count zeros -> step."""
+        return self._step(check_grad_norm=False)
+
+    @torch.no_grad()
+    def step_with_grad_norm_check(self):
+        """`step()`, but a NaN/Inf global grad norm skips the update (nothing changes) and
+        returns `(False, grad_norm, None)`. Needs `clip_grad > 0` (the norm is computed for
+        clipping); gigatron addition."""
+        return self._step(check_grad_norm=True)
+
+    def _step(self, check_grad_norm: bool):
+        if check_grad_norm and not self.config.clip_grad > 0.0:
+            raise ValueError(
+                f"step_with_grad_norm_check needs clip_grad > 0 (got {self.config.clip_grad}): "
+                "without clipping no grad norm is computed (gigatron/core/optimizer/optimizer.py)"
+            )
         if self.prepare_grads():
             return False, None, None
         grad_norm = self._empty_norm()
         if self.config.clip_grad > 0.0:
-            grad_norm = self.clip_grad_norm(self.config.clip_grad)
+            grad_norm = self.get_grad_norm()
+            if check_grad_norm and not math.isfinite(grad_norm):
+                return False, grad_norm, None
+            self._clip_grads_by_norm(self.config.clip_grad, grad_norm)
         num_zeros = self.count_zeros() if self.config.log_num_zeros_in_grad else self._zeros()
         return self.step_with_ready_grads(), grad_norm, num_zeros
 
@@ -361,12 +388,22 @@ class ChainedOptimizer(MegatronOptimizer):
 
     @torch.no_grad()
     def step(self):
+        return self._step(check_grad_norm=False)
+
+    @torch.no_grad()
+    def step_with_grad_norm_check(self):
+        """As MegatronOptimizer's: the norm is the one global norm of all chained optimizers."""
+        return self._step(check_grad_norm=True)
+
+    def _step(self, check_grad_norm: bool):
         if self.prepare_grads():
             return False, None, None
         grad_norm = self.get_grad_norm()
+        if check_grad_norm and not math.isfinite(grad_norm):
+            return False, grad_norm, None
         for opt in self.chained_optimizers:
             if opt.config.clip_grad > 0.0:
-                clip_grad_by_total_norm_fp32(opt.get_parameters(), opt.config.clip_grad, grad_norm)
+                opt._clip_grads_by_norm(opt.config.clip_grad, grad_norm)
         num_zeros = self.count_zeros() if self.config.log_num_zeros_in_grad else 0
         return self.step_with_ready_grads(), grad_norm, num_zeros
 
