@@ -15,6 +15,7 @@ save a checkpoint before exiting on every rank.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import signal
 import time
@@ -152,6 +153,29 @@ def _wire_config_hooks(model, optimizer) -> None:
         config.param_sync_func = params_sync[0] if len(model) == 1 else params_sync
 
 
+def update_train_iters(args) -> None:
+    """Megatron's: with --train-samples, the iterations they take (the batch-size ramp-up
+    counted step by step; a partial last batch is dropped). Nothing with --train-iters."""
+    if args.train_iters:
+        return
+    if not args.rampup_batch_size:
+        args.train_iters = args.train_samples // args.global_batch_size
+    else:
+        from gigatron.core.num_microbatches_calculator import get_current_global_batch_size
+
+        iterations, consumed = 0, 0
+        ramp_samples = int(args.rampup_batch_size[2])
+        while consumed <= ramp_samples and consumed <= args.train_samples:
+            update_num_microbatches(consumed, consistency_check=False)
+            consumed += get_current_global_batch_size()
+            iterations += 1
+        update_num_microbatches(0, consistency_check=False)
+        if args.train_samples > consumed:
+            iterations += (args.train_samples - consumed) // args.global_batch_size
+        args.train_iters = iterations
+    print_rank_0(f"setting training iterations to {args.train_iters}")
+
+
 # ---------------------------------------------------------------- data
 def _num_samples(args) -> list[int]:
     train = args.train_samples or args.train_iters * args.global_batch_size
@@ -173,10 +197,14 @@ def build_train_valid_test_data_iterators(train_valid_test_dataset_provider):
 
 
 def _chunk_iterators(iterator, model):
-    """Interleaved schedules take one iterator per virtual stage (same data on each)."""
-    if iterator is None or len(model) == 1:
+    """Interleaved schedules take one iterator per virtual stage, each yielding the same
+    micro-batches (Megatron builds one loader per stage). `itertools.tee` gives each chunk its
+    own cursor over the one loader; sharing one iterator object made every chunk draw a
+    different micro-batch (the first stage's tokens and the last stage's labels disagreed).
+    Call once per loader: a list (already split) is returned as it is."""
+    if iterator is None or len(model) == 1 or isinstance(iterator, list):
         return iterator
-    return [iterator] * len(model)
+    return list(itertools.tee(iterator, len(model)))
 
 
 # ---------------------------------------------------------------- exit conditions
@@ -424,6 +452,7 @@ def pretrain(
     )
     tlog.setup_writers(args)
     model, optimizer, scheduler = setup_model_and_optimizer(model_provider, model_type)
+    update_train_iters(args)  # after the scheduler, which stays sample-based (as Megatron's)
     _wire_config_hooks(model, optimizer)
     from gigatron.core.utils import get_model_config
 
@@ -447,6 +476,8 @@ def pretrain(
     train_iter, valid_iter, test_iter = build_train_valid_test_data_iterators(
         train_valid_test_dataset_provider
     )
+    train_iter = _chunk_iterators(train_iter, model)  # one cursor per virtual stage
+    valid_iter = _chunk_iterators(valid_iter, model)
     result = {"iteration": iteration}
     if iteration < args.train_iters:
         iteration, flops_so_far = train(
