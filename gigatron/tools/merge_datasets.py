@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from gigatron.core.datasets.indexed_dataset import (
     IndexedDataset,
@@ -59,3 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     n = merge_datasets(args.input, args.output_prefix, args.multimodal)
     print(f"wrote {args.output_prefix}.bin / .idx ({n} sequences)")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -289,3 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in args.json_keys:
         print(f"wrote {_output_prefix(args, key)}.bin / .idx")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

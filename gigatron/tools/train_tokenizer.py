@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator
 
 EOD_TOKEN = "<|endoftext|>"
@@ -108,3 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"wrote {path} and vocab.json / merges.txt in {args.output_dir}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
