@@ -163,9 +163,15 @@ train_valid_test_datasets_provider.is_distributed = True
 
 
 def _with_encoder_seq_length(argv: list[str]) -> list[str]:
-    """Megatron's T5 takes --encoder-seq-length as the sequence length."""
-    if "--encoder-seq-length" in argv and "--seq-length" not in argv:
-        argv = argv + ["--seq-length", argv[argv.index("--encoder-seq-length") + 1]]
+    """Megatron's T5 takes --encoder-seq-length as the sequence length and --encoder-num-layers
+    as --num-layers (its validate_args fills one from the other), so Megatron's T5 scripts,
+    which give only the encoder/decoder flags, run unchanged."""
+    for alias, name in (
+        ("--encoder-seq-length", "--seq-length"),
+        ("--encoder-num-layers", "--num-layers"),
+    ):
+        if alias in argv and name not in argv:
+            argv = argv + [name, argv[argv.index(alias) + 1]]
     return argv
 
 

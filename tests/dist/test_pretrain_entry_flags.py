@@ -1,6 +1,7 @@
-"""pretrain_gpt flag combinations found broken by running the entry point as a Megatron user
-would (QA audit, session 9): interleaved pipeline (virtual stages) trains on the same
-micro-batches as one rank, and --train-samples sets the iteration count (ramp-up included)."""
+"""pretrain_gpt / pretrain_t5 flag combinations found broken by running the entry points as a
+Megatron user would (QA audit, session 9): interleaved pipeline (virtual stages) trains on the same
+micro-batches as one rank, --train-samples sets the iteration count (ramp-up included), T5
+takes Megatron's --encoder-num-layers in place of --num-layers."""
 
 from gigatron.testing import run_distributed
 
@@ -75,3 +76,25 @@ def test_train_samples_sets_the_iterations():
     ramp = ["--train-samples", "14", "--rampup-batch-size", "2", "2", "4"]
     (ramped,) = run_distributed(_run, 1, args=(ramp,), timeout=120)
     assert ramped[2] == 4 and ramped[3] == 2 + 2 + 4 + 4, ramped[2:]
+
+
+def _t5_with_encoder_flags(tmp):
+    from tests.dist._training_cases import corpus_args, train_history
+
+    argv = corpus_args(
+        tmp, 2, ["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--lr", "1e-3"]
+    )
+    i = argv.index("--num-layers")
+    argv = argv[:i] + argv[i + 2 :] + ["--encoder-num-layers", "2", "--decoder-num-layers", "1"]
+    from gigatron.training.global_vars import get_args
+
+    history = train_history("pretrain_t5", argv)
+    args = get_args()
+    return len(history), args.num_layers, args.seq_length
+
+
+def test_t5_takes_megatrons_encoder_flags_without_num_layers(tmp_path):
+    """Megatron's T5 scripts give --encoder-num-layers / --encoder-seq-length and no
+    --num-layers / --seq-length ('--num-layers is required' before)."""
+    (out,) = run_distributed(_t5_with_encoder_flags, 1, args=(str(tmp_path),), timeout=120)
+    assert out == (2, 2, 32)
