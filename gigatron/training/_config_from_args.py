@@ -126,9 +126,13 @@ def scheduler_from_args(args, optimizer):
         )
         wsd_steps = (args.lr_wsd_decay_iters or 0) * args.global_batch_size
     else:
-        decay_steps = args.train_samples
-        warmup_steps = (args.lr_warmup_fraction or 0.0) * decay_steps
-        wsd_steps = 0
+        decay_steps = getattr(args, "lr_decay_samples", None) or args.train_samples
+        warmup_steps = (
+            args.lr_warmup_fraction * decay_steps
+            if args.lr_warmup_fraction is not None
+            else getattr(args, "lr_warmup_samples", 0) or 0
+        )
+        wsd_steps = getattr(args, "lr_wsd_decay_samples", None) or 0
     return OptimizerParamScheduler(
         optimizer,
         init_lr=0.0 if warmup_steps else args.lr,

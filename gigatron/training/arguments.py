@@ -141,6 +141,9 @@ def _training_args(p):
     _add(g, "--lr-decay-iters", int, None, "decay iterations (default train iters)")
     _add(g, "--lr-wsd-decay-iters", int, None, "WSD decay iterations")
     _add(g, "--lr-wsd-decay-style", str, "exponential", "WSD decay shape")
+    _add(g, "--lr-warmup-samples", int, 0, "warmup samples (with --train-samples)")
+    _add(g, "--lr-decay-samples", int, None, "decay samples (default train samples)")
+    _add(g, "--lr-wsd-decay-samples", int, None, "WSD decay samples (with --train-samples)")
     _add(g, "--weight-decay", float, 0.01, "weight decay")
     _add(g, "--clip-grad", float, 1.0, "gradient clipping by global norm (0 disables)")
     _add(g, "--adam-beta1", float, 0.9, "Adam beta1")
@@ -344,6 +347,20 @@ def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None, a
     return args
 
 
+def _check_schedule_units(args) -> None:
+    """Megatron's rule: --train-iters training takes the --lr-*-iters flags and --train-samples
+    training the --lr-*-samples ones; a flag of the other kind would be silently ignored."""
+    by_samples = args.train_samples is not None
+    unit, other = ("samples", "iters") if by_samples else ("iters", "samples")
+    for name in ("lr-warmup", "lr-decay", "lr-wsd-decay"):
+        value = getattr(args, f"{name}-{other}".replace("-", "_"), None)
+        if value:  # None, or the warmup's default 0
+            raise ValueError(
+                f"--{name}-{other} ({value}) does not apply to --train-{unit} training: give "
+                f"--{name}-{unit} (Megatron's rule) (gigatron/training/arguments.py)"
+            )
+
+
 def validate_args(args, world_size: int | None = None):
     """Fill derived values and check the combination, raising ValueError naming the flags."""
     ws = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
@@ -382,6 +399,7 @@ def validate_args(args, world_size: int | None = None):
         raise ValueError("one of --train-iters or --train-samples is required")
     if args.train_iters is not None and args.train_samples is not None:
         raise ValueError("--train-iters and --train-samples are mutually exclusive")
+    _check_schedule_units(args)
     if args.lr is None:
         raise ValueError("--lr is required")
     if args.fp16 and args.bf16:
