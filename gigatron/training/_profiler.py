@@ -62,10 +62,14 @@ def check_profile_args(args) -> None:
         )
 
 
-def _is_annotation(name: str) -> bool:
-    """Profiler ranges shown on the GPU timeline (`## Call CompiledFxGraph ... ##`,
-    `Optimizer.step#AdamW.step`): they span kernels, counting them would count time twice."""
-    return "#" in name
+def _is_annotation(event) -> bool:
+    """A profiler range shown on the GPU timeline, not a kernel: the loop's `iteration <i>`
+    ranges, `## Call CompiledFxGraph ... ##`, `Optimizer.step#AdamW.step`. They span kernels:
+    counting them would count time twice and hide every idle gap."""
+    name = getattr(event, "key", None) or event.name
+    return bool(getattr(event, "is_user_annotation", False)) or "#" in name or (
+        name.startswith("iteration ") and name[10:].isdigit()
+    )
 
 
 def idle_gaps(prof, iterations: int, largest: int = 12) -> dict:
@@ -76,7 +80,7 @@ def idle_gaps(prof, iterations: int, largest: int = 12) -> dict:
     spans = sorted(
         (e.time_range.start, e.time_range.end, e.name)
         for e in prof.events()
-        if e.device_type == DeviceType.CUDA and not _is_annotation(e.name)
+        if e.device_type == DeviceType.CUDA and not _is_annotation(e)
     )
     gaps, reach = [], None
     for (start, _end, name), prev in zip(spans[1:], spans[:-1]):
@@ -102,7 +106,7 @@ def summarize(prof, iterations: int, top: int = 15) -> str:
     from torch.autograd import DeviceType
 
     events = prof.key_averages()
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA and not _is_annotation(e.key)]
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA and not _is_annotation(e)]
     if kernels:
         rows = [(e.key, e.self_device_time_total, e.count) for e in kernels]
         what = "CUDA kernel time"
