@@ -180,7 +180,8 @@ def update_train_iters(args) -> None:
 def _num_samples(args) -> list[int]:
     train = args.train_samples or args.train_iters * args.global_batch_size
     iters = args.train_iters or train // args.global_batch_size
-    evals = (iters // args.eval_interval + 1) * args.eval_iters * args.global_batch_size
+    periodic = iters // args.eval_interval if args.eval_interval else 0  # 0: at the end only
+    evals = (periodic + 1) * args.eval_iters * args.global_batch_size
     return [train, evals, args.eval_iters * args.global_batch_size]
 
 
@@ -322,6 +323,7 @@ def train(
                 counts = {"skipped": 0, "nan": 0}
             if (
                 valid_iter is not None
+                and args.eval_iters
                 and args.eval_interval
                 and iteration % args.eval_interval == 0
             ):

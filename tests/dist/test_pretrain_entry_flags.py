@@ -98,3 +98,29 @@ def test_t5_takes_megatrons_encoder_flags_without_num_layers(tmp_path):
     --num-layers / --seq-length ('--num-layers is required' before)."""
     (out,) = run_distributed(_t5_with_encoder_flags, 1, args=(str(tmp_path),), timeout=120)
     assert out == (2, 2, 32)
+
+
+def _count_evaluations(extra):
+    from gigatron.training import training
+
+    calls = []
+    evaluate = training.evaluate
+    training.evaluate = lambda *a, **k: calls.append(1) or evaluate(*a, **k)
+    try:
+        _, valid, iteration, _ = _run(extra)
+    finally:
+        training.evaluate = evaluate
+    return len(calls), valid, iteration
+
+
+def test_eval_interval_zero_evaluates_at_the_end_and_eval_iters_zero_never():
+    """--eval-interval 0 (no periodic evaluation, as the loop reads it) divided by zero while
+    sizing the validation set; --eval-iters 0 ran empty evaluations and logged blank lines."""
+    (at_end,) = run_distributed(
+        _count_evaluations, 1, args=(["--train-iters", "3", "--eval-interval", "0"],), timeout=120
+    )
+    assert at_end[0] == 1 and at_end[1] is not None and at_end[2] == 3
+    (never,) = run_distributed(
+        _count_evaluations, 1, args=(["--train-iters", "3", "--eval-iters", "0"],), timeout=120
+    )
+    assert never == (0, None, 3)
