@@ -8,6 +8,10 @@
 #   bash bench/run_gpu_2026-11-30-s9.sh train    # call 2: pretrain_gpt (gpt-1.3b shape, no
 #       dropout, clip 1.0) with the NaN/Inf check folded into the clipping norm: torch Adam step
 #       on GPU 0 beside the flat step on GPU 1, then swapped; then both with the light profile
+#   bash bench/run_gpu_2026-11-30-s9.sh diag     # call 3: where pretrain_gpt's idle time goes
+#       (the --profile summary fixed: its iteration ranges hid every gap) beside the host syncs
+#       counted by call site (bench/sync_debug_run.py); the flat step profiled; Megatron's
+#       default dropout 0.1
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -43,20 +47,21 @@ TRAIN_SHAPE=${TRAIN_SHAPE:-"--num-layers 24 --hidden-size 2048 --num-attention-h
 train_one() {  # train_one GPU PORT LIMIT LABEL FLAGS...: pretrain_gpt on one GPU
   local gpu=$1 port=$2 lim=$3 label=$4
   shift 4
-  local log="$OUT/train-$label-gpu$gpu.log"
+  local log="$OUT/train-$label-gpu$gpu.log" entry=${ENTRY:--m gigatron.training.pretrain_gpt}
   local left=$((END - $(date +%s)))
   [ "$lim" -gt "$left" ] && lim=$left
   if [ "$lim" -lt 25 ]; then echo "{\"skipped\": \"train $label\"}" >>"$RES"; return; fi
   echo "=== train $label GPU $gpu $* ($(date -u +%T))" >>"$OUT/train.log"
   # shellcheck disable=SC2086  (TRAIN_SHAPE is a list of flags)
   CUDA_VISIBLE_DEVICES=$gpu timeout "$lim" \
-    torchrun --nproc-per-node 1 --master-port "$port" -m gigatron.training.pretrain_gpt \
+    torchrun --nproc-per-node 1 --master-port "$port" $entry \
     $TRAIN_SHAPE --lr 1e-4 --min-lr 1e-5 --mock-data --bf16 --use-distributed-optimizer \
     --accumulate-allreduce-grads-in-fp32 --cross-entropy-loss-fusion --torch-compile model \
     --weight-decay 0.1 --eval-iters 0 --eval-interval 100000 --no-progress-bar \
     --hidden-dropout 0 --attention-dropout 0 "$@" >"$log" 2>&1
   grep -v "^W1\|warn" "$log" | tail -c 3000 >>"$OUT/train.log"
   { echo "=== $label GPU $gpu $*"; grep -A24 "^profile: " "$log"; } >>"$OUT/profiles.txt"
+  { echo "=== $label GPU $gpu $*"; grep "sync-debug" "$log"; } >>"$OUT/syncs.txt"
   local line
   line=$(python3 bench/parse_train_log.py "$log" --label "$label" | sed -n 's/^RESULT //p')
   if [ -n "$line" ]; then echo "$line" >>"$RES"; else
@@ -78,9 +83,23 @@ train() {
   wait
 }
 
+diag() {
+  local prof="--profile --use-pytorch-profiler --profile-step-start 32 --profile-step-end 34"
+  export GIGATRON_PROFILE_STACKS=0
+  train_one 0 29921 220 nodrop-light-profile --clip-grad 1.0 $prof --tensorboard-dir /tmp/tb-a &
+  ENTRY="bench/sync_debug_run.py -m gigatron.training.pretrain_gpt" \
+    train_one 1 29931 220 nodrop-sync-debug --clip-grad 1.0 &
+  wait
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 0 29921 200 nodrop-flat-step-light-profile \
+    --clip-grad 1.0 $prof --tensorboard-dir /tmp/tb-b &
+  train_one 1 29931 200 base-dropout --clip-grad 1.0 --hidden-dropout 0.1 --attention-dropout 0.1 &
+  wait
+}
+
 case "${1:-}" in
   targets) targets ;;
   train) train ;;
-  *) echo "usage: $0 targets|train" >&2; exit 2 ;;
+  diag) diag ;;
+  *) echo "usage: $0 targets|train|diag" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
