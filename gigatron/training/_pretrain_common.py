@@ -115,3 +115,15 @@ def build_datasets(cls, train_val_test_num_samples, config, name: str):
     return BlendedMegatronDatasetBuilder(
         cls, train_val_test_num_samples, lambda: True, config
     ).build()
+
+
+def require_corpus(args, name: str) -> None:
+    """BERT / T5 sample masked spans from a sentence-split corpus: refuse --mock-data (gigatron
+    has no mock masked-LM dataset; the flag was ignored and the run failed later inside the
+    tokenizer with 'NullTokenizer has no vocab')."""
+    if args.mock_data:
+        raise ValueError(
+            f"--mock-data: {name} has no mock dataset; give --data-path PREFIX (a corpus "
+            "written by `gigatron preprocess`) and a tokenizer with the mask / pad / special "
+            "tokens (gigatron/training/_pretrain_common.py)"
+        )

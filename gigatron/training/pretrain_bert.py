@@ -144,6 +144,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     )
 
     args = get_args()
+    common.require_corpus(args, "pretrain_bert")
     tokenizer = MaskedLMTokenizer(get_tokenizer()).require("cls", "sep", "mask", "pad")
     config = BERTMaskedWordPieceDatasetConfig(
         **common.dataset_config_kwargs(args, tokenizer),

@@ -124,3 +124,23 @@ def test_eval_interval_zero_evaluates_at_the_end_and_eval_iters_zero_never():
         _count_evaluations, 1, args=(["--train-iters", "3", "--eval-iters", "0"],), timeout=120
     )
     assert never == (0, None, 3)
+
+
+def _masked_lm_with_mock_data(entry):
+    import importlib
+
+    import pytest
+
+    argv = ARGS[:] + ["--train-iters", "1"]
+    if entry == "pretrain_t5":
+        argv += ["--decoder-seq-length", "8"]
+    with pytest.raises(ValueError, match=f"--mock-data: {entry} has no mock dataset"):
+        importlib.import_module(f"gigatron.training.{entry}").main(argv)
+    return True
+
+
+def test_bert_and_t5_refuse_mock_data_by_name():
+    """--mock-data was accepted and ignored by pretrain_bert / pretrain_t5, which then failed
+    inside the tokenizer ('_NullTokenizer has no vocab')."""
+    for entry in ("pretrain_bert", "pretrain_t5"):
+        assert run_distributed(_masked_lm_with_mock_data, 1, args=(entry,), timeout=120) == [True]
