@@ -111,6 +111,7 @@ def optimizer_config_from_args(args):
         initial_loss_scale=args.initial_loss_scale,
         clip_grad=args.clip_grad,
         use_distributed_optimizer=args.use_distributed_optimizer,
+        log_num_zeros_in_grad=bool(getattr(args, "log_num_zeros_in_grad", False)),
     )
 
 

@@ -267,6 +267,7 @@ def _checkpoint_logging_args(p):
     _add(g, "--wandb-exp-name", str, None, "Weights & Biases run name")
     _add(g, "--wandb-save-dir", str, None, "Weights & Biases directory")
     _add(g, "--log-throughput", bool, help_="log throughput (always on in gigatron)")
+    _add(g, "--log-num-zeros-in-grad", bool, help_="log the number of zero gradient entries")
     _add(g, "--no-progress-bar", bool, help_="no progress bar")
     _add(g, "--profile", bool, help_="profile iterations --profile-step-start .. end")
     _add(g, "--use-pytorch-profiler", bool, help_="torch.profiler trace into --tensorboard-dir")

@@ -144,3 +144,31 @@ def test_bert_and_t5_refuse_mock_data_by_name():
     inside the tokenizer ('_NullTokenizer has no vocab')."""
     for entry in ("pretrain_bert", "pretrain_t5"):
         assert run_distributed(_masked_lm_with_mock_data, 1, args=(entry,), timeout=120) == [True]
+
+
+def _num_zeros(extra):
+    from gigatron.training import training
+
+    seen = []
+    step = training.train_step
+    training.train_step = lambda *a, **k: (lambda out: seen.append(out[3]) or out)(step(*a, **k))
+    try:
+        _run(["--train-iters", "2", "--untie-embeddings-and-output-weights"] + extra)
+    finally:
+        training.train_step = step
+    return [float(z) for z in seen]
+
+
+def test_log_num_zeros_in_grad_counts_the_zero_gradient_entries():
+    """Megatron's --log-num-zeros-in-grad was an unknown flag. Untied, the input embedding rows
+    of tokens absent from the batch have zero gradients: at vocab 128 x hidden 32 with 64
+    tokens drawn, thousands of zeros; DP = 2 counts the same as one rank."""
+    (one,) = run_distributed(_num_zeros, 1, args=(["--log-num-zeros-in-grad"],), timeout=120)
+    assert len(one) == 2 and all(z > 32 * 10 for z in one), one
+    two = run_distributed(
+        _num_zeros,
+        2,
+        args=(["--log-num-zeros-in-grad", "--use-distributed-optimizer"],),
+        timeout=120,
+    )
+    assert two[0] == two[1] == one
