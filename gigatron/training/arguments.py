@@ -405,6 +405,12 @@ def validate_args(args, world_size: int | None = None):
         raise ValueError("--lr is required")
     if args.fp16 and args.bf16:
         raise ValueError("--fp16 and --bf16 are mutually exclusive")
+    if args.reset_attention_mask and cp > 1:
+        raise ValueError(
+            f"--reset-attention-mask with --context-parallel-size {cp}: context-parallel "
+            "attention is causal over the whole sequence and would ignore the per-document "
+            "mask (gigatron/training/arguments.py)"
+        )
     if args.sequence_parallel and tp == 1:
         args.sequence_parallel = False  # Megatron silently disables SP at TP=1
     if args.max_position_embeddings is None:
