@@ -12,6 +12,10 @@
 #       (the --profile summary fixed: its iteration ranges hid every gap) beside the host syncs
 #       counted by call site (bench/sync_debug_run.py); the flat step profiled; Megatron's
 #       default dropout 0.1
+#   bash bench/run_gpu_2026-11-30-s9.sh final    # call 4: the weight gradient accumulated in
+#       fp32 by one GEMM (addmm.dtype_out): its GPU test; pretrain_gpt profiled (with what the
+#       host runs in the largest GPU idle gaps) beside the sync-debug run; then the fp32-GEMM
+#       wgrad (GPU 0) against the bf16 GEMM + fp32 add (GIGATRON_WGRAD_FP32_GEMM=0, GPU 1)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -60,7 +64,7 @@ train_one() {  # train_one GPU PORT LIMIT LABEL FLAGS...: pretrain_gpt on one GP
     --weight-decay 0.1 --eval-iters 0 --eval-interval 100000 --no-progress-bar \
     --hidden-dropout 0 --attention-dropout 0 "$@" >"$log" 2>&1
   grep -v "^W1\|warn" "$log" | tail -c 3000 >>"$OUT/train.log"
-  { echo "=== $label GPU $gpu $*"; grep -A24 "^profile: " "$log"; } >>"$OUT/profiles.txt"
+  { echo "=== $label GPU $gpu $*"; grep -A40 "^profile: " "$log"; } >>"$OUT/profiles.txt"
   { echo "=== $label GPU $gpu $*"; grep "sync-debug" "$log"; } >>"$OUT/syncs.txt"
   local line
   line=$(python3 bench/parse_train_log.py "$log" --label "$label" | sed -n 's/^RESULT //p')
@@ -96,10 +100,26 @@ diag() {
   wait
 }
 
+final() {
+  local prof="--profile --use-pytorch-profiler --profile-step-start 32 --profile-step-end 34"
+  GIGATRON_PROFILE_STACKS=0 train_one 0 29921 230 nodrop-wgrad32-light-profile --clip-grad 1.0 \
+    $prof --tensorboard-dir /tmp/tb-a &
+  (
+    CUDA_VISIBLE_DEVICES=1 run_tests 60 tests/gpu/test_wgrad_fp32_accumulate.py
+    ENTRY="bench/sync_debug_run.py -m gigatron.training.pretrain_gpt" \
+      train_one 1 29931 200 nodrop-wgrad32-sync-debug --clip-grad 1.0
+  ) &
+  wait
+  train_one 0 29921 200 nodrop-wgrad32 --clip-grad 1.0 &
+  GIGATRON_WGRAD_FP32_GEMM=0 train_one 1 29931 200 nodrop-wgrad-bf16-add --clip-grad 1.0 &
+  wait
+}
+
 case "${1:-}" in
+  final) final ;;
   targets) targets ;;
   train) train ;;
   diag) diag ;;
-  *) echo "usage: $0 targets|train|diag" >&2; exit 2 ;;
+  *) echo "usage: $0 targets|train|diag|final" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40

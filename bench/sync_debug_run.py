@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import atexit
 import collections
+import os
 import runpy
 import sys
 import traceback
 import warnings
 
 import torch
+
+# the repo root: the module runs from a checkout without an install (as the device's image)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _COUNTS: collections.Counter[str] = collections.Counter()
 _MESSAGE = "synchronizing CUDA operation"

@@ -67,37 +67,56 @@ def _is_annotation(event) -> bool:
     ranges, `## Call CompiledFxGraph ... ##`, `Optimizer.step#AdamW.step`. They span kernels:
     counting them would count time twice and hide every idle gap."""
     name = getattr(event, "key", None) or event.name
-    return bool(getattr(event, "is_user_annotation", False)) or "#" in name or (
-        name.startswith("iteration ") and name[10:].isdigit()
+    return (
+        bool(getattr(event, "is_user_annotation", False))
+        or "#" in name
+        or (name.startswith("iteration ") and name[10:].isdigit())
     )
 
 
-def idle_gaps(prof, iterations: int, largest: int = 12) -> dict:
+def idle_gaps(prof, iterations: int, largest: int = 12, explained: int = 4) -> dict:
     """GPU time with no kernel running (ms per iteration) and the largest gaps with the kernels
-    before and after them: where the GPU waits on the host (syncs, launch overhead, data)."""
+    before and after them: where the GPU waits on the host (syncs, launch overhead, data).
+    `host_us` names, for the `explained` largest gaps, what the host was running meanwhile."""
     from torch.autograd import DeviceType
 
+    events = list(prof.events())
     spans = sorted(
         (e.time_range.start, e.time_range.end, e.name)
-        for e in prof.events()
+        for e in events
         if e.device_type == DeviceType.CUDA and not _is_annotation(e)
     )
     gaps, reach = [], None
     for (start, _end, name), prev in zip(spans[1:], spans[:-1]):
         reach = prev[1] if reach is None else max(reach, prev[1])
         if start > reach:
-            gaps.append((start - reach, prev[2][:70], name[:70]))
+            gaps.append((start - reach, prev[2][:70], name[:70], reach, start))
     by_next: dict[str, float] = {}
     n = max(iterations, 1)
-    for gap, _, after in gaps:
+    for gap, _, after, _, _ in gaps:
         by_next[after] = by_next.get(after, 0.0) + gap / n / 1e3
+    biggest = sorted(gaps)[-largest:]
+    host = [e for e in events if e.device_type == DeviceType.CPU]
     return {
         "idle_ms_per_step": round(sum(g[0] for g in gaps) / n / 1e3, 2),
-        "largest_us": [
-            (round(g, 1), before, after) for g, before, after in sorted(gaps)[-largest:]
-        ],
+        "largest_us": [(round(g, 1), before, after) for g, before, after, _, _ in biggest],
+        "host_us": [_host_during(host, a, b) for _, _, _, a, b in biggest[-explained:]],
         "by_next_kernel_ms": dict(sorted(by_next.items(), key=lambda x: -x[1])[:largest]),
     }
+
+
+def _host_during(host_events, start: float, end: float, top: int = 5) -> list:
+    """[(overlap_us, name)] of the host operators / ranges running in [start, end), most
+    overlap first; ranges over 20x longer than the gap (the iteration) say nothing."""
+    width = max(end - start, 1e-9)
+    out = []
+    for e in host_events:
+        s, t = e.time_range.start, e.time_range.end
+        overlap = min(t, end) - max(s, start)
+        if overlap > 0 and t - s < 20 * width:
+            out.append((round(overlap, 1), t - s, e.name[:60]))
+    out.sort(key=lambda x: (-x[0], x[1]))
+    return [(overlap, name) for overlap, _, name in out[:top]]
 
 
 def summarize(prof, iterations: int, top: int = 15) -> str:
@@ -130,8 +149,13 @@ def summarize(prof, iterations: int, top: int = 15) -> str:
         gaps = idle_gaps(prof, iterations)
         lines.append(f"  GPU idle (no kernel running): {gaps['idle_ms_per_step']:.2f} ms")
         lines.append("  largest idle gaps (us, kernel before -> kernel after):")
-        for us, before, after in reversed(gaps["largest_us"]):
+        explained = dict(zip(gaps["largest_us"][::-1], gaps["host_us"][::-1]))
+        for row in reversed(gaps["largest_us"]):
+            us, before, after = row
             lines.append(f"  {us:9.1f} us  {before[:50]} -> {after[:50]}")
+            if explained.get(row):
+                ops = ", ".join(f"{name} {o:.0f}" for o, name in explained[row])
+                lines.append(f"               host meanwhile (us): {ops}")
     lines.append("  top:")
     for name, us, count in sorted(rows, key=lambda r: -r[1])[:top]:
         lines.append(f"  {us / n / 1e3:9.3f} ms  {count // n:5d} calls  {name[:110]}")

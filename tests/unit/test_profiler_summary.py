@@ -9,11 +9,11 @@ from torch.autograd import DeviceType
 from gigatron.training._profiler import summarize
 
 
-def _event(name, start_us, end_us, annotation=False):
+def _event(name, start_us, end_us, annotation=False, device=DeviceType.CUDA):
     return SimpleNamespace(
         name=name,
         key=name,
-        device_type=DeviceType.CUDA,
+        device_type=device,
         is_user_annotation=annotation,
         time_range=SimpleNamespace(start=start_us, end=end_us),
         self_device_time_total=end_us - start_us,
@@ -31,10 +31,19 @@ def test_iteration_ranges_are_not_kernels_and_do_not_hide_gaps():
         _event("nvjet_sm90_gemm", 10_000, 14_000),  # 3 ms idle before it
         _event("cudnn_sdpa_fprop", 14_000, 15_000),
     ]
-    prof = SimpleNamespace(events=lambda: events, key_averages=lambda: events)
+    cpu = DeviceType.CPU
+    host = [
+        _event("iteration 33", 9_000, 30_000, device=cpu),  # 7x the gap: kept, little overlap
+        _event("ProfilerStep", 0, 100_000, device=cpu),  # far longer than the gap: left out
+        _event("aten::copy_", 6_900, 9_500, device=cpu),  # 2.5 ms of the 3 ms gap
+        _event("cudaHostAlloc", 7_500, 9_400, device=cpu),
+    ]
+    prof = SimpleNamespace(events=lambda: events + host, key_averages=lambda: events + host)
     text = summarize(prof, iterations=2)
     first = text.splitlines()[0]
     assert first == "profile: CUDA kernel time per iteration 5.00 ms over 2 iterations", first
     assert "GPU idle (no kernel running): 2.50 ms" in text  # (2 + 3) ms over 2 iterations
     assert "3000.0 us  triton_poi_fused_add -> nvjet_sm90_gemm" in text
-    assert "iteration 3" not in text and "CompiledFxGraph" not in text
+    assert "host meanwhile (us): aten::copy_ 2500, cudaHostAlloc 1900, iteration 33 1000" in text
+    assert "ProfilerStep" not in text and "CompiledFxGraph" not in text
+    assert "iteration 32" not in text

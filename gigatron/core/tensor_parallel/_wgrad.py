@@ -4,7 +4,10 @@ Megatron adds dW straight into the fp32/bf16 `param.main_grad` of its DDP buffer
 GEMM (`fused_weight_gradient_mlp_cuda`), so no transient `.grad` is allocated and DDP's hook
 has nothing to copy. gigatron does the same with a cuBLAS `addmm_` (beta = 1) wrapped in a
 custom op: under torch.compile the op mutates `main_grad` in place (a plain `addmm_` on a graph
-input would be functionalized into `addmm` + a copy back, the very pass this saves).
+input would be functionalized into `addmm` + a copy back, the very pass this saves). An fp32
+`main_grad` with bf16/fp16 activations (`--accumulate-allreduce-grads-in-fp32`) takes aten's
+`addmm.dtype_out` on CUDA: one GEMM accumulating into fp32, like apex's
+`wgrad_gemm_accum_fp32`; elsewhere a bf16 GEMM and one fp32 add.
 
 DDP's hook learns that dW is already in `main_grad` from `param.grad_added_to_main_grad`,
 which the backward sets (Megatron's contract). A compiled backward cannot set attributes, so
@@ -14,6 +17,8 @@ the output layer) get a plain `.grad` under compile, which DDP's hook adds.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -29,8 +34,38 @@ def wgrad_accumulate_(
     """`main_grad [o, h] += grad_output_2d [n, o]^T @ input_2d [n, h]`, in place."""
     if main_grad.dtype == grad_output_2d.dtype:
         main_grad.addmm_(grad_output_2d.t(), input_2d)
-    else:  # e.g. fp32 main_grad, bf16 activations: bf16 GEMM, then one fp32 add
+    elif not _addmm_fp32_accumulate(main_grad, grad_output_2d.t(), input_2d):
+        # e.g. fp32 main_grad, bf16 activations on CPU: bf16 GEMM, then one fp32 add
         main_grad.add_(grad_output_2d.t().matmul(input_2d).to(main_grad.dtype))
+
+
+# None: not tried yet; False: this build refused it, or GIGATRON_WGRAD_FP32_GEMM=0 (set before
+# import; for A/B measurements): then the bf16 GEMM + fp32 add path
+_ADDMM_FP32 = {"ok": None if os.environ.get("GIGATRON_WGRAD_FP32_GEMM", "1") == "1" else False}
+
+
+def _addmm_fp32_accumulate(main_grad, a, b) -> bool:
+    """`main_grad [o, h] (fp32) += a [o, n] @ b [n, h]` (bf16/fp16) as one cuBLAS GEMM that
+    accumulates into the fp32 buffer (aten's `addmm.dtype_out`, CUDA only), as Megatron's apex
+    `wgrad_gemm_accum_fp32`: dW is never rounded to bf16 or written apart, and no extra fp32
+    pass runs. False when not applicable or not supported by this build."""
+    if (
+        _ADDMM_FP32["ok"] is False
+        or not main_grad.is_cuda
+        or main_grad.dtype != torch.float32
+        or a.dtype not in (torch.bfloat16, torch.float16)
+        or not hasattr(torch.ops.aten.addmm, "dtype_out")
+    ):
+        return False
+    try:
+        torch.ops.aten.addmm.dtype_out(main_grad, a, b, torch.float32, out=main_grad)
+    except (RuntimeError, NotImplementedError):
+        if _ADDMM_FP32["ok"]:
+            raise  # it worked before: a real error
+        _ADDMM_FP32["ok"] = False
+        return False
+    _ADDMM_FP32["ok"] = True
+    return True
 
 
 @wgrad_accumulate_.register_fake
