@@ -72,6 +72,9 @@ def core_transformer_config_from_args(args, config_class=None):
             moe_token_dispatcher_type=args.moe_token_dispatcher_type,
             moe_grouped_gemm=args.moe_grouped_gemm,
             moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+            moe_router_load_balancing_type=args.moe_router_load_balancing_type,
+            moe_z_loss_coeff=args.moe_z_loss_coeff,
+            moe_router_pre_softmax=args.moe_router_pre_softmax,
         )
     if args.context_parallel_size > 1:
         kw["cp_comm_type"] = args.cp_comm_type

@@ -89,6 +89,9 @@ def _model_args(p):
     _add(g, "--moe-token-dispatcher-type", str, "allgather", "allgather | alltoall")
     _add(g, "--moe-grouped-gemm", bool, help_="grouped GEMM experts")
     _add(g, "--moe-shared-expert-intermediate-size", int, None, "shared expert size")
+    _add(g, "--moe-router-load-balancing-type", str, "aux_loss", "aux_loss | seq_aux_loss | none")
+    _add(g, "--moe-z-loss-coeff", float, None, "router z-loss weight")
+    _add(g, "--moe-router-pre-softmax", bool, help_="softmax before the top-k selection")
 
 
 def _parallel_args(p):

@@ -172,3 +172,20 @@ def test_log_num_zeros_in_grad_counts_the_zero_gradient_entries():
         timeout=120,
     )
     assert two[0] == two[1] == one
+
+
+def _moe_history(extra):
+    losses, _, _, _ = _run(["--train-iters", "1", "--num-experts", "4", "--moe-router-topk", "2"]
+                           + extra)  # fmt: skip
+    from gigatron.training.global_vars import get_args
+
+    return sorted(get_args().train_history[0]["losses"])
+
+
+def test_moe_z_loss_and_sequence_balancing_reach_the_log():
+    """--moe-z-loss-coeff / --moe-router-load-balancing-type seq_aux_loss train those losses:
+    the tracker reports them beside the LM loss."""
+    flags = ["--moe-z-loss-coeff", "1e-3", "--moe-router-load-balancing-type", "seq_aux_loss",
+             "--moe-aux-loss-coeff", "1e-2"]  # fmt: skip
+    (keys,) = run_distributed(_moe_history, 1, args=(flags,), timeout=120)
+    assert keys == ["lm loss", "seq_load_balancing_loss", "z_loss"], keys
