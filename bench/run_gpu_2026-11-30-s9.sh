@@ -16,6 +16,9 @@
 #       fp32 by one GEMM (addmm.dtype_out): its GPU test; pretrain_gpt profiled (with what the
 #       host runs in the largest GPU idle gaps) beside the sync-debug run; then the fp32-GEMM
 #       wgrad (GPU 0) against the bf16 GEMM + fp32 add (GIGATRON_WGRAD_FP32_GEMM=0, GPU 1)
+#   bash bench/run_gpu_2026-11-30-s9.sh last     # call 5: the flat step with the fp32-GEMM wgrad
+#       (GPU 0) beside the sync-debug run with full stacks and dynamo's recompile / graph-break
+#       logs (GPU 1): where the per-iteration sync inside the compiled forward comes from
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -115,11 +118,21 @@ final() {
   wait
 }
 
+last() {
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 0 29921 220 nodrop-wgrad32-flat-step --clip-grad 1.0 &
+  TORCH_LOGS=recompiles,graph_breaks ENTRY="bench/sync_debug_run.py -m gigatron.training.pretrain_gpt" \
+    train_one 1 29931 220 nodrop-wgrad32-sync-stacks --clip-grad 1.0 &
+  wait
+  grep -h "Recompil\|Graph break\|graph break" "$OUT"/train-nodrop-wgrad32-sync-stacks-gpu1.log \
+    | head -40 >>"$OUT/syncs.txt"
+}
+
 case "${1:-}" in
+  last) last ;;
   final) final ;;
   targets) targets ;;
   train) train ;;
   diag) diag ;;
-  *) echo "usage: $0 targets|train|diag|final" >&2; exit 2 ;;
+  *) echo "usage: $0 targets|train|diag|final|last" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40

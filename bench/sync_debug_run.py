@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _COUNTS: collections.Counter[str] = collections.Counter()
+_STACKS: dict[str, list[str]] = {}  # one full stack per site (torch frames included)
 _MESSAGE = "synchronizing CUDA operation"
 
 
@@ -39,7 +40,11 @@ def _site(stack: list[traceback.FrameSummary], depth: int = 4) -> str:
 def _show(message, category, filename, lineno, file=None, line=None, _orig=warnings.showwarning):
     if _MESSAGE not in str(message):
         return _orig(message, category, filename, lineno, file, line)
-    _COUNTS[_site(traceback.extract_stack()[:-1])] += 1
+    stack = traceback.extract_stack()[:-1]
+    site = _site(stack)
+    _COUNTS[site] += 1
+    if site not in _STACKS:
+        _STACKS[site] = [f"{f.filename}:{f.lineno} {f.name}" for f in stack[-14:]]
 
 
 def _report() -> None:
@@ -47,6 +52,10 @@ def _report() -> None:
     print(f"sync-debug rank {rank}: {sum(_COUNTS.values())} host syncs by call site", flush=True)
     for site, n in _COUNTS.most_common(25):
         print(f"sync-debug {n:6d}  {site}", flush=True)
+    for site, _ in _COUNTS.most_common(4):
+        print(f"sync-debug stack of {site}:", flush=True)
+        for frame in _STACKS[site]:
+            print(f"sync-debug     {frame}", flush=True)
 
 
 def main(argv: list[str]) -> None:
