@@ -172,13 +172,16 @@ def evaluate(forward_step_func, data_iterator, model, config, verbose: bool = Fa
     for chunk in model:
         chunk.eval()
     sums: dict[str, torch.Tensor] = {}
+    # the full global batch even during a batch-size ramp-up (Megatron's eval_num_microbatches):
+    # consumed_valid_samples counts global_batch_size per iteration
+    num_microbatches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
     with torch.no_grad():
         for _ in range(args.eval_iters):
             losses = get_forward_backward_func()(
                 forward_step_func=forward_step_func,
                 data_iterator=data_iterator,
                 model=model,
-                num_microbatches=get_num_microbatches(),
+                num_microbatches=num_microbatches,
                 seq_length=args.seq_length,
                 micro_batch_size=args.micro_batch_size,
                 decoder_seq_length=args.seq_length,

@@ -379,3 +379,44 @@ def test_moe_aux_losses_reach_the_history_as_floats():
             assert set(entry) == {"lm loss", "load_balancing_loss"}, entry
             assert all(isinstance(v, float) for v in entry.values())
             assert entry["load_balancing_loss"] > 0.0
+
+
+def _eval_microbatches_during_rampup():
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.global_vars import get_args
+    from gigatron.training.training import pretrain
+
+    calls = []  # (iteration, training?) of every forward step
+
+    def forward_step(data_iterator, model):
+        calls.append((get_args().iteration, model.training))
+        return pretrain_gpt.forward_step(data_iterator, model)
+
+    _reset_globals()
+    argv = ARGS + ["--train-iters", "2", "--eval-interval", "1", "--eval-iters", "2"]
+    argv += ["--rampup-batch-size", "4", "4", "16"]  # global batch 8: ramp 4 -> 8
+    result = pretrain(
+        pretrain_gpt.train_valid_test_datasets_provider,
+        pretrain_gpt.model_provider,
+        None,
+        forward_step,
+        argv=argv,
+    )
+    evals = [it for it, training in calls if not training]
+    trains = [it for it, training in calls if training]
+    return evals, trains, get_args().consumed_valid_samples, result["iteration"]
+
+
+def test_evaluation_reads_the_full_global_batch_during_rampup():
+    """Megatron's eval_num_microbatches: global_batch_size / (micro_batch_size * dp) micro-batches
+    per evaluation iteration whatever the ramp-up's current batch, matching the samples counted
+    (it used the ramp-up's count: fewer samples read than counted, validation after a resume
+    differed from an uninterrupted run)."""
+    for evals, trains, consumed, iteration in run_distributed(
+        _eval_microbatches_during_rampup, 2, timeout=240
+    ):
+        assert iteration == 2
+        assert trains == [0, 1]  # both in the ramp-up: batch 4, one micro-batch per rank
+        # every evaluation (after iterations 1 and 2, eval-iters 2): 8 / (2 * 2) = 2 each
+        assert evals == [1] * 4 + [2] * 4, evals
+        assert consumed == 2 * 2 * 8
