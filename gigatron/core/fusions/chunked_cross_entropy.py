@@ -61,8 +61,10 @@ _HELPERS = {"eager": (_row_max, _row_stats, _logit_grad)}
 
 
 def _helpers(compiled: bool):
-    """The three elementwise helpers, torch.compile'd once per process when `compiled`."""
-    key = "compiled" if compiled else "eager"
+    """The three elementwise helpers, torch.compile'd once per process when `compiled`. Inside
+    a compiled region the plain ones: they are traced into the enclosing graph either way, and
+    filling the cache while tracing would be guarded on, recompiling the whole model once."""
+    key = "compiled" if compiled and not torch.compiler.is_compiling() else "eager"
     if key not in _HELPERS:
         _HELPERS[key] = tuple(torch.compile(f, dynamic=False) for f in _HELPERS["eager"])
     return _HELPERS[key]
