@@ -63,6 +63,8 @@ def core_transformer_config_from_args(args, config_class=None):
         tp_comm_overlap=args.tp_comm_overlap,
         gradient_accumulation_fusion=getattr(args, "gradient_accumulation_fusion", True),
     )
+    if getattr(args, "attention_backend", None) is not None:
+        kw["attention_backend"] = args.attention_backend
     if args.num_experts:
         kw.update(
             num_moe_experts=args.num_experts,
@@ -75,6 +77,12 @@ def core_transformer_config_from_args(args, config_class=None):
             moe_router_load_balancing_type=args.moe_router_load_balancing_type,
             moe_z_loss_coeff=args.moe_z_loss_coeff,
             moe_router_pre_softmax=args.moe_router_pre_softmax,
+            moe_layer_freq=getattr(args, "moe_layer_freq", 1),
+            moe_expert_capacity_factor=getattr(args, "moe_expert_capacity_factor", None),
+            moe_pad_expert_input_to_capacity=bool(
+                getattr(args, "moe_pad_expert_input_to_capacity", False)
+            ),
+            moe_token_drop_policy=getattr(args, "moe_token_drop_policy", "probs"),
         )
     if args.context_parallel_size > 1:
         kw["cp_comm_type"] = args.cp_comm_type
@@ -119,10 +127,14 @@ def optimizer_config_from_args(args):
 
 
 def scheduler_from_args(args, optimizer):
+    """Megatron's get_optimizer_param_scheduler: steps count samples; the weight decay goes from
+    --start- to --end-weight-decay over the whole run (train iters x global batch, or
+    --train-samples), independent of the learning-rate decay length."""
     from gigatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     if args.train_iters is not None:
         decay_steps = (args.lr_decay_iters or args.train_iters) * args.global_batch_size
+        wd_incr_steps = args.train_iters * args.global_batch_size
         warmup_steps = (
             args.lr_warmup_fraction * decay_steps
             if args.lr_warmup_fraction is not None
@@ -137,18 +149,21 @@ def scheduler_from_args(args, optimizer):
             else getattr(args, "lr_warmup_samples", 0) or 0
         )
         wsd_steps = getattr(args, "lr_wsd_decay_samples", None) or 0
+        wd_incr_steps = args.train_samples
+    start_wd = getattr(args, "start_weight_decay", None)
+    end_wd = getattr(args, "end_weight_decay", None)
     return OptimizerParamScheduler(
         optimizer,
-        init_lr=0.0 if warmup_steps else args.lr,
+        init_lr=getattr(args, "lr_warmup_init", 0.0) if warmup_steps else args.lr,
         max_lr=args.lr,
         min_lr=args.min_lr,
         lr_warmup_steps=warmup_steps,
         lr_decay_steps=decay_steps,
         lr_decay_style=args.lr_decay_style,
-        start_wd=args.weight_decay,
-        end_wd=args.weight_decay,
-        wd_incr_steps=decay_steps,
-        wd_incr_style="constant",
+        start_wd=args.weight_decay if start_wd is None else start_wd,
+        end_wd=args.weight_decay if end_wd is None else end_wd,
+        wd_incr_steps=wd_incr_steps,
+        wd_incr_style=getattr(args, "weight_decay_incr_style", "constant"),
         wsd_decay_steps=wsd_steps or None,
         lr_wsd_decay_style=args.lr_wsd_decay_style,
     )

@@ -15,6 +15,8 @@ import sys
 
 import torch
 
+from gigatron.training._compat_args import add_compat_args, validate_compat_args
+
 _NONE = None
 
 
@@ -116,7 +118,14 @@ def _parallel_args(p):
         help="compute each weight gradient apart and let DDP add it to main_grad (default: "
         "the linears add it into main_grad with one addmm_, as Megatron's apex kernel does)",
     )
-    _add(g, "--distributed-backend", str, None, "nccl | gloo (default: nccl with GPUs, else gloo)")
+    _add(
+        g,
+        "--distributed-backend",
+        str,
+        None,
+        "nccl | gloo (default: nccl with GPUs, else gloo)",
+        choices=["nccl", "gloo"],
+    )
     _add(g, "--distributed-timeout-minutes", int, 10, "timeout of collectives")
     _add(g, "--ddp-bucket-size", int, None, "gradient bucket size (elements)")
     _add(g, "--accumulate-allreduce-grads-in-fp32", bool, help_="fp32 gradient buffers")
@@ -242,7 +251,14 @@ def _checkpoint_logging_args(p):
     _add(g, "--no-load-optim", bool, help_="do not load optimizer state")
     _add(g, "--no-load-rng", bool, help_="do not load RNG state")
     _add(g, "--finetune", bool, help_="load weights only and reset the iteration")
-    _add(g, "--ckpt-format", str, "torch_dist", "torch_dist only", choices=["torch_dist"])
+    _add(
+        g,
+        "--ckpt-format",
+        str,
+        "torch_dist",
+        "torch_dist (gigatron's only format; Megatron's other values are refused)",
+        choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
+    )
     _add(
         g,
         "--dist-ckpt-strictness",
@@ -292,6 +308,7 @@ def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
         _training_args,
         _data_args,
         _checkpoint_logging_args,
+        add_compat_args,
     ):
         adder(p)
     if extra_args_provider is not None:
@@ -309,9 +326,29 @@ def _reject_unknown(parser, unknown: list[str]) -> None:
         parser.error(f"unexpected argument {unknown[0]!r}")
     for flag in flags:
         name = flag.split("=")[0]
-        close = difflib.get_close_matches(name, _known_flags(parser), n=1, cutoff=0.5)
-        hint = f"; did you mean {close[0]}?" if close else ""
+        close = suggest_flag(name, _known_flags(parser))
+        hint = f"; did you mean {close}?" if close else ""
         parser.error(f"unknown flag {name}{hint}")
+
+
+def suggest_flag(name: str, known: list[str]) -> str | None:
+    """The known flag closest to `name`, or None when nothing is close.
+
+    Whole-string similarity alone pairs flags of similar length and letters but unrelated
+    words (`--log-num-zeros-in-grad` -> `--num-attention-heads`); a candidate must also share
+    most of its dash-separated words with `name`, or be a near-typo of it (ratio >= 0.85)."""
+    words = set(name.lstrip("-").split("-"))
+    best, best_score = None, 0.0
+    for flag in known:
+        ratio = difflib.SequenceMatcher(None, name, flag).ratio()
+        other = set(flag.lstrip("-").split("-"))
+        overlap = len(words & other) / max(len(words | other), 1)
+        if ratio < 0.85 and overlap < 0.5:
+            continue
+        score = ratio + overlap
+        if score > best_score:
+            best, best_score = flag, score
+    return best
 
 
 def _apply_yaml(parser, args, argv) -> None:
@@ -464,6 +501,7 @@ def validate_args(args, world_size: int | None = None):
         args.transformer_impl = "local"  # no Transformer Engine: the local spec is the only one
     if not args.mock_data and not args.data_path:
         raise ValueError("give --data-path PREFIX (or --mock-data for random tokens)")
+    validate_compat_args(args)
     from gigatron.training._profiler import check_profile_args
 
     check_profile_args(args)

@@ -8,8 +8,11 @@ tracker file atomically (temp file, fsync, rename). A save killed at any point b
 leaves the tracker pointing at the previous complete checkpoint.
 
 Flags (read from the args object, or passed as keyword overrides): `save`, `load`,
-`async_save`, `no_load_optim`, `no_load_rng`, `finetune`, `dist_ckpt_strictness`,
-`ckpt_verify_integrity` (gigatron: SHA-256 manifest written on save, checked on load).
+`async_save`, `no_save_optim` / `no_save_rng` (the optimizer + scheduler / RNG states are left
+out of the save), `no_load_optim`, `no_load_rng`, `finetune`, `exit_on_missing_checkpoint`,
+`dist_ckpt_strictness`, `ckpt_verify_integrity` (gigatron: SHA-256 manifest written on save,
+checked on load). Loading a checkpoint saved without optimizer (RNG) state needs
+`no_load_optim` (`no_load_rng`) or `finetune`, as in Megatron.
 
 gigatron differences: optimizer state is saved in the fully reshardable form of
 `dist_checkpointing.optimizer` (per-parameter global tensors, flat ranges for the distributed
@@ -144,7 +147,13 @@ def save_checkpoint(
             shutil.rmtree(ckpt_dir)  # leftovers of an unfinished save of this iteration
         os.makedirs(ckpt_dir, exist_ok=True)
     _barrier()
-    state = _sharded_state(model, optimizer, opt_param_scheduler, with_optim=True, with_rng=True)
+    state = _sharded_state(
+        model,
+        optimizer,
+        opt_param_scheduler,
+        with_optim=not getattr(args, "no_save_optim", False),
+        with_rng=not getattr(args, "no_save_rng", False),
+    )
     state.update(
         args=cs.safe_args(args),
         checkpoint_version=cs.CHECKPOINT_VERSION,
@@ -192,6 +201,10 @@ def load_checkpoint(
     if not root:
         raise ValueError(f"args.{load_arg} ({root!r}) must name a checkpoint directory")
     found = cs.read_tracker(root)
+    if found is None and getattr(args, "exit_on_missing_checkpoint", False):
+        raise CheckpointingException(
+            f"--exit-on-missing-checkpoint: no {cs.TRACKER_FNAME} in --load {root}"
+        )
     if found is None:
         if _rank() == 0:
             print(f"WARNING: no {cs.TRACKER_FNAME} in {root}; starting from scratch", flush=True)
@@ -206,6 +219,7 @@ def load_checkpoint(
     finetune = bool(getattr(args, "finetune", False)) or release
     with_optim = not finetune and not getattr(args, "no_load_optim", False)
     with_rng = not finetune and not getattr(args, "no_load_rng", False)
+    _check_parts_saved(ckpt_dir, with_optim, with_rng)
     if with_rng and not _rng_layout_matches(ckpt_dir):
         with_rng = False
         if _rank() == 0:
@@ -228,6 +242,25 @@ def load_checkpoint(
         if ckpt_args is not None and hasattr(ckpt_args, name):
             setattr(args, name, getattr(ckpt_args, name))
     return state["iteration"], state.get("num_floating_point_operations_so_far", 0)
+
+
+def _check_parts_saved(ckpt_dir: str, with_optim: bool, with_rng: bool) -> None:
+    """A checkpoint written with --no-save-optim / --no-save-rng lacks those parts: loading
+    them is an error naming the flag that skips them (Megatron's message and rule)."""
+    from gigatron.core.dist_checkpointing.strategies.torch import read_dcp_metadata
+
+    keys = read_dcp_metadata(ckpt_dir).state_dict_metadata
+    for wanted, part, flag in (
+        (with_optim, "optimizer", "--no-load-optim"),
+        (with_rng, "rng_state", "--no-load-rng"),
+    ):
+        if wanted and not any(k == part or k.startswith(part + ".") or k.startswith(part + "/")
+                              for k in keys):  # fmt: skip
+            raise CheckpointingException(
+                f"{ckpt_dir} holds no {part} (saved with --no-save-"
+                f"{'optim' if part == 'optimizer' else 'rng'}); pass {flag} or --finetune "
+                "to load it"
+            )
 
 
 def _rng_layout_matches(ckpt_dir: str) -> bool:

@@ -31,6 +31,7 @@ from gigatron.core.num_microbatches_calculator import (
     update_num_microbatches,
 )
 from gigatron.training import _config_from_args as cfa
+from gigatron.training import _loop_extras as lx
 from gigatron.training import _training_log as tlog
 from gigatron.training._profiler import StepProfiler
 from gigatron.training._train_step import (  # noqa: F401  (Megatron's public names live here)
@@ -270,6 +271,7 @@ def train(
     history = args.train_history = getattr(args, "train_history", [])
     pending: list[dict] = []  # history entries whose losses are still device tensors
     profiler = StepProfiler(args, start_iteration)
+    manual_gc = lx.ManualGC(args)  # --manual-gc: collector off, collections at set points
     try:
         while iteration < args.train_iters:
             profiler.step(iteration)
@@ -285,6 +287,8 @@ def train(
             )
             iteration += 1
             args.iteration = iteration
+            lx.empty_unused_memory(args, level=1)
+            manual_gc.after_step(iteration)
             losses = {**losses, **_moe_losses(args, config, iteration)}
             batch = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
             args.consumed_train_samples += batch
@@ -302,6 +306,8 @@ def train(
             counts["nan"] += nan_iter
             window_iters += 1
             log_now = iteration % args.log_interval == 0
+            if log_now and args.log_params_norm:  # every rank: the norm is reduced over MP
+                entry["params_norm"] = lx.calc_params_l2_norm(model, bf16=args.bf16)
             window = pending
             if log_now:  # the one host sync for the losses of the window
                 materialize_losses(pending)
@@ -309,9 +315,12 @@ def train(
             shown = next(iter(losses.values()), None)  # a bar shows losses already read
             bar.update(shown if isinstance(shown, float) else None)
             if log_now:
+                shown_losses = _window_mean(window)
+                if "params_norm" in entry:  # shown after the losses, as Megatron's line
+                    shown_losses["params norm"] = entry["params_norm"]
                 stats = {
                     "lr": optimizer.param_groups[0]["lr"],
-                    "losses": _window_mean(window),
+                    "losses": shown_losses,
                     "grad_norm": grad_norm,
                     "num_zeros": num_zeros,
                     "loss_scale": optimizer.get_loss_scale().item() if args.fp16 else None,
@@ -319,6 +328,7 @@ def train(
                 }
                 elapsed = time.perf_counter() - window_start
                 tlog.training_log(args, stats, iteration, elapsed, window_iters, bar)
+                lx.write_extra_scalars(args, _tb_writer(), iteration, stats)
                 window_start, window_iters = time.perf_counter(), 0
                 counts = {"skipped": 0, "nan": 0}
             if (
@@ -327,10 +337,14 @@ def train(
                 and args.eval_interval
                 and iteration % args.eval_interval == 0
             ):
+                manual_gc.around_evaluation()
                 losses_v = evaluate(
                     forward_step_func, _chunk_iterators(valid_iter, model), model, config
                 )
+                manual_gc.around_evaluation()
+                lx.empty_unused_memory(args, level=1)
                 tlog.log_validation(args, f"iteration {iteration}", losses_v, iteration)
+                lx.write_validation_ppl(args, _tb_writer(), iteration, losses_v)
             if args.async_save:
                 from gigatron.training.checkpointing import maybe_finalize_async_save
 
@@ -363,6 +377,7 @@ def train(
             materialize_losses(pending)
         raise
     finally:
+        manual_gc.close()
         try:
             profiler.close()
         finally:
@@ -373,6 +388,12 @@ def train(
 
                 maybe_finalize_async_save(blocking=True)
     return iteration, flops_so_far
+
+
+def _tb_writer():
+    from gigatron.training import global_vars
+
+    return global_vars.get_tensorboard_writer()
 
 
 def _window_mean(entries: list[dict]) -> dict[str, float]:
@@ -410,6 +431,22 @@ def _moe_losses(args, config, iteration: int) -> dict[str, torch.Tensor]:
     return {
         name: torch.as_tensor(value).detach().float().reshape(()) for name, value in totals.items()
     }
+
+
+def _evaluate_only(forward_step_func, model, config, valid_iter, test_iter) -> dict:
+    """--skip-train: one evaluation of --eval-iters iterations on the validation and the test
+    split each (where the provider gave one), logged as Megatron's end-of-run evaluation."""
+    args = get_args()
+    out = {}
+    for name, iterator in (("valid", valid_iter), ("test", test_iter)):
+        if iterator is None or not args.eval_iters:
+            continue
+        out[name] = evaluate(forward_step_func, _chunk_iterators(iterator, model), model, config)
+        split = "validation" if name == "valid" else "test"
+        tlog.log_validation(
+            args, f"iteration {args.iteration} on {split} set", out[name], args.iteration
+        )
+    return out
 
 
 def _step_flops(args, batch: int) -> float:
@@ -481,6 +518,12 @@ def pretrain(
     train_iter = _chunk_iterators(train_iter, model)  # one cursor per virtual stage
     valid_iter = _chunk_iterators(valid_iter, model)
     result = {"iteration": iteration}
+    if args.skip_train:  # Megatron's --skip-train: no step, evaluate validation and test, exit
+        print_rank_0("skipping training (--skip-train is on) ...")
+        result.update(_evaluate_only(forward_step_func, model, config, valid_iter, test_iter))
+        result["model"] = model
+        result["history"] = []
+        return result
     if iteration < args.train_iters:
         iteration, flops_so_far = train(
             forward_step_func,

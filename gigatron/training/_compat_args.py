@@ -1,0 +1,230 @@
+"""Megatron-LM flags that its example scripts pass and that gigatron honours, accepts or refuses.
+
+Part of `gigatron.training.arguments` (mirrors parts of `megatron.training.arguments`:
+`_add_regularization_args`, `_add_training_args`, `_add_logging_args`, `_add_checkpointing_args`,
+`_add_moe_args`). Three kinds of flag live here (docs/training.md lists them all):
+
+- real semantics: the weight-decay schedule, `--no-save-optim` / `--no-save-rng`,
+  `--log-params-norm`, `--manual-gc*`, `--skip-train`, `--empty-unused-memory-level`,
+  `--lr-warmup-init`, `--exit-on-missing-checkpoint`, the MoE capacity / layer-pattern flags,
+  `--log-{validation-ppl,memory,world-size}-to-tensorboard`, `--no-log-loss-scale-to-tensorboard`;
+- accepted no-ops: kernel-fusion toggles and timing / deprecated flags that cannot change the
+  numbers gigatron computes (each is listed in `NO_OPS` with the reason);
+- refused: values gigatron cannot honour (`--ckpt-format torch`, `--use-legacy-models`, ...),
+  a ValueError naming the flag, raised by `validate_compat_args`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gigatron.core.transformer.enums import AttnBackend
+
+# flag -> why accepting it changes nothing in gigatron (docs/training.md repeats these)
+NO_OPS = {
+    "--use-mcore-models": "deprecated in Megatron too: core models are the only models",
+    "--no-masked-softmax-fusion": "no fused softmax kernel; the plain path computes the same",
+    "--no-bias-gelu-fusion": "no fused bias+GeLU kernel; the plain path computes the same",
+    "--no-bias-swiglu-fusion": "no fused bias+SwiGLU kernel; the plain path computes the same",
+    "--no-bias-dropout-fusion": "no fused bias+dropout+add kernel; same numbers unfused",
+    "--no-rope-fusion": "no fused RoPE kernel; the plain path computes the same",
+    "--no-persist-layer-norm": "no persistent LayerNorm kernel (torch's LayerNorm is used)",
+    "--attention-softmax-in-fp32": "gigatron's attention softmax is always fp32 "
+    "(TransformerConfig.attention_softmax_in_fp32 defaults to True; SDPA kernels accumulate "
+    "in fp32)",
+    "--no-async-tensor-model-parallel-allreduce": "deprecated and ignored in Megatron too",
+    "--use-cpu-initialization": "gigatron always initialises weights on CPU (TP-invariant init)",
+    "--use-dist-ckpt": "deprecated in Megatron (see --ckpt-format); torch_dist is the format",
+    "--no-ckpt-fully-parallel-save": "checkpoint write scheduling only; same files' content",
+    "--ckpt-fully-parallel-load": "checkpoint read scheduling only",
+    "--ckpt-assume-constant-structure": "a caching hint for repeated saves",
+    "--timing-log-level": "gigatron has no per-operation timers (use --profile)",
+    "--timing-log-option": "gigatron has no per-operation timers (use --profile)",
+    "--no-barrier-with-level-1-timing": "gigatron has no per-operation timers",
+    "--log-timers-to-tensorboard": "gigatron has no per-operation timers to write",
+    "--tensorboard-log-interval": "scalars are written at every --log-interval",
+    "--tensorboard-queue-size": "the writer flushes at every log line",
+    "--wandb-entity": "W&B picks the entity from its own login",
+}
+
+_MOE_FREQ_CHARS = re.compile(r"[^,\d\[\]\(\)\+\*\s]")
+
+
+def moe_freq_type(value):
+    """Megatron's --moe-layer-freq: an int N (an MoE layer every N layers) or a list pattern
+    such as "([1]*3+[0]*1)*3" (1 = MoE layer). Only digits, brackets, commas, + and * are
+    allowed in a pattern, so evaluating it runs no other code."""
+    if isinstance(value, (int, list)):
+        return value
+    text = str(value).strip()
+    if "[" not in text:
+        return int(text)
+    if _MOE_FREQ_CHARS.search(text):
+        raise ValueError(f"--moe-layer-freq {text!r}: only digits, [ ] ( ) , + * are allowed")
+    pattern = eval(text, {"__builtins__": {}}, {})  # noqa: S307 (characters checked above)
+    if not isinstance(pattern, list) or any(x not in (0, 1) for x in pattern):
+        raise ValueError(f"--moe-layer-freq {text!r} must evaluate to a list of 0/1")
+    return pattern
+
+
+def _flag(group, flag, **kw):
+    group.add_argument(flag, **kw)
+
+
+def add_compat_args(p) -> None:
+    """Add the flags of this module to parser `p` (one group per Megatron group)."""
+    g = p.add_argument_group("megatron compatibility: model and kernels")
+    _flag(
+        g,
+        "--attention-backend",
+        type=str,
+        default="auto",
+        choices=[b.name for b in AttnBackend],
+        help="flash | fused | unfused | local | auto: one attention math in gigatron "
+        "(SDPA on the fast spec, DotProductAttention on the local one), same numbers",
+    )
+    _flag(g, "--use-mcore-models", action="store_true", dest="deprecated_use_mcore_models")
+    _flag(g, "--use-legacy-models", action="store_true", help="refused: no legacy models")
+    for flag, dest in (
+        ("--no-masked-softmax-fusion", "masked_softmax_fusion"),
+        ("--no-bias-gelu-fusion", "bias_gelu_fusion"),
+        ("--no-bias-swiglu-fusion", "bias_swiglu_fusion"),
+        ("--no-bias-dropout-fusion", "bias_dropout_fusion"),
+        ("--no-rope-fusion", "apply_rope_fusion"),
+        ("--no-async-tensor-model-parallel-allreduce", "async_tensor_model_parallel_allreduce"),
+    ):
+        _flag(g, flag, action="store_false", dest=dest, help="accepted; no effect (docs)")
+    _flag(g, "--no-persist-layer-norm", action="store_true", help="accepted; no effect")
+    _flag(g, "--attention-softmax-in-fp32", action="store_true", help="always so in gigatron")
+    _flag(g, "--use-cpu-initialization", action="store_true", default=None)
+    _flag(g, "--moe-layer-freq", type=moe_freq_type, default=1, help="int N or a 0/1 pattern")
+    _flag(g, "--moe-expert-capacity-factor", type=float, default=None, help="None: dropless")
+    _flag(g, "--moe-pad-expert-input-to-capacity", action="store_true")
+    _flag(g, "--moe-token-drop-policy", type=str, default="probs", choices=["probs", "position"])
+
+    g = p.add_argument_group("megatron compatibility: training")
+    _flag(g, "--start-weight-decay", type=float, default=None, help="initial weight decay")
+    _flag(g, "--end-weight-decay", type=float, default=None, help="final weight decay")
+    _flag(
+        g,
+        "--weight-decay-incr-style",
+        type=str,
+        default="constant",
+        choices=["constant", "linear", "cosine"],
+        help="weight decay from --start- to --end-weight-decay over the training steps",
+    )
+    _flag(g, "--lr-warmup-init", type=float, default=0.0, help="learning rate warmup starts at")
+    _flag(g, "--manual-gc", action="store_true", help="gc.disable(); collect at set points")
+    _flag(g, "--manual-gc-interval", type=int, default=0, help="gc.collect() every N iters")
+    _flag(g, "--no-manual-gc-eval", action="store_false", dest="manual_gc_eval")
+    _flag(g, "--skip-train", action="store_true", help="no training: evaluate and exit")
+    _flag(
+        g,
+        "--empty-unused-memory-level",
+        type=int,
+        default=0,
+        choices=[0, 1, 2],
+        help="torch.cuda.empty_cache() after each step (>= 1) and each evaluation",
+    )
+    # Megatron's current flag is the negative one; older versions had the positive one
+    _flag(
+        g,
+        "--no-check-for-nan-in-loss-and-grad",
+        action="store_false",
+        dest="check_for_nan_in_loss_and_grad",
+    )
+    _flag(
+        g,
+        "--check-for-nan-in-loss-and-grad",
+        action="store_true",
+        dest="check_for_nan_in_loss_and_grad",
+        default=True,
+    )
+
+    g = p.add_argument_group("megatron compatibility: checkpoints and logging")
+    _flag(g, "--no-save-optim", action="store_true", default=None, help="no optimizer state")
+    _flag(g, "--no-save-rng", action="store_true", default=None, help="no RNG state")
+    _flag(g, "--exit-on-missing-checkpoint", action="store_true")
+    _flag(g, "--use-dist-ckpt", action="store_true", dest="use_dist_ckpt_deprecated")
+    _flag(g, "--no-ckpt-fully-parallel-save", action="store_false", dest="ckpt_fully_parallel_save")
+    _flag(g, "--ckpt-fully-parallel-load", action="store_true")
+    _flag(g, "--ckpt-assume-constant-structure", action="store_true")
+    _flag(g, "--log-params-norm", action="store_true", help="parameters' L2 norm in the log line")
+    _flag(g, "--timing-log-level", type=int, default=0, choices=[0, 1, 2])
+    _flag(g, "--timing-log-option", type=str, default="minmax", choices=["max", "minmax", "all"])
+    _flag(g, "--no-barrier-with-level-1-timing", action="store_false", dest="barrier_with_L1_time")
+    _flag(g, "--log-timers-to-tensorboard", action="store_true")
+    _flag(
+        g,
+        "--no-log-loss-scale-to-tensorboard",
+        action="store_false",
+        dest="log_loss_scale_to_tensorboard",
+    )
+    _flag(g, "--log-validation-ppl-to-tensorboard", action="store_true")
+    _flag(g, "--log-memory-to-tensorboard", action="store_true")
+    _flag(g, "--log-world-size-to-tensorboard", action="store_true")
+    _flag(g, "--tensorboard-log-interval", type=int, default=1)
+    _flag(g, "--tensorboard-queue-size", type=int, default=1000)
+    _flag(g, "--wandb-entity", type=str, default="")
+
+
+_REFUSED_CKPT_FORMATS = {
+    "torch": "Megatron's legacy per-rank torch.save files (mp_rank_XX/model_optim_rng.pt); "
+    "gigatron writes and reads torch_dist (torch.distributed.checkpoint) only",
+    "torch_dcp": "gigatron's torch_dist is already written with torch.distributed.checkpoint; "
+    "the plain torch_dcp layout is not",
+    "zarr": "no zarr backend",
+    "fsdp_dtensor": "no Megatron-FSDP",
+}
+
+
+def _where(msg: str) -> ValueError:
+    return ValueError(f"{msg} (gigatron/training/_compat_args.py)")
+
+
+def _weight_decay_schedule(args) -> None:
+    """Megatron's rule: 'constant' takes --weight-decay and forbids --start/--end-weight-decay;
+    'linear' / 'cosine' need both."""
+    style = args.weight_decay_incr_style
+    start, end = args.start_weight_decay, args.end_weight_decay
+    if style == "constant":
+        if start is not None or end is not None:
+            raise _where(
+                f"--start-weight-decay ({start}) / --end-weight-decay ({end}) need "
+                "--weight-decay-incr-style linear or cosine (constant uses --weight-decay)"
+            )
+        args.start_weight_decay = args.end_weight_decay = args.weight_decay
+    elif start is None or end is None:
+        raise _where(
+            f"--weight-decay-incr-style {style} needs both --start-weight-decay ({start}) and "
+            f"--end-weight-decay ({end})"
+        )
+
+
+def validate_compat_args(args) -> None:
+    """Derived values and refusals for the flags of this module (called by validate_args)."""
+    if getattr(args, "use_legacy_models", False):
+        raise _where("--use-legacy-models: gigatron has only the Megatron Core models")
+    fmt = args.ckpt_format
+    if fmt in _REFUSED_CKPT_FORMATS:
+        raise _where(f"--ckpt-format {fmt} is not supported: {_REFUSED_CKPT_FORMATS[fmt]}")
+    args.use_dist_ckpt = True  # Megatron: use_dist_ckpt = ckpt_format != 'torch'
+    args.attention_backend = AttnBackend[args.attention_backend]
+    _weight_decay_schedule(args)
+    if args.manual_gc_interval < 0:
+        raise _where(f"--manual-gc-interval ({args.manual_gc_interval}) must be >= 0")
+    freq = args.moe_layer_freq
+    if isinstance(freq, int) and freq < 1:
+        raise _where(f"--moe-layer-freq ({freq}) must be >= 1")
+    if isinstance(freq, list) and len(freq) != args.num_layers:
+        raise _where(
+            f"--moe-layer-freq pattern has {len(freq)} entries, --num-layers is {args.num_layers}"
+        )
+    moe_only = {
+        "moe_layer_freq": freq != 1,
+        "moe_expert_capacity_factor": args.moe_expert_capacity_factor is not None,
+        "moe_pad_expert_input_to_capacity": args.moe_pad_expert_input_to_capacity,
+    }
+    for name, given in moe_only.items():
+        if given and not args.num_experts:
+            raise _where(f"--{name.replace('_', '-')} needs --num-experts")

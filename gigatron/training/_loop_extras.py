@@ -1,0 +1,142 @@
+"""Training-loop pieces behind Megatron flags: params norm, manual GC, cache emptying, extra
+TensorBoard scalars.
+
+Mirrors `megatron.training.utils.calc_params_l2_norm` and the `--manual-gc*`,
+`--empty-unused-memory-level` and `--log-*-to-tensorboard` handling of
+`megatron.training.training`. Used by `gigatron.training.training`.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core import parallel_state as ps
+from gigatron.core.optimizer.clip_grads import param_is_not_shared
+from gigatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+
+def _param_data(param, bf16: bool) -> torch.Tensor:
+    """The value whose norm Megatron reports: the fp32 main copy with bf16 when the optimizer
+    keeps one on the param (`main_param`), else the param itself (upcast under bf16)."""
+    if bf16:
+        main = getattr(param, "main_param", None)
+        return main.detach() if main is not None else param.detach().float()
+    return param.detach()
+
+
+def _sum_sq(tensors: list[torch.Tensor], device) -> torch.Tensor:
+    if not tensors:
+        return torch.zeros(1, dtype=torch.float32, device=device)
+    return torch.stack([t.float().pow(2).sum() for t in tensors]).sum().view(1)
+
+
+def calc_params_l2_norm(model, bf16: bool = False) -> float:
+    """L2 norm of all parameters of the model, every element counted once (Megatron's formula).
+
+    Dense params: TP-replicated ones only on TP rank 0, tied copies (`shared`) not at all, summed
+    over the model-parallel group (TP x PP). Expert params (`allreduce=False`): summed over the
+    expert-tensor x expert x pipeline group. DP replicas hold equal params: no DP reduction.
+    Returns a Python float (one host sync)."""
+    chunks = model if isinstance(model, list) else [model]
+    dense, expert = [], []
+    device = torch.device("cpu")
+    for chunk in chunks:
+        for param in chunk.parameters():
+            device = param.device
+            if not param_is_not_tensor_parallel_duplicate(param):
+                continue
+            if not getattr(param, "allreduce", True):
+                expert.append(_param_data(param, bf16))
+            elif param_is_not_shared(param):
+                dense.append(_param_data(param, bf16))
+    norm_2 = _sum_sq(dense, device)
+    moe_norm_2 = _sum_sq(expert, device)
+    dense_group = ps.get_model_parallel_group()
+    expert_group = ps.get_expert_tensor_model_pipeline_parallel_group()
+    same = dist.get_process_group_ranks(dense_group) == dist.get_process_group_ranks(expert_group)
+    if same:  # one reduction for both
+        norm_2 += moe_norm_2
+        dist.all_reduce(norm_2, group=dense_group)
+    else:
+        dist.all_reduce(norm_2, group=dense_group)
+        dist.all_reduce(moe_norm_2, group=expert_group)
+        norm_2 += moe_norm_2
+    return math.sqrt(norm_2.item())
+
+
+class ManualGC:
+    """`--manual-gc`: Python's automatic collector off for the run, `gc.collect()` at the start,
+    every `--manual-gc-interval` iterations (0: never between steps) and around each
+    evaluation unless `--no-manual-gc-eval`. Aligning collections across ranks avoids one rank
+    pausing while the others wait in a collective. `close()` restores the collector."""
+
+    def __init__(self, args) -> None:
+        self.enabled = bool(getattr(args, "manual_gc", False))
+        self.interval = int(getattr(args, "manual_gc_interval", 0) or 0)
+        self.around_eval = bool(getattr(args, "manual_gc_eval", True))
+        self.collections = 0
+        self._was_enabled = gc.isenabled()
+        if self.enabled:
+            gc.disable()
+            self._collect()
+
+    def _collect(self) -> None:
+        gc.collect()
+        self.collections += 1
+
+    def after_step(self, iteration: int) -> None:
+        if self.enabled and self.interval and iteration % self.interval == 0:
+            self._collect()
+
+    def around_evaluation(self) -> None:
+        if self.enabled and self.around_eval:
+            self._collect()
+
+    def close(self) -> None:
+        if self.enabled and self._was_enabled:
+            gc.enable()
+
+
+def empty_unused_memory(args, level: int) -> None:
+    """`--empty-unused-memory-level`: release cached CUDA blocks (Megatron: level >= 1 after each
+    step's forward/backward and after evaluation, level 2 also after the optimizer step)."""
+    if getattr(args, "empty_unused_memory_level", 0) >= level and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def write_extra_scalars(args, writer, iteration: int, stats: dict) -> None:
+    """The TensorBoard scalars Megatron writes beyond gigatron's log line set: loss scale (on by
+    default; `--no-log-loss-scale-to-tensorboard`), params norm, world size and memory."""
+    if writer is None:
+        return
+    if stats.get("loss_scale") is not None and getattr(args, "log_loss_scale_to_tensorboard", 1):
+        writer.add_scalar("loss-scale", stats["loss_scale"], iteration)
+    if stats.get("params_norm") is not None:
+        writer.add_scalar("params-norm", stats["params_norm"], iteration)
+    if getattr(args, "log_world_size_to_tensorboard", False):
+        writer.add_scalar("world-size", args.world_size, iteration)
+    if getattr(args, "log_memory_to_tensorboard", False):
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            writer.add_scalar("mem-allocated-bytes", torch.cuda.memory_allocated(), iteration)
+            writer.add_scalar(
+                "mem-max-allocated-bytes", torch.cuda.max_memory_allocated(), iteration
+            )
+            writer.add_scalar("mem-reserved-bytes", torch.cuda.memory_reserved(), iteration)
+        else:
+            import resource
+
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB -> bytes
+            writer.add_scalar("mem-max-rss-bytes", rss, iteration)
+
+
+def write_validation_ppl(args, writer, iteration: int, losses: dict) -> None:
+    """`--log-validation-ppl-to-tensorboard`: exp(loss) per validation loss (Megatron clips the
+    exponent at 20, as the log line does)."""
+    if writer is None or not getattr(args, "log_validation_ppl_to_tensorboard", False):
+        return
+    for key, value in losses.items():
+        writer.add_scalar(f"{key} validation ppl", math.exp(min(20.0, value)), iteration)
