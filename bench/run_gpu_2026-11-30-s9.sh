@@ -19,6 +19,8 @@
 #   bash bench/run_gpu_2026-11-30-s9.sh last     # call 5: the flat step with the fp32-GEMM wgrad
 #       (GPU 0) beside the sync-debug run with full stacks and dynamo's recompile / graph-break
 #       logs (GPU 1): where the per-iteration sync inside the compiled forward comes from
+#   bash bench/run_gpu_2026-11-30-s9.sh confirm  # call 6: torch step vs flat step, both GPUs,
+#       swapped (after the chunked CE's recompile fix: the first window's time shows the compile)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -127,12 +129,22 @@ last() {
     | head -40 >>"$OUT/syncs.txt"
 }
 
+confirm() {
+  train_one 0 29921 150 nodrop-wgrad32 --clip-grad 1.0 &
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 1 29931 150 nodrop-wgrad32-flat-step --clip-grad 1.0 &
+  wait
+  GIGATRON_FLAT_OPTIMIZER_STEP=1 train_one 0 29921 150 nodrop-wgrad32-flat-step --clip-grad 1.0 &
+  train_one 1 29931 150 nodrop-wgrad32 --clip-grad 1.0 &
+  wait
+}
+
 case "${1:-}" in
+  confirm) confirm ;;
   last) last ;;
   final) final ;;
   targets) targets ;;
   train) train ;;
   diag) diag ;;
-  *) echo "usage: $0 targets|train|diag|final|last" >&2; exit 2 ;;
+  *) echo "usage: $0 targets|train|diag|final|last|confirm" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
