@@ -110,13 +110,12 @@ def empty_unused_memory(args, level: int) -> None:
 
 def write_extra_scalars(args, writer, iteration: int, stats: dict) -> None:
     """The TensorBoard scalars Megatron writes beyond gigatron's log line set: loss scale (on by
-    default; `--no-log-loss-scale-to-tensorboard`), params norm, world size and memory."""
+    default; `--no-log-loss-scale-to-tensorboard`), world size and memory. (The params norm is
+    written with the losses: the loop shows it after them.)"""
     if writer is None:
         return
     if stats.get("loss_scale") is not None and getattr(args, "log_loss_scale_to_tensorboard", 1):
         writer.add_scalar("loss-scale", stats["loss_scale"], iteration)
-    if stats.get("params_norm") is not None:
-        writer.add_scalar("params-norm", stats["params_norm"], iteration)
     if getattr(args, "log_world_size_to_tensorboard", False):
         writer.add_scalar("world-size", args.world_size, iteration)
     if getattr(args, "log_memory_to_tensorboard", False):

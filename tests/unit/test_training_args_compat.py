@@ -113,6 +113,7 @@ def test_every_no_op_is_documented_with_its_reason():
         ("--moe-expert-capacity-factor 1.0", ["--num-experts"]),
         ("--num-experts 2 --moe-layer-freq [1,0]", ["2 entries", "--num-layers is 4"]),
         ("--manual-gc-interval -1", ["--manual-gc-interval"]),
+        ("--bf16 --fp16", ["--fp16", "--bf16"]),
     ],
 )
 def test_refused_values_name_the_flag(flags, words):
@@ -207,3 +208,58 @@ def test_weight_decay_schedule_by_samples():
     sched = scheduler_from_args(args, opt)
     sched.step(increment=10)
     assert opt.param_groups[0]["weight_decay"] == pytest.approx(0.1)  # 10 / 40 of the way
+
+
+class _Writer:
+    def __init__(self):
+        self.scalars = {}
+
+    def add_scalar(self, key, value, step):
+        self.scalars[key] = (value, step)
+
+
+def test_extra_tensorboard_scalars():
+    from gigatron.training import _loop_extras as lx
+
+    args = _args("--log-memory-to-tensorboard", "--log-world-size-to-tensorboard")
+    writer = _Writer()
+    lx.write_extra_scalars(args, writer, 3, {"loss_scale": 1024.0})
+    assert writer.scalars["loss-scale"] == (1024.0, 3)
+    assert writer.scalars["world-size"] == (1, 3)
+    assert any(k.startswith("mem-") for k in writer.scalars)
+    quiet = _Writer()
+    lx.write_extra_scalars(
+        _args("--no-log-loss-scale-to-tensorboard"), quiet, 3, {"loss_scale": 2.0}
+    )
+    assert quiet.scalars == {}
+    lx.write_validation_ppl(_args(), quiet, 3, {"lm loss": 2.0})
+    assert quiet.scalars == {}  # only with --log-validation-ppl-to-tensorboard
+    lx.write_validation_ppl(
+        _args("--log-validation-ppl-to-tensorboard"), quiet, 3, {"lm loss": 2.0}
+    )
+    assert quiet.scalars["lm loss validation ppl"][0] == pytest.approx(7.389056, rel=1e-6)
+
+
+def test_manual_gc_restores_the_collector():
+    import gc
+
+    from gigatron.training._loop_extras import ManualGC
+
+    assert gc.isenabled()
+    mgc = ManualGC(_args("--manual-gc", "--manual-gc-interval", "3"))
+    try:
+        assert not gc.isenabled() and mgc.collections == 1
+        for it in range(1, 7):
+            mgc.after_step(it)
+        assert mgc.collections == 3  # start, iterations 3 and 6
+        mgc.around_evaluation()
+        assert mgc.collections == 4
+    finally:
+        mgc.close()
+    assert gc.isenabled()
+    off = ManualGC(_args("--manual-gc", "--no-manual-gc-eval"))
+    off.after_step(5)
+    off.around_evaluation()
+    off.close()
+    assert off.collections == 1 and gc.isenabled()  # interval 0: never between steps
+    assert ManualGC(_args()).collections == 0 and gc.isenabled()
