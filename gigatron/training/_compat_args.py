@@ -45,6 +45,16 @@ NO_OPS = {
     "--tensorboard-log-interval": "scalars are written at every --log-interval",
     "--tensorboard-queue-size": "the writer flushes at every log line",
     "--wandb-entity": "W&B picks the entity from its own login",
+    "--local-rank": "set by old launchers; gigatron reads LOCAL_RANK / RANK from the environment",
+    "--no-overlap-p2p-communication": "pipeline send/recv scheduling only; same numbers",
+    "--no-mmap-bin-files": "how the .bin files are read; the same tokens",
+    "--num-dataset-builder-threads": "dataset index building is single-threaded; same indices",
+    "--auto-detect-ckpt-format": "gigatron reads torch_dist only (a torch-format load fails "
+    "with a message)",
+    "--no-create-attention-mask-in-dataloader": "the attention is causal either way (refused "
+    "with --reset-attention-mask, whose per-document mask Megatron would then drop)",
+    "--moe-permute-fusion": "no fused permute kernel; the plain path computes the same",
+    "--moe-router-fusion": "no fused router kernel; the plain path computes the same",
 }
 
 _MOE_FREQ_CHARS = re.compile(r"[^,\d\[\]\(\)\+\*\s]")
@@ -101,6 +111,28 @@ def add_compat_args(p) -> None:
     _flag(g, "--moe-expert-capacity-factor", type=float, default=None, help="None: dropless")
     _flag(g, "--moe-pad-expert-input-to-capacity", action="store_true")
     _flag(g, "--moe-token-drop-policy", type=str, default="probs", choices=["probs", "position"])
+    # MoE router settings TransformerConfig implements (passed through with --num-experts)
+    _flag(g, "--moe-router-score-function", type=str, default="softmax",
+          choices=["softmax", "sigmoid"])  # fmt: skip
+    _flag(g, "--moe-router-dtype", type=str, default=None, choices=["fp32", "fp64"])
+    _flag(g, "--moe-router-topk-scaling-factor", type=float, default=None)
+    _flag(g, "--moe-router-enable-expert-bias", action="store_true")
+    _flag(g, "--moe-router-bias-update-rate", type=float, default=1e-3)
+    _flag(g, "--moe-router-num-groups", type=int, default=None)
+    _flag(g, "--moe-router-group-topk", type=int, default=None)
+    _flag(g, "--moe-shared-expert-overlap", action="store_true")
+    _flag(g, "--moe-input-jitter-eps", type=float, default=None)
+    _flag(g, "--moe-permute-fusion", action="store_true", help="accepted; no effect (docs)")
+    _flag(g, "--moe-router-fusion", action="store_true", help="accepted; no effect (docs)")
+    # deprecated spellings and architecture switches Megatron maps onto other settings
+    _flag(g, "--no-position-embedding", action="store_false", dest="add_position_embedding")
+    _flag(g, "--use-rotary-position-embeddings", action="store_true")
+    _flag(g, "--recompute-activations", action="store_true", help="= --recompute-granularity "
+          "selective")  # fmt: skip
+    _flag(g, "--apply-query-key-layer-scaling", action="store_true")
+    _flag(g, "--apply-layernorm-1p", action="store_true", help="zero-centred norm weights")
+    _flag(g, "--squared-relu", action="store_true", help="relu(x)^2 MLP activation")
+    _flag(g, "--local-rank", type=int, default=None, help="accepted; no effect (docs)")
 
     g = p.add_argument_group("megatron compatibility: training")
     _flag(g, "--start-weight-decay", type=float, default=None, help="initial weight decay")
@@ -118,6 +150,15 @@ def add_compat_args(p) -> None:
     _flag(g, "--manual-gc-interval", type=int, default=0, help="gc.collect() every N iters")
     _flag(g, "--no-manual-gc-eval", action="store_false", dest="manual_gc_eval")
     _flag(g, "--skip-train", action="store_true", help="no training: evaluate and exit")
+    _flag(g, "--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
+    _flag(g, "--no-create-attention-mask-in-dataloader", action="store_false",
+          dest="create_attention_mask_in_dataloader")  # fmt: skip
+    _flag(g, "--no-mmap-bin-files", action="store_false", dest="mmap_bin_files")
+    _flag(g, "--num-dataset-builder-threads", type=int, default=1)
+    _flag(g, "--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
+    _flag(g, "--hysteresis", type=int, default=2, help="fp16: overflow steps before backing off")
+    _flag(g, "--loss-scale-window", type=float, default=1000, help="fp16: steps between raises")
+    _flag(g, "--min-loss-scale", type=float, default=1.0, help="fp16: lowest dynamic scale")
     _flag(
         g,
         "--empty-unused-memory-level",
@@ -149,6 +190,7 @@ def add_compat_args(p) -> None:
     _flag(g, "--no-ckpt-fully-parallel-save", action="store_false", dest="ckpt_fully_parallel_save")
     _flag(g, "--ckpt-fully-parallel-load", action="store_true")
     _flag(g, "--ckpt-assume-constant-structure", action="store_true")
+    _flag(g, "--auto-detect-ckpt-format", action="store_true")
     _flag(g, "--log-params-norm", action="store_true", help="parameters' L2 norm in the log line")
     _flag(g, "--timing-log-level", type=int, default=0, choices=[0, 1, 2])
     _flag(g, "--timing-log-option", type=str, default="minmax", choices=["max", "minmax", "all"])
@@ -201,6 +243,31 @@ def _weight_decay_schedule(args) -> None:
         )
 
 
+def _legacy_spellings(args) -> None:
+    """Megatron's validate_args rules for its deprecated / derived flags."""
+    if args.use_rotary_position_embeddings:
+        args.position_embedding_type = "rope"
+    if not args.add_position_embedding and args.position_embedding_type != "rope":
+        raise _where(
+            "--no-position-embedding is deprecated: use --position-embedding-type none (Megatron "
+            "allows it only with rope)"
+        )
+    if args.recompute_activations:
+        args.recompute_granularity = "selective"
+    if args.dataloader_type in ("cyclic", "external"):
+        raise _where(
+            f"--dataloader-type {args.dataloader_type}: gigatron's loader is Megatron's "
+            "'single' (one ordered pass, resumable by consumed samples)"
+        )
+    if not args.create_attention_mask_in_dataloader and args.reset_attention_mask:
+        raise _where(
+            "--no-create-attention-mask-in-dataloader with --reset-attention-mask: the "
+            "per-document mask lives in the dataloader's attention mask"
+        )
+    if args.squared_relu and (args.swiglu or args.openai_gelu):
+        raise _where("--squared-relu excludes --swiglu and --openai-gelu (one MLP activation)")
+
+
 def validate_compat_args(args) -> None:
     """Derived values and refusals for the flags of this module (called by validate_args)."""
     if getattr(args, "use_legacy_models", False):
@@ -210,6 +277,7 @@ def validate_compat_args(args) -> None:
         raise _where(f"--ckpt-format {fmt} is not supported: {_REFUSED_CKPT_FORMATS[fmt]}")
     args.use_dist_ckpt = True  # Megatron: use_dist_ckpt = ckpt_format != 'torch'
     args.attention_backend = AttnBackend[args.attention_backend]
+    _legacy_spellings(args)
     _weight_decay_schedule(args)
     if args.manual_gc_interval < 0:
         raise _where(f"--manual-gc-interval ({args.manual_gc_interval}) must be >= 0")

@@ -11,10 +11,30 @@ def openai_gelu(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+def squared_relu(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)^2, Megatron's `--squared-relu` activation."""
+    return torch.pow(F.relu(x), 2)
+
+
 def _activation(args):
+    if getattr(args, "squared_relu", False):
+        return squared_relu
     if args.swiglu:
         return F.silu
     return openai_gelu if args.openai_gelu else F.gelu
+
+
+_MOE_ROUTER_FIELDS = (
+    "moe_router_score_function",
+    "moe_router_dtype",
+    "moe_router_topk_scaling_factor",
+    "moe_router_enable_expert_bias",
+    "moe_router_bias_update_rate",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
+    "moe_shared_expert_overlap",
+    "moe_input_jitter_eps",
+)
 
 
 def core_transformer_config_from_args(args, config_class=None):
@@ -65,6 +85,10 @@ def core_transformer_config_from_args(args, config_class=None):
     )
     if getattr(args, "attention_backend", None) is not None:
         kw["attention_backend"] = args.attention_backend
+    if getattr(args, "apply_query_key_layer_scaling", False):  # Megatron: softmax in fp32 too
+        kw.update(apply_query_key_layer_scaling=True, attention_softmax_in_fp32=True)
+    if getattr(args, "apply_layernorm_1p", False):
+        kw["layernorm_zero_centered_gamma"] = True
     if args.num_experts:
         kw.update(
             num_moe_experts=args.num_experts,
@@ -84,6 +108,9 @@ def core_transformer_config_from_args(args, config_class=None):
             ),
             moe_token_drop_policy=getattr(args, "moe_token_drop_policy", "probs"),
         )
+        for name in _MOE_ROUTER_FIELDS:  # given by the compat flags; defaults equal the config's
+            if hasattr(args, name):
+                kw[name] = getattr(args, name)
     if args.context_parallel_size > 1:
         kw["cp_comm_type"] = args.cp_comm_type
     return config_class(**kw)
@@ -123,6 +150,9 @@ def optimizer_config_from_args(args):
         clip_grad=args.clip_grad,
         use_distributed_optimizer=args.use_distributed_optimizer,
         log_num_zeros_in_grad=bool(getattr(args, "log_num_zeros_in_grad", False)),
+        hysteresis=getattr(args, "hysteresis", 2),
+        loss_scale_window=getattr(args, "loss_scale_window", 1000),
+        min_loss_scale=getattr(args, "min_loss_scale", 1.0),
     )
 
 

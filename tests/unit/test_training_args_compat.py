@@ -87,6 +87,17 @@ def _args(*extra, validate=True):
         ("--num-experts 4 --moe-expert-capacity-factor 1.25", "moe_expert_capacity_factor", 1.25),
         ("--weight-decay 0.1", "start_weight_decay", 0.1),
         ("--weight-decay 0.1", "end_weight_decay", 0.1),
+        ("--use-rotary-position-embeddings", "position_embedding_type", "rope"),
+        ("--position-embedding-type rope --no-position-embedding", "add_position_embedding", 0),
+        ("--recompute-activations", "recompute_granularity", "selective"),
+        ("--dataloader-type single", "dataloader_type", "single"),
+        ("--no-create-attention-mask-in-dataloader", "create_attention_mask_in_dataloader", 0),
+        ("--no-mmap-bin-files", "mmap_bin_files", False),
+        ("--num-dataset-builder-threads 4", "num_dataset_builder_threads", 4),
+        ("--no-overlap-p2p-communication", "overlap_p2p_comm", False),
+        ("--local-rank 3", "local_rank", 3),
+        ("--auto-detect-ckpt-format", "auto_detect_ckpt_format", True),
+        ("--moe-permute-fusion", "moe_permute_fusion", True),
     ],
 )
 def test_flag_parses_to_megatron_attribute(flags, attr, value):
@@ -114,6 +125,13 @@ def test_every_no_op_is_documented_with_its_reason():
         ("--num-experts 2 --moe-layer-freq [1,0]", ["2 entries", "--num-layers is 4"]),
         ("--manual-gc-interval -1", ["--manual-gc-interval"]),
         ("--bf16 --fp16", ["--fp16", "--bf16"]),
+        ("--no-position-embedding", ["--no-position-embedding", "--position-embedding-type"]),
+        ("--dataloader-type cyclic", ["--dataloader-type cyclic", "single"]),
+        (
+            "--no-create-attention-mask-in-dataloader --reset-attention-mask",
+            ["--reset-attention-mask"],
+        ),
+        ("--squared-relu --swiglu", ["--squared-relu"]),
     ],
 )
 def test_refused_values_name_the_flag(flags, words):
@@ -263,3 +281,32 @@ def test_manual_gc_restores_the_collector():
     off.close()
     assert off.collections == 1 and gc.isenabled()  # interval 0: never between steps
     assert ManualGC(_args()).collections == 0 and gc.isenabled()
+
+
+def test_flags_reach_the_core_configs():
+    """The compat flags with numerics land in TransformerConfig / OptimizerConfig."""
+    from gigatron.training import _config_from_args as cfa
+
+    args = _args(
+        *"--num-experts 4 --moe-router-score-function sigmoid --moe-router-dtype fp32".split(),
+        *"--moe-router-topk-scaling-factor 2.5 --moe-router-enable-expert-bias".split(),
+        *"--moe-router-bias-update-rate 0.01 --moe-expert-capacity-factor 1.5".split(),
+        *"--moe-pad-expert-input-to-capacity --moe-token-drop-policy position".split(),
+        *"--apply-query-key-layer-scaling --apply-layernorm-1p --squared-relu".split(),
+        *"--attention-backend unfused --recompute-activations --fp16 --hysteresis 5".split(),
+        *"--loss-scale-window 50 --min-loss-scale 0.5 --moe-input-jitter-eps 0.01".split(),
+    )
+    cfg = cfa.core_transformer_config_from_args(args)
+    assert cfg.moe_router_score_function == "sigmoid" and cfg.moe_router_dtype == "fp32"
+    assert cfg.moe_router_topk_scaling_factor == 2.5 and cfg.moe_router_enable_expert_bias
+    assert cfg.moe_router_bias_update_rate == 0.01 and cfg.moe_input_jitter_eps == 0.01
+    assert cfg.moe_expert_capacity_factor == 1.5 and cfg.moe_pad_expert_input_to_capacity
+    assert cfg.moe_token_drop_policy == "position"
+    assert cfg.apply_query_key_layer_scaling and cfg.attention_softmax_in_fp32
+    assert cfg.layernorm_zero_centered_gamma
+    x = torch.tensor([-2.0, 0.5, 3.0])
+    torch.testing.assert_close(cfg.activation_func(x), torch.tensor([0.0, 0.25, 9.0]))
+    assert cfg.attention_backend == AttnBackend.unfused
+    assert cfg.recompute_granularity == "selective"
+    opt = cfa.optimizer_config_from_args(args)
+    assert (opt.hysteresis, opt.loss_scale_window, opt.min_loss_scale) == (5, 50, 0.5)
