@@ -91,9 +91,10 @@ WD = "--weight-decay-incr-style linear --start-weight-decay 0.0 --end-weight-dec
 
 def test_params_norm_weight_decay_schedule_and_manual_gc():
     """One rank: the logged params norm equals sqrt(sum p^2) of the final weights by hand; TP2
-    logs the same norms (each element counted once over the TP group). The optimizer's weight
-    decay after 4 of 4 iterations is --end-weight-decay (Megatron: linear from start to end
-    over train_iters x global batch), for the decayed group (the no-decay group stays 0).
+    and PP2 log the same norms (each element counted once over the model-parallel group). The
+    optimizer's weight decay after 4 of 4 iterations is --end-weight-decay (Megatron: linear
+    from start to end over train_iters x global batch), for the decayed group (the no-decay
+    group stays 0).
     --manual-gc: the collector is off inside the loop, gc.collect() runs at the start and every
     2 iterations (1 + 2 collections in 4 iterations), and is back on after the run."""
     extra = ["--train-iters", "4", "--log-params-norm", "--manual-gc", "--manual-gc-interval", "2"]
@@ -106,11 +107,13 @@ def test_params_norm_weight_decay_schedule_and_manual_gc():
     assert seen_gc and not any(seen_gc)
     assert n_gc == 3
     assert gc_after
-    out = run_distributed(
-        _norm_wd_gc_run, 2, args=(extra + WD + ["--tensor-model-parallel-size", "2"],), timeout=120
-    )
-    for tp_norms, *_ in out:
-        torch.testing.assert_close(torch.tensor(tp_norms), torch.tensor(norms), rtol=1e-5, atol=0)
+    for layout in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size"):
+        # TP2: replicated params (norms, biases) once; PP2: the tied output weight not twice
+        out = run_distributed(_norm_wd_gc_run, 2, args=(extra + WD + [layout, "2"],), timeout=120)
+        for mp_norms, *_ in out:
+            torch.testing.assert_close(
+                torch.tensor(mp_norms), torch.tensor(norms), rtol=1e-5, atol=0
+            )
 
 
 def _ckpt_run(extra):
@@ -132,33 +135,40 @@ def _ckpt_run(extra):
     }
 
 
+def _ckpt_sequence(tmp):
+    """The runs of the test below, one after the other in one process (no spawn per run)."""
+    full, bare = os.path.join(tmp, "full"), os.path.join(tmp, "bare")
+    two = ["--train-iters", "2"]
+    no_load = ["--load", bare, "--no-load-optim", "--no-load-rng"]
+    return {
+        "ref": _ckpt_run(two + ["--save", full]),
+        "saved": _ckpt_run(two + ["--save", bare, "--no-save-optim", "--no-save-rng"]),
+        "err_optim": _ckpt_run(two + ["--load", bare]),
+        "err_rng": _ckpt_run(two + ["--load", bare, "--no-load-optim"]),
+        "loaded": _ckpt_run(two + no_load),
+        "resumed": _ckpt_run(["--train-iters", "4"] + no_load),
+    }
+
+
 def test_no_save_optim_and_rng_checkpoint_contents_and_resume(tmp_path):
     """--no-save-optim --no-save-rng: the checkpoint holds the model only (no optimizer.*,
     opt_param_scheduler or rng_state keys; a default save has them). Resuming it without
-    --no-load-optim is an error naming that flag; with --no-load-optim --no-load-rng the weights
-    are the saved ones and training continues at iteration 3."""
-    full, bare = str(tmp_path / "full"), str(tmp_path / "bare")
-    (ref,) = run_distributed(_ckpt_run, 1, args=(["--train-iters", "2", "--save", full],))
-    assert any(k.startswith("optimizer") for k in ref["keys"])
-    assert any(k.startswith("rng_state") for k in ref["keys"])
-    flags = ["--train-iters", "2", "--save", bare, "--no-save-optim", "--no-save-rng"]
-    (saved,) = run_distributed(_ckpt_run, 1, args=(flags,), timeout=120)
+    --no-load-optim is an error naming that flag (then --no-load-rng); with --no-load-optim
+    --no-load-rng the weights are the saved ones and training continues at iteration 3."""
+    (runs,) = run_distributed(_ckpt_sequence, 1, args=(str(tmp_path),), timeout=120)
+    assert any(k.startswith("optimizer") for k in runs["ref"]["keys"])
+    assert any(k.startswith("rng_state") for k in runs["ref"]["keys"])
+    saved = runs["saved"]
     assert saved["keys"] and not any(
         k.startswith(("optimizer", "rng_state", "opt_param_scheduler")) for k in saved["keys"]
     ), saved["keys"]
-    (err,) = run_distributed(_ckpt_run, 1, args=(["--train-iters", "2", "--load", bare],))
-    assert "--no-load-optim" in err["error"]
-    (err,) = run_distributed(
-        _ckpt_run, 1, args=(["--train-iters", "2", "--load", bare, "--no-load-optim"],)
-    )
-    assert "--no-load-rng" in err["error"]
-    no_load = ["--load", bare, "--no-load-optim", "--no-load-rng"]
-    (loaded,) = run_distributed(_ckpt_run, 1, args=(["--train-iters", "2"] + no_load,))
+    assert "--no-load-optim" in runs["err_optim"]["error"]
+    assert "--no-load-rng" in runs["err_rng"]["error"]
+    loaded = runs["loaded"]
     assert loaded["iteration"] == 2 and loaded["first"] is None  # nothing left to train
     for a, b in zip(loaded["weights"], saved["weights"], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    (resumed,) = run_distributed(_ckpt_run, 1, args=(["--train-iters", "4"] + no_load,))
-    assert resumed["iteration"] == 4 and resumed["first"] == 3
+    assert runs["resumed"]["iteration"] == 4 and runs["resumed"]["first"] == 3
 
 
 def _skip_train(extra):
