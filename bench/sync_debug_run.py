@@ -21,7 +21,8 @@ import warnings
 import torch
 
 # the repo root: the module runs from a checkout without an install (as the device's image)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
 
 _COUNTS: collections.Counter[str] = collections.Counter()
 _STACKS: dict[str, list[str]] = {}  # one full stack per site (torch frames included)
@@ -30,7 +31,11 @@ _MESSAGE = "synchronizing CUDA operation"
 
 def _site(stack: list[traceback.FrameSummary], depth: int = 4) -> str:
     """The innermost `depth` frames of the project's own code, innermost first."""
-    own = [f for f in stack if "/gigatron/" in f.filename or "/bench/" in f.filename]
+    own = [
+        f
+        for f in stack
+        if f.filename.startswith(_ROOT + os.sep) and "site-packages" not in f.filename
+    ]
     own = [f for f in own if not f.filename.endswith("sync_debug_run.py")] or stack[-depth:]
     return " <- ".join(
         f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in own[::-1][:depth]
@@ -48,7 +53,7 @@ def _show(message, category, filename, lineno, file=None, line=None, _orig=warni
 
 
 def _report() -> None:
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    rank = os.environ.get("RANK", "0")  # the process group is gone by exit
     print(f"sync-debug rank {rank}: {sum(_COUNTS.values())} host syncs by call site", flush=True)
     for site, n in _COUNTS.most_common(25):
         print(f"sync-debug {n:6d}  {site}", flush=True)

@@ -149,12 +149,11 @@ def summarize(prof, iterations: int, top: int = 15) -> str:
         gaps = idle_gaps(prof, iterations)
         lines.append(f"  GPU idle (no kernel running): {gaps['idle_ms_per_step']:.2f} ms")
         lines.append("  largest idle gaps (us, kernel before -> kernel after):")
-        explained = dict(zip(gaps["largest_us"][::-1], gaps["host_us"][::-1]))
-        for row in reversed(gaps["largest_us"]):
-            us, before, after = row
+        host = gaps["host_us"][::-1]  # by position: the largest gaps first, as the rows below
+        for i, (us, before, after) in enumerate(reversed(gaps["largest_us"])):
             lines.append(f"  {us:9.1f} us  {before[:50]} -> {after[:50]}")
-            if explained.get(row):
-                ops = ", ".join(f"{name} {o:.0f}" for o, name in explained[row])
+            if i < len(host) and host[i]:
+                ops = ", ".join(f"{name} {o:.0f}" for o, name in host[i])
                 lines.append(f"               host meanwhile (us): {ops}")
     lines.append("  top:")
     for name, us, count in sorted(rows, key=lambda r: -r[1])[:top]:

@@ -7,9 +7,12 @@ forward-only iterations. Re-exported by `gigatron.training.training`.
 The NaN/Inf check costs nothing extra when clipping is on: the global grad norm the optimizer
 computes for clipping is NaN/Inf exactly when some gradient is (or when its sum of squares
 overflows fp32), so `optimizer.step_with_grad_norm_check()` skips the update on such a norm and
-only then are the grad buffers scanned to name the ranks. Without clipping one min/max pass per
-grad buffer and one all-reduce run before the step. With fp16 loss scaling the scaler's overflow
-check is the check: such a step is skipped and counted, and the scale backs off, as Megatron.
+only then are the grad buffers scanned to name the ranks. Grads left out of the norm (TP
+replicas on TP rank > 0, tied copies) still make it NaN (0 x their norm is added). Without
+clipping one min/max pass per grad buffer and one all-reduce run before the step. With fp16
+dynamic loss scaling the scaler's overflow check is the check: such a step is skipped and
+counted, and the scale backs off, as Megatron (which turns its NaN check off there); a NaN /
+Inf under a constant loss scale (`--loss-scale`) is a non-finite gradient like any other.
 """
 
 from __future__ import annotations
@@ -92,7 +95,10 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     skipped = 0 if update_successful else 1
     if not ps.is_pipeline_last_stage(ignore_virtual=True):
         return {}, skipped, grad_norm, num_zeros, nan_iter
-    return _reduce_losses(losses_reduced), skipped, grad_norm, num_zeros, nan_iter
+    losses = _reduce_losses(losses_reduced)
+    if skipped and not nan_iter:  # Megatron counts a skipped step with a NaN/Inf loss as NaN
+        nan_iter = int(any(not math.isfinite(float(v)) for v in losses.values()))
+    return losses, skipped, grad_norm, num_zeros, nan_iter
 
 
 def _optimizer_step(optimizer, model, args):
@@ -101,22 +107,30 @@ def _optimizer_step(optimizer, model, args):
     Returns (update_successful, grad_norm, num_zeros, nan_iter); raises NonFiniteGradientError
     on a non-finite gradient unless `--skip-nan-steps`. Every rank takes the same branch: the
     norm and the flags are reduced over all of them."""
+    from gigatron.core.optimizer.grad_scaler import DynamicGradScaler
+
     opts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
-    if any(getattr(opt, "grad_scaler", None) is not None for opt in opts):
+    scalers = [getattr(opt, "grad_scaler", None) for opt in opts]
+    if any(isinstance(scaler, DynamicGradScaler) for scaler in scalers):
         update_successful, grad_norm, num_zeros = optimizer.step()
         return update_successful, grad_norm, num_zeros, 0
     if optimizer.config.clip_grad > 0.0 and hasattr(optimizer, "step_with_grad_norm_check"):
         update_successful, grad_norm, num_zeros = optimizer.step_with_grad_norm_check()
-        if update_successful or grad_norm is None or math.isfinite(grad_norm):
+        if update_successful:
             return update_successful, grad_norm, num_zeros, 0
+        # not updated: a NaN/Inf norm, or (constant loss scale) the scaler found NaN/Inf
         bad_ranks = _nonfinite_grad_ranks(model)  # only now: to name the ranks
-        message = (
-            f"non-finite gradient at iteration {args.iteration + 1} on ranks {bad_ranks} "
-            f"(grad norm {grad_norm})"
-            if bad_ranks
-            else f"non-finite grad norm {grad_norm} at iteration {args.iteration + 1}: no "
-            "NaN/Inf gradient element, the sum of squares of the gradients overflowed fp32"
-        )
+        it = args.iteration + 1
+        if bad_ranks:
+            message = f"non-finite gradient at iteration {it} on ranks {bad_ranks}"
+            message += "" if grad_norm is None else f" (grad norm {grad_norm})"
+        elif grad_norm is None:
+            message = f"non-finite gradient at iteration {it} (found by the loss scaler's check)"
+        else:
+            message = (
+                f"non-finite grad norm {grad_norm} at iteration {it}: no NaN/Inf gradient "
+                "element, the sum of squares of the gradients overflowed fp32"
+            )
     else:
         bad_ranks = _nonfinite_grad_ranks(model)
         if not bad_ranks:

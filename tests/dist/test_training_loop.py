@@ -52,7 +52,9 @@ def _reset_globals():
     ps.destroy_model_parallel()
 
 
-def _train_with_nan(skip: bool, nan_rank: int, nan_iteration: int, clip: str = "1.0"):
+def _train_with_nan(
+    skip: bool, nan_rank: int, nan_iteration: int, clip: str = "1.0", extra: tuple = ()
+):
     from gigatron.training import _train_step, pretrain_gpt
     from gigatron.training.global_vars import get_args
     from gigatron.training.training import NonFiniteGradientError, pretrain
@@ -73,7 +75,7 @@ def _train_with_nan(skip: bool, nan_rank: int, nan_iteration: int, clip: str = "
             snapshots.setdefault("after", [p.detach().clone() for p in model.parameters()])
         return output, loss_func
 
-    argv = ARGS + ["--train-iters", "5", "--clip-grad", clip]
+    argv = ARGS + ["--train-iters", "5", "--clip-grad", clip, *extra]
     argv += ["--skip-nan-steps"] if skip else []
     _reset_globals()
     try:
@@ -120,6 +122,62 @@ def test_injected_nan_stops_every_rank_naming_the_step(clip, scans):
         assert "non-finite gradient at iteration 2 on ranks [0, 1]" in message
         assert "--skip-nan-steps" in message
         assert n_scans == scans
+
+
+@pytest.mark.parametrize("precision", ["--fp16", "--bf16"])
+def test_nan_under_a_constant_loss_scale_stops_the_run(precision):
+    """Only dynamic fp16 loss scaling treats NaN/Inf grads as an overflow to skip (Megatron turns
+    its NaN check off there alone); under a constant --loss-scale the loss scaler's check finds
+    the NaN and the run stops as without a scaler."""
+    args = (False, 1, 2, "1.0", (precision, "--loss-scale", "1024"))
+    for message, n_scans in run_distributed(_train_with_nan, 2, args=args, timeout=240):
+        assert "non-finite gradient at iteration 2 on ranks [0, 1]" in message, message
+        assert n_scans == 1
+
+
+def _train_with_replicated_grad_nan():
+    """TP = 2, no sequence parallelism: a NaN put into a layernorm weight's grad (replicated over
+    TP, never reduced over it) on TP rank 1 at iteration 2, after backward."""
+    from gigatron.training import _train_step, pretrain_gpt
+    from gigatron.training.global_vars import get_args
+    from gigatron.training.training import NonFiniteGradientError, pretrain
+
+    step = _train_step._optimizer_step
+
+    def poisoned_step(optimizer, model, args):
+        if args.iteration + 1 == 2 and dist.get_rank() == 1:
+            (param,) = [
+                p
+                for n, p in model[0].named_parameters()
+                if n.endswith("layers.0.input_layernorm.weight")
+            ]
+            assert not getattr(param, "tensor_model_parallel", False)
+            param.main_grad.view(-1)[0] = float("nan")
+        return step(optimizer, model, args)
+
+    _train_step._optimizer_step = poisoned_step
+    _reset_globals()
+    argv = ARGS + ["--train-iters", "4", "--tensor-model-parallel-size", "2", "--clip-grad", "1.0"]
+    try:
+        pretrain(
+            pretrain_gpt.train_valid_test_datasets_provider,
+            pretrain_gpt.model_provider,
+            None,
+            pretrain_gpt.forward_step,
+            argv=argv,
+        )
+    except NonFiniteGradientError as e:
+        return str(e), get_args().iteration
+    finally:
+        _train_step._optimizer_step = step
+    return "no error", get_args().iteration
+
+
+def test_nan_in_a_tp_replicated_grad_is_caught_in_its_iteration():
+    """The clipping norm leaves TP replicas on TP rank > 0 out; the check still sees their NaN
+    (0 x their norm joins the sum), in the same iteration and naming the rank."""
+    for message, _ in run_distributed(_train_with_replicated_grad_nan, 2, timeout=240):
+        assert "non-finite gradient at iteration 2 on ranks [1]" in message, message
 
 
 def _train_fp16():

@@ -47,3 +47,16 @@ def test_iteration_ranges_are_not_kernels_and_do_not_hide_gaps():
     assert "host meanwhile (us): aten::copy_ 2500, cudaHostAlloc 1900, iteration 33 1000" in text
     assert "ProfilerStep" not in text and "CompiledFxGraph" not in text
     assert "iteration 32" not in text
+
+
+def test_identical_gaps_get_their_own_host_line():
+    """Rows that print the same (size, kernels) are still told apart: the host line follows the
+    gap it belongs to and no other."""
+    events = []
+    for i in range(3):  # three 1 ms gaps between the same two kernels
+        t = i * 10_000
+        events += [_event("gemm", t, t + 4_000), _event("add", t + 5_000, t + 6_000)]
+    host = [_event("aten::copy_", 14_200, 14_800, device=DeviceType.CPU)]  # in the 2nd gap only
+    prof = SimpleNamespace(events=lambda: events + host, key_averages=lambda: events + host)
+    text = summarize(prof, iterations=1)
+    assert text.count("host meanwhile") == 1, text

@@ -51,23 +51,33 @@ def get_grad_norm_fp32(
     grads_for_norm: list[torch.Tensor] | torch.Tensor,
     norm_type: float = 2,
     grad_stats_parallel_group=None,
+    nonfinite_probe: list[torch.Tensor] = (),
 ) -> float:
-    """Global `norm_type`-norm of `grads_for_norm` (already deduplicated) over the group."""
+    """Global `norm_type`-norm of `grads_for_norm` (already deduplicated) over the group.
+    `nonfinite_probe` (gigatron addition): grads that do not count but whose NaN/Inf must make
+    the norm NaN (each adds 0 x its norm before the reduction)."""
     if isinstance(grads_for_norm, torch.Tensor):
         grads_for_norm = [grads_for_norm]
     norm_type = float(norm_type)
+    device = _stats_device(list(grads_for_norm) + list(nonfinite_probe), grad_stats_parallel_group)
+    probe = None
+    if nonfinite_probe:
+        norms = torch._foreach_norm([g.detach().float() for g in nonfinite_probe], norm_type)
+        probe = 0.0 * torch.stack(norms).sum().to(device)  # 0, or NaN for a NaN / Inf grad
     if norm_type == math.inf:
         local = max((g.detach().abs().max().float() for g in grads_for_norm), default=None)
-        device = _stats_device(grads_for_norm, grad_stats_parallel_group)
         total = torch.zeros(1, device=device) if local is None else local.reshape(1).clone()
+        if probe is not None:
+            total += probe
         _all_reduce(total, dist.ReduceOp.MAX, grad_stats_parallel_group)
         return total.item()
-    device = _stats_device(grads_for_norm, grad_stats_parallel_group)
     total = torch.zeros(1, dtype=torch.float32, device=device)
     if grads_for_norm:
         grads = [g.detach().float() for g in grads_for_norm]
         norms = torch._foreach_norm(grads, norm_type)
         total += torch.stack(norms).pow(norm_type).sum()
+    if probe is not None:
+        total += probe
     _all_reduce(total, dist.ReduceOp.SUM, grad_stats_parallel_group)
     return total.item() ** (1.0 / norm_type)
 

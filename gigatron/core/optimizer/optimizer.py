@@ -69,23 +69,26 @@ class MegatronOptimizer:
 
     def get_main_grads_for_grad_norm(self) -> list[torch.Tensor]:
         """Grads counted in the norm: not a tied copy, not a TP replica on TP rank > 0."""
-        # Whether a param counts depends on its `shared` / `tensor_model_parallel` attributes
-        # and the TP group: decided once per param and attribute values, not each step (the TP
-        # check asks the process group for ranks)
+        return self._grads_for_norm()[0]
+
+    def _grads_for_norm(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(grads counted in the norm, grads left out: tied copies and TP replicas on TP rank >
+        0). Whether a param counts depends on its `shared` / `tensor_model_parallel` attributes
+        and the TP group: decided once per param and attribute values, not each step (the TP
+        check asks the process group for ranks)."""
         counts = self.__dict__.setdefault("_counts_in_norm", {})
-        out = []
+        counted, left_out = [], []
         for p in self.get_parameters():
             if p.grad is None:
                 continue
             attrs = (getattr(p, "shared", False), getattr(p, "tensor_model_parallel", False))
             hit = counts.get(id(p))
             if hit is None or hit[0] is not p or hit[1] != attrs:
-                counted = param_is_not_shared(p) and _is_not_tp_duplicate(p, self.tp_group)
-                hit = (p, attrs, counted)
+                counted_p = param_is_not_shared(p) and _is_not_tp_duplicate(p, self.tp_group)
+                hit = (p, attrs, counted_p)
                 counts[id(p)] = hit
-            if hit[2]:
-                out.append(p.grad)
-        return out
+            (counted if hit[2] else left_out).append(p.grad)
+        return counted, left_out
 
     def get_grad_stats_parallel_group(self):
         return self.grad_stats_parallel_group
@@ -94,6 +97,17 @@ class MegatronOptimizer:
         return get_grad_norm_fp32(
             self.get_main_grads_for_grad_norm(),
             grad_stats_parallel_group=self.get_grad_stats_parallel_group(),
+        )
+
+    def _checked_grad_norm(self) -> float:
+        """`get_grad_norm()`, NaN/Inf also when only a grad left out of the norm is (a TP
+        replica's grad on TP rank > 0 is never reduced over TP without sequence parallelism, so
+        a rank-local fault there would not reach the norm): they add 0 x their norm."""
+        counted, left_out = self._grads_for_norm()
+        return get_grad_norm_fp32(
+            counted,
+            grad_stats_parallel_group=self.get_grad_stats_parallel_group(),
+            nonfinite_probe=left_out,
         )
 
     def clip_grad_norm(self, clip_grad: float) -> float:
@@ -173,7 +187,7 @@ class MegatronOptimizer:
             return False, None, None
         grad_norm = self._empty_norm()
         if self.config.clip_grad > 0.0:
-            grad_norm = self.get_grad_norm()
+            grad_norm = self._checked_grad_norm() if check_grad_norm else self.get_grad_norm()
             if check_grad_norm and not math.isfinite(grad_norm):
                 return False, grad_norm, None
             self._clip_grads_by_norm(self.config.clip_grad, grad_norm)
@@ -380,6 +394,9 @@ class ChainedOptimizer(MegatronOptimizer):
     def get_grad_norm(self) -> float:
         return sum(opt.get_grad_norm() ** 2 for opt in self.chained_optimizers) ** 0.5
 
+    def _checked_grad_norm(self) -> float:
+        return sum(opt._checked_grad_norm() ** 2 for opt in self.chained_optimizers) ** 0.5
+
     def count_zeros(self) -> float:
         return sum(opt.count_zeros() for opt in self.chained_optimizers)
 
@@ -398,7 +415,7 @@ class ChainedOptimizer(MegatronOptimizer):
     def _step(self, check_grad_norm: bool):
         if self.prepare_grads():
             return False, None, None
-        grad_norm = self.get_grad_norm()
+        grad_norm = self._checked_grad_norm() if check_grad_norm else self.get_grad_norm()
         if check_grad_norm and not math.isfinite(grad_norm):
             return False, grad_norm, None
         for opt in self.chained_optimizers:

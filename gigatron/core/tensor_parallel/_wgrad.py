@@ -59,6 +59,8 @@ def _addmm_fp32_accumulate(main_grad, a, b) -> bool:
         return False
     try:
         torch.ops.aten.addmm.dtype_out(main_grad, a, b, torch.float32, out=main_grad)
+    except torch.OutOfMemoryError:
+        raise  # not a missing kernel: never a reason to give the GEMM up
     except (RuntimeError, NotImplementedError):
         if _ADDMM_FP32["ok"]:
             raise  # it worked before: a real error
