@@ -135,6 +135,17 @@ def test_nan_under_a_constant_loss_scale_stops_the_run(precision):
         assert n_scans == 1
 
 
+def test_nan_loss_under_dynamic_fp16_scaling_is_a_skipped_nan_iteration():
+    """Dynamic fp16 scaling: a NaN loss is skipped on every rank like an overflow (the run goes
+    on, the weights stay) and, as in Megatron's log, counted as a NaN iteration."""
+    args = (False, 1, 3, "1.0", ("--fp16", "--initial-loss-scale", "4096"))
+    for skipped, nans, iteration, unchanged, n_scans in run_distributed(
+        _train_with_nan, 2, args=args, timeout=240
+    ):
+        assert skipped == [0, 0, 1, 0, 0] and nans == [0, 0, 1, 0, 0]
+        assert unchanged and iteration == 5 and n_scans == 0
+
+
 def _train_with_replicated_grad_nan():
     """TP = 2, no sequence parallelism: a NaN put into a layernorm weight's grad (replicated over
     TP, never reduced over it) on TP rank 1 at iteration 2, after backward."""
