@@ -220,6 +220,19 @@ _REFUSED_CKPT_FORMATS = {
 }
 
 
+# what gigatron.training.tokenizer.build_tokenizer builds; Megatron's other choices are refused
+# here, before any process group starts (they failed later, inside the tokenizer builder)
+TOKENIZER_TYPES = (
+    "NullTokenizer",
+    "GPT2BPETokenizer",
+    "HuggingFaceTokenizer",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "Llama2Tokenizer",
+    "TikTokenizer",
+)
+
+
 def _where(msg: str) -> ValueError:
     return ValueError(f"{msg} (gigatron/training/_compat_args.py)")
 
@@ -278,6 +291,9 @@ def validate_compat_args(args) -> None:
     args.use_dist_ckpt = True  # Megatron: use_dist_ckpt = ckpt_format != 'torch'
     args.attention_backend = AttnBackend[args.attention_backend]
     _legacy_spellings(args)
+    kind = args.tokenizer_type
+    if kind is not None and kind not in TOKENIZER_TYPES:
+        raise _where(f"--tokenizer-type {kind} is not supported; use one of {TOKENIZER_TYPES}")
     _weight_decay_schedule(args)
     if args.manual_gc_interval < 0:
         raise _where(f"--manual-gc-interval ({args.manual_gc_interval}) must be >= 0")

@@ -1,5 +1,5 @@
 """Training-loop pieces behind Megatron flags: params norm, manual GC, cache emptying, extra
-TensorBoard scalars.
+TensorBoard scalars, the --moe-layer-freq check of the built model.
 
 Mirrors `megatron.training.utils.calc_params_l2_norm` and the `--manual-gc*`,
 `--empty-unused-memory-level` and `--log-*-to-tensorboard` handling of
@@ -139,3 +139,28 @@ def write_validation_ppl(args, writer, iteration: int, losses: dict) -> None:
         return
     for key, value in losses.items():
         writer.add_scalar(f"{key} validation ppl", math.exp(min(20.0, value)), iteration)
+
+
+def check_moe_layer_pattern(chunks, config) -> None:
+    """--moe-layer-freq: the built layers must follow the config's MoE pattern. A provider that
+    builds every layer from one layer spec ignores the pattern (pretrain_gpt's did: MoE in
+    every layer under --moe-layer-freq 2, a silently different model)."""
+    if config is None or not config.num_moe_experts or config.moe_layer_freq == 1:
+        return
+    from gigatron.core.transformer.moe.moe_layer import MoELayer
+    from gigatron.core.transformer.moe.moe_utils import get_moe_layer_pattern
+    from gigatron.core.transformer.transformer_layer import TransformerLayer
+
+    pattern = get_moe_layer_pattern(config)
+    for chunk in chunks:
+        for layer in chunk.modules():
+            if not isinstance(layer, TransformerLayer):
+                continue
+            i = layer.layer_number - 1
+            if isinstance(layer.mlp, MoELayer) != bool(pattern[i]):
+                raise ValueError(
+                    f"--moe-layer-freq {config.moe_layer_freq}: layer {i} was built "
+                    f"{'with' if pattern[i] == 0 else 'without'} experts against the pattern "
+                    f"{pattern}; the model provider must build the decoder from "
+                    "get_gpt_decoder_block_spec(config, ...) (gigatron/training/_loop_extras.py)"
+                )

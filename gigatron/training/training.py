@@ -73,7 +73,7 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
             chunk.to(device)
         if args.params_dtype != torch.float32:
             chunk.to(args.params_dtype)
-    _check_moe_layer_pattern(chunks, chunks[0].config if hasattr(chunks[0], "config") else None)
+    lx.check_moe_layer_pattern(chunks, getattr(chunks[0], "config", None))
     _compile_chunks(args, chunks)
     num_params = sum(p.numel() for c in chunks for p in c.parameters())
     print_rank_0(f" > number of parameters on (tp, pp) rank (0, 0): {num_params}")
@@ -89,31 +89,6 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
         )
         for i, chunk in enumerate(chunks)
     ]
-
-
-def _check_moe_layer_pattern(chunks, config) -> None:
-    """--moe-layer-freq: the built layers must follow the config's MoE pattern. A provider that
-    builds every layer from one layer spec ignores the pattern (pretrain_gpt's did: MoE in
-    every layer under --moe-layer-freq 2, a silently different model)."""
-    if config is None or not config.num_moe_experts or config.moe_layer_freq == 1:
-        return
-    from gigatron.core.transformer.moe.moe_layer import MoELayer
-    from gigatron.core.transformer.moe.moe_utils import get_moe_layer_pattern
-    from gigatron.core.transformer.transformer_layer import TransformerLayer
-
-    pattern = get_moe_layer_pattern(config)
-    for chunk in chunks:
-        for layer in chunk.modules():
-            if not isinstance(layer, TransformerLayer):
-                continue
-            i = layer.layer_number - 1
-            if isinstance(layer.mlp, MoELayer) != bool(pattern[i]):
-                raise ValueError(
-                    f"--moe-layer-freq {config.moe_layer_freq}: layer {i} was built "
-                    f"{'with' if pattern[i] == 0 else 'without'} experts against the pattern "
-                    f"{pattern}; the model provider must build the decoder from "
-                    "get_gpt_decoder_block_spec(config, ...) (gigatron/training/training.py)"
-                )
 
 
 def _compile_chunks(args, chunks) -> None:

@@ -237,3 +237,60 @@ def test_long_megatron_command_line_end_to_end(tmp_path):
     assert len(lines) == 3 and all("params norm:" in ln for ln in lines)
     assert "validation loss at iteration 6" in proc.stdout
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
+
+
+def _block_spec_provider(pre_process=True, post_process=True, vp_stage=None):
+    """pretrain_gpt's provider with the decoder from get_gpt_decoder_block_spec (MoE layers
+    where --moe-layer-freq says), as Megatron's pretrain_gpt builds MoE models."""
+    from gigatron.core.models.gpt import GPTModel
+    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from gigatron.training import _pretrain_common as common
+    from gigatron.training._config_from_args import core_transformer_config_from_args
+    from gigatron.training.global_vars import get_args
+
+    args = get_args()
+    config = core_transformer_config_from_args(args)
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=True, vp_stage=vp_stage)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        **common.language_model_kwargs(args, pre_process, post_process),
+        vp_stage=vp_stage,
+    )
+
+
+def _moe_freq_run(extra, block_spec):
+    from gigatron.core import parallel_state as ps
+    from gigatron.core.num_microbatches_calculator import unset_num_microbatches_calculator
+    from gigatron.core.transformer.moe.moe_layer import MoELayer
+    from gigatron.training import global_vars, pretrain_gpt
+    from gigatron.training.training import pretrain
+
+    unset_num_microbatches_calculator()
+    global_vars.destroy_global_vars()
+    ps.destroy_model_parallel()
+    provider = _block_spec_provider if block_spec else pretrain_gpt.model_provider
+    try:
+        result = pretrain(
+            pretrain_gpt.train_valid_test_datasets_provider,
+            provider,
+            None,
+            pretrain_gpt.forward_step,
+            argv=ARGS + extra,
+        )
+    except ValueError as e:
+        return str(e)
+    layers = result["model"][0].module.decoder.layers
+    return [isinstance(layer.mlp, MoELayer) for layer in layers]
+
+
+def test_moe_layer_freq_is_honoured_or_refused():
+    """--moe-layer-freq 2 on 4 layers: a provider building every layer from one MoE spec
+    (pretrain_gpt's) is refused naming the flag; the decoder-block-spec provider trains with
+    experts in layers 0 and 2 only."""
+    extra = "--train-iters 1 --num-layers 4 --num-experts 2 --moe-layer-freq 2".split()
+    ((refused, built),) = [
+        [run_distributed(_moe_freq_run, 1, args=(extra, b), timeout=120)[0] for b in (0, 1)]
+    ]
+    assert "--moe-layer-freq 2" in refused and "get_gpt_decoder_block_spec" in refused
+    assert built == [True, False, True, False]

@@ -132,6 +132,7 @@ def test_every_no_op_is_documented_with_its_reason():
             ["--reset-attention-mask"],
         ),
         ("--squared-relu --swiglu", ["--squared-relu"]),
+        ("--tokenizer-type BertWordPieceLowerCase", ["--tokenizer-type", "GPT2BPETokenizer"]),
     ],
 )
 def test_refused_values_name_the_flag(flags, words):
@@ -310,3 +311,16 @@ def test_flags_reach_the_core_configs():
     assert cfg.recompute_granularity == "selective"
     opt = cfa.optimizer_config_from_args(args)
     assert (opt.hysteresis, opt.loss_scale_window, opt.min_loss_scale) == (5, 50, 0.5)
+
+
+def test_tokenizer_types_accepted_are_the_ones_built():
+    """Every accepted --tokenizer-type has a branch in build_tokenizer (the list cannot drift)."""
+    import inspect
+
+    from gigatron.training._compat_args import TOKENIZER_TYPES
+    from gigatron.training.tokenizer import tokenizer
+
+    source = inspect.getsource(tokenizer.build_tokenizer)
+    for kind in TOKENIZER_TYPES:
+        assert f'kind == "{kind}"' in source, kind
+        assert _args("--tokenizer-type", kind).tokenizer_type == kind
