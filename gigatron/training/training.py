@@ -307,7 +307,8 @@ def train(
             counts["nan"] += nan_iter
             window_iters += 1
             log_now = iteration % args.log_interval == 0
-            if log_now and args.log_params_norm:  # every rank: the norm is reduced over MP
+            # --log-params-norm, on every rank: the norm is reduced over the model-parallel group
+            if log_now and getattr(args, "log_params_norm", False):
                 entry["params_norm"] = lx.calc_params_l2_norm(model, bf16=args.bf16)
             window = pending
             if log_now:  # the one host sync for the losses of the window
@@ -519,7 +520,7 @@ def pretrain(
     train_iter = _chunk_iterators(train_iter, model)  # one cursor per virtual stage
     valid_iter = _chunk_iterators(valid_iter, model)
     result = {"iteration": iteration}
-    if args.skip_train:  # Megatron's --skip-train: no step, evaluate validation and test, exit
+    if getattr(args, "skip_train", False):  # Megatron's: no step; evaluate valid + test, exit
         print_rank_0("skipping training (--skip-train is on) ...")
         result.update(_evaluate_only(forward_step_func, model, config, valid_iter, test_iter))
         result["model"] = model
