@@ -13,11 +13,19 @@ clipping one min/max pass per grad buffer and one all-reduce run before the step
 dynamic loss scaling the scaler's overflow check is the check: such a step is skipped and
 counted, and the scale backs off, as Megatron (which turns its NaN check off there); a NaN /
 Inf under a constant loss scale (`--loss-scale`) is a non-finite gradient like any other.
+
+`GIGATRON_SYNC_FREE_STEP=1` (gigatron addition, opt-in): `optimizer.step_sync_free()` instead,
+no host sync in the step at all; clipping and the skip of a NaN/Inf step happen on the GPU, and
+the norm and the skip flag stay device tensors until the loop logs (or saves), when
+`materialize_losses` reads them and raises NonFiniteGradientError for a skipped step unless
+`--skip-nan-steps`. Differences: the error comes at the next log line, without the ranks; the LR
+scheduler steps on such a skipped step too.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.distributed as dist
@@ -89,14 +97,15 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
         forward_only=False,
     )
     update_successful, grad_norm, num_zeros, nan_iter = _optimizer_step(optimizer, model, args)
+    deferred = isinstance(nan_iter, torch.Tensor)  # the sync-free step: known on the device only
     if update_successful:
         increment = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
         opt_param_scheduler.step(increment=increment)
-    skipped = 0 if update_successful else 1
+    skipped = nan_iter if deferred else (0 if update_successful else 1)
     if not ps.is_pipeline_last_stage(ignore_virtual=True):
         return {}, skipped, grad_norm, num_zeros, nan_iter
     losses = _reduce_losses(losses_reduced)
-    if skipped and not nan_iter:  # Megatron counts a skipped step with a NaN/Inf loss as NaN
+    if not deferred and skipped and not nan_iter:  # Megatron: a skipped step, NaN loss: NaN
         nan_iter = int(any(not math.isfinite(float(v)) for v in losses.values()))
     return losses, skipped, grad_norm, num_zeros, nan_iter
 
@@ -109,6 +118,9 @@ def _optimizer_step(optimizer, model, args):
     norm and the flags are reduced over all of them."""
     from gigatron.core.optimizer.grad_scaler import DynamicGradScaler
 
+    if os.environ.get("GIGATRON_SYNC_FREE_STEP", "0") == "1":
+        grad_norm, nonfinite = optimizer.step_sync_free()  # applied unless nonfinite
+        return True, grad_norm, None, nonfinite
     opts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
     scalers = [getattr(opt, "grad_scaler", None) for opt in opts]
     if any(isinstance(scaler, DynamicGradScaler) for scaler in scalers):
@@ -162,19 +174,36 @@ def _reduce_losses(losses_reduced: list[dict]) -> dict[str, torch.Tensor]:
 
 
 def materialize_losses(entries: list[dict]) -> None:
-    """Replace the tensor losses of `entries` (history entries, in place) by floats with one host
-    sync for all of them."""
-    slots = [
-        (entry["losses"], key)
+    """Replace the device tensors of `entries` (history entries, in place: losses, and with the
+    sync-free step the grad norm and the skipped / NaN flags) by Python numbers with one host
+    sync for all of them; then raise NonFiniteGradientError for a step the sync-free step
+    skipped, unless `--skip-nan-steps`."""
+    slots = [  # (dict, key, a count?)
+        (entry["losses"], key, False)
         for entry in entries
         for key, value in entry["losses"].items()
         if isinstance(value, torch.Tensor)
     ]
+    slots += [
+        (entry, key, key != "grad_norm")
+        for entry in entries
+        for key in ("grad_norm", "skipped", "nan")
+        if isinstance(entry.get(key), torch.Tensor)
+    ]
     if not slots:
         return
-    values = torch.stack([losses[key].detach().float().reshape(()) for losses, key in slots])
-    for (losses, key), value in zip(slots, values.tolist(), strict=True):
-        losses[key] = value
+    deferred = [e for e in entries if isinstance(e.get("nan"), torch.Tensor)]
+    values = torch.stack([where[key].detach().float().reshape(()) for where, key, _ in slots])
+    for (where, key, count), value in zip(slots, values.tolist(), strict=True):
+        where[key] = int(value) if count else value
+    bad = [e["iteration"] for e in deferred if e["nan"]]
+    if bad and not get_args().skip_nan_steps:
+        raise NonFiniteGradientError(
+            f"non-finite gradient at iteration {bad[0]} (GIGATRON_SYNC_FREE_STEP=1: its update "
+            f"was skipped on the GPU, found when the loop read the norms at iteration "
+            f"{entries[-1]['iteration']}; NaN/Inf steps: {bad}) (pass --skip-nan-steps to skip "
+            "such steps)"
+        )
 
 
 # ---------------------------------------------------------------- evaluation

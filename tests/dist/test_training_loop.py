@@ -489,3 +489,66 @@ def test_evaluation_reads_the_full_global_batch_during_rampup():
         # every evaluation (after iterations 1 and 2, eval-iters 2): 8 / (2 * 2) = 2 each
         assert evals == [1] * 4 + [2] * 4, evals
         assert consumed == 2 * 2 * 8
+
+
+def _train_sync_free(sync_free: bool, skip: bool, nan_iteration: int | None):
+    import os
+
+    from gigatron.training import pretrain_gpt
+    from gigatron.training.global_vars import get_args
+    from gigatron.training.training import NonFiniteGradientError, pretrain
+
+    os.environ["GIGATRON_SYNC_FREE_STEP"] = "1" if sync_free else "0"
+
+    def forward_step(data_iterator, model):
+        output, loss_func = pretrain_gpt.forward_step(data_iterator, model)
+        if get_args().iteration + 1 == nan_iteration and dist.get_rank() == 1:
+            output = output * float("nan")
+        return output, loss_func
+
+    argv = ARGS + ["--train-iters", "6", "--log-interval", "3", "--bf16"]
+    argv += ["--use-distributed-optimizer", "--accumulate-allreduce-grads-in-fp32"]
+    argv += ["--skip-nan-steps"] if skip else []
+    _reset_globals()
+    try:
+        result = pretrain(
+            pretrain_gpt.train_valid_test_datasets_provider,
+            pretrain_gpt.model_provider,
+            None,
+            forward_step,
+            argv=argv,
+        )
+    except NonFiniteGradientError as e:
+        return str(e)
+    finally:
+        os.environ.pop("GIGATRON_SYNC_FREE_STEP")
+    history = result["history"]
+    return (
+        [h["losses"]["lm loss"] for h in history],
+        [h["grad_norm"] for h in history],
+        [h["skipped"] for h in history],
+        [h["nan"] for h in history],
+    )
+
+
+def test_sync_free_step_trains_like_the_host_checked_step():
+    """GIGATRON_SYNC_FREE_STEP=1 (DP = 2, bf16, distributed optimizer): the same losses and grad
+    norms as the default step to fp32 rounding (the fused kernel clips by dividing), all read as
+    Python numbers by the time the loop returns."""
+    host = run_distributed(_train_sync_free, 2, args=(False, False, None), timeout=240)
+    free = run_distributed(_train_sync_free, 2, args=(True, False, None), timeout=240)
+    for (losses_h, norms_h, _, _), (losses_f, norms_f, skipped, nans) in zip(host, free):
+        assert all(isinstance(x, float) for x in losses_f + norms_f)
+        assert skipped == nans == [0] * 6
+        torch.testing.assert_close(losses_f, losses_h, rtol=1e-4, atol=0)
+        torch.testing.assert_close(norms_f, norms_h, rtol=1e-3, atol=0)
+
+
+def test_sync_free_step_skips_a_nan_step_on_the_device_and_reports_it_when_logging():
+    for skipped, nans in [
+        r[2:] for r in run_distributed(_train_sync_free, 2, args=(True, True, 2))
+    ]:
+        assert skipped == nans == [0, 1, 0, 0, 0, 0]
+    for message in run_distributed(_train_sync_free, 2, args=(True, False, 2), timeout=240):
+        assert "non-finite gradient at iteration 2 (GIGATRON_SYNC_FREE_STEP=1" in message
+        assert "at iteration 3" in message  # found at the first log line after it

@@ -59,3 +59,47 @@ def test_optimizer_step_with_clipping_on_cuda(nccl_group, precision):
     assert zeros is not None
     moved = [(p.detach().float() - b).abs().max().item() for p, b in zip(net.parameters(), before)]
     assert max(moved) > 0
+
+
+@pytest.mark.parametrize("distributed", [False, True])
+def test_sync_free_step_makes_no_host_sync(nccl_group, distributed):
+    """step_sync_free on CUDA (fused AdamW, bf16, fp32 grads): not one host sync (torch's sync
+    debug mode raises on any), a NaN grad skips the update, and the norm equals the host one."""
+    from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, bf16=True,
+                            params_dtype=torch.bfloat16)  # fmt: skip
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    net = net.cuda().to(torch.bfloat16)
+    ddp_cfg = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, use_distributed_optimizer=distributed
+    )
+    ddp = DistributedDataParallel(cfg, ddp_cfg, net)
+    opt_cfg = OptimizerConfig(lr=1e-3, clip_grad=1e-3, bf16=True, params_dtype=torch.bfloat16,
+                              use_distributed_optimizer=distributed)  # fmt: skip
+    opt = get_megatron_optimizer(opt_cfg, [ddp])
+    for step in range(3):
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        net(torch.randn(8, 32, device="cuda", dtype=torch.bfloat16)).float().pow(
+            2
+        ).mean().backward()
+        ddp.finish_grad_sync()
+        if step == 2:
+            next(net.parameters()).main_grad.view(-1)[0] = float("nan")
+        before = [p.detach().clone() for p in net.parameters()]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            norm, nonfinite = opt.step_sync_free()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        if step < 2:
+            assert not bool(nonfinite) and float(norm) > 1e-3
+        else:
+            assert bool(nonfinite) and all(
+                torch.equal(p, b) for p, b in zip(net.parameters(), before)
+            )

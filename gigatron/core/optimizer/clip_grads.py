@@ -56,10 +56,35 @@ def get_grad_norm_fp32(
     """Global `norm_type`-norm of `grads_for_norm` (already deduplicated) over the group.
     `nonfinite_probe` (gigatron addition): grads that do not count but whose NaN/Inf must make
     the norm NaN (each adds 0 x its norm before the reduction)."""
+    norm_type = float(norm_type)
+    total = _reduced_norm_total(
+        grads_for_norm, norm_type, grad_stats_parallel_group, nonfinite_probe
+    )
+    return total.item() if norm_type == math.inf else total.item() ** (1.0 / norm_type)
+
+
+def get_grad_norm_fp32_tensor(
+    grads_for_norm: list[torch.Tensor],
+    norm_type: float = 2,
+    grad_stats_parallel_group=None,
+    nonfinite_probe: list[torch.Tensor] = (),
+) -> torch.Tensor:
+    """`get_grad_norm_fp32` as a 0-dim fp32 tensor on the grads' device, without a host sync
+    (gigatron addition; the root is taken in fp32, so it may differ from the float version in
+    the last bit)."""
+    norm_type = float(norm_type)
+    total = _reduced_norm_total(
+        grads_for_norm, norm_type, grad_stats_parallel_group, nonfinite_probe
+    )
+    return (total if norm_type == math.inf else total.pow(1.0 / norm_type)).reshape(())
+
+
+def _reduced_norm_total(grads_for_norm, norm_type: float, group, nonfinite_probe) -> torch.Tensor:
+    """[1] fp32: the max of |g| (inf-norm) or the sum of |g|^p over the grads, reduced over the
+    group, plus 0 x the norm of each `nonfinite_probe` grad."""
     if isinstance(grads_for_norm, torch.Tensor):
         grads_for_norm = [grads_for_norm]
-    norm_type = float(norm_type)
-    device = _stats_device(list(grads_for_norm) + list(nonfinite_probe), grad_stats_parallel_group)
+    device = _stats_device(list(grads_for_norm) + list(nonfinite_probe), group)
     probe = None
     if nonfinite_probe:
         norms = torch._foreach_norm([g.detach().float() for g in nonfinite_probe], norm_type)
@@ -69,8 +94,8 @@ def get_grad_norm_fp32(
         total = torch.zeros(1, device=device) if local is None else local.reshape(1).clone()
         if probe is not None:
             total += probe
-        _all_reduce(total, dist.ReduceOp.MAX, grad_stats_parallel_group)
-        return total.item()
+        _all_reduce(total, dist.ReduceOp.MAX, group)
+        return total
     total = torch.zeros(1, dtype=torch.float32, device=device)
     if grads_for_norm:
         grads = [g.detach().float() for g in grads_for_norm]
@@ -78,8 +103,8 @@ def get_grad_norm_fp32(
         total += torch.stack(norms).pow(norm_type).sum()
     if probe is not None:
         total += probe
-    _all_reduce(total, dist.ReduceOp.SUM, grad_stats_parallel_group)
-    return total.item() ** (1.0 / norm_type)
+    _all_reduce(total, dist.ReduceOp.SUM, group)
+    return total
 
 
 def clip_coefficient(max_norm: float, total_norm: float) -> float:

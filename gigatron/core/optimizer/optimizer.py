@@ -13,7 +13,10 @@
 `step_with_grad_norm_check()` (gigatron addition) is `step()` that also skips the update when
 the global grad norm it computes for clipping is NaN/Inf, returning `(False, grad_norm, None)`:
 the training loop's NaN/Inf gradient check without a pass over the grads or a host sync of its
-own.
+own. `step_sync_free()` (gigatron addition) is that step with no host sync at all: the norm
+stays on the device, clipping and the skip of a NaN/Inf step happen inside torch's fused
+Adam(W) kernel (its `grad_scale` / `found_inf` inputs), and it returns `(grad_norm, nonfinite)`
+as 0-dim device tensors for the caller to read later.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from gigatron.core.optimizer.clip_grads import (
     clip_grad_by_total_norm_fp32,
     count_zeros_fp32,
     get_grad_norm_fp32,
+    get_grad_norm_fp32_tensor,
     param_is_not_shared,
 )
 
@@ -193,6 +197,49 @@ class MegatronOptimizer:
             self._clip_grads_by_norm(self.config.clip_grad, grad_norm)
         num_zeros = self.count_zeros() if self.config.log_num_zeros_in_grad else self._zeros()
         return self.step_with_ready_grads(), grad_norm, num_zeros
+
+    @torch.no_grad()
+    def step_sync_free(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`step_with_grad_norm_check()` without a host sync (gigatron addition): returns
+        (grad_norm, nonfinite), 0-dim tensors on the grads' device; when nonfinite the update
+        was skipped on the device (params, Adam state and step counts unchanged). Needs
+        clip_grad > 0, no loss scaler, torch's fused Adam / AdamW, not the flat Adam step, no
+        zero counting (`check_sync_free`)."""
+        self.check_sync_free()
+        self.prepare_grads()
+        grad_norm = self._grad_norm_tensor()
+        return grad_norm, self._step_on_device(grad_norm)
+
+    def check_sync_free(self) -> None:
+        """ValueError naming the rule when `step_sync_free()` cannot run."""
+        rule = _sync_free_problem(self)
+        if rule:
+            raise ValueError(f"the sync-free step {rule} (gigatron/core/optimizer/optimizer.py)")
+
+    def _grad_norm_tensor(self) -> torch.Tensor:
+        counted, left_out = self._grads_for_norm()
+        return get_grad_norm_fp32_tensor(
+            counted,
+            grad_stats_parallel_group=self.get_grad_stats_parallel_group(),
+            nonfinite_probe=left_out,
+        )
+
+    def _step_on_device(self, grad_norm: torch.Tensor) -> torch.Tensor:
+        """The update with clipping by `grad_norm` (the global norm) as the fused kernel's grad
+        divisor, skipped by the kernel when the norm is NaN/Inf. Returns that flag (bool)."""
+        nonfinite = ~torch.isfinite(grad_norm)
+        found_inf = nonfinite.float()
+        clip = self.config.clip_grad
+        divisor = torch.ones_like(grad_norm)
+        if clip > 0.0:  # grad / divisor = grad * clip_coefficient; 1 when skipped
+            divisor = torch.where(nonfinite, divisor, ((grad_norm + 1.0e-6) / clip).clamp(min=1.0))
+        inner = self.optimizer
+        inner.grad_scale, inner.found_inf = divisor, found_inf
+        try:
+            self.step_with_ready_grads()
+        finally:
+            del inner.grad_scale, inner.found_inf
+        return nonfinite
 
     def _zeros(self):
         return 0
@@ -424,9 +471,42 @@ class ChainedOptimizer(MegatronOptimizer):
         num_zeros = self.count_zeros() if self.config.log_num_zeros_in_grad else 0
         return self.step_with_ready_grads(), grad_norm, num_zeros
 
+    @torch.no_grad()
+    def step_sync_free(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """As MegatronOptimizer's, with the one global norm of all chained optimizers."""
+        for opt in self.chained_optimizers:
+            opt.check_sync_free()
+        self.prepare_grads()
+        norms = [opt._grad_norm_tensor() for opt in self.chained_optimizers]
+        grad_norm = torch.stack(norms).pow(2).sum().sqrt()
+        nonfinite = [opt._step_on_device(grad_norm) for opt in self.chained_optimizers]
+        return grad_norm, nonfinite[0]
+
+    def check_sync_free(self) -> None:
+        for opt in self.chained_optimizers:
+            opt.check_sync_free()
+
     def state_dict(self) -> list[dict]:
         return [opt.state_dict() for opt in self.chained_optimizers]
 
     def load_state_dict(self, state_dict: list[dict]) -> None:
         for opt, sd in zip(self.chained_optimizers, state_dict):
             opt.load_state_dict(sd)
+
+
+def _sync_free_problem(opt: MegatronOptimizer) -> str:
+    """Why `opt` cannot take the sync-free step ('' when it can)."""
+    inner = opt.optimizer
+    if not opt.config.clip_grad > 0.0:
+        return f"needs clip_grad > 0 (got {opt.config.clip_grad}): the norm is the NaN check"
+    if getattr(opt, "grad_scaler", None) is not None:
+        return "needs no loss scaler (bf16 or fp32): the loss scale's update is decided on the host"
+    if opt.config.log_num_zeros_in_grad:
+        return "cannot count zeros (log_num_zeros_in_grad reads the count on the host)"
+    if getattr(opt, "_flat_step", None) is not None:
+        return "does not take GIGATRON_FLAT_OPTIMIZER_STEP=1's flat step"
+    if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
+        return f"needs torch.optim.Adam or AdamW (got {type(inner).__name__})"
+    if not all(group.get("fused") for group in inner.param_groups):
+        return "needs the fused Adam(W) kernel (CUDA params: gigatron builds it fused there)"
+    return ""

@@ -1,0 +1,89 @@
+"""`step_sync_free()`: the clipping norm kept on the device, clipping and the skip of a NaN/Inf
+step done by torch's fused Adam(W) kernel (`grad_scale` / `found_inf`). Against
+`step_with_grad_norm_check()` with the same fused kernel: the same updates up to fp32 rounding
+(the clip coefficient applied as a divisor), the norm as a 0-dim tensor; a NaN / Inf / overflowing
+norm changes nothing (params, main params, Adam moments and step counts), for the fp32, bf16,
+chained and distributed optimizers; what it cannot run with is refused by name. (On CPU gigatron
+builds the unfused kernel: the tests switch the param groups to `fused`, which CPU supports.)"""
+
+import math
+
+import pytest
+import torch
+
+from tests.unit._one_rank import one_rank_fixtures
+from tests.unit.test_optimizer_grad_norm_check import _backward, _build, _huge, _inf_one, _nan_one
+
+gloo_world, single_rank = one_rank_fixtures()
+
+KINDS = ["fp32", "bf16", "chained", "distributed"]
+
+
+def _fused(opt):
+    for inner in getattr(opt, "chained_optimizers", [opt]):
+        for group in inner.optimizer.param_groups:
+            group["fused"] = True
+        inner.optimizer.defaults["fused"] = True
+    return opt
+
+
+def _state(model, opt) -> list[torch.Tensor]:
+    out = [p.detach().float().clone() for p in model.parameters()]
+    for inner in getattr(opt, "chained_optimizers", [opt]):
+        for group in inner.optimizer.param_groups:
+            for main in group["params"]:
+                out.append(main.detach().clone())
+                out += [t.clone() for t in inner.optimizer.state[main].values()]
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_updates_as_the_host_checked_step(kind):
+    a, chunk_a, opt_a = _build(kind)
+    b, chunk_b, opt_b = _build(kind)
+    _fused(opt_a), _fused(opt_b)
+    for step in range(3):
+        _backward(a, chunk_a, opt_a, step)
+        _backward(b, chunk_b, opt_b, step)
+        ok, norm_a, _ = opt_a.step_with_grad_norm_check()
+        norm_b, nonfinite = opt_b.step_sync_free()
+        assert ok and not bool(nonfinite) and norm_a > 0.05  # clipping active
+        assert norm_b.dim() == 0 and norm_b.dtype == torch.float32
+        assert float(norm_b) == pytest.approx(norm_a, rel=1e-6)
+    for x, y in zip(_state(a, opt_a), _state(b, opt_b), strict=True):
+        torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("poison, want", [(_nan_one, "nan"), (_inf_one, "inf"), (_huge, "inf")])
+def test_nonfinite_norm_skips_the_update_on_the_device(kind, poison, want):
+    model, chunk, opt = _build_again(kind)
+    _backward(model, chunk, opt, 0)
+    assert not bool(opt.step_sync_free()[1])  # a good step first: Adam state exists
+    before = _state(model, opt)
+    _backward(model, chunk, opt, 1, poison=poison)
+    norm, nonfinite = opt.step_sync_free()
+    assert bool(nonfinite)
+    assert math.isnan(float(norm)) if want == "nan" else float(norm) == math.inf
+    after = _state(model, opt)
+    assert len(after) == len(before)
+    for x, y in zip(before, after):
+        assert torch.equal(x, y)
+    _backward(model, chunk, opt, 2)  # the next good step runs
+    norm, nonfinite = opt.step_sync_free()
+    assert not bool(nonfinite) and math.isfinite(float(norm))
+
+
+def _build_again(kind):
+    model, chunk, opt = _build(kind)
+    return model, chunk, _fused(opt)
+
+
+def test_refusals_name_the_rule():
+    model, chunk, opt = _build("bf16")
+    with pytest.raises(ValueError, match="needs the fused Adam"):
+        opt.step_sync_free()  # CPU: gigatron built the unfused kernel
+    _fused(opt)
+    opt.config.clip_grad = 0.0
+    with pytest.raises(ValueError, match=r"needs clip_grad > 0 \(got 0.0\)"):
+        opt.step_sync_free()
