@@ -121,6 +121,9 @@ def _optimizer_step(optimizer, model, args):
     if os.environ.get("GIGATRON_SYNC_FREE_STEP", "0") == "1":
         grad_norm, nonfinite = optimizer.step_sync_free()  # applied unless nonfinite
         return True, grad_norm, None, nonfinite
+    if not getattr(args, "check_for_nan_in_loss_and_grad", True):  # Megatron's --no-check-...
+        update_successful, grad_norm, num_zeros = optimizer.step()
+        return update_successful, grad_norm, num_zeros, 0
     opts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
     scalers = [getattr(opt, "grad_scaler", None) for opt in opts]
     if any(isinstance(scaler, DynamicGradScaler) for scaler in scalers):

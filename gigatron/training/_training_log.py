@@ -117,6 +117,8 @@ def training_log(args, stats: dict, iteration: int, elapsed_s: float, iters: int
         parts.append(f"grad norm: {stats['grad_norm']:.3f}")
     if stats.get("num_zeros") is not None:
         parts.append(f"num zeros: {stats['num_zeros']}")
+    if stats.get("params_norm") is not None:  # --log-params-norm, where Megatron prints it
+        parts.append(f"params norm: {stats['params_norm']:.3f}")
     parts += [
         f"number of skipped iterations: {stats['skipped']:3d}",
         f"number of nan iterations: {stats['nan']:3d}",
@@ -136,6 +138,8 @@ def training_log(args, stats: dict, iteration: int, elapsed_s: float, iters: int
     }
     if stats.get("grad_norm") is not None:
         scalars["grad-norm"] = stats["grad_norm"]
+    if stats.get("params_norm") is not None:
+        scalars["params-norm"] = stats["params_norm"]
     if writer is not None:
         for key, value in scalars.items():
             writer.add_scalar(key, value, iteration)

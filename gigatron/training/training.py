@@ -299,7 +299,10 @@ def train(
                 "losses": losses,
                 "skipped": skipped,
                 "nan": nan_iter,
-                "grad_norm": None if grad_norm is None else float(grad_norm),
+                # a device tensor with the sync-free step: read when the loop logs
+                "grad_norm": grad_norm
+                if grad_norm is None or _is_tensor(grad_norm)
+                else float(grad_norm),
             }
             history.append(entry)
             pending.append(entry)
@@ -317,16 +320,14 @@ def train(
             shown = next(iter(losses.values()), None)  # a bar shows losses already read
             bar.update(shown if isinstance(shown, float) else None)
             if log_now:
-                shown_losses = _window_mean(window)
-                if "params_norm" in entry:  # shown after the losses, as Megatron's line
-                    shown_losses["params norm"] = entry["params_norm"]
                 stats = {
                     "lr": optimizer.param_groups[0]["lr"],
-                    "losses": shown_losses,
-                    "grad_norm": grad_norm,
+                    "losses": _window_mean(window),
+                    "grad_norm": entry["grad_norm"],  # read by materialize_losses
                     "num_zeros": num_zeros,
+                    "params_norm": entry.get("params_norm"),
                     "loss_scale": optimizer.get_loss_scale().item() if args.fp16 else None,
-                    **counts,
+                    **{key: int(value) for key, value in counts.items()},
                 }
                 elapsed = time.perf_counter() - window_start
                 tlog.training_log(args, stats, iteration, elapsed, window_iters, bar)
@@ -353,6 +354,7 @@ def train(
                 maybe_finalize_async_save(blocking=False)  # moves the tracker once a save is done
             saved = False
             if args.save and args.save_interval and iteration % args.save_interval == 0:
+                materialize_losses(pending)  # a NaN step the sync-free step skipped: raise first
                 _save(iteration, model, optimizer, scheduler, flops_so_far)
                 saved = True
             out_of_time = (
@@ -365,11 +367,13 @@ def train(
             if armed and _any_rank(exit_signal.received or out_of_time):
                 reason = "SIGTERM received" if exit_signal.received else "exit duration reached"
                 if args.save and not saved:
+                    materialize_losses(pending)
                     _save(iteration, model, optimizer, scheduler, flops_so_far)
                 print_rank_0(f"exiting at iteration {iteration}: {reason}")
                 break
             if args.exit_interval and iteration % args.exit_interval == 0:
                 if args.save and not saved:
+                    materialize_losses(pending)
                     _save(iteration, model, optimizer, scheduler, flops_so_far)
                 print_rank_0(f"exiting at iteration {iteration}: --exit-interval")
                 break
@@ -390,6 +394,10 @@ def train(
 
                 maybe_finalize_async_save(blocking=True)
     return iteration, flops_so_far
+
+
+def _is_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor)
 
 
 def _tb_writer():

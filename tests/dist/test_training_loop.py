@@ -135,6 +135,16 @@ def test_nan_under_a_constant_loss_scale_stops_the_run(precision):
         assert n_scans == 1
 
 
+def test_no_check_for_nan_in_loss_and_grad_steps_without_the_check():
+    """Megatron's --no-check-for-nan-in-loss-and-grad: no check, no scan, the step is taken."""
+    args = (False, 1, 3, "1.0", ("--no-check-for-nan-in-loss-and-grad",))
+    for skipped, nans, iteration, unchanged, n_scans in run_distributed(
+        _train_with_nan, 2, args=args, timeout=240
+    ):
+        assert skipped == nans == [0] * 5 and iteration == 5
+        assert not unchanged and n_scans == 0  # the NaN update was applied
+
+
 def test_nan_loss_under_dynamic_fp16_scaling_is_a_skipped_nan_iteration():
     """Dynamic fp16 scaling: a NaN loss is skipped on every rank like an overflow (the run goes
     on, the weights stay) and, as in Megatron's log, counted as a NaN iteration."""
