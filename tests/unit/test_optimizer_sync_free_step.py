@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from tests.unit._one_rank import one_rank_fixtures
-from tests.unit.test_optimizer_grad_norm_check import _backward, _build, _huge, _inf_one, _nan_one
+from tests.unit.test_optimizer_grad_norm_check import (
+    _backward,
+    _build,
+    _huge,
+    _inf_one,
+    _nan_one,
+    _state,
+)
 
 gloo_world, single_rank = one_rank_fixtures()
 
@@ -25,16 +32,6 @@ def _fused(opt):
             group["fused"] = True
         inner.optimizer.defaults["fused"] = True
     return opt
-
-
-def _state(model, opt) -> list[torch.Tensor]:
-    out = [p.detach().float().clone() for p in model.parameters()]
-    for inner in getattr(opt, "chained_optimizers", [opt]):
-        for group in inner.optimizer.param_groups:
-            for main in group["params"]:
-                out.append(main.detach().clone())
-                out += [t.clone() for t in inner.optimizer.state[main].values()]
-    return out
 
 
 @pytest.mark.parametrize("kind", KINDS)
