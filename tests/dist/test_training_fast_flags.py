@@ -34,10 +34,14 @@ def _losses(extra):
     )
     cfg = model.config
     losses = [h["losses"]["lm loss"] for h in result["history"]]
-    return losses, compiled, (
-        cfg.cross_entropy_loss_fusion,
-        cfg.tp_comm_overlap,
-        cfg.cross_entropy_fusion_impl,
+    return (
+        losses,
+        compiled,
+        (
+            cfg.cross_entropy_loss_fusion,
+            cfg.tp_comm_overlap,
+            cfg.cross_entropy_fusion_impl,
+        ),
     )
 
 
@@ -66,21 +70,18 @@ def test_ce_fusion_and_tp_comm_overlap_match_the_plain_run_at_tp2_sp():
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="torch.compile on CPU needs a C++ compiler")  # fmt: skip
+def _losses_each(extras):
+    """`_losses` of each flag list in turn, in one process (one spawn instead of one each)."""
+    return [_losses(extra) for extra in extras]
+
+
 def test_torch_compile_layers_and_model_match_eager():
-    ((eager, was_compiled, _),) = run_distributed(_losses, 1, args=([],), timeout=300)
-    ((compiled, is_compiled, _),) = run_distributed(
-        _losses, 1, args=(["--torch-compile", "layers"],), timeout=600
-    )
-    ((whole, whole_compiled, _),) = run_distributed(
-        _losses, 1, args=(["--torch-compile", "model"],), timeout=600
-    )
-    # The whole model compiled around layer groups (its graphs stop before and after them).
-    ((grouped, grouped_compiled, _),) = run_distributed(
-        _losses,
-        1,
-        args=(["--torch-compile", "model", "--torch-compile-layers-per-graph", "1,1"],),
-        timeout=600,
-    )
+    # the whole model compiled around layer groups (its graphs stop before and after them) last
+    grouped = ["--torch-compile", "model", "--torch-compile-layers-per-graph", "1,1"]
+    extras = [[], ["--torch-compile", "layers"], ["--torch-compile", "model"], grouped]
+    ((runs,),) = [run_distributed(_losses_each, 1, args=(extras,), timeout=900)]
+    (eager, was_compiled, _), (compiled, is_compiled, _), (whole, whole_compiled, _) = runs[:3]
+    grouped, grouped_compiled, _ = runs[3]
     assert was_compiled == (False, False, 0), was_compiled
     assert is_compiled == (True, False, 0), is_compiled
     assert whole_compiled == (False, True, 0), whole_compiled
