@@ -21,19 +21,26 @@ from gigatron.training.training import pretrain
 
 
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None):
-    """GPTModel from the flags (fast spec: same numbers as the local spec, faster kernels)."""
+    """GPTModel from the flags (fast spec: same numbers as the local spec, faster kernels).
+    With `--num-experts` the decoder comes from `get_gpt_decoder_block_spec`, as Megatron's
+    pretrain_gpt builds it: MoE layers where `--moe-layer-freq` says, dense ones elsewhere."""
     from gigatron.core.models.gpt import GPTModel
-    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
+    from gigatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_layer_fast_spec,
+    )
     from gigatron.training._config_from_args import core_transformer_config_from_args
 
     args = get_args()
     config = core_transformer_config_from_args(args)
-    spec = get_gpt_layer_fast_spec(
-        num_experts=args.num_experts,
-        moe_grouped_gemm=args.moe_grouped_gemm,
-        qk_layernorm=args.qk_layernorm,
-        normalization=args.normalization,
-    )
+    if args.num_experts:
+        spec = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=True, normalization=args.normalization, vp_stage=vp_stage
+        )
+    else:
+        spec = get_gpt_layer_fast_spec(
+            qk_layernorm=args.qk_layernorm, normalization=args.normalization
+        )
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,

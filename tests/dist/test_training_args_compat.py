@@ -239,18 +239,17 @@ def test_long_megatron_command_line_end_to_end(tmp_path):
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
 
 
-def _block_spec_provider(pre_process=True, post_process=True, vp_stage=None):
-    """pretrain_gpt's provider with the decoder from get_gpt_decoder_block_spec (MoE layers
-    where --moe-layer-freq says), as Megatron's pretrain_gpt builds MoE models."""
+def _one_spec_provider(pre_process=True, post_process=True, vp_stage=None):
+    """A provider building every layer from one MoE layer spec (ignores --moe-layer-freq)."""
     from gigatron.core.models.gpt import GPTModel
-    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
     from gigatron.training import _pretrain_common as common
     from gigatron.training._config_from_args import core_transformer_config_from_args
     from gigatron.training.global_vars import get_args
 
     args = get_args()
     config = core_transformer_config_from_args(args)
-    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=True, vp_stage=vp_stage)
+    spec = get_gpt_layer_fast_spec(num_experts=args.num_experts)
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -269,7 +268,7 @@ def _moe_freq_run(extra, block_spec):
     unset_num_microbatches_calculator()
     global_vars.destroy_global_vars()
     ps.destroy_model_parallel()
-    provider = _block_spec_provider if block_spec else pretrain_gpt.model_provider
+    provider = pretrain_gpt.model_provider if block_spec else _one_spec_provider
     try:
         result = pretrain(
             pretrain_gpt.train_valid_test_datasets_provider,
@@ -285,8 +284,8 @@ def _moe_freq_run(extra, block_spec):
 
 
 def test_moe_layer_freq_is_honoured_or_refused():
-    """--moe-layer-freq 2 on 4 layers: a provider building every layer from one MoE spec
-    (pretrain_gpt's) is refused naming the flag; the decoder-block-spec provider trains with
+    """--moe-layer-freq 2 on 4 layers: a provider building every layer from one MoE spec is
+    refused naming the flag; pretrain_gpt's (the decoder block spec, as Megatron's) trains with
     experts in layers 0 and 2 only."""
     extra = "--train-iters 1 --num-layers 4 --num-experts 2 --moe-layer-freq 2".split()
     ((refused, built),) = [
