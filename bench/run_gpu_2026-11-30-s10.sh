@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 10 GPU measurements of issue 9 (bench/reports/2026-11-30-s10-gpu.md), device kind
+# nvidia-h200-x2, from the repo root:
+#
+#   bash bench/run_gpu_2026-11-30-s10.sh syncfree  # call 1: pretrain_gpt (gpt-1.3b shape, no
+#       dropout, clip 1.0) with the sync-free step (GIGATRON_SYNC_FREE_STEP=1) on GPU 0 beside
+#       the torch Adam step on GPU 1, then swapped; then the sync-free step profiled beside its
+#       CUDA tests (no host sync in the step; fused-Adam skip)
+#
+# Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
+source bench/_run_lib.sh
+
+syncfree() {
+  GIGATRON_SYNC_FREE_STEP=1 train_one 0 29921 150 nodrop-sync-free --clip-grad 1.0 &
+  train_one 1 29931 150 nodrop-torch-step --clip-grad 1.0 &
+  wait
+  train_one 0 29921 150 nodrop-torch-step --clip-grad 1.0 &
+  GIGATRON_SYNC_FREE_STEP=1 train_one 1 29931 150 nodrop-sync-free --clip-grad 1.0 &
+  wait
+  local prof="--profile --use-pytorch-profiler --profile-step-start 32 --profile-step-end 34"
+  GIGATRON_PROFILE_STACKS=0 GIGATRON_SYNC_FREE_STEP=1 train_one 0 29921 170 \
+    nodrop-sync-free-light-profile --clip-grad 1.0 $prof --tensorboard-dir /tmp/tb-a &
+  (CUDA_VISIBLE_DEVICES=1 run_tests 150 tests/gpu/test_optimizer_cuda.py) &
+  wait
+}
+
+case "${1:-}" in
+  syncfree) syncfree ;;
+  *) echo "usage: $0 syncfree" >&2; exit 2 ;;
+esac
+python3 bench/compare.py "$RES" 2>/dev/null | tail -40
