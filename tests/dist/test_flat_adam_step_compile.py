@@ -45,3 +45,35 @@ def test_compiled_update_matches_eager():
             assert torch.equal(model, main.bfloat16())
         off += n + 5
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU backend needs g++")
+def test_compiled_sync_free_update_matches_eager_and_skips():
+    """The sync-free step's inputs (clip coefficient and skip flag as 0-dim tensors): compiled
+    equals eager with the coefficient applied; with skip set (a NaN grad) nothing changes."""
+    torch._dynamo.reset()
+    compiled = torch.compile(flat_adam_update, dynamic=True)
+    gen = torch.Generator().manual_seed(1)
+    n = 3000
+    table = torch.rand(2, 9, generator=gen) * 0.5 + 0.5
+    table[:, 8] = 1.0  # the host scale column: 1 when the coefficient comes as a tensor
+    gid = torch.randint(0, 2, (n,), dtype=torch.uint8, generator=gen)
+    for skip in (False, True):
+        grad = torch.randn(n, generator=gen)
+        if skip:
+            grad[5] = float("nan")
+        start = [torch.randn(n, generator=gen), torch.randn(n, generator=gen) * 0.1]
+        start.append(torch.rand(n, generator=gen) * 0.01)
+        coeff, flag = torch.tensor(0.25), torch.tensor(skip)
+        ref = [t.clone() for t in start]
+        scaled = table.clone()
+        scaled[:, 8] = 0.25  # eager reference: the coefficient in the table
+        flat_adam_update(*ref[:1], grad, *ref[1:], gid, scaled, None)
+        got = [t.clone() for t in start]
+        model = torch.zeros(n, dtype=torch.bfloat16)
+        compiled(got[0], grad, got[1], got[2], gid, table, model, coeff, flag)
+        want = start if skip else ref
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+        assert torch.equal(model, got[0].bfloat16())

@@ -34,19 +34,30 @@ _FILE = "gigatron/core/optimizer/_flat_adam_step.py"
 # as torch does (1 - fp32(0.999) is off by 1.3e-5)
 
 
-def flat_adam_update(main, grad, exp_avg, exp_avg_sq, gid, table, model) -> None:
+def flat_adam_update(
+    main, grad, exp_avg, exp_avg_sq, gid, table, model, device_scale=None, skip=None
+) -> None:
     """One Adam(W) update in place, in torch.optim.AdamW's order of operations. main / exp_avg /
     exp_avg_sq fp32 [n], grad fp32 [n], gid uint8 [n] (row of `table` for each element), table
     fp32 [G, 9] (columns above), model [n] in the model dtype or None (fp32 models: main is the
-    param buffer). The grad is multiplied by the scale first, as clipping scales it in place."""
+    param buffer). The grad is multiplied by the scale first, as clipping scales it in place.
+    The sync-free step passes the clipping coefficient as a 0-dim fp32 tensor `device_scale`
+    (the table's scale column is then 1) and `skip`, a 0-dim bool tensor: when true every
+    element keeps its value (a NaN/Inf norm skips the step without the host reading it)."""
     idx = gid.long()
     decay, step_size, bias2_sqrt = table[:, 0][idx], table[:, 1][idx], table[:, 2][idx]
     one_minus_beta1, beta2, one_minus_beta2 = table[:, 3][idx], table[:, 4][idx], table[:, 5][idx]
     eps, l2, scale = table[:, 6][idx], table[:, 7][idx], table[:, 8][idx]
+    if device_scale is not None:
+        scale = scale * device_scale
     g = grad * scale + l2 * main
     m = exp_avg.lerp(g, one_minus_beta1)
     v = exp_avg_sq * beta2 + one_minus_beta2 * (g * g)
     p = main * decay - step_size * (m / (v.sqrt() / bias2_sqrt + eps))
+    if skip is not None:
+        m, v, p = (
+            torch.where(skip, old, new) for old, new in ((exp_avg, m), (exp_avg_sq, v), (main, p))
+        )
     main.copy_(p)
     exp_avg.copy_(m)
     exp_avg_sq.copy_(v)
@@ -96,6 +107,8 @@ class FlatAdamStep:
         group_of = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
         self.padding_row = len(groups)
         self.grad_scale = 1.0  # the clipping coefficient of the coming step (then back to 1)
+        # the sync-free step's (coefficient, skip flag), 0-dim device tensors, for one step
+        self.device_clip: tuple[torch.Tensor, torch.Tensor] | None = None
         self.segments: list[_Segment] = []
         self.views: list[tuple] = []  # (main param, segment, a, b)
         where = {}
@@ -215,11 +228,14 @@ class FlatAdamStep:
         device = self.segments[0].grad.device
         table = self._table(device)
         self.grad_scale = 1.0  # used once: a later step without clipping must not reuse it
+        clip, self.device_clip = self.device_clip or (None, None), None
         update = _update_fn(device)
         for seg in self.segments:
             for a, b in seg.keep:  # their model values (a load may have changed them)
                 seg.main[a:b].copy_(seg.model[a:b])
-            update(seg.main, seg.grad, seg.exp_avg, seg.exp_avg_sq, seg.gid, table, seg.model)
+            update(
+                seg.main, seg.grad, seg.exp_avg, seg.exp_avg_sq, seg.gid, table, seg.model, *clip
+            )
 
 
 def _check(dist_opt) -> None:

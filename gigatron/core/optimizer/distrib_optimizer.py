@@ -152,6 +152,23 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
 
         self._flat_step.grad_scale = clip_coefficient(clip_grad, grad_norm)
 
+    def _step_on_device(self, grad_norm: torch.Tensor) -> torch.Tensor:
+        """The sync-free step (see MegatronOptimizer's); the flat step takes the clipping
+        coefficient and the skip flag as device tensors into its pass. Its Adam step counts
+        live on the host and advance on a skipped step too (the training loop stops at the next
+        log line on a NaN/Inf norm, before any save)."""
+        if self._flat_step is None:
+            return super()._step_on_device(grad_norm)
+        nonfinite = ~torch.isfinite(grad_norm)
+        coeff = (self.config.clip_grad / (grad_norm + 1.0e-6)).clamp(max=1.0)
+        coeff = torch.where(nonfinite, torch.ones_like(coeff), coeff)
+        self._flat_step.device_clip = (coeff.float(), nonfinite)
+        try:
+            self.step_with_ready_grads()
+        finally:
+            self._flat_step.device_clip = None
+        return nonfinite
+
     def step_with_ready_grads(self) -> bool:
         if self._flat_step is not None:
             self._flat_step.step()  # main params, Adam state and model params in one pass

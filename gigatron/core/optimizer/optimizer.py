@@ -203,7 +203,7 @@ class MegatronOptimizer:
         """`step_with_grad_norm_check()` without a host sync (gigatron addition): returns
         (grad_norm, nonfinite), 0-dim tensors on the grads' device; when nonfinite the update
         was skipped on the device (params, Adam state and step counts unchanged). Needs
-        clip_grad > 0, no loss scaler, torch's fused Adam / AdamW, not the flat Adam step, no
+        clip_grad > 0, no loss scaler, torch's fused Adam / AdamW, no
         zero counting (`check_sync_free`)."""
         self.check_sync_free()
         self.prepare_grads()
@@ -504,7 +504,7 @@ def _sync_free_problem(opt: MegatronOptimizer) -> str:
     if opt.config.log_num_zeros_in_grad:
         return "cannot count zeros (log_num_zeros_in_grad reads the count on the host)"
     if getattr(opt, "_flat_step", None) is not None:
-        return "does not take GIGATRON_FLAT_OPTIMIZER_STEP=1's flat step"
+        return ""  # GIGATRON_FLAT_OPTIMIZER_STEP=1: its pass takes the clip and skip tensors
     if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
         return f"needs torch.optim.Adam or AdamW (got {type(inner).__name__})"
     if not all(group.get("fused") for group in inner.param_groups):
