@@ -6,6 +6,11 @@
 #       dropout, clip 1.0) with the sync-free step (GIGATRON_SYNC_FREE_STEP=1) on GPU 0 beside
 #       the torch Adam step on GPU 1, then swapped; then the sync-free step profiled beside its
 #       CUDA tests (no host sync in the step; fused-Adam skip)
+#   bash bench/run_gpu_2026-11-30-s10.sh flat      # call 2: the sync-free step with the flat
+#       Adam step (GIGATRON_FLAT_OPTIMIZER_STEP=1 GIGATRON_SYNC_FREE_STEP=1) on GPU 0 beside the
+#       flat step alone on GPU 1, then swapped; profiled beside its CUDA tests and the host syncs
+#       counted by call site (bench/sync_debug_run.py); Megatron's default dropout 0.1 with it
+#       (GPU 0) beside the torch Adam step (GPU 1)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -24,8 +29,33 @@ syncfree() {
   wait
 }
 
+flat() {
+  export GIGATRON_FLAT_OPTIMIZER_STEP=1
+  GIGATRON_SYNC_FREE_STEP=1 train_one 0 29921 150 nodrop-flat-sync-free --clip-grad 1.0 &
+  train_one 1 29931 150 nodrop-flat-step --clip-grad 1.0 &
+  wait
+  train_one 0 29921 150 nodrop-flat-step --clip-grad 1.0 &
+  GIGATRON_SYNC_FREE_STEP=1 train_one 1 29931 150 nodrop-flat-sync-free --clip-grad 1.0 &
+  wait
+  local prof="--profile --use-pytorch-profiler --profile-step-start 32 --profile-step-end 34"
+  GIGATRON_PROFILE_STACKS=0 GIGATRON_SYNC_FREE_STEP=1 train_one 0 29921 170 \
+    nodrop-flat-sync-free-light-profile --clip-grad 1.0 $prof --tensorboard-dir /tmp/tb-a &
+  (
+    CUDA_VISIBLE_DEVICES=1 run_tests 150 tests/gpu/test_optimizer_cuda.py \
+      tests/gpu/test_flat_adam_step_cuda.py
+    GIGATRON_SYNC_FREE_STEP=1 ENTRY="bench/sync_debug_run.py -m gigatron.training.pretrain_gpt" \
+      train_one 1 29931 170 nodrop-flat-sync-free-sync-debug --clip-grad 1.0
+  ) &
+  wait
+  local drop="--hidden-dropout 0.1 --attention-dropout 0.1"
+  GIGATRON_SYNC_FREE_STEP=1 train_one 0 29921 150 dropout-flat-sync-free --clip-grad 1.0 $drop &
+  GIGATRON_FLAT_OPTIMIZER_STEP=0 train_one 1 29931 150 dropout-torch-step --clip-grad 1.0 $drop &
+  wait
+}
+
 case "${1:-}" in
   syncfree) syncfree ;;
-  *) echo "usage: $0 syncfree" >&2; exit 2 ;;
+  flat) flat ;;
+  *) echo "usage: $0 syncfree|flat" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
