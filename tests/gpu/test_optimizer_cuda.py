@@ -107,3 +107,54 @@ def test_sync_free_step_makes_no_host_sync(nccl_group, layout, monkeypatch):
             assert bool(nonfinite) and all(
                 torch.equal(p, b) for p, b in zip(net.parameters(), before)
             )
+
+
+def _distributed_run(precision: str, steps: int = 3):
+    """A bf16 / fp16 model under the distributed optimizer (fp32 grad buffers): its optimizer and
+    the params after `steps` clipped steps."""
+    from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    cfg = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4,
+                            **{precision: True}, params_dtype=dtype)  # fmt: skip
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    net = net.cuda().to(dtype)
+    ddp_cfg = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, use_distributed_optimizer=True
+    )
+    ddp = DistributedDataParallel(cfg, ddp_cfg, net)
+    opt_cfg = OptimizerConfig(lr=1e-3, clip_grad=1e-2, weight_decay=0.1, **{precision: True},
+                              params_dtype=dtype, use_distributed_optimizer=True)  # fmt: skip
+    opt = get_megatron_optimizer(opt_cfg, [ddp])
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for _ in range(steps):
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        x = torch.randn(8, 32, device="cuda", generator=gen).to(dtype)
+        opt.scale_loss(net(x).float().pow(2).mean()).backward()
+        ddp.finish_grad_sync()
+        assert opt.step()[0]
+    return opt, [p.detach().float().clone() for p in net.parameters()]
+
+
+def test_flat_step_is_the_default_on_cuda(nccl_group, monkeypatch):
+    """GIGATRON_FLAT_OPTIMIZER_STEP unset: a bf16 distributed optimizer on CUDA takes the flat
+    step, with the torch step's results (=0) up to fp32 rounding; fp16 (a loss scaler) keeps
+    the torch step."""
+    monkeypatch.delenv("GIGATRON_FLAT_OPTIMIZER_STEP", raising=False)
+    flat_opt, flat_params = _distributed_run("bf16")
+    assert flat_opt._flat_step is not None
+    fp16_opt, _ = _distributed_run("fp16", steps=1)
+    assert fp16_opt._flat_step is None
+    monkeypatch.setenv("GIGATRON_FLAT_OPTIMIZER_STEP", "0")
+    torch_opt, torch_params = _distributed_run("bf16")
+    assert torch_opt._flat_step is None
+    for got, want in zip(flat_params, torch_params, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-2)  # bf16 params: one ulp
+    flat_main = [m.detach() for g in flat_opt.optimizer.param_groups for m in g["params"]]
+    torch_main = [m.detach() for g in torch_opt.optimizer.param_groups for m in g["params"]]
+    for got, want in zip(flat_main, torch_main, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

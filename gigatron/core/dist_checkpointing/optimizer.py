@@ -170,7 +170,8 @@ def load_optimizer_state_dict(optimizer, request: dict, loaded: dict) -> None:
     for torch_opt, param, main, _, _ in units:
         state = torch_opt.state[main]
         if "step" in state:
-            state["step"] = torch.tensor(step, dtype=state["step"].dtype)
+            # same device and dtype: torch's fused Adam keeps its step counts on the GPU
+            state["step"] = torch.full_like(state["step"], step)
         if param.dtype != torch.float32:
             pass  # fp32_param was loaded in place into `main`
     groups = loaded["common"].get("param_groups", [])

@@ -1,5 +1,7 @@
-"""A flat fused Adam / AdamW step for `DistributedOptimizer` (gigatron-only, experimental, opt-in
-with the environment variable GIGATRON_FLAT_OPTIMIZER_STEP=1).
+"""A flat fused Adam / AdamW step for `DistributedOptimizer` (gigatron-only). Used by default when
+every main param is on a GPU and the optimizer qualifies (Adam / AdamW, fp32 grad buffers, no
+loss scaler: `flat_step_wanted`); the environment variable GIGATRON_FLAT_OPTIMIZER_STEP=0 turns it
+off, =1 forces it (any device; an optimizer that does not qualify is then an error).
 
 Under the distributed optimizer each bucket's shard of this rank, [s0, s1) in DDP's flat
 buffers, is contiguous in the grad buffer (fp32: the reduce-scatter's result) and in the param
@@ -25,6 +27,8 @@ Needs: torch.optim.Adam / AdamW without amsgrad / maximize, fp32 grad buffers
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -72,8 +76,58 @@ def _update_fn(device: torch.device):
     if device.type != "cuda":  # CPU (tests, gloo): eager
         return flat_adam_update
     if "fn" not in _COMPILED:
-        _COMPILED["fn"] = torch.compile(flat_adam_update, dynamic=True)
+        _COMPILED["fn"] = _compiled_or_eager(torch.compile(flat_adam_update, dynamic=True))
     return _COMPILED["fn"]
+
+
+def _compiled_or_eager(compiled):
+    """`compiled`, or the eager update (with a warning) if its first call fails to compile
+    (no Triton / C compiler): the inputs are untouched until the compiled kernel runs."""
+
+    def update(*args):
+        if _COMPILED.get("eager"):
+            return flat_adam_update(*args)
+        if _COMPILED.get("ok"):
+            return compiled(*args)
+        try:  # the first call compiles
+            out = compiled(*args)
+        except Exception as err:  # torch._dynamo / Inductor compile errors have no common base
+            import warnings
+
+            warnings.warn(
+                f"flat Adam step: torch.compile failed ({type(err).__name__}: {err}); using the "
+                f"eager update (slower). GIGATRON_FLAT_OPTIMIZER_STEP=0 selects torch's fused "
+                f"Adam instead ({_FILE})",
+                stacklevel=2,
+            )
+            _COMPILED["eager"] = True
+            return flat_adam_update(*args)
+        _COMPILED["ok"] = True
+        return out
+
+    return update
+
+
+def _all_on_gpu(dist_opt) -> bool:
+    params = [p for g in dist_opt.optimizer.param_groups for p in g["params"]]
+    return bool(params) and all(p.is_cuda for p in params)
+
+
+def flat_step_wanted(dist_opt) -> bool:
+    """Whether `dist_opt` steps through FlatAdamStep: GIGATRON_FLAT_OPTIMIZER_STEP=1 yes (its
+    errors raise when building), =0 no, unset: when its params are on CUDA and it qualifies."""
+    mode = os.environ.get("GIGATRON_FLAT_OPTIMIZER_STEP", "")
+    if mode not in ("", "0", "1"):
+        raise ValueError(f"GIGATRON_FLAT_OPTIMIZER_STEP={mode!r}: use 0, 1 or unset ({_FILE})")
+    if mode:
+        return mode == "1"
+    if not _all_on_gpu(dist_opt):
+        return False
+    try:
+        _check(dist_opt)
+    except ValueError:
+        return False
+    return True
 
 
 class _Segment:

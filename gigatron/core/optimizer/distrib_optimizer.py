@@ -17,7 +17,6 @@ fp32 models: the main shard *is* a view of the param buffer (no extra copy), as 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -85,11 +84,12 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
                 shard_params.append(main)
             group["params"] = shard_params
             self.shard_groups.append(entries)
-        # gigatron-only, experimental: one flat fused Adam pass per shard (_flat_adam_step.py)
+        # gigatron-only: one flat fused Adam pass per shard (_flat_adam_step.py); on CUDA by
+        # default where it applies, GIGATRON_FLAT_OPTIMIZER_STEP=0 / 1 turns it off / forces it
         self._flat_step = None
-        if os.environ.get("GIGATRON_FLAT_OPTIMIZER_STEP", "0") == "1":
-            from gigatron.core.optimizer._flat_adam_step import FlatAdamStep
+        from gigatron.core.optimizer._flat_adam_step import FlatAdamStep, flat_step_wanted
 
+        if flat_step_wanted(self):
             self._flat_step = FlatAdamStep(self)
 
     def bucket_shards(self):

@@ -1,0 +1,72 @@
+"""When the distributed optimizer takes the flat Adam step (gigatron/core/optimizer/
+_flat_adam_step.py `flat_step_wanted`): by default only with every main param on a GPU and an
+optimizer that qualifies (Adam / AdamW, fp32 grad buffers, no loss scaler), silently the torch
+step otherwise; GIGATRON_FLAT_OPTIMIZER_STEP=1 forces it (a non-qualifying optimizer is an error
+naming the rule), =0 turns it off, anything else is refused."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gigatron.core.optimizer import _flat_adam_step as flat
+
+
+def _opt(cls=torch.optim.AdamW, grad_dtype=torch.float32, scaler=None):
+    inner = cls([torch.nn.Parameter(torch.zeros(4))], lr=1e-3)
+    buffers = [SimpleNamespace(grad_dtype=grad_dtype)]
+    return SimpleNamespace(optimizer=inner, grad_scaler=scaler, buffers=buffers)
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    monkeypatch.delenv("GIGATRON_FLAT_OPTIMIZER_STEP", raising=False)
+    monkeypatch.setattr(flat, "_all_on_gpu", lambda dist_opt: True)
+
+
+def test_default_on_gpu_when_the_optimizer_qualifies(on_gpu):
+    assert flat.flat_step_wanted(_opt())
+    assert flat.flat_step_wanted(_opt(torch.optim.Adam))
+    assert not flat.flat_step_wanted(_opt(torch.optim.SGD))
+    assert not flat.flat_step_wanted(_opt(grad_dtype=torch.bfloat16))
+    assert not flat.flat_step_wanted(_opt(scaler=object()))  # fp16's loss scaler
+
+
+def test_default_off_on_cpu(monkeypatch):
+    monkeypatch.delenv("GIGATRON_FLAT_OPTIMIZER_STEP", raising=False)
+    assert not flat.flat_step_wanted(_opt())
+
+
+def test_environment_forces_or_disables(on_gpu, monkeypatch):
+    monkeypatch.setenv("GIGATRON_FLAT_OPTIMIZER_STEP", "0")
+    assert not flat.flat_step_wanted(_opt())
+    monkeypatch.setenv("GIGATRON_FLAT_OPTIMIZER_STEP", "1")
+    assert flat.flat_step_wanted(_opt(torch.optim.SGD))  # forced: FlatAdamStep then refuses it
+    with pytest.raises(ValueError, match="needs torch.optim.Adam or AdamW"):
+        flat._check(_opt(torch.optim.SGD))
+    monkeypatch.setenv("GIGATRON_FLAT_OPTIMIZER_STEP", "yes")
+    with pytest.raises(ValueError, match="GIGATRON_FLAT_OPTIMIZER_STEP='yes': use 0, 1 or unset"):
+        flat.flat_step_wanted(_opt())
+
+
+def test_compile_failure_falls_back_to_eager(monkeypatch):
+    """A first compiled call that fails (no Triton / compiler) warns and runs the eager update;
+    later calls go straight to eager."""
+    monkeypatch.setattr(flat, "_COMPILED", {})
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError("no triton")
+
+    update = flat._compiled_or_eager(broken)
+    n = 8
+    main, grad = torch.ones(n), torch.full((n,), 0.5)
+    m, v = torch.zeros(n), torch.zeros(n)
+    gid = torch.zeros(n, dtype=torch.uint8)
+    table = torch.tensor([[1.0, 0.1, 1.0, 0.1, 0.999, 0.001, 1e-8, 0.0, 1.0]])
+    with pytest.warns(UserWarning, match="torch.compile failed .*no triton.*eager update"):
+        update(main, grad, m, v, gid, table, None)
+    assert main[0] < 1.0 and m[0] > 0  # the eager update ran
+    update(main, grad, m, v, gid, table, None)
+    assert len(calls) == 1
