@@ -16,7 +16,10 @@ Part of `gigatron.training.arguments` (mirrors parts of `megatron.training.argum
 
 from __future__ import annotations
 
+import os
 import re
+
+import torch
 
 from gigatron.core.transformer.enums import AttnBackend
 
@@ -150,6 +153,8 @@ def add_compat_args(p) -> None:
     _flag(g, "--manual-gc-interval", type=int, default=0, help="gc.collect() every N iters")
     _flag(g, "--no-manual-gc-eval", action="store_false", dest="manual_gc_eval")
     _flag(g, "--skip-train", action="store_true", help="no training: evaluate and exit")
+    _flag(g, "--deterministic-mode", action="store_true",
+          help="deterministic kernels (torch.use_deterministic_algorithms); slower")  # fmt: skip
     _flag(g, "--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
     _flag(g, "--no-create-attention-mask-in-dataloader", action="store_false",
           dest="create_attention_mask_in_dataloader")  # fmt: skip
@@ -256,6 +261,25 @@ def _weight_decay_schedule(args) -> None:
         )
 
 
+_NCCL_DETERMINISTIC_ALGOS = ("Tree", "Ring", "CollnetDirect", "CollnetChain", "^NVLS")
+
+
+def _deterministic_mode(args) -> None:
+    """Megatron's --deterministic-mode rules: no fused cross entropy, and on NCCL a fixed
+    all-reduce algorithm (NCCL_ALGO); gigatron does not ask for NCCL_ALGO on gloo (CPU)."""
+    if not args.deterministic_mode:
+        return
+    if args.cross_entropy_loss_fusion:
+        raise _where("--deterministic-mode cannot be used with --cross-entropy-loss-fusion")
+    nccl = (args.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")) == "nccl"
+    algo = os.environ.get("NCCL_ALGO")
+    if nccl and algo not in _NCCL_DETERMINISTIC_ALGOS:
+        raise _where(
+            f"--deterministic-mode on NCCL needs NCCL_ALGO set to one of "
+            f"{list(_NCCL_DETERMINISTIC_ALGOS)} (got {algo!r})"
+        )
+
+
 def _legacy_spellings(args) -> None:
     """Megatron's validate_args rules for its deprecated / derived flags."""
     if args.use_rotary_position_embeddings:
@@ -295,6 +319,7 @@ def validate_compat_args(args) -> None:
     if kind is not None and kind not in TOKENIZER_TYPES:
         raise _where(f"--tokenizer-type {kind} is not supported; use one of {TOKENIZER_TYPES}")
     _weight_decay_schedule(args)
+    _deterministic_mode(args)
     if args.manual_gc_interval < 0:
         raise _where(f"--manual-gc-interval ({args.manual_gc_interval}) must be >= 0")
     freq = args.moe_layer_freq

@@ -82,6 +82,7 @@ def core_transformer_config_from_args(args, config_class=None):
         cross_entropy_fusion_impl=args.cross_entropy_fusion_impl,
         tp_comm_overlap=args.tp_comm_overlap,
         gradient_accumulation_fusion=getattr(args, "gradient_accumulation_fusion", True),
+        deterministic_mode=getattr(args, "deterministic_mode", False),
     )
     if getattr(args, "attention_backend", None) is not None:
         kw["attention_backend"] = args.attention_backend

@@ -131,6 +131,9 @@ def initialize_megatron(
     global_vars.set_args(args)
     global_vars.set_timers(Timers(log_level=0))
     _build_tokenizer(args)
+    if getattr(args, "deterministic_mode", False):  # Megatron's flag; cuBLAS needs its workspace
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # set before any GEMM
+        torch.use_deterministic_algorithms(True)
     if skip_mpu_initialization:
         return args
     initialize_distributed(args)

@@ -293,3 +293,21 @@ def test_moe_layer_freq_is_honoured_or_refused():
     ]
     assert "--moe-layer-freq 2" in refused and "get_gpt_decoder_block_spec" in refused
     assert built == [True, False, True, False]
+
+
+def _deterministic_run():
+    from gigatron.training.global_vars import get_args
+
+    result = _pretrain(["--train-iters", "3", "--deterministic-mode"])
+    config = result["model"][0].config
+    return (
+        get_args().deterministic_mode,
+        config.deterministic_mode,
+        (torch.are_deterministic_algorithms_enabled()),
+    )
+
+
+def test_deterministic_mode_reaches_torch_and_the_config():
+    """--deterministic-mode (Megatron's): torch.use_deterministic_algorithms(True) in the
+    process and TransformerConfig.deterministic_mode (the embedding's deterministic lookup)."""
+    assert run_distributed(_deterministic_run, 1, timeout=120) == [(True, True, True)]

@@ -133,9 +133,15 @@ def test_every_no_op_is_documented_with_its_reason():
         ),
         ("--squared-relu --swiglu", ["--squared-relu"]),
         ("--tokenizer-type BertWordPieceLowerCase", ["--tokenizer-type", "GPT2BPETokenizer"]),
+        (
+            "--deterministic-mode --cross-entropy-loss-fusion",
+            ["--deterministic-mode", "--cross-entropy-loss-fusion"],
+        ),
+        ("--deterministic-mode --distributed-backend nccl", ["NCCL_ALGO", "'Ring'", "None"]),
     ],
 )
-def test_refused_values_name_the_flag(flags, words):
+def test_refused_values_name_the_flag(flags, words, monkeypatch):
+    monkeypatch.delenv("NCCL_ALGO", raising=False)
     with pytest.raises(ValueError) as err:
         _args(*flags.split())
     for word in words:
@@ -324,3 +330,10 @@ def test_tokenizer_types_accepted_are_the_ones_built():
     for kind in TOKENIZER_TYPES:
         assert f'kind == "{kind}"' in source, kind
         assert _args("--tokenizer-type", kind).tokenizer_type == kind
+
+
+def test_deterministic_mode_on_nccl_takes_a_fixed_algorithm(monkeypatch):
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    args = _args("--deterministic-mode", "--distributed-backend", "nccl")
+    assert args.deterministic_mode
+    assert not _args().deterministic_mode
