@@ -4,7 +4,8 @@ Mirrors `megatron.training.training`: `pretrain(train_valid_test_dataset_provide
 model_provider, model_type, forward_step_func, ..., args_defaults=...)` parses the flags, starts
 torch.distributed and the parallel groups, builds the model chunks (pipeline / virtual stages,
 DDP), the optimizer and scheduler, loads a checkpoint, builds data iterators and runs
-`train_step` until `--train-iters`, evaluating, logging and saving on the way.
+`train_step` until `--train-iters`, evaluating, logging and saving on the way, then evaluates
+the validation and the test split once more (Megatron's end of `pretrain`).
 
 Robustness beyond Megatron: a non-finite gradient is detected on every rank in the same step
 (one small all-reduce) and the update skipped (`--skip-nan-steps`) or the run stopped, naming
@@ -264,6 +265,7 @@ def train(
     for chunk in model:
         chunk.train()
     exit_signal = _ExitSignal(args.exit_signal_handler)
+    args.train_exit_reason = None  # set when an exit condition stops the loop
     bar = tlog.ProgressBar(args.train_iters, start_iteration, enabled=not args.no_progress_bar)
     start_time = time.time()
     iteration = start_iteration
@@ -370,12 +372,14 @@ def train(
                     materialize_losses(pending)
                     _save(iteration, model, optimizer, scheduler, flops_so_far)
                 print_rank_0(f"exiting at iteration {iteration}: {reason}")
+                args.train_exit_reason = reason
                 break
             if args.exit_interval and iteration % args.exit_interval == 0:
                 if args.save and not saved:
                     materialize_losses(pending)
                     _save(iteration, model, optimizer, scheduler, flops_so_far)
                 print_rank_0(f"exiting at iteration {iteration}: --exit-interval")
+                args.train_exit_reason = "--exit-interval"
                 break
         materialize_losses(pending)  # after the last iteration or an exit condition's break
     except BaseException:
@@ -443,19 +447,23 @@ def _moe_losses(args, config, iteration: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _evaluate_only(forward_step_func, model, config, valid_iter, test_iter) -> dict:
-    """--skip-train: one evaluation of --eval-iters iterations on the validation and the test
-    split each (where the provider gave one), logged as Megatron's end-of-run evaluation."""
+def _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, iteration) -> dict:
+    """Megatron's end of `pretrain()`: after training (or with --skip-train) one evaluation of
+    --eval-iters iterations on the validation split, then one on the test split, each where the
+    provider gave the split and --eval-iters > 0 (Megatron's do_valid / do_test). The validation
+    runs even when the loop has just evaluated that iteration, as Megatron's does. Returns
+    {"valid": losses, "test": losses} for the splits evaluated."""
     args = get_args()
     out = {}
     for name, iterator in (("valid", valid_iter), ("test", test_iter)):
         if iterator is None or not args.eval_iters:
             continue
         out[name] = evaluate(forward_step_func, _chunk_iterators(iterator, model), model, config)
+        lx.empty_unused_memory(args, level=1)
         split = "validation" if name == "valid" else "test"
-        tlog.log_validation(
-            args, f"iteration {args.iteration} on {split} set", out[name], args.iteration
-        )
+        tlog.log_validation(args, f"iteration {iteration} on {split} set", out[name], iteration)
+        if not getattr(args, "skip_train", False):  # Megatron writes no scalars under skip-train
+            lx.write_validation_ppl(args, _tb_writer(), iteration, out[name])
     return out
 
 
@@ -530,7 +538,11 @@ def pretrain(
     result = {"iteration": iteration}
     if getattr(args, "skip_train", False):  # Megatron's: no step; evaluate valid + test, exit
         print_rank_0("skipping training (--skip-train is on) ...")
-        result.update(_evaluate_only(forward_step_func, model, config, valid_iter, test_iter))
+        result.update(
+            _evaluate_at_end(
+                forward_step_func, model, config, valid_iter, test_iter, args.iteration
+            )
+        )
         result["model"] = model
         result["history"] = []
         return result
@@ -553,18 +565,10 @@ def pretrain(
                 from gigatron.training.checkpointing import maybe_finalize_async_save
 
                 maybe_finalize_async_save(blocking=True)
-    evaluated_here = bool(args.eval_interval) and iteration % args.eval_interval == 0
-    if (
-        valid_iter is not None
-        and args.eval_iters
-        and iteration == args.train_iters
-        and not evaluated_here
-    ):
-        result["valid"] = evaluate(
-            forward_step_func, _chunk_iterators(valid_iter, model), model, config
-        )
-        tlog.log_validation(
-            args, f"iteration {iteration} on validation set", result["valid"], iteration
+    # An exit condition ends Megatron's run inside train() (sys.exit): no final evaluation
+    if getattr(args, "train_exit_reason", None) is None:
+        result.update(
+            _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, iteration)
         )
     result["model"] = model
     result["history"] = getattr(args, "train_history", [])

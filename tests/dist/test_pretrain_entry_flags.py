@@ -119,7 +119,8 @@ def test_eval_interval_zero_evaluates_at_the_end_and_eval_iters_zero_never():
     (at_end,) = run_distributed(
         _count_evaluations, 1, args=(["--train-iters", "3", "--eval-interval", "0"],), timeout=120
     )
-    assert at_end[0] == 1 and at_end[1] is not None and at_end[2] == 3
+    # the end of the run evaluates the validation then the test split (Megatron's do_valid, do_test)
+    assert at_end[0] == 2 and at_end[1] is not None and at_end[2] == 3
     (never,) = run_distributed(
         _count_evaluations, 1, args=(["--train-iters", "3", "--eval-iters", "0"],), timeout=120
     )

@@ -495,9 +495,10 @@ def test_evaluation_reads_the_full_global_batch_during_rampup():
     ):
         assert iteration == 2
         assert trains == [0, 1]  # both in the ramp-up: batch 4, one micro-batch per rank
-        # every evaluation (after iterations 1 and 2, eval-iters 2): 8 / (2 * 2) = 2 each
-        assert evals == [1] * 4 + [2] * 4, evals
-        assert consumed == 2 * 2 * 8
+        # every evaluation (after iterations 1 and 2, then Megatron's end-of-run validation and
+        # test, eval-iters 2): 8 / (2 * 2) = 2 each; the test split counts as Megatron's does
+        assert evals == [1] * 4 + [2] * 4 + [2] * 4 + [2] * 4, evals
+        assert consumed == 4 * 2 * 8
 
 
 def _train_sync_free(sync_free: bool, skip: bool, nan_iteration: int | None):

@@ -126,7 +126,7 @@ class BlendedMegatronDatasetBuilder:
         megatron_datasets = self._build_megatron_datasets_serial(prefixes, split, sizes_buffer)
         blended: list[Any] = [None] * len(Split)
         for i in range(len(Split)):
-            if split[i] is None:
+            if split[i] is None or None in megatron_datasets[i]:  # None: empty, 0 requested
                 continue
             weights_i = weights
             if weights_i is not None and sizes[i] is not None:
@@ -177,13 +177,28 @@ class BlendedMegatronDatasetBuilder:
         """Mid-level datasets for each split of one low-level dataset."""
         low_level = self.cls.build_low_level_dataset(dataset_path, self.config)
         num_elements = self.cls.numel_low_level_dataset(low_level)
+        bounds = [
+            None
+            if bookend is None
+            else (int(round(bookend[0] * num_elements)), int(round(bookend[1] * num_elements)))
+            for bookend in split
+        ]
+        # Raised before this function's barriers: every rank that reaches it stops alike
+        for i, split_name in enumerate(Split):
+            if bounds[i] is not None and bounds[i][0] == bounds[i][1] and sizes[i]:
+                message = _empty_split_message(
+                    self.config, dataset_path, split_name, num_elements, sizes[i]
+                )
+                raise ValueError(message)
         datasets: list[MidLevelDataset | None] = []
         for i, split_name in enumerate(Split):
             if split[i] is None:
                 datasets.append(None)
                 continue
-            beg = int(round(split[i][0] * float(num_elements)))
-            end = int(round(split[i][1] * float(num_elements)))
+            beg, end = bounds[i]
+            if beg == end and sizes[i] == 0:  # nothing requested from an empty split
+                datasets.append(None)
+                continue
             indices = numpy.arange(beg, end, dtype=numpy.int32)
             datasets.append(
                 self.build_generic_dataset(
@@ -225,6 +240,24 @@ class BlendedMegatronDatasetBuilder:
         if rank != 0 and is_built_on_rank():
             dataset = cls(*args)
         return dataset
+
+
+def _empty_split_message(config, dataset_path, split: Split, num_elements: int, size: int) -> str:
+    """An empty split asked for samples. Megatron never returns here: GPTDataset._get_num_epochs
+    adds 0 tokens per epoch forever. A small corpus under the default split 969,30,1 does it
+    (445 sequences: the test split's 0.1% rounds to none)."""
+    if config.split is None:  # blend_per_split: the split's corpus itself is empty
+        share, fix = "", "a corpus with sequences"
+    else:
+        share = f" under split '{config.split}' (--split)"
+        other = "98,2,0 (no test split)" if split == Split.test else "90,5,5 (say)"
+        fix = f"--split {other}, a larger corpus"
+    return (
+        f"empty corpus: the {split.name} split of {dataset_path} has 0 of its {num_elements} "
+        f"sequences{share} but {size} samples were requested; use {fix}, or request none "
+        "(--eval-iters 0 for the valid and test splits) "
+        "(gigatron/core/datasets/blended_megatron_dataset_builder.py)"
+    )
 
 
 def _get_size_per_split_per_dataset(
