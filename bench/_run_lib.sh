@@ -53,17 +53,17 @@ TRAIN_SHAPE=${TRAIN_SHAPE:-"--num-layers 24 --hidden-size 2048 --num-attention-h
   --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 4 --global-batch-size 4 \
   --vocab-size 50304 --train-iters 50 --log-interval 10"}
 
-train_one() {  # train_one GPU PORT LIMIT LABEL FLAGS...: pretrain_gpt on one GPU
+train_one() {  # train_one GPU PORT LIMIT LABEL FLAGS...: pretrain_gpt on GPU (NPROC=2 GPU=0,1: DP = 2)
   local gpu=$1 port=$2 lim=$3 label=$4
   shift 4
-  local log="$OUT/train-$label-gpu$gpu.log" entry=${ENTRY:--m gigatron.training.pretrain_gpt}
+  local log="$OUT/train-$label-gpu${gpu//,/}.log" entry=${ENTRY:--m gigatron.training.pretrain_gpt}
   local left=$((END - $(date +%s)))
   [ "$lim" -gt "$left" ] && lim=$left
   if [ "$lim" -lt 25 ]; then echo "{\"skipped\": \"train $label\"}" >>"$RES"; return; fi
   echo "=== train $label GPU $gpu $* ($(date -u +%T))" >>"$OUT/train.log"
   # shellcheck disable=SC2086  (TRAIN_SHAPE is a list of flags)
   CUDA_VISIBLE_DEVICES=$gpu timeout "$lim" \
-    torchrun --nproc-per-node 1 --master-port "$port" $entry \
+    torchrun --nproc-per-node "${NPROC:-1}" --master-port "$port" $entry \
     $TRAIN_SHAPE --lr 1e-4 --min-lr 1e-5 --mock-data --bf16 --use-distributed-optimizer \
     --accumulate-allreduce-grads-in-fp32 --cross-entropy-loss-fusion --torch-compile model \
     --weight-decay 0.1 --eval-iters 0 --eval-interval 100000 --no-progress-bar \
@@ -72,7 +72,7 @@ train_one() {  # train_one GPU PORT LIMIT LABEL FLAGS...: pretrain_gpt on one GP
   { echo "=== $label GPU $gpu $*"; grep -A40 "^profile: " "$log"; } >>"$OUT/profiles.txt"
   { echo "=== $label GPU $gpu $*"; grep "sync-debug" "$log"; } >>"$OUT/syncs.txt"
   local line
-  line=$(python3 bench/parse_train_log.py "$log" --label "$label" | sed -n 's/^RESULT //p')
+  line=$(python3 bench/parse_train_log.py "$log" --label "$label" --gpus "${NPROC:-1}" | sed -n 's/^RESULT //p')
   if [ -n "$line" ]; then echo "$line" >>"$RES"; else
     echo "{\"failed\": \"train $label\", \"rc\": 1}" >>"$RES"; fi
 }

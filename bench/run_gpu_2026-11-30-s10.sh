@@ -11,6 +11,11 @@
 #       flat step alone on GPU 1, then swapped; profiled beside its CUDA tests and the host syncs
 #       counted by call site (bench/sync_debug_run.py); Megatron's default dropout 0.1 with it
 #       (GPU 0) beside the torch Adam step (GPU 1)
+#   bash bench/run_gpu_2026-11-30-s10.sh default   # call 3: the flat Adam step now the default on
+#       CUDA: pretrain_gpt as is (GPU 0) beside GIGATRON_FLAT_OPTIMIZER_STEP=0 (torch's fused
+#       Adam, GPU 1), then swapped; every CUDA test (tests/gpu: the resume test, the default,
+#       the sync-free step) beside Megatron's default dropout 0.1; then pretrain_gpt on DP = 2
+#       (global batch 8, --overlap-grad-reduce --overlap-param-gather)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -53,9 +58,25 @@ flat() {
   wait
 }
 
+default() {
+  train_one 0 29921 150 default-nodrop --clip-grad 1.0 &
+  GIGATRON_FLAT_OPTIMIZER_STEP=0 train_one 1 29931 150 torch-step-nodrop --clip-grad 1.0 &
+  wait
+  GIGATRON_FLAT_OPTIMIZER_STEP=0 train_one 0 29921 150 torch-step-nodrop --clip-grad 1.0 &
+  train_one 1 29931 150 default-nodrop --clip-grad 1.0 &
+  wait
+  (CUDA_VISIBLE_DEVICES=1 run_tests 240 tests/gpu) &
+  train_one 0 29921 150 default-dropout --clip-grad 1.0 --hidden-dropout 0.1 \
+    --attention-dropout 0.1 &
+  wait
+  NPROC=2 train_one 0,1 29921 170 default-nodrop-dp2 --clip-grad 1.0 --global-batch-size 8 \
+    --overlap-grad-reduce --overlap-param-gather
+}
+
 case "${1:-}" in
+  default) default ;;
   syncfree) syncfree ;;
   flat) flat ;;
-  *) echo "usage: $0 syncfree|flat" >&2; exit 2 ;;
+  *) echo "usage: $0 syncfree|flat|default" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
