@@ -181,9 +181,13 @@ def update_train_iters(args) -> None:
 
 # ---------------------------------------------------------------- data
 def _num_samples(args) -> list[int]:
+    """Megatron's get_train_valid_test_num_samples: validation sized for the periodic
+    evaluations plus the end-of-run one (that one only under --skip-train), test for one."""
     train = args.train_samples or args.train_iters * args.global_batch_size
     iters = args.train_iters or train // args.global_batch_size
     periodic = iters // args.eval_interval if args.eval_interval else 0  # 0: at the end only
+    if getattr(args, "skip_train", False):
+        periodic = 0
     evals = (periodic + 1) * args.eval_iters * args.global_batch_size
     return [train, evals, args.eval_iters * args.global_batch_size]
 
@@ -191,7 +195,11 @@ def _num_samples(args) -> list[int]:
 def build_train_valid_test_data_iterators(train_valid_test_dataset_provider):
     """Datasets from the provider, wrapped in resumable loaders; iterators (or None) per split."""
     args = get_args()
-    train_ds, valid_ds, test_ds = train_valid_test_dataset_provider(_num_samples(args))
+    sizes = _num_samples(args)
+    print_rank_0(" > datasets target sizes (minimum size):")
+    for name, size in zip(("train:     ", "validation:", "test:      "), sizes):
+        print_rank_0(f"    {name} {size}")
+    train_ds, valid_ds, test_ds = train_valid_test_dataset_provider(sizes)
     loaders = [
         build_pretraining_data_loader(train_ds, args.consumed_train_samples, args),
         build_pretraining_data_loader(valid_ds, args.consumed_valid_samples, args),
