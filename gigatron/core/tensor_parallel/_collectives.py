@@ -28,10 +28,13 @@ def _all_gather_into(out: torch.Tensor, inp: torch.Tensor, group, async_op: bool
     return fn(out, inp, group=group, async_op=async_op)
 
 
-def _reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group, async_op: bool = False):
-    """Sum `inp` over ranks and keep this rank's dim-0 chunk in `out`."""
+def _reduce_scatter_into(
+    out: torch.Tensor, inp: torch.Tensor, group, async_op: bool = False, op=dist.ReduceOp.SUM
+):
+    """Reduce `inp` over ranks (`op`, a sum by default) and keep this rank's dim-0 chunk in
+    `out` (torch >= 2.12 name, else the older alias)."""
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(out, inp, group=group, async_op=async_op)
+    return fn(out, inp, op=op, group=group, async_op=async_op)
 
 
 # --- traced (functional) collectives: used while torch.compile traces -----------------------
