@@ -16,6 +16,10 @@
 #       Adam, GPU 1), then swapped; every CUDA test (tests/gpu: the resume test, the default,
 #       the sync-free step) beside Megatron's default dropout 0.1; then pretrain_gpt on DP = 2
 #       (global batch 8, --overlap-grad-reduce --overlap-param-gather)
+#   bash bench/run_gpu_2026-11-30-s10.sh compat    # call 4: the CPU test suite (tests/unit, tests/dist)
+#       under the image's torch 2.11 with CUDA hidden (pytest-xdist, 14 workers) beside
+#       pretrain_gpt on DP = 2 (the distributed optimizer's collectives fixed for torch 2.11);
+#       then every CUDA test (GPU 0) beside the CUDA resume test (GPU 1)
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -73,10 +77,28 @@ default() {
     --overlap-grad-reduce --overlap-param-gather
 }
 
+compat() {
+  (
+    CUDA_VISIBLE_DEVICES="" timeout 420 python3 -m pytest tests/unit tests/dist -n 14 -q \
+      -p no:cacheprovider --timeout 300 -o addopts="" -rf >"$OUT/cpu-tests-torch211.log" 2>&1
+    tail -25 "$OUT/cpu-tests-torch211.log"
+  ) &
+  NPROC=2 train_one 0,1 29921 150 default-nodrop-dp2 --clip-grad 1.0 --global-batch-size 8 \
+    --overlap-grad-reduce --overlap-param-gather
+  (CUDA_VISIBLE_DEVICES=0 run_tests 200 tests/gpu -rf -k "not resume" --timeout 150) &
+  (
+    CUDA_VISIBLE_DEVICES=1 timeout 200 python3 -m pytest tests/gpu/test_training_resume_cuda.py \
+      -q -p no:cacheprovider -rf >"$OUT/gpu-resume-test.log" 2>&1
+    tail -5 "$OUT/gpu-resume-test.log"
+  ) &
+  wait
+}
+
 case "${1:-}" in
+  compat) compat ;;
   default) default ;;
   syncfree) syncfree ;;
   flat) flat ;;
-  *) echo "usage: $0 syncfree|flat|default" >&2; exit 2 ;;
+  *) echo "usage: $0 syncfree|flat|default|compat" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
