@@ -1,0 +1,592 @@
+"""gigatron's public API against the real megatron-core (skipped when it is not importable).
+
+For every public name of the API map (/work/shared/reference/megatron-api.md, sections 1-12) this
+imports `megatron.core.X.name` and `gigatron.core.X.name` and compares:
+
+- existence;
+- callables (functions, methods, class constructors): parameter names, order of the positional
+  parameters, kinds (positional / keyword-only) and default values (`inspect.signature`);
+- dataclass configs: every field name and its default value (`default` or `default_factory()`);
+- enums: member names and values.
+
+Each difference is one issue key, e.g.
+`parallel_state:initialize_model_parallel(use_sharp): missing`.
+Deliberate differences (gigatron additions that change a signature, Megatron features gigatron
+refuses) sit in ALLOWED with a one-line reason; a stale ALLOWED entry fails too, so the list stays
+honest. megatron.training is not part of the megatron-core wheel, so only megatron.core is compared.
+CI installs megatron-core through the `test` extra (pyproject.toml); without it the module skips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import inspect
+import math
+import warnings
+
+import pytest
+import torch
+
+from tests.unit._api_surface_symbols import REEXPORTS, SYMBOLS
+
+with warnings.catch_warnings():  # megatron-core warns about missing TE / APEX on import
+    warnings.simplefilter("ignore")
+    mcore = pytest.importorskip("megatron.core", reason="megatron-core not installed")
+
+
+_EMPTY = inspect.Parameter.empty
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_VAR = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def _resolve(root: str, symbol: str):
+    """`root` is "megatron.core" or "gigatron.core"; `symbol` is "module.path:Qual.name"."""
+    module_name, _, qualname = symbol.partition(":")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            obj = importlib.import_module(f"{root}.{module_name}" if module_name else root)
+        except ImportError:
+            return None
+        for part in qualname.split("."):
+            obj = (
+                inspect.getattr_static(obj, part, None)
+                if inspect.isclass(obj)
+                else (getattr(obj, part, None))
+            )
+            if isinstance(obj, staticmethod | classmethod):
+                obj = obj.__func__
+            if obj is None:
+                return None
+    return obj
+
+
+def _norm(value):
+    """A comparable stand-in for a default value that may be a Megatron or gigatron object."""
+    if isinstance(value, enum.Enum):
+        return ("enum", type(value).__name__, value.name)
+    if isinstance(value, float) and math.isnan(value):
+        return ("nan",)
+    if isinstance(value, torch.dtype):
+        return value
+    if inspect.isclass(value) or inspect.isfunction(value) or inspect.isbuiltin(value):
+        return ("callable", getattr(value, "__name__", repr(value)))
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(_norm(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((k, _norm(v)) for k, v in value.items())))
+    if dataclasses.is_dataclass(value) and not inspect.isclass(value):
+        return (type(value).__name__, _norm(dataclasses.asdict(value)))
+    return value
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(_norm(a) == _norm(b))
+    except Exception:
+        return repr(a) == repr(b)
+
+
+def _signature(obj):
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    params = [p for p in sig.parameters.values() if p.name not in ("self", "cls")]
+    return params
+
+
+def _compare_signature(symbol: str, theirs, ours) -> list[str]:
+    m_params, g_params = _signature(theirs), _signature(ours)
+    if m_params is None or g_params is None:
+        return []
+    issues = []
+    g_by_name = {p.name: p for p in g_params}
+    g_var_kw = any(p.kind == p.VAR_KEYWORD for p in g_params)
+    for p in m_params:
+        if p.kind in _VAR:
+            if not any(q.kind == p.kind for q in g_params):
+                issues.append(f"{symbol}({'*' if p.kind == p.VAR_POSITIONAL else '**'}): missing")
+            continue
+        q = g_by_name.get(p.name)
+        if q is None:
+            if not g_var_kw or p.kind == p.POSITIONAL_ONLY:
+                issues.append(f"{symbol}({p.name}): missing")
+            else:
+                issues.append(f"{symbol}({p.name}): only via **kwargs")
+            continue
+        if p.default is not _EMPTY and q.default is _EMPTY:
+            issues.append(f"{symbol}({p.name}): required in gigatron")
+        elif p.default is not _EMPTY and not _same(p.default, q.default):
+            issues.append(
+                f"{symbol}({p.name}): default"  # value in the message below
+            )
+        if p.kind in _POSITIONAL and q.kind == q.KEYWORD_ONLY:
+            issues.append(f"{symbol}({p.name}): keyword-only in gigatron")
+    # Positional order: Megatron's positional parameters must open gigatron's list in order.
+    m_pos = [p.name for p in m_params if p.kind in _POSITIONAL]
+    g_pos = [p.name for p in g_params if p.kind in _POSITIONAL]
+    for i, name in enumerate(m_pos):
+        if name in g_by_name and (i >= len(g_pos) or g_pos[i] != name):
+            if g_by_name[name].kind in _POSITIONAL:
+                issues.append(f"{symbol}({name}): position")
+            break
+    m_names = {p.name for p in m_params}
+    for q in g_params:
+        if q.name not in m_names and q.kind not in _VAR and q.default is _EMPTY:
+            issues.append(f"{symbol}({q.name}): extra required parameter")
+    return issues
+
+
+def _field_defaults(cls) -> dict:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            try:
+                out[f.name] = f.default_factory()
+            except Exception:
+                out[f.name] = ("factory", f.default_factory)
+        else:
+            out[f.name] = _EMPTY
+    return out
+
+
+def _compare_fields(symbol: str, theirs, ours) -> list[str]:
+    if not dataclasses.is_dataclass(ours):
+        return [f"{symbol}: not a dataclass in gigatron"]
+    m, g = _field_defaults(theirs), _field_defaults(ours)
+    inherited = {}  # fields of Megatron's dataclass bases are compared under the base's name
+    for base in theirs.__mro__[1:]:
+        if dataclasses.is_dataclass(base):
+            inherited.update(_field_defaults(base))
+    issues = []
+    for name, default in m.items():
+        if name.startswith("_") or (name in inherited and _same(inherited[name], default)):
+            continue
+        if name not in g:
+            issues.append(f"{symbol}.{name}: field missing")
+        elif default is _EMPTY:
+            continue  # required in Megatron; a gigatron default only accepts more calls
+        elif g[name] is _EMPTY:
+            issues.append(f"{symbol}.{name}: field required in gigatron")
+        elif not _same(default, g[name]):
+            issues.append(f"{symbol}.{name}: field default")
+    return issues
+
+
+def _compare_enum(symbol: str, theirs, ours) -> list[str]:
+    m = {e.name: e.value for e in theirs}
+    g = (
+        {e.name: e.value for e in ours}
+        if inspect.isclass(ours) and issubclass(ours, enum.Enum)
+        else {}
+    )
+    issues = [f"{symbol}.{n}: member missing" for n in m if n not in g]
+    issues += [f"{symbol}.{n}: member value" for n in m if n in g and not _same(m[n], g[n])]
+    return issues
+
+
+def compare(symbol: str) -> tuple[list[str], dict[str, str]]:
+    """Issue keys for one symbol, and a detail string per key (for the failure message)."""
+    theirs = _resolve("megatron.core", symbol)
+    if theirs is None:
+        return [], {}  # not in this megatron-core release (the map is newer): nothing to compare
+    ours = _resolve("gigatron.core", symbol)
+    if ours is None:
+        return [f"{symbol}: missing"], {}
+    if inspect.isclass(theirs) and issubclass(theirs, enum.Enum):
+        return _compare_enum(symbol, theirs, ours), {}
+    issues = []
+    if dataclasses.is_dataclass(theirs):
+        issues += _compare_fields(symbol, theirs, ours)
+    elif callable(theirs):
+        issues += _compare_signature(symbol, theirs, ours)
+    return issues, _details(symbol, theirs, ours)
+
+
+def _details(symbol, theirs, ours) -> dict[str, str]:
+    details = {}
+    if dataclasses.is_dataclass(theirs) and dataclasses.is_dataclass(ours):
+        m, g = _field_defaults(theirs), _field_defaults(ours)
+        for name in m:
+            if name in g:
+                details[f"{symbol}.{name}: field default"] = (
+                    f"megatron {m[name]!r}, ours {g[name]!r}"
+                )
+    sm, sg = _signature(theirs), _signature(ours)
+    if sm and sg:
+        g = {p.name: p for p in sg}
+        for p in sm:
+            if p.name in g:
+                details[f"{symbol}({p.name}): default"] = (
+                    f"megatron {p.default!r}, ours {g[p.name].default!r}"
+                )
+        details[symbol] = f"megatron {inspect.signature(theirs)}"
+    return details
+
+
+# ---------------------------------------------------------------- deliberate differences
+_V020 = (
+    "gigatron follows the API map's newer signature (0.20 inserts the GTP-remat parameters "
+    "before this one); 0.16.1 callers pass it by keyword, as the map advises"
+)
+_NOT_IMPL_FIELD = (
+    "Megatron feature gigatron does not implement ({}); the keyword raises TypeError with a "
+    "hint (report: candidate default-only field)"
+)
+
+
+def _fields(symbol: str, names: str, what: str) -> dict[str, str]:
+    return {f"{symbol}.{n}: field missing": _NOT_IMPL_FIELD.format(what) for n in names.split()}
+
+
+_MPC = "model_parallel_config:ModelParallelConfig"
+_TC = "transformer.transformer_config:TransformerConfig"
+_OPT = "optimizer.optimizer_config:OptimizerConfig"
+_PS_V020 = [
+    "initialize_model_parallel(num_distributed_optimizer_instances)",
+    "get_data_parallel_group(partial_data_parallel)",
+    "get_data_parallel_world_size(partial_data_parallel)",
+    "get_data_parallel_rank(partial_data_parallel)",
+    "get_expert_data_parallel_group(partial_expert_data_parallel)",
+    "get_expert_data_parallel_world_size(partial_expert_data_parallel)",
+    "get_expert_data_parallel_rank(partial_expert_data_parallel)",
+]
+
+ALLOWED: dict[str, str] = {
+    **{f"parallel_state:{k}: position": _V020 for k in _PS_V020},
+    "tensor_parallel:model_parallel_cuda_manual_seed(force_reset_rng): position": _V020,
+    "models.gpt.gpt_layer_specs:get_gpt_layer_local_spec(normalization): position": (
+        "0.20 order (moe_use_legacy_grouped_gemm removed before it); pass by keyword"
+    ),
+    "models.gpt.gpt_layer_specs:get_gpt_layer_with_transformer_engine_spec(qk_l2_norm): "
+    "position": "0.20 order (moe_use_legacy_grouped_gemm removed before it); pass by keyword",
+    "parallel_state:get_amax_reduction_group: missing": (
+        "FP8 amax reduction: Transformer Engine only"
+    ),
+    "parallel_state:get_intra_distributed_optimizer_instance_group: missing": (
+        "num_distributed_optimizer_instances > 1 (partial distributed optimizer) is refused"
+    ),
+    "parallel_state:get_inter_distributed_optimizer_instance_group: missing": (
+        "num_distributed_optimizer_instances > 1 (partial distributed optimizer) is refused"
+    ),
+    "parallel_state:create_group: missing": (
+        "NCCL-options / group-description wrapper of new_group; gigatron builds groups from "
+        "_rank_grid output internally"
+    ),
+    "hyper_comm_grid:HyperCommGrid: missing": "N-d HyperCommGrid not implemented (report: gap)",
+    "hyper_comm_grid:HyperCommGrid.create_pg: missing": "HyperCommGrid not implemented",
+    "hyper_comm_grid:HyperCommGrid.get_pg: missing": "HyperCommGrid not implemented",
+    "transformer.transformer_config:MLATransformerConfig: missing": (
+        "multi-latent attention is refused (TransformerConfig.multi_latent_attention)"
+    ),
+    "transformer.module:MegatronModule.sharded_state_dict: missing": (
+        "gigatron builds sharded state dicts per model (GPTModel, BertModel, T5Model), not per "
+        "module (report: gap)"
+    ),
+    "transformer.transformer_layer:TransformerLayer.sharded_state_dict: missing": (
+        "per-module sharded_state_dict not implemented; GPTModel's covers its layers"
+    ),
+    "transformer.transformer_block:TransformerBlock.sharded_state_dict: missing": (
+        "per-module sharded_state_dict not implemented; GPTModel's covers the block"
+    ),
+    "transformer.transformer_layer:TransformerLayer.forward(*): missing": (
+        "Megatron's forward is a (*args, **kwargs) shim over _forward; gigatron spells out the "
+        "map's parameters"
+    ),
+    "transformer.transformer_layer:TransformerLayer.forward(**): missing": (
+        "Megatron's forward is a (*args, **kwargs) shim over _forward"
+    ),
+    "transformer.transformer_layer:TransformerLayer.forward(hidden_states): extra required "
+    "parameter": "the map's forward(hidden_states, ...): required in Megatron's _forward too",
+    "transformer.transformer_block:TransformerBlockSubmodules.layer_specs: field default": (
+        "an empty list instead of None: the same 'no layers' meaning, iterable"
+    ),
+    "models.gpt.gpt_layer_specs:get_gpt_mtp_block_spec: missing": (
+        "multi-token prediction is refused (mtp_num_layers)"
+    ),
+    "transformer.moe.token_dispatcher:MoEFlexTokenDispatcher: missing": (
+        "DeepEP / HybridEP fused dispatch kernels (CUDA only); 'flex' is refused"
+    ),
+    "transformer.moe.experts:TEGroupedMLP: missing": (
+        "Transformer Engine grouped GEMM; gigatron's GroupedMLP stands in (same checkpoint keys)"
+    ),
+    "transformer.moe.moe_utils:sinkhorn: missing": (
+        "sinkhorn load balancing is refused (moe/_checks.py)"
+    ),
+    "dist_checkpointing:remove_sharded_tensors: missing": (
+        "rewriting a checkpoint without some tensors is not implemented (report: gap)"
+    ),
+    **_fields(
+        _MPC,
+        "tp_comm_bulk_wgrad tp_comm_bulk_dgrad tp_comm_overlap_ag tp_comm_overlap_rs "
+        "tp_comm_overlap_rs_dgrad tp_comm_split_ag tp_comm_atomic_ag tp_comm_split_rs "
+        "tp_comm_atomic_rs tp_comm_overlap_disable_qkv tp_comm_overlap_disable_fc1 "
+        "tp_comm_bootstrap_backend",
+        "Transformer Engine userbuffer overlap knobs",
+    ),
+    **_fields(
+        _MPC,
+        "overlap_moe_expert_parallel_comm delay_wgrad_compute "
+        "ep_overlap_early_attn_memory_release overlap_p2p_comm_warmup_flush",
+        "EP all-to-all / p2p warm-up overlap",
+    ),
+    **_fields(
+        _MPC,
+        "cpu_offloading_num_layers cpu_offloading_activations cpu_offloading_weights "
+        "cpu_offloading_double_buffering",
+        "CPU offloading",
+    ),
+    **_fields(_MPC, "pipeline_model_parallel_comm_backend", "UCC pipeline backend"),
+    **_fields(_MPC, "max_seqlen_per_dp_cp_rank", "hybrid context parallel"),
+    **_fields(_MPC, "mtp_standalone", "multi-token prediction"),
+    **_fields(
+        _MPC, "use_te_rng_tracker", "TE RNG tracker; gigatron declares it on TransformerConfig"
+    ),
+    **_fields(
+        _TC,
+        "fp8_recipe fp8_quantizer_factory fp8_margin fp8_interval fp8_amax_history_len "
+        "fp8_amax_compute_algo fp8_wgrad fp8_dot_product_attention fp8_multi_head_attention "
+        "tp_only_amax_red first_last_layers_bf16 num_layers_at_start_in_bf16 "
+        "num_layers_at_end_in_bf16 fp4_recipe fp4_param fp4_quantizer_factory quant_recipe "
+        "activation_func_fp8_input_store use_te_activation_func use_kitchen_attention "
+        "kitchen_attention_backend disable_bf16_reduced_precision_matmul "
+        "use_fused_weighted_squared_relu fused_single_qkv_rope symmetric_ar_type "
+        "disable_parameter_transpose_cache moe_router_padding_for_quantization "
+        "moe_router_padding_for_fp8",
+        "FP8 / FP4 / Transformer Engine / kitchen kernels",
+    ),
+    **_fields(
+        _TC,
+        "window_attn_skip_freq qk_clip qk_clip_alpha qk_clip_threshold log_max_attention_logit "
+        "no_rope_freq mrope_section dsa_indexer_n_heads dsa_indexer_head_dim dsa_indexer_topk "
+        "dsa_indexer_loss_coeff dsa_indexer_use_sparse_loss linear_attention_freq "
+        "linear_conv_kernel_dim linear_key_head_dim linear_value_head_dim linear_num_key_heads "
+        "linear_num_value_heads",
+        "attention variants: sliding window, QK-clip, NoPE/mRoPE, DSA, gated delta net",
+    ),
+    **_fields(_TC, "mtp_loss_scaling_factor", "multi-token prediction"),
+    **_fields(
+        _TC,
+        "moe_shared_expert_gate moe_enable_routing_replay moe_router_topk_limited_devices "
+        "moe_router_force_load_balancing moe_use_legacy_grouped_gemm moe_token_dropping "
+        "moe_enable_deepep moe_flex_dispatcher_backend moe_apply_probs_on_input "
+        "moe_deepep_num_sms moe_hybridep_num_sms",
+        "MoE extras: gated shared experts, routing replay, device-limited routing, DeepEP",
+    ),
+    **_fields(
+        _TC,
+        "cuda_graph_use_single_mempool cuda_graph_retain_backward_graph cuda_graph_warmup_steps "
+        "external_cuda_graph cuda_graph_scope",
+        "CUDA graphs",
+    ),
+    **_fields(
+        _TC,
+        "flash_decode batch_invariant_mode inference_rng_tracker inference_sampling_seed "
+        "use_inference_optimized_layers inference_fuse_tp_communication mlp_chunks_for_prefill",
+        "inference-engine kernels",
+    ),
+    **_fields(
+        _TC,
+        "is_hybrid_model mamba_state_dim mamba_head_dim mamba_num_groups mamba_num_heads "
+        "use_mamba_mem_eff_path heterogeneous_block_specs hetereogenous_dist_checkpoint",
+        "Mamba / hybrid / heterogeneous models",
+    ),
+    **_fields(
+        _TC,
+        "fine_grained_activation_offloading offload_modules min_offloaded_tensor_size",
+        "activation offloading",
+    ),
+    **_fields(_TC, "config_logger_dir", "config dump directory for debugging"),
+    **_fields(_OPT, "fp8_recipe reuse_grad_buf_for_mxfp8_param_ag", "FP8 / MXFP8 parameters"),
+    **_fields(
+        _OPT,
+        "muon_momentum muon_split_qkv muon_use_nesterov muon_scale_mode muon_fp32_matmul_prec "
+        "muon_num_ns_steps muon_tp_mode muon_extra_scale_factor",
+        "the Muon optimizer",
+    ),
+}
+
+
+# Open mismatches, not fixed here (the report lists them): owned elsewhere or a real gap.
+_OPTIMIZER_OWNED = (
+    "MegatronOptimizer base lacks the abstract method (subclasses have it); "
+    "gigatron/core/optimizer/* is owned by another engineer (report)"
+)
+_OPEN: dict[str, str] = {
+    "optimizer:MegatronOptimizer.state_dict: missing": _OPTIMIZER_OWNED,
+    "optimizer:MegatronOptimizer.load_state_dict: missing": _OPTIMIZER_OWNED,
+    "optimizer:MegatronOptimizer.sharded_state_dict: missing": _OPTIMIZER_OWNED,
+}
+# Mismatches fixed by the commits that follow this test (each removes its lines).
+_PENDING = {
+    "parallel_state:initialize_model_parallel": ["(create_all_gather_group): missing"],
+    "parallel_state:generate_masked_orthogonal_rank_groups": [": missing"],
+    "parallel_state:get_data_parallel_group": ["(independent_all_gather): missing"],
+    "parallel_state:set_tensor_model_parallel_world_size": [
+        "(world_size): missing",
+        "(value): extra required parameter",
+    ],
+    "parallel_state:set_tensor_model_parallel_rank": [
+        "(rank): missing",
+        "(value): extra required parameter",
+    ],
+    "parallel_state:set_pipeline_model_parallel_world_size": [
+        "(world_size): missing",
+        "(value): extra required parameter",
+    ],
+    "parallel_state:set_pipeline_model_parallel_rank": [
+        "(rank): missing",
+        "(value): extra required parameter",
+    ],
+    "parallel_state:set_expert_model_parallel_world_size": [
+        "(world_size): missing",
+        "(value): extra required parameter",
+    ],
+    "parallel_state:set_expert_model_parallel_rank": [
+        "(rank): missing",
+        "(value): extra required parameter",
+    ],
+    "parallel_state:set_expert_tensor_parallel_world_size": [
+        "(world_size): missing",
+        "(value): extra required parameter",
+    ],
+    "parallel_state:set_expert_tensor_parallel_rank": [
+        "(rank): missing",
+        "(value): extra required parameter",
+    ],
+    "parallel_state:set_data_parallel_rank": [
+        "(rank): missing",
+        "(value): extra required parameter",
+    ],
+    "pipeline_parallel.p2p_communication:P2PCommunicator": [
+        ".send_forward_recv_forward(overlap_p2p_comm): missing",
+        ".send_backward_recv_backward(overlap_p2p_comm): missing",
+    ],
+    "model_parallel_config:ModelParallelConfig": [
+        ".async_tensor_model_parallel_allreduce: field default"
+    ],
+    "enums:ModelType": [": missing"],
+    "models.gpt.gpt_layer_specs:get_gpt_layer_local_spec": [
+        "(moe_use_legacy_grouped_gemm): only via **kwargs",
+        "(use_kitchen_attention): only via **kwargs",
+        "(kitchen_attention_backend): only via **kwargs",
+    ],
+    "models.gpt.gpt_layer_specs:get_gpt_layer_with_transformer_engine_spec": [
+        "(moe_use_legacy_grouped_gemm): only via **kwargs",
+        "(use_te_op_fuser): only via **kwargs",
+        "(use_kitchen): only via **kwargs",
+        "(use_te_activation_func): only via **kwargs",
+        "(use_kitchen_attention): only via **kwargs",
+        "(kitchen_attention_backend): only via **kwargs",
+    ],
+    "models.gpt.gpt_layer_specs:get_mlp_module_spec": [
+        "(use_te): default",
+        "(fp8): only via **kwargs",
+        "(moe_use_legacy_grouped_gemm): only via **kwargs",
+        "(use_te_op_fuser): only via **kwargs",
+    ],
+    "models.common.embeddings.rotary_pos_embedding:RotaryEmbedding": [
+        ".forward(cp_group): missing"
+    ],
+    "transformer.moe.token_dispatcher:MoEAllGatherTokenDispatcher": [
+        "(pg_collection): required in gigatron"
+    ],
+    "transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher": [
+        "(pg_collection): required in gigatron"
+    ],
+    "dist_checkpointing.serialization:get_default_save_sharded_strategy": [": missing"],
+    "dist_checkpointing.serialization:get_default_load_sharded_strategy": [": missing"],
+    "datasets.gpt_dataset:GPTDatasetConfig": [".token_dtype_code: field missing"],
+}
+ALLOWED.update(_OPEN)
+ALLOWED.update({s + x: "pending fix (this audit)" for s, xs in _PENDING.items() for x in xs})
+
+
+@pytest.mark.parametrize("symbol", SYMBOLS)
+def test_symbol_matches_megatron(symbol):
+    issues, details = compare(symbol)
+    unexpected = [i for i in issues if i not in ALLOWED]
+    assert not unexpected, "\n".join(f"{i}  [{details.get(i, '')}]" for i in unexpected)
+
+
+def _resolve_either(root: str, path: str):
+    if ":" in path:
+        return _resolve(root, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(f"{root}.{path}")
+
+
+@pytest.mark.parametrize("alias,canonical", REEXPORTS)
+def test_reexport_is_the_same_object(alias, canonical):
+    theirs = _resolve("megatron.core", alias)
+    assert theirs is not None and theirs is _resolve_either("megatron.core", canonical)
+    ours = _resolve("gigatron.core", alias)
+    assert ours is not None, f"gigatron.core {alias} is missing"
+    assert ours is _resolve_either("gigatron.core", canonical), f"{alias} is not {canonical}"
+
+
+def test_allow_list_has_no_stale_entries():
+    """Every allowed difference still exists: a fixed one must leave the list."""
+    found = set()
+    for symbol in SYMBOLS:
+        found.update(compare(symbol)[0])
+    stale = sorted(set(ALLOWED) - found)
+    assert not stale, f"ALLOWED entries no longer needed: {stale}"
+
+
+def test_allow_list_reasons_are_written():
+    assert all(isinstance(r, str) and len(r) > 10 for r in ALLOWED.values())
+
+
+def test_comparator_catches_differences():
+    """The comparator itself: reordered, re-defaulted, dropped and added names are reported."""
+
+    def m(a, b=1, *, c=None, e=torch.float32):
+        pass
+
+    def g_ok(a, b=1, *, c=None, e=torch.float32, d=2):
+        pass
+
+    def g_bad(b, a=1, *, c=0, e=torch.bfloat16, f):
+        pass
+
+    assert _compare_signature("x", m, g_ok) == []
+    assert set(_compare_signature("x", m, g_bad)) == {
+        "x(a): position",
+        "x(b): required in gigatron",
+        "x(c): default",
+        "x(e): default",
+        "x(f): extra required parameter",
+    }
+
+    @dataclasses.dataclass
+    class Base:
+        p: int = 1
+
+    @dataclasses.dataclass
+    class M(Base):
+        q: list = dataclasses.field(default_factory=lambda: [1])
+        r: str = "a"
+
+    @dataclasses.dataclass
+    class G:
+        q: list = dataclasses.field(default_factory=lambda: [2])
+
+    # `p` belongs to Base (compared under the base's own symbol); q's factory value differs.
+    assert set(_compare_fields("C", M, G)) == {"C.q: field default", "C.r: field missing"}
+
+    class E1(enum.Enum):
+        a = 1
+        b = 2
+
+    class E2(enum.Enum):
+        a = 3
+
+    assert set(_compare_enum("E", E1, E2)) == {"E.a: member value", "E.b: member missing"}
