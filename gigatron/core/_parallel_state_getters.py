@@ -103,10 +103,18 @@ def get_data_parallel_group(
     with_context_parallel: bool = False,
     with_gtp_remat: bool = True,
     partial_data_parallel: bool = False,
+    independent_all_gather: bool = False,
 ):
     assert not partial_data_parallel or with_context_parallel, (
         "partial_data_parallel requires with_context_parallel"
     )
+    if independent_all_gather:
+        # megatron-core 0.16: the separate DP×CP all-gather group of create_all_gather_group.
+        raise ValueError(
+            "get_data_parallel_group(independent_all_gather=True): gigatron creates no separate "
+            "all-gather group (initialize_model_parallel(create_all_gather_group=True) is "
+            "refused) (gigatron/core/_parallel_state_getters.py)"
+        )
     s = _ps._state()
     return (s.dp_cp if with_context_parallel else s.dp).group
 
@@ -419,8 +427,16 @@ def get_embedding_global_ranks() -> list[int]:
 
 # ---------------------------------------------------------------- fake initialisation
 def _setter(key: str):
-    def set_(value: int | None) -> None:
-        _ps._OVERRIDES[key] = value
+    # Megatron's parameter names: `rank` for the *_rank setters, `world_size` for the others.
+    if key.endswith("_rank"):
+
+        def set_(rank: int | None) -> None:
+            _ps._OVERRIDES[key] = rank
+
+    else:
+
+        def set_(world_size: int | None) -> None:
+            _ps._OVERRIDES[key] = world_size
 
     return set_
 

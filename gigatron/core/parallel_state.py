@@ -24,7 +24,11 @@ from gigatron.core._rank_grid import (
     default_embedding_ranks,
     default_position_embedding_ranks,
     dense_and_expert_generators,
+    masked_orthogonal_rank_groups,
 )
+
+# Megatron's name for the pure rank-group function (same arguments and result).
+generate_masked_orthogonal_rank_groups = masked_orthogonal_rank_groups
 
 __all__ = [name for name in dir() if not name.startswith("_")]  # extended at the end
 
@@ -135,12 +139,14 @@ def initialize_model_parallel(
     sharp_enabled_group: str | None = None,
     rank_offset: int = 0,
     local_world_size: int | None = None,
+    create_all_gather_group: bool = False,
 ) -> None:
     """Create the process groups of a TP × CP × DP × PP layout (plus the EP × expert-TP grid).
 
     `torch.distributed` must be initialised. The world is split by `order` (leftmost axis =
     contiguous ranks). Raises ValueError, before creating any group, when the layout is
-    impossible; RuntimeError when already initialised.
+    impossible; RuntimeError when already initialised. `create_all_gather_group` (megatron-core
+    0.16's separate DP×CP all-gather group) is accepted only as False.
     """
     global _STATE, _VIRTUAL_PP_RANK, _VIRTUAL_PP_SIZE, _GLOBAL_MEMORY_BUFFER
     if not dist.is_initialized():
@@ -158,6 +164,7 @@ def initialize_model_parallel(
         num_distributed_optimizer_instances=(num_distributed_optimizer_instances, 1),
         hierarchical_context_parallel_sizes=(hierarchical_context_parallel_sizes, None),
         hybrid_context_parallel=(hybrid_context_parallel, False),
+        create_all_gather_group=(create_all_gather_group, False),
         pipeline_model_parallel_comm_backend=(
             pipeline_model_parallel_comm_backend,
             pipeline_model_parallel_comm_backend
@@ -350,5 +357,6 @@ __all__ = [
     "get_global_memory_buffer",
     "default_embedding_ranks",
     "default_position_embedding_ranks",
+    "generate_masked_orthogonal_rank_groups",
     *_getters_all,
 ]

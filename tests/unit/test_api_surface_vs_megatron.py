@@ -425,45 +425,6 @@ _OPEN: dict[str, str] = {
 }
 # Mismatches fixed by the commits that follow this test (each removes its lines).
 _PENDING = {
-    "parallel_state:initialize_model_parallel": ["(create_all_gather_group): missing"],
-    "parallel_state:generate_masked_orthogonal_rank_groups": [": missing"],
-    "parallel_state:get_data_parallel_group": ["(independent_all_gather): missing"],
-    "parallel_state:set_tensor_model_parallel_world_size": [
-        "(world_size): missing",
-        "(value): extra required parameter",
-    ],
-    "parallel_state:set_tensor_model_parallel_rank": [
-        "(rank): missing",
-        "(value): extra required parameter",
-    ],
-    "parallel_state:set_pipeline_model_parallel_world_size": [
-        "(world_size): missing",
-        "(value): extra required parameter",
-    ],
-    "parallel_state:set_pipeline_model_parallel_rank": [
-        "(rank): missing",
-        "(value): extra required parameter",
-    ],
-    "parallel_state:set_expert_model_parallel_world_size": [
-        "(world_size): missing",
-        "(value): extra required parameter",
-    ],
-    "parallel_state:set_expert_model_parallel_rank": [
-        "(rank): missing",
-        "(value): extra required parameter",
-    ],
-    "parallel_state:set_expert_tensor_parallel_world_size": [
-        "(world_size): missing",
-        "(value): extra required parameter",
-    ],
-    "parallel_state:set_expert_tensor_parallel_rank": [
-        "(rank): missing",
-        "(value): extra required parameter",
-    ],
-    "parallel_state:set_data_parallel_rank": [
-        "(rank): missing",
-        "(value): extra required parameter",
-    ],
     "pipeline_parallel.p2p_communication:P2PCommunicator": [
         ".send_forward_recv_forward(overlap_p2p_comm): missing",
         ".send_backward_recv_backward(overlap_p2p_comm): missing",

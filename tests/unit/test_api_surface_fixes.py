@@ -1,0 +1,99 @@
+"""Behaviour of the signature fixes found by test_api_surface_vs_megatron.py.
+
+Each test calls the fixed name the way a megatron-core 0.16.1 script does (keyword names,
+defaults) and checks the result, against megatron-core itself where it runs on CPU.
+"""
+
+import contextlib
+import tempfile
+import warnings
+
+import pytest
+import torch.distributed as dist
+
+from gigatron.core import parallel_state as ps
+
+
+@contextlib.contextmanager
+def _one_process_world():
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
+        )
+    try:
+        yield
+    finally:
+        ps.destroy_model_parallel()
+        if created:
+            dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    "setter,getter,param",
+    [
+        (
+            "set_tensor_model_parallel_world_size",
+            "get_tensor_model_parallel_world_size",
+            "world_size",
+        ),
+        ("set_tensor_model_parallel_rank", "get_tensor_model_parallel_rank", "rank"),
+        (
+            "set_pipeline_model_parallel_world_size",
+            "get_pipeline_model_parallel_world_size",
+            "world_size",
+        ),
+        ("set_pipeline_model_parallel_rank", "get_pipeline_model_parallel_rank", "rank"),
+        (
+            "set_expert_model_parallel_world_size",
+            "get_expert_model_parallel_world_size",
+            "world_size",
+        ),
+        ("set_expert_model_parallel_rank", "get_expert_model_parallel_rank", "rank"),
+        (
+            "set_expert_tensor_parallel_world_size",
+            "get_expert_tensor_parallel_world_size",
+            "world_size",
+        ),
+        ("set_expert_tensor_parallel_rank", "get_expert_tensor_parallel_rank", "rank"),
+        ("set_data_parallel_rank", "get_data_parallel_rank", "rank"),
+    ],
+)
+def test_fake_init_setters_take_megatron_keywords(setter, getter, param):
+    """NeMo-style fake init: `set_*_rank(rank=...)` / `set_*_world_size(world_size=...)`."""
+    getattr(ps, setter)(**{param: 3})
+    try:
+        assert getattr(ps, getter)() == 3
+    finally:
+        getattr(ps, setter)(**{param: None})
+
+
+@pytest.mark.parametrize(
+    "world_size,parallel_size,mask",
+    [
+        (16, [2, 2, 2, 2], [True, False, False, False]),
+        (16, [2, 2, 2, 2], [False, True, True, False]),
+        (24, [2, 3, 4], [True, False, True]),
+        (8, [8], [True]),
+        (12, [3, 1, 4], [False, True, True]),
+    ],
+)
+def test_generate_masked_orthogonal_rank_groups_matches_megatron(world_size, parallel_size, mask):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mps = pytest.importorskip("megatron.core.parallel_state")
+    want = mps.generate_masked_orthogonal_rank_groups(world_size, parallel_size, mask)
+    assert ps.generate_masked_orthogonal_rank_groups(world_size, parallel_size, mask) == want
+
+
+def test_create_all_gather_group_accepted_at_default_refused_otherwise():
+    with _one_process_world():
+        ps.initialize_model_parallel(1, 1, create_all_gather_group=False)
+        assert ps.get_data_parallel_group(independent_all_gather=False) is (
+            ps.get_data_parallel_group()
+        )
+        with pytest.raises(ValueError, match="independent_all_gather"):
+            ps.get_data_parallel_group(with_context_parallel=True, independent_all_gather=True)
+        ps.destroy_model_parallel()
+        with pytest.raises(ValueError, match="create_all_gather_group"):
+            ps.initialize_model_parallel(1, 1, create_all_gather_group=True)
