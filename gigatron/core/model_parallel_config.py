@@ -96,8 +96,8 @@ class ModelParallelConfig:
     # ---- kernels and overlap ----
     gradient_accumulation_fusion: bool = False
     """Accumulate weight grads straight into main_grad (plain torch here, apex in Megatron)."""
-    async_tensor_model_parallel_allreduce: bool = False
-    """Deprecated Megatron switch; accepted and unused."""
+    async_tensor_model_parallel_allreduce: bool = True
+    """Deprecated Megatron switch (Megatron's default True); accepted and unused."""
     tp_comm_overlap: bool = False
     """Overlap TP communication with GEMMs. Megatron: Transformer Engine userbuffers. gigatron,
     under sequence parallelism: column-parallel linears multiply this rank's own rows while the

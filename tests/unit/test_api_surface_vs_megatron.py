@@ -429,9 +429,6 @@ _PENDING = {
         ".send_forward_recv_forward(overlap_p2p_comm): missing",
         ".send_backward_recv_backward(overlap_p2p_comm): missing",
     ],
-    "model_parallel_config:ModelParallelConfig": [
-        ".async_tensor_model_parallel_allreduce: field default"
-    ],
     "enums:ModelType": [": missing"],
     "models.gpt.gpt_layer_specs:get_gpt_layer_local_spec": [
         "(moe_use_legacy_grouped_gemm): only via **kwargs",
