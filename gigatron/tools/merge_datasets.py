@@ -39,6 +39,7 @@ def merge_datasets(inputs: list[str], output_prefix: str, multimodal: bool = Fal
     prefixes: list[str] = []
     for item in inputs:
         prefixes.extend(_prefixes_in(item) if os.path.isdir(item) else [item])
+    os.makedirs(os.path.dirname(os.path.abspath(output_prefix)), exist_ok=True)
     builder = None
     for prefix in prefixes:
         dataset = IndexedDataset(prefix, multimodal=multimodal)  # validates both files

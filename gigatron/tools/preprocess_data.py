@@ -206,6 +206,8 @@ def preprocess(args: argparse.Namespace) -> dict:
     """Tokenize `args.input` into `.bin/.idx` files per json key; return throughput counters."""
     if not os.path.isfile(args.input):
         raise FileNotFoundError(f"--input {args.input} does not exist")
+    # `--output-prefix data/corpus` in a fresh directory: create `data/` (Megatron does not).
+    os.makedirs(os.path.dirname(os.path.abspath(args.output_prefix)), exist_ok=True)
     if args.partitions <= 1:
         return _process_range(args, 0, None, "")
     # Contiguous line ranges, tokenized in parallel processes, merged in order (same bytes as
