@@ -425,10 +425,6 @@ _OPEN: dict[str, str] = {
 }
 # Mismatches fixed by the commits that follow this test (each removes its lines).
 _PENDING = {
-    "pipeline_parallel.p2p_communication:P2PCommunicator": [
-        ".send_forward_recv_forward(overlap_p2p_comm): missing",
-        ".send_backward_recv_backward(overlap_p2p_comm): missing",
-    ],
     "enums:ModelType": [": missing"],
     "models.gpt.gpt_layer_specs:get_gpt_layer_local_spec": [
         "(moe_use_legacy_grouped_gemm): only via **kwargs",

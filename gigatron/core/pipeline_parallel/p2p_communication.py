@@ -277,25 +277,42 @@ class P2PCommunicator:
             send_to_next=False,
         )
 
-    def send_forward_recv_forward(self, output_tensor, recv_prev: bool, tensor_shape: Shape):
-        """Send to next and receive from prev (interleaved schedule), batched."""
-        return self._communicate(
+    def send_forward_recv_forward(
+        self, output_tensor, recv_prev: bool, tensor_shape: Shape, overlap_p2p_comm: bool = False
+    ):
+        """Send to next and receive from prev (interleaved schedule), batched.
+
+        `overlap_p2p_comm=True` returns `(tensor, wait_handles)` as Megatron does; gigatron
+        completes the exchange before returning, so the handle dict is empty.
+        """
+        got = self._communicate(
             tensor_send_next=output_tensor,
             tensor_send_prev=None,
             recv_prev=recv_prev,
             recv_next=False,
             tensor_shape=tensor_shape,
         )[0]
+        return (got, {}) if overlap_p2p_comm else got
 
-    def send_backward_recv_backward(self, input_tensor_grad, recv_next: bool, tensor_shape: Shape):
-        """Send to prev and receive from next (interleaved schedule), batched."""
-        return self._communicate(
+    def send_backward_recv_backward(
+        self,
+        input_tensor_grad,
+        recv_next: bool,
+        tensor_shape: Shape,
+        overlap_p2p_comm: bool = False,
+    ):
+        """Send to prev and receive from next (interleaved schedule), batched.
+
+        `overlap_p2p_comm=True` returns `(tensor, wait_handles)` (empty: already complete).
+        """
+        got = self._communicate(
             tensor_send_next=None,
             tensor_send_prev=input_tensor_grad,
             recv_prev=False,
             recv_next=recv_next,
             tensor_shape=tensor_shape,
         )[1]
+        return (got, {}) if overlap_p2p_comm else got
 
     def send_forward_backward_recv_forward_backward(
         self, output_tensor, input_tensor_grad, recv_prev: bool, recv_next: bool, tensor_shape
