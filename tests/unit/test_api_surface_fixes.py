@@ -97,3 +97,23 @@ def test_create_all_gather_group_accepted_at_default_refused_otherwise():
         ps.destroy_model_parallel()
         with pytest.raises(ValueError, match="create_all_gather_group"):
             ps.initialize_model_parallel(1, 1, create_all_gather_group=True)
+
+
+def test_moe_dispatchers_default_to_parallel_state_groups():
+    """Megatron's `pg_collection=None`: the dispatcher takes parallel_state's expert groups."""
+    from gigatron.core.transformer.moe.token_dispatcher import (
+        MoEAllGatherTokenDispatcher,
+        MoEAlltoAllTokenDispatcher,
+    )
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    with _one_process_world():
+        ps.initialize_model_parallel(1, 1)
+        config = TransformerConfig(
+            num_layers=1, hidden_size=16, num_attention_heads=2, num_moe_experts=2
+        )
+        for cls in (MoEAllGatherTokenDispatcher, MoEAlltoAllTokenDispatcher):
+            dispatcher = cls(2, [0, 1], config)
+            assert dispatcher.ep_group is ps.get_expert_model_parallel_group()
+            assert dispatcher.tp_group is ps.get_expert_tensor_parallel_group()
+            assert dispatcher.tp_ep_group is ps.get_expert_tensor_and_model_parallel_group()

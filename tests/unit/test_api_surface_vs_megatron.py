@@ -448,12 +448,6 @@ _PENDING = {
     "models.common.embeddings.rotary_pos_embedding:RotaryEmbedding": [
         ".forward(cp_group): missing"
     ],
-    "transformer.moe.token_dispatcher:MoEAllGatherTokenDispatcher": [
-        "(pg_collection): required in gigatron"
-    ],
-    "transformer.moe.token_dispatcher:MoEAlltoAllTokenDispatcher": [
-        "(pg_collection): required in gigatron"
-    ],
     "dist_checkpointing.serialization:get_default_save_sharded_strategy": [": missing"],
     "dist_checkpointing.serialization:get_default_load_sharded_strategy": [": missing"],
     "datasets.gpt_dataset:GPTDatasetConfig": [".token_dtype_code: field missing"],

@@ -30,15 +30,26 @@ from gigatron.core.tensor_parallel.mappings import (
     gather_from_sequence_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
 )
-from gigatron.core.transformer.moe.moe_utils import permute, sort_chunks_by_idxs, unpermute
+from gigatron.core.transformer.moe.moe_utils import (
+    get_default_pg_collection,
+    permute,
+    sort_chunks_by_idxs,
+    unpermute,
+)
 
 
 class MoETokenDispatcher:
     """Common state: config, groups and this rank's local experts."""
 
     def __init__(
-        self, num_local_experts: int, local_expert_indices: list[int], config, pg_collection
+        self,
+        num_local_experts: int,
+        local_expert_indices: list[int],
+        config,
+        pg_collection=None,
     ) -> None:
+        if pg_collection is None:  # Megatron's default: parallel_state's groups
+            pg_collection = get_default_pg_collection()
         self.config = config
         self.num_local_experts = num_local_experts
         self.local_expert_indices = local_expert_indices
