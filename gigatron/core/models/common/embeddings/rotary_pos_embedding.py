@@ -66,18 +66,28 @@ class RotaryEmbedding(torch.nn.Module):
         freqs = self.get_freqs_non_repeated(max_seq_len, offset)
         return torch.cos(freqs), torch.sin(freqs)
 
-    def forward(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False) -> Tensor:
-        """Angles `[s, 1, 1, dim]` for positions offset .. offset + max_seq_len - 1."""
+    def forward(
+        self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, cp_group=None
+    ) -> Tensor:
+        """Angles `[s, 1, 1, dim]` for positions offset .. offset + max_seq_len - 1.
+
+        Under context parallelism (`cp_group`, default the constructor's group, of size > 1)
+        only this rank's zigzag rows are returned: `[s/cp, 1, 1, dim]`.
+        """
+        if cp_group is None:
+            cp_group = self.cp_group
+        elif cp_group.size() == 1:
+            cp_group = None
         freqs = self.get_freqs_non_repeated(max_seq_len, offset)  # [s, dim/2]
         if self.rotary_interleaved:
             emb = torch.stack((freqs, freqs), dim=-1).view(freqs.shape[0], -1)  # f0 f0 f1 f1 ..
         else:
             emb = torch.cat((freqs, freqs), dim=-1)  # f0 f1 .. f0 f1 ..
         emb = emb[:, None, None, :]
-        if self.cp_group is not None and not packed_seq:
+        if cp_group is not None and not packed_seq:
             from gigatron.core.transformer.context_parallel import get_pos_emb_on_this_cp_rank
 
-            emb = get_pos_emb_on_this_cp_rank(emb, 0, self.cp_group)  # [s/cp, 1, 1, dim]
+            emb = get_pos_emb_on_this_cp_rank(emb, 0, cp_group)  # [s/cp, 1, 1, dim]
         return emb
 
     def get_rotary_seq_len(

@@ -1,6 +1,10 @@
-"""P2PCommunicator's interleaved exchanges with Megatron's `overlap_p2p_comm=True` keyword: the
-same tensors as without it, plus Megatron's wait-handle dict (empty: gigatron's exchange is
-complete on return), so a schedule written for megatron-core can wait on it unchanged."""
+"""Multi-rank checks of the signature fixes found by tests/unit/test_api_surface_vs_megatron.py.
+
+- P2PCommunicator's interleaved exchanges with Megatron's `overlap_p2p_comm=True`: the same
+  tensors as without it, plus Megatron's wait-handle dict (empty: gigatron's exchange is complete
+  on return), so a schedule written for megatron-core can wait on it unchanged.
+- RotaryEmbedding.forward(..., cp_group=): the zigzag rows of the given CP group.
+"""
 
 from dataclasses import dataclass
 
@@ -44,3 +48,23 @@ def _overlap_forms(pp):
 @pytest.mark.timeout(120)
 def test_overlap_p2p_comm_keyword_returns_megatron_pair():
     assert all(run_distributed(_overlap_forms, 2, args=(2,), timeout=60))
+
+
+def _rope_cp_group(world):
+    from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    ps.initialize_model_parallel(1, 1)  # CP = 1: the constructor keeps no CP group
+    rope = RotaryEmbedding(kv_channels=8, rotary_percent=1.0)
+    full = rope(8)  # [8, 1, 1, 8]
+    group = ps.get_data_parallel_group()  # a 2-rank group standing in for a CP group
+    local = rope(8, cp_group=group)  # [4, 1, 1, 8]: chunks r and 2*cp-1-r of 4 chunks of 2
+    r = group.rank()
+    want = torch.cat([full[2 * r : 2 * r + 2], full[2 * (3 - r) : 2 * (3 - r) + 2]])
+    assert local.shape == (4, 1, 1, 8) and torch.equal(local, want)
+    assert torch.equal(rope(8, packed_seq=True, cp_group=group), full)  # packed: not split
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_rotary_forward_cp_group_keyword():
+    assert all(run_distributed(_rope_cp_group, 2, args=(2,), timeout=60))
