@@ -117,3 +117,15 @@ def test_moe_dispatchers_default_to_parallel_state_groups():
             assert dispatcher.ep_group is ps.get_expert_model_parallel_group()
             assert dispatcher.tp_group is ps.get_expert_tensor_parallel_group()
             assert dispatcher.tp_ep_group is ps.get_expert_tensor_and_model_parallel_group()
+
+
+def test_core_enums_model_type_is_the_transformer_one():
+    """`megatron.core.enums.ModelType` (what pretrain scripts import) exists and is the same
+    enum as `transformer.enums.ModelType`, so either spelling passes pretrain's checks."""
+    from gigatron.core.enums import ModelType
+    from gigatron.core.transformer.enums import ModelType as TransformerModelType
+
+    assert ModelType is TransformerModelType
+    assert ModelType.encoder_or_decoder.value == 1
+    with pytest.raises(ValueError, match="encoder_or_decoder"):
+        ModelType.encoder_or_decoder.encoder_and_decoder  # noqa: B018

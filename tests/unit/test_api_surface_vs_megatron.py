@@ -425,7 +425,6 @@ _OPEN: dict[str, str] = {
 }
 # Mismatches fixed by the commits that follow this test (each removes its lines).
 _PENDING = {
-    "enums:ModelType": [": missing"],
     "models.gpt.gpt_layer_specs:get_gpt_layer_local_spec": [
         "(moe_use_legacy_grouped_gemm): only via **kwargs",
         "(use_kitchen_attention): only via **kwargs",
