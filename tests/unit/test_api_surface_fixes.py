@@ -129,3 +129,33 @@ def test_core_enums_model_type_is_the_transformer_one():
     assert ModelType.encoder_or_decoder.value == 1
     with pytest.raises(ValueError, match="encoder_or_decoder"):
         ModelType.encoder_or_decoder.encoder_and_decoder  # noqa: B018
+
+
+def test_gpt_spec_functions_take_megatron_keywords():
+    """The spec functions take Megatron's keywords explicitly (no catch-all **kwargs): switches
+    for the same math are accepted, features gigatron lacks raise, unknown names raise."""
+    from gigatron.core.models.gpt import gpt_layer_specs as specs
+
+    te = specs.get_gpt_layer_with_transformer_engine_spec
+    assert te(use_te_op_fuser=True, use_te_activation_func=True) == te()
+    assert specs.get_mlp_module_spec() == specs.get_mlp_module_spec(use_te=False)
+    assert specs.get_mlp_module_spec(num_experts=4) == specs.get_mlp_module_spec(
+        use_te=False, num_experts=4
+    )
+    refused = [
+        (te, {"use_kitchen": True}),
+        (te, {"use_kitchen_attention": True}),
+        (te, {"kitchen_attention_backend": "fa"}),
+        (te, {"mla_down_proj_fusion": True}),
+        (te, {"use_grouped_gemm_for_dense_mlp": True}),
+        (te, {"moe_use_legacy_grouped_gemm": True}),
+        (specs.get_gpt_layer_local_spec, {"use_kitchen_attention": True}),
+        (specs.get_gpt_layer_local_spec, {"moe_use_legacy_grouped_gemm": True}),
+        (specs.get_mlp_module_spec, {"fp8": "e4m3"}),
+        (specs.get_mlp_module_spec, {"moe_use_legacy_grouped_gemm": True}),
+    ]
+    for fn, kwargs in refused:
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            fn(**kwargs)
+    with pytest.raises(TypeError):
+        specs.get_gpt_layer_local_spec(qk_layer_norm=True)  # a typo is no longer swallowed

@@ -261,11 +261,12 @@ _PS_V020 = [
 ALLOWED: dict[str, str] = {
     **{f"parallel_state:{k}: position": _V020 for k in _PS_V020},
     "tensor_parallel:model_parallel_cuda_manual_seed(force_reset_rng): position": _V020,
-    "models.gpt.gpt_layer_specs:get_gpt_layer_local_spec(normalization): position": (
-        "0.20 order (moe_use_legacy_grouped_gemm removed before it); pass by keyword"
-    ),
-    "models.gpt.gpt_layer_specs:get_gpt_layer_with_transformer_engine_spec(qk_l2_norm): "
-    "position": "0.20 order (moe_use_legacy_grouped_gemm removed before it); pass by keyword",
+    **{
+        f"models.gpt.gpt_layer_specs:{fn}(moe_use_legacy_grouped_gemm): position": (
+            "0.20 order (the map) drops it; gigatron takes it last, by keyword, default only"
+        )
+        for fn in ("get_gpt_layer_local_spec", "get_gpt_layer_with_transformer_engine_spec")
+    },
     "parallel_state:get_amax_reduction_group: missing": (
         "FP8 amax reduction: Transformer Engine only"
     ),
@@ -425,25 +426,6 @@ _OPEN: dict[str, str] = {
 }
 # Mismatches fixed by the commits that follow this test (each removes its lines).
 _PENDING = {
-    "models.gpt.gpt_layer_specs:get_gpt_layer_local_spec": [
-        "(moe_use_legacy_grouped_gemm): only via **kwargs",
-        "(use_kitchen_attention): only via **kwargs",
-        "(kitchen_attention_backend): only via **kwargs",
-    ],
-    "models.gpt.gpt_layer_specs:get_gpt_layer_with_transformer_engine_spec": [
-        "(moe_use_legacy_grouped_gemm): only via **kwargs",
-        "(use_te_op_fuser): only via **kwargs",
-        "(use_kitchen): only via **kwargs",
-        "(use_te_activation_func): only via **kwargs",
-        "(use_kitchen_attention): only via **kwargs",
-        "(kitchen_attention_backend): only via **kwargs",
-    ],
-    "models.gpt.gpt_layer_specs:get_mlp_module_spec": [
-        "(use_te): default",
-        "(fp8): only via **kwargs",
-        "(moe_use_legacy_grouped_gemm): only via **kwargs",
-        "(use_te_op_fuser): only via **kwargs",
-    ],
     "dist_checkpointing.serialization:get_default_save_sharded_strategy": [": missing"],
     "dist_checkpointing.serialization:get_default_load_sharded_strategy": [": missing"],
     "datasets.gpt_dataset:GPTDatasetConfig": [".token_dtype_code: field missing"],

@@ -40,6 +40,18 @@ def _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization)
         )
 
 
+def _refuse(**settings) -> None:
+    """ValueError for Megatron spec switches gigatron has no implementation of, when not at
+    their default (name -> (value, default))."""
+    bad = [f"{n}={v!r}" for n, (v, d) in settings.items() if v != d]
+    if bad:
+        raise ValueError(
+            f"{', '.join(bad)}: not supported by gigatron's layer specs (Transformer Engine / "
+            "kitchen / the legacy grouped_gemm package); leave at the default "
+            "(gigatron/core/models/gpt/gpt_layer_specs.py)"
+        )
+
+
 def _layer_spec(
     core_attention,
     qk_layernorm: bool,
@@ -76,12 +88,22 @@ def _layer_spec(
 
 
 def get_mlp_module_spec(
-    use_te: bool = False, num_experts=None, moe_grouped_gemm: bool = False, **unused
+    use_te: bool = True,
+    num_experts=None,
+    moe_grouped_gemm: bool = False,
+    fp8: str | None = None,
+    moe_use_legacy_grouped_gemm: bool = False,
+    use_te_op_fuser: bool = False,
 ) -> ModuleSpec:
-    """Dense MLP spec with column/row-parallel fc1/fc2; with `num_experts`, the MoE spec."""
+    """Dense MLP spec with column/row-parallel fc1/fc2; with `num_experts`, the MoE spec.
+
+    `use_te` and `use_te_op_fuser` pick the same modules here (no Transformer Engine): the
+    numbers are those of Megatron's local MLP.
+    """
     from gigatron.core import tensor_parallel
 
     _check(num_experts, moe_grouped_gemm, False, None)
+    _refuse(fp8=(fp8, None), moe_use_legacy_grouped_gemm=(moe_use_legacy_grouped_gemm, False))
     if num_experts is not None:
         from gigatron.core.models.gpt.moe_module_specs import get_moe_module_spec
 
@@ -104,10 +126,21 @@ def get_gpt_layer_local_spec(
     normalization: str | None = None,
     qk_l2_norm: bool = False,
     use_kitchen: bool = False,
-    **unused,
+    use_kitchen_attention: bool = False,
+    kitchen_attention_backend: str = "sdpa",
+    moe_use_legacy_grouped_gemm: bool = False,
 ) -> ModuleSpec:
-    """Megatron's local GPT layer: DotProductAttention, plain norms (per config.normalization)."""
+    """Megatron's local GPT layer: DotProductAttention, plain norms (per config.normalization).
+
+    Parameters in the API map's (0.20) order; `moe_use_legacy_grouped_gemm` (megatron-core 0.16,
+    dropped later) comes last and, like the kitchen switches, is accepted only at its default.
+    """
     _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization)
+    _refuse(
+        use_kitchen_attention=(use_kitchen_attention, False),
+        kitchen_attention_backend=(kitchen_attention_backend, "sdpa"),
+        moe_use_legacy_grouped_gemm=(moe_use_legacy_grouped_gemm, False),
+    )
     if qk_l2_norm or use_kitchen or fp8 is not None:
         raise ValueError("qk_l2_norm, use_kitchen and fp8 are not supported by gigatron's specs")
     return _layer_spec(DotProductAttention, qk_layernorm, num_experts, moe_grouped_gemm)
@@ -173,14 +206,34 @@ def get_gpt_layer_with_transformer_engine_spec(
     multi_latent_attention: bool = False,
     fp8: str | None = None,
     qk_l2_norm: bool = False,
-    **unused,
+    use_te_op_fuser: bool = False,
+    use_kitchen: bool = False,
+    use_te_activation_func: bool = False,
+    use_kitchen_attention: bool = False,
+    kitchen_attention_backend: str = "sdpa",
+    mla_down_proj_fusion: bool = False,
+    use_grouped_gemm_for_dense_mlp: bool = False,
+    moe_use_legacy_grouped_gemm: bool = False,
 ) -> ModuleSpec:
     """Megatron scripts' TE spec, served by gigatron's fast spec (no Transformer Engine here).
+
+    Parameters in the API map's (0.20) order, then megatron-core 0.16's
+    `moe_use_legacy_grouped_gemm`. `use_te_op_fuser` / `use_te_activation_func` only choose TE
+    kernels for the same math and are accepted; the kitchen, MLA and grouped-dense switches are
+    accepted only at their defaults.
 
     Differences from Megatron's TE layer: the norms are separate modules, so the plain
     `state_dict()` names are `input_layernorm.*` / `pre_mlp_layernorm.*`; checkpoint keys
     (`sharded_state_dict`) are TE's `linear_qkv.layer_norm_*` / `linear_fc1.layer_norm_*`.
     """
+    _refuse(
+        use_kitchen=(use_kitchen, False),
+        use_kitchen_attention=(use_kitchen_attention, False),
+        kitchen_attention_backend=(kitchen_attention_backend, "sdpa"),
+        mla_down_proj_fusion=(mla_down_proj_fusion, False),
+        use_grouped_gemm_for_dense_mlp=(use_grouped_gemm_for_dense_mlp, False),
+        moe_use_legacy_grouped_gemm=(moe_use_legacy_grouped_gemm, False),
+    )
     return get_gpt_layer_fast_spec(
         num_experts=num_experts,
         moe_grouped_gemm=moe_grouped_gemm,
