@@ -75,3 +75,23 @@ def test_no_module_calls_the_new_names_directly():
         if pattern.search(line)
     ]
     assert not hits, f"call them through getattr with the torch 2.11 fallback: {hits}"
+
+
+def test_tp_mappings_never_end_in_a_no_op_contiguous():
+    """torch 2.11 compiles an autograd.Function whose forward or backward ends in `.contiguous()`
+    of an already contiguous tensor into zero input grads (the TP mappings' split and gather:
+    tests/dist/test_tp_compile.py failed there); the mappings call `_contiguous` instead, which
+    copies only non-contiguous tensors."""
+    from gigatron.core.tensor_parallel._collectives import _contiguous
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "gigatron" / "core" / "tensor_parallel"
+    calls = [
+        line.strip()
+        for name in ("_collectives.py", "mappings.py")
+        for line in (root / name).read_text().splitlines()
+        if ".contiguous()" in line and not line.lstrip().startswith(('"""', "#"))
+    ]
+    assert calls == ["return x if x.is_contiguous() else x.contiguous()"], calls
+    t = torch.ones(4, 6)
+    assert _contiguous(t) is t
+    assert _contiguous(t[:, :3]).is_contiguous() and _contiguous(t[:, :3]) is not t

@@ -37,6 +37,13 @@ def _reduce_scatter_into(
     return fn(out, inp, op=op, group=group, async_op=async_op)
 
 
+def _contiguous(x: torch.Tensor) -> torch.Tensor:
+    """`x.contiguous()` without the no-op call on a contiguous tensor: torch 2.11's tracing of an
+    autograd.Function whose forward or backward ends in that no-op loses the input grad (zeros;
+    tests/dist/test_tp_compile.py under torch 2.11). torch >= 2.12 traces either form."""
+    return x if x.is_contiguous() else x.contiguous()
+
+
 # --- traced (functional) collectives: used while torch.compile traces -----------------------
 # The ops take the group's name (a string in every torch from 2.11 on); `group.group_name` is
 # what torch's own functional-collective wrappers read, so dynamo traces it.
@@ -108,7 +115,7 @@ def _start_async(kind: str, x: torch.Tensor, group) -> tuple[torch.Tensor, objec
     place on `x` in eager: pass a tensor you own). Returns `(result, handle)` for `_finish`;
     eager gives a buffer and an async work handle, torch.compile a graph tensor and None.
     """
-    x = x.contiguous()
+    x = _contiguous(x)
     if torch.compiler.is_compiling() or (kind != "all_reduce" and _copy_engine(x, group)):
         start = {
             "all_gather": _start_all_gather,
@@ -129,7 +136,7 @@ def _start_exchange(x: torch.Tensor, dst: int, src: int, group) -> tuple[torch.T
     """Send `x` to group rank `dst` and receive a tensor of the same shape from group rank `src`,
     without waiting (an all-to-all whose only non-empty chunks are those two; every rank of the
     group calls it with a consistent pairing). `_finish` the returned `(result, handle)`."""
-    x = x.contiguous()
+    x = _contiguous(x)
     world_size = group_size(group)
     send = [x.size(0) if i == dst else 0 for i in range(world_size)]
     recv = [x.size(0) if i == src else 0 for i in range(world_size)]
@@ -181,7 +188,7 @@ def _reduce(x: torch.Tensor, group) -> torch.Tensor:
     if group_size(group) == 1:
         return x
     if torch.compiler.is_compiling():
-        return _wait(_start_all_reduce(x.contiguous(), group))
+        return _wait(_start_all_reduce(_contiguous(x), group))
     out = x.clone(memory_format=torch.contiguous_format)
     dist.all_reduce(out, group=group)
     return out
@@ -195,7 +202,7 @@ def _split_along_last_dim(x: torch.Tensor, group) -> torch.Tensor:
     _check_divisible("last dim", x.size(-1), world_size, "split along last dim")
     per_rank = x.size(-1) // world_size
     rank = group_rank(group)
-    return x[..., rank * per_rank : (rank + 1) * per_rank].contiguous()
+    return _contiguous(x[..., rank * per_rank : (rank + 1) * per_rank])
 
 
 def _split_along_first_dim(x: torch.Tensor, group) -> torch.Tensor:
@@ -206,7 +213,7 @@ def _split_along_first_dim(x: torch.Tensor, group) -> torch.Tensor:
     _check_divisible("dim 0", x.size(0), world_size, "split along first dim")
     per_rank = x.size(0) // world_size
     rank = group_rank(group)
-    return x[rank * per_rank : (rank + 1) * per_rank].contiguous()
+    return _contiguous(x[rank * per_rank : (rank + 1) * per_rank])
 
 
 def _gather_along_first_dim(x: torch.Tensor, group, output_split_sizes=None) -> torch.Tensor:
@@ -218,7 +225,7 @@ def _gather_along_first_dim(x: torch.Tensor, group, output_split_sizes=None) -> 
     world_size = group_size(group)
     if world_size == 1:
         return x
-    x = x.contiguous()
+    x = _contiguous(x)
     if output_split_sizes is None:
         return _gathered_dim0(x, group)
     sizes = list(output_split_sizes)
@@ -240,7 +247,7 @@ def _gather_along_last_dim(x: torch.Tensor, group) -> torch.Tensor:
     if world_size == 1:
         return x
     gathered = _gather_along_first_dim(x, group)
-    return torch.cat(gathered.chunk(world_size, dim=0), dim=-1).contiguous()
+    return torch.cat(gathered.chunk(world_size, dim=0), dim=-1)  # a new contiguous tensor
 
 
 def _reduce_scatter_along_first_dim(x: torch.Tensor, group, input_split_sizes=None):
@@ -251,7 +258,7 @@ def _reduce_scatter_along_first_dim(x: torch.Tensor, group, input_split_sizes=No
     world_size = group_size(group)
     if world_size == 1:
         return x
-    x = x.contiguous()
+    x = _contiguous(x)
     if input_split_sizes is None:
         _check_divisible("dim 0", x.size(0), world_size, "reduce-scatter along first dim")
         return _reduce_scattered_dim0(x, group)
@@ -267,7 +274,7 @@ def _reduce_scatter_along_first_dim(x: torch.Tensor, group, input_split_sizes=No
     for i, chunk in enumerate(x.split(sizes, dim=0)):
         padded[i * longest : i * longest + chunk.size(0)] = chunk
     out = _reduce_scattered_dim0(padded, group)
-    return out[: sizes[group_rank(group)]].contiguous()
+    return _contiguous(out[: sizes[group_rank(group)]])
 
 
 def _reduce_scatter_along_last_dim(x: torch.Tensor, group) -> torch.Tensor:
@@ -292,7 +299,7 @@ def _all_to_all(x: torch.Tensor, group, output_split_sizes=None, input_split_siz
     world_size = group_size(group)
     if world_size == 1:
         return x
-    x = x.contiguous()
+    x = _contiguous(x)
     if output_split_sizes is None:
         _check_divisible("dim 0", x.size(0), world_size, "all_to_all")
     if torch.compiler.is_compiling():

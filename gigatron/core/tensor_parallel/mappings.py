@@ -23,6 +23,7 @@ import torch
 
 from gigatron.core.tensor_parallel._collectives import (
     _all_to_all,
+    _contiguous,
     _gather_along_first_dim,
     _gather_along_last_dim,
     _reduce,
@@ -189,7 +190,7 @@ class _GatherFromSequenceParallelRegion(torch.autograd.Function):
             grad_in = _split_along_first_dim(grad, ctx.group)
         else:
             rank = torch.distributed.get_rank(group=ctx.group)
-            grad_in = grad.split(list(ctx.output_split_sizes), dim=0)[rank].contiguous()
+            grad_in = _contiguous(grad.split(list(ctx.output_split_sizes), dim=0)[rank])
         return grad_in, None, None, None
 
 
