@@ -159,3 +159,27 @@ def test_gpt_spec_functions_take_megatron_keywords():
             fn(**kwargs)
     with pytest.raises(TypeError):
         specs.get_gpt_layer_local_spec(qk_layer_norm=True)  # a typo is no longer swallowed
+
+
+@pytest.mark.parametrize("vocab_size", [None, 100, 65536, 65537, 200_000])
+def test_gpt_dataset_config_token_dtype_code_matches_megatron(vocab_size):
+    """`token_dtype_code` is a declared, derived (init=False) field as in Megatron."""
+    import dataclasses
+
+    from gigatron.core.datasets.gpt_dataset import GPTDatasetConfig
+
+    class _Tok:
+        eod, pad = 0, -1
+
+    tok = _Tok()
+    tok.vocab_size = vocab_size
+    kwargs = dict(random_seed=1, sequence_length=8, tokenizer=tok, reset_position_ids=False,
+                  reset_attention_mask=False, eod_mask_loss=False)  # fmt: skip
+    ours = GPTDatasetConfig(**kwargs)
+    field = {f.name: f for f in dataclasses.fields(GPTDatasetConfig)}["token_dtype_code"]
+    assert field.init is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mgpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
+    theirs = mgpt.GPTDatasetConfig(**kwargs)
+    assert ours.token_dtype_code == theirs.token_dtype_code

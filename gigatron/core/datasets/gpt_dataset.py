@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy
@@ -65,6 +65,10 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
 
     sequences_per_dataset: dict[str, int] | None = None
     """Not supported by gigatron (must stay None)."""
+
+    token_dtype_code: int | None = field(init=False, default=None)
+    """Derived in __post_init__: IndexedDataset dtype code of the token ids, 8 (uint16) when the
+    tokenizer's vocab fits in 65536 ids, else 4 (int32); None without a vocab size."""
 
     context_parallel_size: int | None = None
     """Context-parallel size (kept for compatibility)."""
