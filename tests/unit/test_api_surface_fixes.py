@@ -183,3 +183,31 @@ def test_gpt_dataset_config_token_dtype_code_matches_megatron(vocab_size):
         mgpt = pytest.importorskip("megatron.core.datasets.gpt_dataset")
     theirs = mgpt.GPTDatasetConfig(**kwargs)
     assert ours.token_dtype_code == theirs.token_dtype_code
+
+
+def test_default_sharded_strategies_round_trip(tmp_path):
+    """Megatron's `save(..., get_default_save_sharded_strategy())` and
+    `load(..., get_default_load_sharded_strategy(dir))` work and move the same tensors."""
+    import torch
+
+    from gigatron.core import dist_checkpointing as dcp
+    from gigatron.core.dist_checkpointing.core import CheckpointingException
+    from gigatron.core.dist_checkpointing.serialization import (
+        get_default_load_sharded_strategy,
+        get_default_save_sharded_strategy,
+    )
+
+    weight = torch.arange(12.0).view(3, 4)
+    with _one_process_world():
+        save_strategy = get_default_save_sharded_strategy()
+        assert (save_strategy.backend, save_strategy.version) == ("torch_dist", 1)
+        dcp.save({"w": dcp.ShardedTensor.from_rank_offsets("w", weight)}, str(tmp_path),
+                 sharded_strategy=save_strategy)  # fmt: skip
+        load_strategy = get_default_load_sharded_strategy(str(tmp_path))
+        target = {"w": dcp.ShardedTensor.from_rank_offsets("w", torch.zeros(3, 4))}
+        loaded = dcp.load(target, str(tmp_path), sharded_strategy=load_strategy)
+        assert torch.equal(loaded["w"], weight)
+    with pytest.raises(CheckpointingException):
+        get_default_load_sharded_strategy(str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="zarr"):
+        get_default_save_sharded_strategy("zarr")

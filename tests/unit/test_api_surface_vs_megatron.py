@@ -425,10 +425,7 @@ _OPEN: dict[str, str] = {
     "optimizer:MegatronOptimizer.sharded_state_dict: missing": _OPTIMIZER_OWNED,
 }
 # Mismatches fixed by the commits that follow this test (each removes its lines).
-_PENDING = {
-    "dist_checkpointing.serialization:get_default_save_sharded_strategy": [": missing"],
-    "dist_checkpointing.serialization:get_default_load_sharded_strategy": [": missing"],
-}
+_PENDING = {}
 ALLOWED.update(_OPEN)
 ALLOWED.update({s + x: "pending fix (this audit)" for s, xs in _PENDING.items() for x in xs})
 

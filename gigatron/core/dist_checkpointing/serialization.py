@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,8 @@ __all__ = [
     "load_sharded_metadata",
     "load_plain_tensors",
     "load_content_metadata",
+    "get_default_save_sharded_strategy",
+    "get_default_load_sharded_strategy",
 ]
 
 
@@ -85,6 +88,37 @@ def _check_strategy(strategy, name: str) -> None:
     backend = tuple(strategy) if isinstance(strategy, tuple) else getattr(strategy, "backend", None)
     if backend not in (_BACKEND, _BACKEND[0]):
         raise ValueError(f"{name} ({strategy!r}) must be None or ('torch_dist', 1)")
+
+
+@dataclass(frozen=True)
+class DefaultShardedStrategy:
+    """gigatron's one sharded strategy, torch.distributed.checkpoint ('torch_dist', v1), as the
+    object Megatron's `get_default_*_sharded_strategy` return; `save`/`load` accept it."""
+
+    backend: str = "torch_dist"
+    version: int = 1
+    action: str = "save"  # "save" or "load"
+
+
+def get_default_save_sharded_strategy(
+    backend: str = "torch_dist", version: int = 1
+) -> DefaultShardedStrategy:
+    """Megatron's default save strategy; gigatron writes only ('torch_dist', 1)."""
+    if (backend, version) != _BACKEND:
+        raise ValueError(
+            f"get_default_save_sharded_strategy(backend={backend!r}, version={version!r}): "
+            "gigatron saves only ('torch_dist', 1) (gigatron/core/dist_checkpointing/"
+            "serialization.py)"
+        )
+    return DefaultShardedStrategy(backend, version, "save")
+
+
+def get_default_load_sharded_strategy(checkpoint_dir: str) -> DefaultShardedStrategy:
+    """The load strategy for `checkpoint_dir` after checking its `metadata.json` (Megatron's
+    `verify_checkpoint_and_load_strategy`); CheckpointingException if it is not a torch_dist
+    checkpoint."""
+    _verify_checkpoint(checkpoint_dir)
+    return DefaultShardedStrategy(*_BACKEND, "load")
 
 
 def _copy_structure(x: Any) -> Any:
