@@ -87,20 +87,64 @@ class Timers:
             self._timers[name] = _Timer(name)
         return self._timers[name]
 
-    def get_all_timers_string(self, names=None, normalizer: float = 1.0, reset: bool = True) -> str:
-        names = list(self._timers) if names is None else [n for n in names if n in self._timers]
+    def _max_seconds(self, names, reset: bool, barrier: bool) -> list[float]:
+        """Each named timer's seconds, max over ranks (0 where no rank ran it); collective."""
         values = torch.tensor(
-            [self._timers[n].elapsed(reset=reset) * 1000.0 / normalizer for n in names],
+            [
+                self._timers[n].elapsed(reset=reset, barrier=barrier) if n in self._timers else 0.0
+                for n in names
+            ],
             dtype=torch.float64,
         )
         if dist.is_initialized() and len(names):
             dist.all_reduce(values, op=dist.ReduceOp.MAX)
-        parts = [f"{n}: {v:.2f}" for n, v in zip(names, values.tolist())]
+        return values.tolist()
+
+    def get_all_timers_string(
+        self, names=None, normalizer: float = 1.0, reset: bool = True, barrier: bool = False
+    ) -> str:
+        """One line of the timers in `names` (all when None), max over ranks in ms / normalizer.
+        `barrier`: a barrier before each timer is read (Megatron's flag)."""
+        names = list(self._timers) if names is None else [n for n in names if n in self._timers]
+        values = self._max_seconds(names, reset, barrier)
+        parts = [f"{n}: {v * 1000.0 / normalizer:.2f}" for n, v in zip(names, values)]
         return "(max over ranks, ms) " + " | ".join(parts)
 
-    def log(self, names=None, rank=None, normalizer: float = 1.0, reset: bool = True) -> None:
-        text = self.get_all_timers_string(names, normalizer, reset)
+    def log(
+        self,
+        names=None,
+        rank=None,
+        normalizer: float = 1.0,
+        reset: bool = True,
+        barrier: bool = False,
+    ) -> None:
+        text = self.get_all_timers_string(names, normalizer, reset, barrier)
         if rank is None:
             rank = dist.get_world_size() - 1 if dist.is_initialized() else 0
         if not dist.is_initialized() or dist.get_rank() == rank:
             print(text, flush=True)
+
+    def write(
+        self,
+        names,
+        writer,
+        iteration: int,
+        normalizer: float = 1.0,
+        reset: bool = True,
+        barrier: bool = False,
+    ) -> None:
+        """Megatron's TensorBoard / W&B export: `<name>-time` = max over ranks of the timer's
+        seconds / normalizer, for timers some rank ran. Collective (every rank calls it); a
+        `writer` of None (ranks that do not log) only takes part in the reduction."""
+        if normalizer <= 0.0:
+            raise ValueError(f"normalizer ({normalizer}) must be > 0 (gigatron/core/timers.py)")
+        values = self._max_seconds(list(names), reset, barrier)
+        if writer is None:
+            return
+        for name, value in zip(names, values):
+            if value <= 0.0:
+                continue
+            if hasattr(writer, "add_scalar"):  # torch.utils.tensorboard.SummaryWriter
+                writer.add_scalar(name + "-time", value / normalizer, iteration)
+            else:  # wandb (the module or a run)
+                writer.log({name + "-time": value / normalizer}, iteration)

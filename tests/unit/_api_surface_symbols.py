@@ -266,6 +266,9 @@ SYMBOLS = (
         "inference.sampling_params:SamplingParams",
         "inference_params:InferenceParams",
         "timers:Timers",
+        "timers:Timers.log",
+        "timers:Timers.get_all_timers_string",
+        "timers:Timers.write",
     ]
 )
 

@@ -211,3 +211,47 @@ def test_default_sharded_strategies_round_trip(tmp_path):
         get_default_load_sharded_strategy(str(tmp_path / "absent"))
     with pytest.raises(ValueError, match="zarr"):
         get_default_save_sharded_strategy("zarr")
+
+
+def test_timers_barrier_keyword_and_write(capsys):
+    """Timers.log / get_all_timers_string take Megatron's `barrier`; Timers.write exports
+    `<name>-time` (seconds / normalizer, max over ranks) to a TensorBoard- or W&B-style writer
+    and skips timers no rank ran."""
+    import time
+
+    from gigatron.core.timers import Timers
+
+    class _TB:
+        def __init__(self):
+            self.rows = []
+
+        def add_scalar(self, tag, value, step):
+            self.rows.append((tag, value, step))
+
+    class _WandB:
+        def __init__(self):
+            self.rows = []
+
+        def log(self, data, step):
+            self.rows.append((data, step))
+
+    with _one_process_world():
+        timers = Timers(log_level=2)
+        timers("a").start()
+        time.sleep(0.01)
+        timers("a").stop()
+        timers("idle")  # registered, never run
+        assert timers.get_all_timers_string(["a"], reset=False, barrier=True).startswith(
+            "(max over ranks, ms) a: "
+        )
+        timers.log(["a"], reset=False, barrier=True)
+        assert "a: " in capsys.readouterr().out
+        tb, wb = _TB(), _WandB()
+        timers.write(["a", "idle", "absent"], tb, 7, normalizer=2.0, reset=False, barrier=True)
+        timers.write(["a"], wb, 7, normalizer=2.0, reset=True)
+        timers.write(["a"], None, 8)  # non-logging rank: reduction only
+        ((tag, value, step),) = tb.rows
+        assert tag == "a-time" and step == 7 and 0.005 <= value < 1.0  # >= 0.01 s / 2
+        assert wb.rows == [({"a-time": value}, 7)]
+        with pytest.raises(ValueError, match="normalizer"):
+            timers.write(["a"], tb, 9, normalizer=0.0)

@@ -424,10 +424,7 @@ _OPEN: dict[str, str] = {
     "optimizer:MegatronOptimizer.load_state_dict: missing": _OPTIMIZER_OWNED,
     "optimizer:MegatronOptimizer.sharded_state_dict: missing": _OPTIMIZER_OWNED,
 }
-# Mismatches fixed by the commits that follow this test (each removes its lines).
-_PENDING = {}
 ALLOWED.update(_OPEN)
-ALLOWED.update({s + x: "pending fix (this audit)" for s, xs in _PENDING.items() for x in xs})
 
 
 @pytest.mark.parametrize("symbol", SYMBOLS)
