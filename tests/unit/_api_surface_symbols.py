@@ -192,6 +192,11 @@ SYMBOLS = (
         "dist_checkpointing.validation:StrictHandling",
         "dist_checkpointing.serialization:get_default_save_sharded_strategy",
         "dist_checkpointing.serialization:get_default_load_sharded_strategy",
+        "dist_checkpointing.dict_utils:extract_matching_values",
+        "dist_checkpointing.strategies.async_utils:AsyncCallsQueue",
+        "dist_checkpointing.strategies.async_utils:AsyncCallsQueue.schedule_async_request",
+        "dist_checkpointing.strategies.async_utils:AsyncCallsQueue.maybe_finalize_async_calls",
+        "dist_checkpointing.strategies.async_utils:AsyncCallsQueue.close",
         # 9. datasets
         "datasets.indexed_dataset:DType",
         "datasets.indexed_dataset:DType.optimal_dtype",

@@ -255,3 +255,41 @@ def test_timers_barrier_keyword_and_write(capsys):
         assert wb.rows == [({"a-time": value}, 7)]
         with pytest.raises(ValueError, match="normalizer"):
             timers.write(["a"], tb, 9, normalizer=0.0)
+
+
+@pytest.mark.parametrize("as_dicts", [False, True])
+def test_extract_matching_values_matches_megatron(as_dicts):
+    """`return_lists_as_dicts` keeps list positions as dict keys, exactly as Megatron."""
+    from gigatron.core.dist_checkpointing.dict_utils import extract_matching_values
+
+    x = {
+        "a": [1, "s", [2, "t", {"b": 3}], {"c": "u"}],
+        "d": {"e": 4, "f": ["v", 5]},
+        "g": "w",
+        "h": [6, 7],
+        "i": ["x"],
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mdict = pytest.importorskip("megatron.core.dist_checkpointing.dict_utils")
+    is_int = lambda v: isinstance(v, int)  # noqa: E731
+    want = mdict.extract_matching_values(x, is_int, return_lists_as_dicts=as_dicts)
+    assert extract_matching_values(x, is_int, return_lists_as_dicts=as_dicts) == want
+
+
+def test_async_calls_queue_megatron_keywords():
+    """AsyncCallsQueue(persistent=...), schedule_async_request(async_request=...) and
+    close(abort=...): abort drops pending saves unfinalized, a plain close finalizes them."""
+    from gigatron.core.dist_checkpointing.strategies.async_utils import (
+        AsyncCallsQueue,
+        AsyncRequest,
+    )
+
+    for abort in (True, False):
+        written, finalized = [], []
+        queue = AsyncCallsQueue(persistent=True)
+        request = AsyncRequest(written.append, (1,), [lambda f=finalized: f.append(1)])
+        assert queue.schedule_async_request(async_request=request) == 0
+        queue.close(abort=abort)
+        assert queue.get_num_unfinalized_calls() == 0
+        assert finalized == ([] if abort else [1])

@@ -52,29 +52,34 @@ def dict_list_map_inplace(f: Callable[[Any], Any], x: Any) -> Any:
     return f(x)
 
 
-def extract_matching_values(x: Any, predicate: Callable[[Any], bool]) -> tuple[Any, Any]:
+def extract_matching_values(
+    x: Any, predicate: Callable[[Any], bool], return_lists_as_dicts: bool = False
+) -> tuple[Any, Any]:
     """Split `x` into (leaves matching `predicate`, the rest), both keeping the nesting.
 
     Containers left empty by the split are dropped from that side (an originally empty
-    container stays on the "rest" side); list items are compacted, as in Megatron.
+    container stays on the "rest" side); list items are compacted, as in Megatron, or with
+    `return_lists_as_dicts` kept as `{index: item}` dicts so the original positions survive.
     """
     if isinstance(x, dict):
         hit, miss = {}, {}
         for k, v in x.items():
-            h, m = extract_matching_values(v, predicate)
+            h, m = extract_matching_values(v, predicate, return_lists_as_dicts)
             if _keep(v, h, predicate, hit_side=True):
                 hit[k] = h
             if _keep(v, m, predicate, hit_side=False):
                 miss[k] = m
         return hit, miss
     if isinstance(x, list):
-        hit, miss = [], []
-        for v in x:
-            h, m = extract_matching_values(v, predicate)
-            if _keep(v, h, predicate, hit_side=True):
-                hit.append(h)
-            if _keep(v, m, predicate, hit_side=False):
-                miss.append(m)
+        hit, miss = ({}, {}) if return_lists_as_dicts else ([], [])
+        for i, v in enumerate(x):
+            h, m = extract_matching_values(v, predicate, return_lists_as_dicts)
+            for side, part, keep in ((hit, h, True), (miss, m, False)):
+                if _keep(v, part, predicate, hit_side=keep):
+                    if return_lists_as_dicts:
+                        side[i] = part
+                    else:
+                        side.append(part)
         return hit, miss
     return (x, None) if predicate(x) else (None, x)
 

@@ -60,11 +60,14 @@ class _Call:
 class AsyncCallsQueue:
     """Schedule AsyncRequests; finalize them (collectively) once all ranks finished writing."""
 
-    def __init__(self):
+    def __init__(self, persistent: bool = False):
+        # Megatron's `persistent` keeps one worker process alive between saves; gigatron writes
+        # in a thread per save either way, so it only changes where the work runs, not results.
+        self.persistent = persistent
         self._calls: list[_Call] = []
 
-    def schedule_async_request(self, request: AsyncRequest) -> int:
-        self._calls.append(_Call(request))
+    def schedule_async_request(self, async_request: AsyncRequest) -> int:
+        self._calls.append(_Call(async_request))
         return len(self._calls) - 1
 
     def get_num_unfinalized_calls(self) -> int:
@@ -101,5 +104,10 @@ class AsyncCallsQueue:
             done.append(call)
         return done
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """Finish and finalize every pending save; `abort=True` (Megatron's, for a failing job)
+        drops them unfinalized instead: no collective runs and metadata.json is not written."""
+        if abort:
+            self._calls.clear()
+            return
         self.maybe_finalize_async_calls(blocking=True)
