@@ -77,3 +77,30 @@ def test_compiled_sync_free_update_matches_eager_and_skips():
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
         assert torch.equal(model, got[0].bfloat16())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor's CPU backend needs g++")
+def test_shard_offsets_equal_to_lengths_do_not_recompile(monkeypatch):
+    """DP rank 1's shards: each view starts where an earlier length ends (offset == n), which
+    duck shaping turned into guards that recompiled the pass per shard (DP = 2 on CUDA hit
+    dynamo's recompile limit). Through `_compiled_or_eager`, shards of many sizes and offsets
+    compile one graph (no shard here starts at offset 0, which would be specialised)."""
+    from gigatron.core.optimizer import _flat_adam_step as flat
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(flat, "_COMPILED", {})
+    update = flat._compiled_or_eager(torch.compile(flat.flat_adam_update, dynamic=True))
+    gen = torch.Generator().manual_seed(2)
+    grad_buf = torch.randn(50000, generator=gen)
+    param_buf = torch.zeros(50000, dtype=torch.bfloat16)
+    table = torch.rand(2, 9, generator=gen) * 0.5 + 0.5
+    off = 0
+    for n in (300, 300, 600, 1200, 1200, 2400, 4000, 4000, 8000, 300):
+        off += n  # rank 1 of 2: its shard starts one shard length into the bucket
+        main, m, v = torch.randn(n, generator=gen), torch.zeros(n), torch.zeros(n)
+        gid = torch.zeros(n, dtype=torch.uint8)
+        update(main, grad_buf[off : off + n], m, v, gid, table, param_buf[off : off + n])
+        off += n
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])  # 2 with duck shapes

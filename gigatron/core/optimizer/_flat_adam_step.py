@@ -80,6 +80,17 @@ def _update_fn(device: torch.device):
     return _COMPILED["fn"]
 
 
+def _no_duck_shapes(compiled, args):
+    """`compiled(*args)` with duck shaping off while it traces: a shard's grad / param views sit
+    at storage offsets that can equal another tensor's length (DP rank 1's first shard starts at
+    the shard length), and the equality guard duck shaping adds recompiled the pass for every
+    shard until dynamo's recompile limit (DP = 2 on CUDA)."""
+    from torch.fx.experimental import _config as fx_config
+
+    with fx_config.patch(use_duck_shape=False):
+        return compiled(*args)
+
+
 def _compiled_or_eager(compiled):
     """`compiled`, or the eager update (with a warning) if its first call fails to compile
     (no Triton / C compiler): the inputs are untouched until the compiled kernel runs."""
@@ -88,9 +99,9 @@ def _compiled_or_eager(compiled):
         if _COMPILED.get("eager"):
             return flat_adam_update(*args)
         if _COMPILED.get("ok"):
-            return compiled(*args)
+            return _no_duck_shapes(compiled, args)
         try:  # the first call compiles
-            out = compiled(*args)
+            out = _no_duck_shapes(compiled, args)
         except Exception as err:  # torch._dynamo / Inductor compile errors have no common base
             import warnings
 
