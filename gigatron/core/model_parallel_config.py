@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from gigatron.core import _megatron_only_fields
+
 # Megatron fields gigatron accepts only at their default value: name -> why.
 _UNSUPPORTED_FIELDS: dict[str, str] = {
     "cpu_offloading": "activation CPU offloading is not implemented",
@@ -34,8 +36,12 @@ _RESTRICTED_FIELDS: dict[str, str] = {
 
 
 @dataclass(kw_only=True)
-class ModelParallelConfig:
-    """Parallel layout, initialisation, precision and pipeline hooks (Megatron's names)."""
+class ModelParallelConfig(_megatron_only_fields.MegatronOnlyParallelFields):
+    """Parallel layout, initialisation, precision and pipeline hooks (Megatron's names).
+
+    Megatron's fields for features gigatron lacks (userbuffer overlap knobs, CPU offloading, ...)
+    come from `MegatronOnlyParallelFields` and must stay at their defaults.
+    """
 
     # ---- parallel sizes ----
     tensor_model_parallel_size: int = 1
@@ -140,6 +146,7 @@ class ModelParallelConfig:
     """Barrier before timers record, for accurate timings."""
 
     def __post_init__(self) -> None:
+        _megatron_only_fields.check_at_default(self, _megatron_only_fields.PARALLEL)
         for name, why in _UNSUPPORTED_FIELDS.items():
             default = next(f.default for f in fields(ModelParallelConfig) if f.name == name)
             if getattr(self, name) != default:

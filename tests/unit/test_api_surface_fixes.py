@@ -293,3 +293,62 @@ def test_async_calls_queue_megatron_keywords():
         queue.close(abort=abort)
         assert queue.get_num_unfinalized_calls() == 0
         assert finalized == ([] if abort else [1])
+
+
+def _megatron_only_cases():
+    from gigatron.core import _megatron_only_fields as mof
+
+    return [("mpc", n, d) for n, (d, _) in mof.PARALLEL.items()] + [
+        ("tc", n, d) for n, (d, _) in mof.TRANSFORMER.items()
+    ]
+
+
+def _tiny(**kw):
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2, **kw)
+
+
+def test_megatron_only_fields_at_default_construct_like_megatron():
+    """A Megatron config that spells out every such field at its default constructs, and the
+    values read back are Megatron's defaults (megatron-core's own dataclass fields)."""
+    import dataclasses
+
+    from gigatron.core import _megatron_only_fields as mof
+    from gigatron.core.model_parallel_config import ModelParallelConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mtc = pytest.importorskip("megatron.core.transformer.transformer_config")
+    theirs = {}
+    for f in dataclasses.fields(mtc.TransformerConfig):
+        if f.default is not dataclasses.MISSING:
+            theirs[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            theirs[f.name] = f.default_factory()
+    every = {n: d for _, n, d in _megatron_only_cases()}
+    assert {n: theirs[n] for n in every} == every
+    config = _tiny(**{n: theirs[n] for n in every})
+    assert all(getattr(config, n) == theirs[n] for n in every)
+    parallel = ModelParallelConfig(**{n: theirs[n] for n in mof.PARALLEL})
+    assert all(getattr(parallel, n) == theirs[n] for n in mof.PARALLEL)
+    # the mutable default is one list per config, as with Megatron's default_factory
+    assert _tiny().offload_modules == [] and _tiny().offload_modules is not config.offload_modules
+
+
+@pytest.mark.parametrize("owner,name,default", _megatron_only_cases())
+def test_megatron_only_field_off_default_raises(owner, name, default):
+    from gigatron.core.model_parallel_config import ModelParallelConfig
+
+    other = (
+        {True: False, False: True}.get(default, "x")
+        if isinstance(default, bool | type(None))
+        else (
+            ["x"]
+            if isinstance(default, list)
+            else ("x" if isinstance(default, str) else default + 1)
+        )
+    )
+    build = _tiny if owner == "tc" else ModelParallelConfig
+    with pytest.raises(ValueError, match=name):
+        build(**{name: other})

@@ -16,14 +16,19 @@ from dataclasses import dataclass, fields
 
 import torch.nn.functional as F
 
+from gigatron.core import _megatron_only_fields
 from gigatron.core.model_parallel_config import ModelParallelConfig
 from gigatron.core.transformer import _config_checks
 from gigatron.core.transformer.enums import AttnBackend
 
 
 @dataclass(kw_only=True)
-class TransformerConfig(ModelParallelConfig):
-    """Transformer settings (Megatron's names and defaults; dropout is on by default)."""
+class TransformerConfig(ModelParallelConfig, _megatron_only_fields.MegatronOnlyTransformerFields):
+    """Transformer settings (Megatron's names and defaults; dropout is on by default).
+
+    Megatron's fields for features gigatron lacks (FP8 recipes, CUDA-graph knobs, Mamba, DSA,
+    DeepEP, ...) come from `MegatronOnlyTransformerFields` and must stay at their defaults.
+    """
 
     # ---- architecture ----
     num_layers: int = 0
@@ -230,6 +235,7 @@ class TransformerConfig(ModelParallelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _megatron_only_fields.check_at_default(self, _megatron_only_fields.TRANSFORMER)
         _config_checks.check_unsupported(self)
         _config_checks.check_architecture(self)
         _config_checks.fill_defaults(self)

@@ -1,0 +1,176 @@
+"""Megatron config fields for features gigatron does not implement, accepted only at the default.
+
+megatron-core's `ModelParallelConfig` and `TransformerConfig` carry fields for Transformer Engine
+(FP8 / FP4, userbuffer overlap), CUDA graphs, Mamba / hybrid models, attention variants, DeepEP,
+inference kernels and offloading. A Megatron script or config file that spells them out at their
+default values must construct unchanged, and any other value must fail loudly (a setting is never
+silently ignored). The two mixins below declare them (names and defaults of megatron-core 0.16.1)
+and `check_at_default` raises ValueError naming the field, its value and why.
+
+`ModelParallelConfig` inherits `MegatronOnlyParallelFields`; `TransformerConfig` also inherits
+`MegatronOnlyTransformerFields`. Fields gigatron declares in the configs themselves (with the
+same rule, e.g. `fp8`, `enable_cuda_graph`) live there, not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, field, fields, make_dataclass
+
+_TE = "needs Transformer Engine (FP8 / FP4 / userbuffers / TE modules)"
+_EP_OVERLAP = "EP all-to-all / weight-gradient overlap is not implemented"
+_OFFLOAD = "CPU / activation offloading is not implemented"
+_ATTN = (
+    "this attention variant (window skip, QK-clip, NoPE, DSA, gated delta net, mRoPE) is not "
+    "implemented"
+)
+_MOE = (
+    "this MoE feature (gated shared experts, routing replay, device-limited routing, DeepEP / "
+    "HybridEP) is not implemented"
+)
+_GRAPH = "CUDA graphs are not implemented"
+_INFER = (
+    "inference-engine kernels (flash decode, batch-invariant mode, fused TP) are not implemented"
+)
+_HYBRID = "Mamba / hybrid / heterogeneous models are not implemented"
+
+# name -> (Megatron's default, why gigatron refuses another value)
+PARALLEL: dict[str, tuple[object, str]] = {
+    "pipeline_model_parallel_comm_backend": (None, "the UCC pipeline backend is not implemented"),
+    "max_seqlen_per_dp_cp_rank": (None, "hybrid context parallel is not implemented"),
+    "use_te_rng_tracker": (False, _TE),
+    "tp_comm_bulk_wgrad": (True, _TE),
+    "tp_comm_bulk_dgrad": (True, _TE),
+    "tp_comm_overlap_ag": (True, _TE),
+    "tp_comm_overlap_rs": (True, _TE),
+    "tp_comm_overlap_rs_dgrad": (False, _TE),
+    "tp_comm_split_ag": (True, _TE),
+    "tp_comm_atomic_ag": (False, _TE),
+    "tp_comm_split_rs": (True, _TE),
+    "tp_comm_atomic_rs": (False, _TE),
+    "tp_comm_overlap_disable_qkv": (False, _TE),
+    "tp_comm_overlap_disable_fc1": (False, _TE),
+    "tp_comm_bootstrap_backend": ("nccl", _TE),
+    "overlap_moe_expert_parallel_comm": (False, _EP_OVERLAP),
+    "delay_wgrad_compute": (False, _EP_OVERLAP),
+    "ep_overlap_early_attn_memory_release": (False, _EP_OVERLAP),
+    "overlap_p2p_comm_warmup_flush": (False, "p2p warm-up flush overlap is not implemented"),
+    "mtp_standalone": (False, "multi-token prediction is not implemented"),
+    "cpu_offloading_num_layers": (0, _OFFLOAD),
+    "cpu_offloading_activations": (True, _OFFLOAD),
+    "cpu_offloading_weights": (False, _OFFLOAD),
+    "cpu_offloading_double_buffering": (False, _OFFLOAD),
+}
+
+TRANSFORMER: dict[str, tuple[object, str]] = {
+    "mtp_loss_scaling_factor": (0.1, "multi-token prediction is not implemented"),
+    "activation_func_fp8_input_store": (False, _TE),
+    "window_attn_skip_freq": (None, _ATTN),
+    "qk_clip": (False, _ATTN),
+    "qk_clip_alpha": (0.5, _ATTN),
+    "qk_clip_threshold": (100, _ATTN),
+    "log_max_attention_logit": (False, _ATTN),
+    "no_rope_freq": (None, _ATTN),
+    "dsa_indexer_n_heads": (None, _ATTN),
+    "dsa_indexer_head_dim": (None, _ATTN),
+    "dsa_indexer_topk": (None, _ATTN),
+    "dsa_indexer_loss_coeff": (None, _ATTN),
+    "dsa_indexer_use_sparse_loss": (False, _ATTN),
+    "linear_attention_freq": (None, _ATTN),
+    "linear_conv_kernel_dim": (4, _ATTN),
+    "linear_key_head_dim": (128, _ATTN),
+    "linear_value_head_dim": (128, _ATTN),
+    "linear_num_key_heads": (16, _ATTN),
+    "linear_num_value_heads": (32, _ATTN),
+    "mrope_section": (None, _ATTN),
+    "disable_bf16_reduced_precision_matmul": (False, _TE),
+    "use_fused_weighted_squared_relu": (False, _TE),
+    "fused_single_qkv_rope": (False, _TE),
+    "fp8_recipe": ("delayed", _TE),
+    "fp8_quantizer_factory": (None, _TE),
+    "fp8_margin": (0, _TE),
+    "fp8_interval": (1, _TE),
+    "fp8_amax_history_len": (1, _TE),
+    "fp8_amax_compute_algo": ("most_recent", _TE),
+    "fp8_wgrad": (True, _TE),
+    "fp8_dot_product_attention": (False, _TE),
+    "fp8_multi_head_attention": (False, _TE),
+    "tp_only_amax_red": (False, _TE),
+    "first_last_layers_bf16": (False, _TE),
+    "num_layers_at_start_in_bf16": (1, _TE),
+    "num_layers_at_end_in_bf16": (1, _TE),
+    "use_kitchen_attention": (False, "kitchen quantisation is not implemented"),
+    "kitchen_attention_backend": ("sdpa", "kitchen quantisation is not implemented"),
+    "fp4_recipe": ("nvfp4", _TE),
+    "fp4_param": (False, _TE),
+    "fp4_quantizer_factory": (None, _TE),
+    "moe_shared_expert_gate": (False, _MOE),
+    "moe_enable_routing_replay": (False, _MOE),
+    "moe_router_topk_limited_devices": (None, _MOE),
+    "moe_router_padding_for_quantization": (False, _TE),
+    "moe_router_padding_for_fp8": (False, _TE),
+    "moe_router_force_load_balancing": (False, _MOE),
+    "moe_use_legacy_grouped_gemm": (False, "the legacy grouped_gemm package is not used"),
+    "moe_token_dropping": (False, _MOE),
+    "moe_enable_deepep": (False, _MOE),
+    "moe_flex_dispatcher_backend": ("deepep", _MOE),
+    "moe_apply_probs_on_input": (False, _MOE),
+    "moe_deepep_num_sms": (20, _MOE),
+    "moe_hybridep_num_sms": (16, _MOE),
+    "cuda_graph_use_single_mempool": (False, _GRAPH),
+    "cuda_graph_retain_backward_graph": (False, _GRAPH),
+    "cuda_graph_warmup_steps": (3, _GRAPH),
+    "external_cuda_graph": (False, _GRAPH),
+    "cuda_graph_scope": ("full", _GRAPH),
+    "disable_parameter_transpose_cache": (False, _TE),
+    "config_logger_dir": ("", "Megatron's config dump directory is not implemented"),
+    "flash_decode": (False, _INFER),
+    "batch_invariant_mode": (False, _INFER),
+    "use_te_activation_func": (False, _TE),
+    "inference_rng_tracker": (False, _INFER),
+    "inference_sampling_seed": (42, _INFER),
+    "symmetric_ar_type": (None, _INFER),
+    "use_inference_optimized_layers": (False, _INFER),
+    "inference_fuse_tp_communication": (False, _INFER),
+    "mlp_chunks_for_prefill": (1, _INFER),
+    "is_hybrid_model": (False, _HYBRID),
+    "mamba_state_dim": (128, _HYBRID),
+    "mamba_head_dim": (64, _HYBRID),
+    "mamba_num_groups": (8, _HYBRID),
+    "mamba_num_heads": (None, _HYBRID),
+    "use_mamba_mem_eff_path": (True, _HYBRID),
+    "heterogeneous_block_specs": (False, _HYBRID),
+    "hetereogenous_dist_checkpoint": (False, _HYBRID),
+    "quant_recipe": (None, _TE),
+    "fine_grained_activation_offloading": (False, _OFFLOAD),
+    "offload_modules": ([], _OFFLOAD),
+    "min_offloaded_tensor_size": (1024 * 1024, _OFFLOAD),
+}
+
+
+def _mixin(name: str, table: dict[str, tuple[object, str]]):
+    specs = []
+    for field_name, (default, _) in table.items():
+        if isinstance(default, list):  # mutable: a fresh copy per config, as Megatron's factory
+            spec = field(default_factory=list(default).copy)
+        else:
+            spec = field(default=default)
+        specs.append((field_name, object, spec))
+    return make_dataclass(name, specs, kw_only=True)
+
+
+MegatronOnlyParallelFields = _mixin("MegatronOnlyParallelFields", PARALLEL)
+MegatronOnlyTransformerFields = _mixin("MegatronOnlyTransformerFields", TRANSFORMER)
+
+
+def check_at_default(cfg, table: dict[str, tuple[object, str]]) -> None:
+    """ValueError for the first field of `table` whose value on `cfg` is not the default."""
+    declared = {f.name for f in fields(cfg)}
+    for name, (default, why) in table.items():
+        if name not in declared:
+            continue
+        value = getattr(cfg, name, MISSING)
+        if value != default:
+            raise ValueError(
+                f"{name}={value!r} is not supported by gigatron ({why}); leave it at Megatron's "
+                f"default {default!r} (gigatron/core/_megatron_only_fields.py)"
+            )
