@@ -84,8 +84,8 @@ def test_compiled_sync_free_update_matches_eager_and_skips():
 def test_shard_offsets_equal_to_lengths_do_not_recompile(monkeypatch):
     """DP rank 1's shards: each view starts where an earlier length ends (offset == n), which
     duck shaping turned into guards that recompiled the pass per shard (DP = 2 on CUDA hit
-    dynamo's recompile limit). Through `_compiled_or_eager`, shards of many sizes and offsets
-    compile one graph (no shard here starts at offset 0, which would be specialised)."""
+    dynamo's recompile limit). Under `_duck_shapes_off` (as the step runs them), shards of many
+    sizes and offsets compile one graph (none here starts at offset 0, which is specialised)."""
     from gigatron.core.optimizer import _flat_adam_step as flat
 
     torch._dynamo.reset()
@@ -101,6 +101,7 @@ def test_shard_offsets_equal_to_lengths_do_not_recompile(monkeypatch):
         off += n  # rank 1 of 2: its shard starts one shard length into the bucket
         main, m, v = torch.randn(n, generator=gen), torch.zeros(n), torch.zeros(n)
         gid = torch.zeros(n, dtype=torch.uint8)
-        update(main, grad_buf[off : off + n], m, v, gid, table, param_buf[off : off + n])
+        with flat._duck_shapes_off():  # as FlatAdamStep._update runs the pass on CUDA
+            update(main, grad_buf[off : off + n], m, v, gid, table, param_buf[off : off + n])
         off += n
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])  # 2 with duck shapes

@@ -28,6 +28,7 @@ Needs: torch.optim.Adam / AdamW without amsgrad / maximize, fp32 grad buffers
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -80,15 +81,15 @@ def _update_fn(device: torch.device):
     return _COMPILED["fn"]
 
 
-def _no_duck_shapes(compiled, args):
-    """`compiled(*args)` with duck shaping off while it traces: a shard's grad / param views sit
-    at storage offsets that can equal another tensor's length (DP rank 1's first shard starts at
-    the shard length), and the equality guard duck shaping adds recompiled the pass for every
-    shard until dynamo's recompile limit (DP = 2 on CUDA)."""
+def _duck_shapes_off():
+    """A context with duck shaping off, for the calls of the compiled pass (while one traces):
+    a shard's grad / param views sit at storage offsets that can equal another tensor's length
+    (DP rank 1's first shard starts at the shard length), and the equality guard duck shaping
+    adds recompiled the pass for every shard until dynamo's recompile limit (DP = 2 on CUDA).
+    Entered once per step around all shards (~10-25 us)."""
     from torch.fx.experimental import _config as fx_config
 
-    with fx_config.patch(use_duck_shape=False):
-        return compiled(*args)
+    return fx_config.patch(use_duck_shape=False)
 
 
 def _compiled_or_eager(compiled):
@@ -99,9 +100,9 @@ def _compiled_or_eager(compiled):
         if _COMPILED.get("eager"):
             return flat_adam_update(*args)
         if _COMPILED.get("ok"):
-            return _no_duck_shapes(compiled, args)
+            return compiled(*args)
         try:  # the first call compiles
-            out = _no_duck_shapes(compiled, args)
+            out = compiled(*args)
         except Exception as err:  # torch._dynamo / Inductor compile errors have no common base
             import warnings
 
@@ -295,12 +296,12 @@ class FlatAdamStep:
         self.grad_scale = 1.0  # used once: a later step without clipping must not reuse it
         clip, self.device_clip = self.device_clip or (None, None), None
         update = _update_fn(device)
-        for seg in self.segments:
-            for a, b in seg.keep:  # their model values (a load may have changed them)
-                seg.main[a:b].copy_(seg.model[a:b])
-            update(
-                seg.main, seg.grad, seg.exp_avg, seg.exp_avg_sq, seg.gid, table, seg.model, *clip
-            )
+        with _duck_shapes_off() if device.type == "cuda" else contextlib.nullcontext():
+            for seg in self.segments:
+                for a, b in seg.keep:  # their model values (a load may have changed them)
+                    seg.main[a:b].copy_(seg.model[a:b])
+                args = (seg.main, seg.grad, seg.exp_avg, seg.exp_avg_sq, seg.gid, table)
+                update(*args, seg.model, *clip)
 
 
 def _check(dist_opt) -> None:
