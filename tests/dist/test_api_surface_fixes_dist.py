@@ -4,6 +4,7 @@
   tensors as without it, plus Megatron's wait-handle dict (empty: gigatron's exchange is complete
   on return), so a schedule written for megatron-core can wait on it unchanged.
 - RotaryEmbedding.forward(..., cp_group=): the zigzag rows of the given CP group.
+- HyperCommGrid.create_pg / get_pg: this rank's group over the named axes.
 """
 
 from dataclasses import dataclass
@@ -68,3 +69,28 @@ def _rope_cp_group(world):
 @pytest.mark.timeout(120)
 def test_rotary_forward_cp_group_keyword():
     assert all(run_distributed(_rope_cp_group, 2, args=(2,), timeout=60))
+
+
+def _grid_groups(world):
+    import torch.distributed as dist
+
+    from gigatron.core.hyper_comm_grid import HyperCommGrid
+
+    grid = HyperCommGrid([2, 2], ["tp", "dp"])  # order "tp-dp": tp groups [0,1] [2,3]
+    tp, dp = grid.create_pg("tp"), grid.create_pg(["dp"])
+    assert grid.get_pg("tp") is tp and grid.get_pg("dp") is dp
+    rank = dist.get_rank()
+    assert dist.get_process_group_ranks(tp) == [rank - rank % 2, rank - rank % 2 + 1]
+    assert dist.get_process_group_ranks(dp) == [rank % 2, rank % 2 + 2]
+    both = grid.create_pg(["dp", "tp"])
+    assert sorted(dist.get_process_group_ranks(both)) == [0, 1, 2, 3]
+    try:
+        grid.create_pg("tp")
+    except KeyError:
+        return True
+    return False
+
+
+@pytest.mark.timeout(120)
+def test_hyper_comm_grid_groups_on_4_ranks():
+    assert all(run_distributed(_grid_groups, 4, args=(4,), timeout=60))

@@ -66,6 +66,7 @@ SYMBOLS = (
         "hyper_comm_grid:HyperCommGrid",
         "hyper_comm_grid:HyperCommGrid.create_pg",
         "hyper_comm_grid:HyperCommGrid.get_pg",
+        "hyper_comm_grid:HyperCommGrid.get_rank_enum",
         "tensor_parallel.random:CudaRNGStatesTracker",
         "tensor_parallel.random:CudaRNGStatesTracker.add",
         "tensor_parallel.random:CudaRNGStatesTracker.fork",

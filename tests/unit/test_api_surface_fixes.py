@@ -352,3 +352,35 @@ def test_megatron_only_field_off_default_raises(owner, name, default):
     build = _tiny if owner == "tc" else ModelParallelConfig
     with pytest.raises(ValueError, match=name):
         build(**{name: other})
+
+
+def test_hyper_comm_grid_enumeration_matches_megatron(monkeypatch):
+    """Rank lists of gigatron's HyperCommGrid: Megatron's documented example, the same group
+    sets as megatron-core's RankGenerator for the equivalent order string (single axes in the
+    same order), and megatron-core's own group keys."""
+    from gigatron.core.hyper_comm_grid import HyperCommGrid
+
+    monkeypatch.setenv("WORLD_SIZE", "120")
+    example = HyperCommGrid([2, 2, 2], ["a", "b", "c"])
+    assert example._gen_rank_enum(["a", "b"]) == [[0, 2, 1, 3], [4, 6, 5, 7]]  # Megatron's doc
+    assert example.get_rank_enum(["a", "b"]) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # dims ordered first
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mps = pytest.importorskip("megatron.core.parallel_state")
+        mgrid = pytest.importorskip("megatron.core.hyper_comm_grid")
+    names, shape = ["tp", "cp", "pp", "dp"], [2, 3, 4, 5]
+    grid = HyperCommGrid(shape, names)
+    theirs_grid = mgrid.HyperCommGrid(shape, names)
+    gen = mps.RankGenerator(tp=2, ep=1, dp=5, pp=4, cp=3, order="tp-cp-pp-dp")
+    for dims in ("tp", "cp", "pp", "dp", ["cp", "dp"], ["tp", "pp"], ["tp", "cp", "dp"]):
+        ours = grid.get_rank_enum(dims)
+        token = "-".join(dims) if isinstance(dims, list) else dims
+        want = gen.get_ranks(token)
+        if isinstance(dims, str):
+            assert ours == want
+        assert sorted(map(sorted, ours)) == sorted(map(sorted, want))
+        assert grid._order_dims(dims) == theirs_grid._order_dims(dims)
+    offset = HyperCommGrid([2, 2], ["tp", "dp"], rank_offset=4)
+    assert offset.get_rank_enum("dp") == [[4, 6], [5, 7]]
+    with pytest.raises(RuntimeError, match="over sized"):
+        HyperCommGrid([11, 11], ["tp", "dp"])

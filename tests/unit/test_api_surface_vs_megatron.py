@@ -286,9 +286,6 @@ ALLOWED: dict[str, str] = {
         "NCCL-options / group-description wrapper of new_group; gigatron builds groups from "
         "_rank_grid output internally"
     ),
-    "hyper_comm_grid:HyperCommGrid: missing": "N-d HyperCommGrid not implemented (report: gap)",
-    "hyper_comm_grid:HyperCommGrid.create_pg: missing": "HyperCommGrid not implemented",
-    "hyper_comm_grid:HyperCommGrid.get_pg: missing": "HyperCommGrid not implemented",
     "transformer.transformer_config:MLATransformerConfig: missing": (
         "multi-latent attention is refused (TransformerConfig.multi_latent_attention)"
     ),
