@@ -243,6 +243,16 @@ class TransformerConfig(ModelParallelConfig, _megatron_only_fields.MegatronOnlyT
         _config_checks.check_pipeline(self)
 
 
+# Megatron fields accepted only at their default (gigatron/core/_megatron_only_fields.py), under
+# the name scripts/gen_compat.py reads, so docs/compat.md lists them as "default only".
+_UNSUPPORTED = {
+    name: why
+    for name, (_, why) in {
+        **_megatron_only_fields.PARALLEL,
+        **_megatron_only_fields.TRANSFORMER,
+    }.items()
+}
+
 # Names third-party Megatron tutorials use that Megatron never had -> what to use instead.
 # (Checked by tests/unit/test_compat_errors.py: every suggested field exists.)
 _NOT_MEGATRON_FIELDS = {
