@@ -47,10 +47,22 @@ def _units(optimizer) -> tuple[list, bool]:
     return [(inner, p, p, 0, p.numel()) for g in inner.param_groups for p in g["params"]], False
 
 
+def _step_tensor(torch_opt, main: torch.Tensor, value: float) -> torch.Tensor:
+    """Adam's step count as torch keeps it: on `main`'s device (fp32) when its param group is
+    fused or capturable (the fused CUDA kernel reads it there), else a CPU scalar, as torch's
+    own `_init_group` / `load_state_dict` place it. A CPU count handed to the fused CUDA kernel
+    is a host pointer dereferenced on the device (a resume under torch's fused Adam)."""
+    group = next((g for g in torch_opt.param_groups if any(p is main for p in g["params"])), {})
+    on_device = bool(group.get("fused") or group.get("capturable"))
+    old = torch_opt.state[main].get("step")
+    dtype = old.dtype if old is not None and not on_device else torch.float32
+    return torch.tensor(value, dtype=dtype, device=main.device if on_device else "cpu")
+
+
 def _ensure_state(torch_opt, main: torch.Tensor) -> dict:
     state = torch_opt.state[main]
     if not state:  # before the first step: Adam's zero state, so a load has somewhere to go
-        state["step"] = torch.tensor(0.0, dtype=torch.float32)  # torch AdamW's, any default
+        state["step"] = _step_tensor(torch_opt, main, 0.0)
         state["exp_avg"] = torch.zeros_like(main, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(main, memory_format=torch.preserve_format)
     return state
@@ -169,9 +181,8 @@ def load_optimizer_state_dict(optimizer, request: dict, loaded: dict) -> None:
     step = float(loaded["common"]["step"])
     for torch_opt, param, main, _, _ in units:
         state = torch_opt.state[main]
-        if "step" in state:
-            # same device and dtype: torch's fused Adam keeps its step counts on the GPU
-            state["step"] = torch.full_like(state["step"], step)
+        if "step" in state:  # torch's fused Adam keeps its step counts on the GPU
+            state["step"] = _step_tensor(torch_opt, main, step)
         if param.dtype != torch.float32:
             pass  # fp32_param was loaded in place into `main`
     groups = loaded["common"].get("param_groups", [])
