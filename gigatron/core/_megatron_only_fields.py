@@ -4,12 +4,13 @@ megatron-core's `ModelParallelConfig` and `TransformerConfig` carry fields for T
 (FP8 / FP4, userbuffer overlap), CUDA graphs, Mamba / hybrid models, attention variants, DeepEP,
 inference kernels and offloading. A Megatron script or config file that spells them out at their
 default values must construct unchanged, and any other value must fail loudly (a setting is never
-silently ignored). The two mixins below declare them (names and defaults of megatron-core 0.16.1)
+silently ignored). The mixins below declare them (names and defaults of megatron-core 0.16.1)
 and `check_at_default` raises ValueError naming the field, its value and why.
 
 `ModelParallelConfig` inherits `MegatronOnlyParallelFields`; `TransformerConfig` also inherits
-`MegatronOnlyTransformerFields`. Fields gigatron declares in the configs themselves (with the
-same rule, e.g. `fp8`, `enable_cuda_graph`) live there, not here.
+`MegatronOnlyTransformerFields`; `OptimizerConfig` inherits `MegatronOnlyOptimizerFields`. Fields
+gigatron declares in the configs themselves (with the same rule, e.g. `fp8`,
+`enable_cuda_graph`) live there, not here.
 """
 
 from __future__ import annotations
@@ -158,7 +159,23 @@ def _mixin(name: str, table: dict[str, tuple[object, str]]):
     return make_dataclass(name, specs, kw_only=True)
 
 
+_MUON = "the Muon optimizer is not implemented"
+# OptimizerConfig (megatron.core.optimizer.optimizer_config)
+OPTIMIZER: dict[str, tuple[object, str]] = {
+    "fp8_recipe": (None, _TE),
+    "reuse_grad_buf_for_mxfp8_param_ag": (False, _TE),
+    "muon_momentum": (0.95, _MUON),
+    "muon_split_qkv": (True, _MUON),
+    "muon_use_nesterov": (False, _MUON),
+    "muon_scale_mode": ("spectral", _MUON),
+    "muon_fp32_matmul_prec": ("medium", _MUON),
+    "muon_num_ns_steps": (5, _MUON),
+    "muon_tp_mode": ("blockwise", _MUON),
+    "muon_extra_scale_factor": (1.0, _MUON),
+}
+
 MegatronOnlyParallelFields = _mixin("MegatronOnlyParallelFields", PARALLEL)
+MegatronOnlyOptimizerFields = _mixin("MegatronOnlyOptimizerFields", OPTIMIZER)
 MegatronOnlyTransformerFields = _mixin("MegatronOnlyTransformerFields", TRANSFORMER)
 
 

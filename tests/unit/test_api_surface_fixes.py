@@ -384,3 +384,23 @@ def test_hyper_comm_grid_enumeration_matches_megatron(monkeypatch):
     assert offset.get_rank_enum("dp") == [[4, 6], [5, 7]]
     with pytest.raises(RuntimeError, match="over sized"):
         HyperCommGrid([11, 11], ["tp", "dp"])
+
+
+def test_optimizer_config_megatron_only_fields_default_only():
+    """OptimizerConfig declares megatron-core's FP8 / Muon fields: a script passing them at
+    Megatron's defaults constructs; any other value is refused by name."""
+    import warnings
+
+    from gigatron.core.optimizer import OptimizerConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+    theirs = MegatronOptimizerConfig()
+    names = ["fp8_recipe", "reuse_grad_buf_for_mxfp8_param_ag", "muon_momentum", "muon_tp_mode"]
+    cfg = OptimizerConfig(**{n: getattr(theirs, n) for n in names})
+    assert all(getattr(cfg, n) == getattr(theirs, n) for n in names)
+    with pytest.raises(ValueError, match=r"muon_momentum=0\.9 is not supported .*Muon"):
+        OptimizerConfig(muon_momentum=0.9)
+    with pytest.raises(ValueError, match=r"fp8_recipe='mxfp8' is not supported"):
+        OptimizerConfig(fp8_recipe="mxfp8")

@@ -235,18 +235,6 @@ _V020 = (
     "gigatron follows the API map's newer signature (0.20 inserts the GTP-remat parameters "
     "before this one); 0.16.1 callers pass it by keyword, as the map advises"
 )
-_NOT_IMPL_FIELD = (
-    "Megatron feature gigatron does not implement ({}); the keyword raises TypeError. "
-    "gigatron/core/optimizer/* is owned elsewhere: candidate for default-only fields as "
-    "gigatron/core/_megatron_only_fields.py does for the model configs (report)"
-)
-
-
-def _fields(symbol: str, names: str, what: str) -> dict[str, str]:
-    return {f"{symbol}.{n}: field missing": _NOT_IMPL_FIELD.format(what) for n in names.split()}
-
-
-_OPT = "optimizer.optimizer_config:OptimizerConfig"
 _PS_V020 = [
     "initialize_model_parallel(num_distributed_optimizer_instances)",
     "get_data_parallel_group(partial_data_parallel)",
@@ -258,13 +246,6 @@ _PS_V020 = [
 ]
 
 ALLOWED: dict[str, str] = {
-    **_fields(_OPT, "fp8_recipe reuse_grad_buf_for_mxfp8_param_ag", "FP8 / MXFP8 parameters"),
-    **_fields(
-        _OPT,
-        "muon_momentum muon_split_qkv muon_use_nesterov muon_scale_mode muon_fp32_matmul_prec "
-        "muon_num_ns_steps muon_tp_mode muon_extra_scale_factor",
-        "the Muon optimizer",
-    ),
     **{f"parallel_state:{k}: position": _V020 for k in _PS_V020},
     "tensor_parallel:model_parallel_cuda_manual_seed(force_reset_rng): position": _V020,
     **{
@@ -335,8 +316,6 @@ _OPTIMIZER_OWNED = (
     "gigatron/core/optimizer/* is owned by another engineer (report)"
 )
 _OPEN: dict[str, str] = {
-    "optimizer:MegatronOptimizer.state_dict: missing": _OPTIMIZER_OWNED,
-    "optimizer:MegatronOptimizer.load_state_dict: missing": _OPTIMIZER_OWNED,
     "optimizer:MegatronOptimizer.sharded_state_dict: missing": _OPTIMIZER_OWNED,
 }
 ALLOWED.update(_OPEN)

@@ -160,6 +160,14 @@ class MegatronOptimizer:
     def step_with_ready_grads(self) -> bool:
         raise NotImplementedError
 
+    def state_dict(self):
+        """The optimizer's state (each subclass's own layout; Megatron's abstract method)."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state_dict) -> None:
+        """Restore what `state_dict()` returned (Megatron's abstract method)."""
+        raise NotImplementedError
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         raise NotImplementedError
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gigatron.core import _megatron_only_fields
+
 _FILE = "gigatron/core/optimizer/optimizer_config.py"
 
 
@@ -72,8 +74,9 @@ class ParamKey:
 
 
 @dataclass
-class OptimizerConfig:
-    """Base optimizer configuration (Megatron's field names and defaults)."""
+class OptimizerConfig(_megatron_only_fields.MegatronOnlyOptimizerFields):
+    """Base optimizer configuration (Megatron's field names and defaults; FP8 / Muon fields
+    accepted only at their defaults, gigatron/core/_megatron_only_fields.py)."""
 
     # Learning rate (the OptimizerParamScheduler overwrites group lr every step).
     lr: float | None = None
@@ -172,6 +175,7 @@ class OptimizerConfig:
         def bad(name, value, rule):
             return ValueError(f"OptimizerConfig.{name} ({value!r}) {rule} ({_FILE})")
 
+        _megatron_only_fields.check_at_default(self, _megatron_only_fields.OPTIMIZER)
         if self.optimizer not in ("adam", "sgd"):
             raise bad("optimizer", self.optimizer, "must be 'adam' or 'sgd' in gigatron")
         if self.fp16 and self.bf16:
