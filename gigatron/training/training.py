@@ -200,9 +200,12 @@ def build_train_valid_test_data_iterators(train_valid_test_dataset_provider):
     for name, size in zip(("train:     ", "validation:", "test:      "), sizes):
         print_rank_0(f"    {name} {size}")
     train_ds, valid_ds, test_ds = train_valid_test_dataset_provider(sizes)
+    # Megatron's: --skip-train reads the validation split (sized for one evaluation) from its
+    # start, not from the loaded checkpoint's consumed_valid_samples
+    valid_start = 0 if getattr(args, "skip_train", False) else args.consumed_valid_samples
     loaders = [
         build_pretraining_data_loader(train_ds, args.consumed_train_samples, args),
-        build_pretraining_data_loader(valid_ds, args.consumed_valid_samples, args),
+        build_pretraining_data_loader(valid_ds, valid_start, args),
         build_pretraining_data_loader(test_ds, 0, args),
     ]
     return [iter(loader) if loader is not None else None for loader in loaders]
