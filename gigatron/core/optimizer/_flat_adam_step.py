@@ -168,8 +168,6 @@ class FlatAdamStep:
         self.opt = opt
         _check(dist_opt)
         groups = opt.param_groups
-        if len(groups) >= 255:
-            raise ValueError(f"flat Adam step: {len(groups)} param groups (at most 254) ({_FILE})")
         group_of = {id(p): i for i, g in enumerate(groups) for p in g["params"]}
         self.padding_row = len(groups)
         self.grad_scale = 1.0  # the clipping coefficient of the coming step (then back to 1)
@@ -311,6 +309,11 @@ def _check(dist_opt) -> None:
         raise ValueError(
             f"GIGATRON_FLAT_OPTIMIZER_STEP=1 needs torch.optim.Adam or AdamW (got "
             f"{type(opt).__name__}) ({_FILE})"
+        )
+    if len(opt.param_groups) >= 255:  # uint8 group ids, one row kept for the padding
+        raise ValueError(
+            f"GIGATRON_FLAT_OPTIMIZER_STEP=1: {len(opt.param_groups)} param groups (at most "
+            f"254) ({_FILE})"
         )
     for group in opt.param_groups:
         if group.get("amsgrad") or group.get("maximize"):
