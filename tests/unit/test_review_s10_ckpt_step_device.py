@@ -65,3 +65,19 @@ def test_fused_cuda_resume_steps_like_uninterrupted():
     run(fresh, grads[2:])
     torch.cuda.synchronize()
     torch.testing.assert_close(p2, ref.param_groups[0]["params"][0], rtol=0, atol=0)
+
+
+def test_load_keeps_this_process_kernel_flags():
+    """The checkpoint's hyperparameters are restored, its kernel choice is not: a CPU-saved
+    fused=False must not turn a fused (GPU) optimizer into the foreach one."""
+    opt = _opt("meta", fused=True)
+    (p,) = opt.param_groups[0]["params"]
+    _ensure_state(opt, p)
+    saved = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+    saved.update(lr=0.5, fused=False, foreach=True)
+    load_optimizer_state_dict(
+        opt, {"sharded": {}}, {"common": {"step": 3.0, "param_groups": [saved]}}
+    )
+    group = opt.param_groups[0]
+    assert group["lr"] == 0.5 and group["fused"] and not group["foreach"]
+    assert opt.state[p]["step"].device == p.device

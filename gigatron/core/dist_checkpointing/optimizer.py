@@ -47,6 +47,10 @@ def _units(optimizer) -> tuple[list, bool]:
     return [(inner, p, p, 0, p.numel()) for g in inner.param_groups for p in g["params"]], False
 
 
+# torch.optim param-group keys that pick the kernel, not the update's math
+_KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
 def _step_tensor(torch_opt, main: torch.Tensor, value: float) -> torch.Tensor:
     """Adam's step count as torch keeps it: on `main`'s device (fp32) when its param group is
     fused or capturable (the fused CUDA kernel reads it there), else a CPU scalar, as torch's
@@ -188,7 +192,10 @@ def load_optimizer_state_dict(optimizer, request: dict, loaded: dict) -> None:
     groups = loaded["common"].get("param_groups", [])
     if hasattr(optimizer, "param_groups") and len(groups) == len(optimizer.param_groups):
         for group, saved in zip(optimizer.param_groups, groups):
-            group.update(saved)
+            # hyperparameters only: which kernel runs (fused / foreach ...) is this process's
+            # choice (a CPU-saved fused=False would put a GPU resume on the slower foreach
+            # kernel, which the sync-free step refuses)
+            group.update({k: v for k, v in saved.items() if k not in _KERNEL_KEYS})
     scaler = getattr(optimizer, "grad_scaler", None)
     if scaler is not None and loaded["common"].get("grad_scaler") is not None:
         scaler.load_state_dict(loaded["common"]["grad_scaler"])
