@@ -265,10 +265,13 @@ _NCCL_DETERMINISTIC_ALGOS = ("Tree", "Ring", "CollnetDirect", "CollnetChain", "^
 
 
 def _deterministic_mode(args) -> None:
-    """Megatron's --deterministic-mode rules: no fused cross entropy, and on NCCL a fixed
-    all-reduce algorithm (NCCL_ALGO); gigatron does not ask for NCCL_ALGO on gloo (CPU)."""
+    """Megatron's --deterministic-mode rules: no --use-flash-attn, no fused cross entropy, and on
+    NCCL a fixed all-reduce algorithm (NCCL_ALGO); gigatron does not ask for NCCL_ALGO on gloo
+    (CPU)."""
     if not args.deterministic_mode:
         return
+    if getattr(args, "use_flash_attn", False):
+        raise _where("--deterministic-mode cannot be used with --use-flash-attn")
     if args.cross_entropy_loss_fusion:
         raise _where("--deterministic-mode cannot be used with --cross-entropy-loss-fusion")
     nccl = (args.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")) == "nccl"
