@@ -50,6 +50,9 @@ class BlendedMegatronDatasetBuilder:
         self.sizes = list(sizes)
         self.is_built_on_rank = is_built_on_rank
         self.config = config
+        # (prefix, split index) of empty splits with 0 samples requested: None on every rank,
+        # unlike a split not built on this rank (is_built_on_rank), which the blend still syncs
+        self._unrequested_empty: set[tuple[str | None, int]] = set()
         if len(self.sizes) != len(Split):
             raise ValueError(f"sizes ({sizes}) must have {len(Split)} entries (train, valid, test)")
         if config.mock:
@@ -126,8 +129,8 @@ class BlendedMegatronDatasetBuilder:
         megatron_datasets = self._build_megatron_datasets_serial(prefixes, split, sizes_buffer)
         blended: list[Any] = [None] * len(Split)
         for i in range(len(Split)):
-            if split[i] is None or None in megatron_datasets[i]:  # None: empty, 0 requested
-                continue
+            if split[i] is None or any((p, i) in self._unrequested_empty for p in prefixes):
+                continue  # None on every rank: an empty split with 0 requested
             weights_i = weights
             if weights_i is not None and sizes[i] is not None:
                 size_i = sum(list(zip(*sizes_target))[i])
@@ -156,6 +159,11 @@ class BlendedMegatronDatasetBuilder:
         """For each split, the list of mid-level datasets (one per prefix)."""
         out: list[list[Any]] = [[] for _ in range(len(Split))]
         rank = _dist_rank()
+        if rank is not None:  # every rank, before the others wait for rank 0's builds
+            for prefix, sizes in zip(prefixes, sizes_per_dataset):
+                low_level = self.cls.build_low_level_dataset(prefix, self.config)
+                num_elements = self.cls.numel_low_level_dataset(low_level)
+                self._raise_if_empty(prefix, split, sizes, num_elements)
         order = [True] if rank is None else ([True, False] if rank == 0 else [False, True])
         for build_here in order:
             if build_here:
@@ -177,19 +185,7 @@ class BlendedMegatronDatasetBuilder:
         """Mid-level datasets for each split of one low-level dataset."""
         low_level = self.cls.build_low_level_dataset(dataset_path, self.config)
         num_elements = self.cls.numel_low_level_dataset(low_level)
-        bounds = [
-            None
-            if bookend is None
-            else (int(round(bookend[0] * num_elements)), int(round(bookend[1] * num_elements)))
-            for bookend in split
-        ]
-        # Raised before this function's barriers: every rank that reaches it stops alike
-        for i, split_name in enumerate(Split):
-            if bounds[i] is not None and bounds[i][0] == bounds[i][1] and sizes[i]:
-                message = _empty_split_message(
-                    self.config, dataset_path, split_name, num_elements, sizes[i]
-                )
-                raise ValueError(message)
+        bounds = self._raise_if_empty(dataset_path, split, sizes, num_elements)
         datasets: list[MidLevelDataset | None] = []
         for i, split_name in enumerate(Split):
             if split[i] is None:
@@ -197,6 +193,7 @@ class BlendedMegatronDatasetBuilder:
                 continue
             beg, end = bounds[i]
             if beg == end and sizes[i] == 0:  # nothing requested from an empty split
+                self._unrequested_empty.add((dataset_path, i))
                 datasets.append(None)
                 continue
             indices = numpy.arange(beg, end, dtype=numpy.int32)
@@ -214,6 +211,25 @@ class BlendedMegatronDatasetBuilder:
                 )
             )
         return datasets
+
+    def _raise_if_empty(self, dataset_path, split, sizes, num_elements: int) -> list:
+        """Each split's [beg, end) of the `num_elements` sequences (None where the split is
+        None); ValueError when samples are requested from an empty one. Called on every rank
+        before any barrier (a blend's ranks != 0 wait for rank 0's builds: raised only on
+        rank 0, it left them waiting)."""
+        bounds = [
+            None
+            if bookend is None
+            else (int(round(bookend[0] * num_elements)), int(round(bookend[1] * num_elements)))
+            for bookend in split
+        ]
+        for i, split_name in enumerate(Split):
+            if bounds[i] is not None and bounds[i][0] == bounds[i][1] and sizes[i]:
+                message = _empty_split_message(
+                    self.config, dataset_path, split_name, num_elements, sizes[i]
+                )
+                raise ValueError(message)
+        return bounds
 
     @staticmethod
     def build_generic_dataset(
