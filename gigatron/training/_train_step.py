@@ -110,6 +110,20 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     return losses, skipped, grad_norm, num_zeros, nan_iter
 
 
+def _check_sync_free_skips(optimizer, args) -> None:
+    """The flat Adam step keeps its step counts on the host, so under the sync-free step a
+    skipped (NaN/Inf) update still advances them; harmless when the run stops at the next log
+    line, wrong when `--skip-nan-steps` trains on. Refused by name."""
+    opts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    if args.skip_nan_steps and any(getattr(o, "_flat_step", None) is not None for o in opts):
+        raise ValueError(
+            "GIGATRON_SYNC_FREE_STEP=1 with --skip-nan-steps needs torch's fused Adam: the flat "
+            "Adam step (the CUDA default) would count each skipped step in Adam's bias "
+            "correction; set GIGATRON_FLAT_OPTIMIZER_STEP=0 or drop one of the two "
+            "(gigatron/training/_train_step.py)"
+        )
+
+
 def _optimizer_step(optimizer, model, args):
     """optimizer.step() behind the NaN/Inf gradient check (module docstring).
 
@@ -119,6 +133,7 @@ def _optimizer_step(optimizer, model, args):
     from gigatron.core.optimizer.grad_scaler import DynamicGradScaler
 
     if os.environ.get("GIGATRON_SYNC_FREE_STEP", "0") == "1":
+        _check_sync_free_skips(optimizer, args)
         grad_norm, nonfinite = optimizer.step_sync_free()  # applied unless nonfinite
         return True, grad_norm, None, nonfinite
     if not getattr(args, "check_for_nan_in_loss_and_grad", True):  # Megatron's --no-check-...

@@ -70,3 +70,19 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
     assert main[0] < 1.0 and m[0] > 0  # the eager update ran
     update(main, grad, m, v, gid, table, None)
     assert len(calls) == 1
+
+
+def test_sync_free_skip_nan_steps_refuses_the_flat_step():
+    """The flat step's host step counts advance on a skipped sync-free update: the loop refuses
+    GIGATRON_SYNC_FREE_STEP=1 + --skip-nan-steps with it (also inside a ChainedOptimizer), and
+    lets torch's fused Adam (no flat step) or a stopping run through."""
+    from gigatron.training._train_step import _check_sync_free_skips
+
+    flat_opt, torch_opt = SimpleNamespace(_flat_step=object()), SimpleNamespace(_flat_step=None)
+    skip, stop = SimpleNamespace(skip_nan_steps=True), SimpleNamespace(skip_nan_steps=False)
+    chained = SimpleNamespace(chained_optimizers=[torch_opt, flat_opt])
+    for opt in (flat_opt, chained):
+        with pytest.raises(ValueError, match="--skip-nan-steps needs torch's fused Adam"):
+            _check_sync_free_skips(opt, skip)
+        _check_sync_free_skips(opt, stop)
+    _check_sync_free_skips(torch_opt, skip)

@@ -210,7 +210,8 @@ class MegatronOptimizer:
     def step_sync_free(self) -> tuple[torch.Tensor, torch.Tensor]:
         """`step_with_grad_norm_check()` without a host sync (gigatron addition): returns
         (grad_norm, nonfinite), 0-dim tensors on the grads' device; when nonfinite the update
-        was skipped on the device (params, Adam state and step counts unchanged). Needs
+        was skipped on the device (params and Adam moments unchanged; the step counts too,
+        except under the flat Adam step, whose host-side counts advance). Needs
         clip_grad > 0, no loss scaler, torch's fused Adam / AdamW, no
         zero counting (`check_sync_free`)."""
         self.check_sync_free()
