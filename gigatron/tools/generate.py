@@ -183,7 +183,12 @@ def _report(results: list[GenerationResult], args, seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gigatron.training.initialize import destroy_distributed
+
     run(argv)
+    # a clean exit: the gloo group torn down at interpreter shutdown could abort a finished run
+    # ("terminate called without an active exception": make train's demo, once in four)
+    destroy_distributed()
     return 0
 
 
