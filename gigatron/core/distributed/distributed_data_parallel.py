@@ -189,24 +189,65 @@ class DistributedDataParallel(torch.nn.Module):
 
         return hook
 
-    def _make_forward_pre_hook(self):
+    def _param_gather_units(self) -> dict:
+        """{unit: the bucket groups its forward pre-hook waits for, in dispatch order}.
+
+        Megatron hooks every module and waits for the groups of its own params. gigatron hooks
+        each TransformerLayer as one unit (all its params), each group of layers that
+        `compile_transformer_layers(layers_per_graph=...)` compiled as one graph (unit
+        `(block, index)`, waited on before the group runs), and, outside the layers, the
+        modules that own params. The hooks are never traced: one traced inside a compiled
+        graph guarded on the identity of every param it looked up, so each layer recompiled
+        until dynamo's recompile limit and the remaining layers ran eagerly
+        (`--overlap-param-gather --torch-compile`, DP = 2 on GPUs)."""
+        from gigatron.core.transformer.transformer_layer import TransformerLayer
+
+        order = {id(g): i for i, g in enumerate(self._all_bucket_groups())}
+        units: dict = {}
+
+        def add(key, params) -> None:
+            groups = {id(g): g for p in params if (g := self.param_to_bucket_group.get(p))}
+            if groups:
+                units[key] = sorted(groups.values(), key=lambda g: order[id(g)])
+
+        def visit(module: torch.nn.Module) -> None:
+            if isinstance(module, TransformerLayer):
+                add(module, module.parameters())
+                return
+            add(module, module.parameters(recurse=False))
+            bounds = getattr(module, "_compiled_layer_group_bounds", None)
+            for name, child in module.named_children():
+                if bounds and name == "layers":
+                    for index, (start, end) in enumerate(bounds):
+                        add((module, index), (p for m in child[start:end] for p in m.parameters()))
+                else:
+                    visit(child)
+
+        visit(self.module)
+        return units
+
+    def _make_forward_pre_hook(self, groups: list):
+        skip_next = self.ddp_config.align_param_gather
+
+        @torch._dynamo.disable
         def hook(module, *unused):
-            for param in module.parameters(recurse=False):
-                group = self.param_to_bucket_group.get(param)
-                if group is not None:
-                    group.finish_param_sync(
-                        skip_next_bucket_dispatch=self.ddp_config.align_param_gather
-                    )
+            for group in groups:
+                group.finish_param_sync(skip_next_bucket_dispatch=skip_next)
 
         return hook
 
     def enable_forward_pre_hook(self) -> None:
-        """Wait for each module's param all-gather right before its forward."""
+        """Wait for each unit's param all-gather right before its forward (units above)."""
         assert self.use_forward_hook and not self.remove_forward_pre_hook_handles
-        for module in self.module.modules():
-            self.remove_forward_pre_hook_handles[module] = module.register_forward_pre_hook(
-                self._make_forward_pre_hook()
-            )
+        for unit, groups in self._param_gather_units().items():
+            hook = self._make_forward_pre_hook(groups)
+            if isinstance(unit, tuple):  # a compiled group of layers: its block runs the hook
+                block, index = unit
+                block.__dict__.setdefault("_layer_group_pre_hooks", {})[index] = hook
+                handle = _GroupHookHandle(block, index)
+            else:
+                handle = unit.register_forward_pre_hook(hook)
+            self.remove_forward_pre_hook_handles[unit] = handle
 
     def disable_forward_pre_hook(self, param_sync: bool = True) -> None:
         """Remove the pre-hooks; all-gather synchronously now unless `param_sync=False`."""
@@ -285,3 +326,13 @@ class DistributedDataParallel(torch.nn.Module):
 
     def sharded_state_dict(self, *args, **kwargs):
         return self.module.sharded_state_dict(*args, **kwargs)
+
+
+class _GroupHookHandle:
+    """`remove()` for a layer group's pre-hook (kept in its block, not in torch's hook dict)."""
+
+    def __init__(self, block: torch.nn.Module, index: int):
+        self.block, self.index = block, index
+
+    def remove(self) -> None:
+        self.block.__dict__.get("_layer_group_pre_hooks", {}).pop(self.index, None)

@@ -82,7 +82,14 @@ def compile_transformer_layers(
         options = {"reorder_for_peak_memory": False}
     kw = dict(fullgraph=fullgraph, mode=mode, dynamic=dynamic, options=options, backend=backend)
     if sizes != [1]:
-        return _compile_layer_groups(model, sizes, kw)
+        # a DDP model with overlap_param_gather hooks its units; groups become units of their own
+        rehook = bool(getattr(model, "remove_forward_pre_hook_handles", None))
+        if rehook:
+            model.disable_forward_pre_hook(param_sync=False)
+        count = _compile_layer_groups(model, sizes, kw)
+        if rehook:
+            model.enable_forward_pre_hook()
+        return count
     for layer in layers:
         layer.compile(**kw)
     return len(layers)
@@ -144,22 +151,28 @@ def _compile_layer_groups(model: torch.nn.Module, sizes: list[int], compile_kw: 
             torch.compile(_layer_group(block, start, end), **compile_kw) for start, end in bounds
         ]
         block._compiled_layer_groups = groups
+        block._compiled_layer_group_bounds = bounds
         block._run_compiled_layer_groups = torch._dynamo.disable(
-            _run_groups(groups), recursive=False
+            _run_groups(block, groups), recursive=False
         )
         count += n
     return count
 
 
-def _run_groups(groups):
+def _run_groups(block, groups):
     """`(hidden_states, context, kw) -> (hidden_states, context)` through the compiled groups in
     turn. Wrapped in `torch._dynamo.disable(recursive=False)`: never traced itself (the groups
     still run their own compiled graphs), so a whole model compiled around it breaks there: its
     graphs end before the first group and resume after the last, and each group's backward stays
-    a separate graph (DDP buckets can start between them)."""
+    a separate graph (DDP buckets can start between them). Before each group, its pre-hook if
+    DDP set one in `block._layer_group_pre_hooks` (`overlap_param_gather`: wait for the group's
+    param all-gathers here, outside the graph)."""
 
     def run(hidden_states, context, kw):
-        for group in groups:
+        pre_hooks = getattr(block, "_layer_group_pre_hooks", None) or {}
+        for index, group in enumerate(groups):
+            if index in pre_hooks:
+                pre_hooks[index](block)
             hidden_states, context = group(hidden_states, context, **kw)
         return hidden_states, context
 
