@@ -9,6 +9,10 @@
 #       fixed (1cbab78: they were zero on torch 2.11)
 #   bash bench/run_gpu_2026-12-01-s11.sh tests   # call 2: every CUDA test (GPU 0) beside the
 #       CUDA resume test (GPU 1)
+#   bash bench/run_gpu_2026-12-01-s11.sh dp2     # call 3: after b3f00bb (DDP's param-gather
+#       hooks no longer traced): pretrain_gpt on one GPU (GPU 0, the whole model compiled; GPU 1
+#       the same with --torch-compile-layers-per-graph 2,22), then DP = 2 with and without
+#       --overlap-param-gather
 #
 # Results: one JSON object a line in $OUT/results.jsonl; logs in $OUT.
 source bench/_run_lib.sh
@@ -45,9 +49,21 @@ tests() {
   wait
 }
 
+dp2() {
+  train_one 0 29921 150 default-nodrop --clip-grad 1.0 &
+  train_one 1 29931 150 default-nodrop-groups2-22 --clip-grad 1.0 \
+    --torch-compile-layers-per-graph 2,22 &
+  wait
+  NPROC=2 train_one 0,1 29921 170 default-nodrop-dp2 --clip-grad 1.0 --global-batch-size 8 \
+    --overlap-grad-reduce --overlap-param-gather
+  NPROC=2 train_one 0,1 29921 150 default-nodrop-dp2-no-param-overlap --clip-grad 1.0 \
+    --global-batch-size 8 --overlap-grad-reduce
+}
+
 case "${1:-}" in
+  dp2) dp2 ;;
   verify) verify ;;
   tests) tests ;;
-  *) echo "usage: $0 verify|tests" >&2; exit 2 ;;
+  *) echo "usage: $0 verify|tests|dp2" >&2; exit 2 ;;
 esac
 python3 bench/compare.py "$RES" 2>/dev/null | tail -40
