@@ -205,3 +205,24 @@ def test_router_capacity_inside_routing():
     )
     _, rmap = router.routing(torch.tensor(IMBALANCED).view(4, 1, 4))
     assert rmap.sum(0).tolist() == [1, 0, 0, 0]  # capacity ceil(4/4 * 1.0) = 1
+
+
+def test_aux_loss_gradient_under_torch_compile():
+    """The router's aux loss compiled with fullgraph (as compile_transformer_layers does; the
+    backward read the scale from the autograd.Function's class, which dynamo cannot trace), the
+    scale set before the forward as gigatron's schedules do: the compiled grads equal eager's.
+    (Set only after the forward, as Megatron's schedules do, a compiled graph may have used the
+    old value: the partitioner can move d(aux), independent of the output grad, forward.)"""
+    router = _router(moe_aux_loss_coeff=0.01)
+
+    def run(fn, scale):
+        MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(scale))
+        logits = torch.tensor(IMBALANCED).view(4, 1, 4).requires_grad_()
+        (fn(logits) * 0).sum().backward()
+        return logits.grad
+
+    compiled = torch.compile(lambda x: router.routing(x)[0], fullgraph=True, backend="aot_eager")
+    for scale in (0.25, 3.0):
+        want = run(lambda x: router.routing(x)[0], scale)
+        torch.testing.assert_close(run(compiled, scale), want, rtol=1e-6, atol=0)
+        assert want.abs().sum() > 0  # the aux loss does reach the logits

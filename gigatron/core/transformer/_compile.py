@@ -60,7 +60,8 @@ def compile_transformer_layers(
 
     `fullgraph=True` makes a graph break an error instead of a silent slow path (TP/SP
     collectives are traced as functional collectives, so this holds under TP too); False
-    compiles each piece between breaks.
+    compiles each piece between breaks. It is dropped (False) for TP > 1 without sequence
+    parallel and attention dropout > 0: the model-parallel RNG fork breaks the graph there.
     `mode` is torch.compile's (None, "max-autotune-no-cudagraphs", ...); `options` are Inductor
     options (e.g. {"coordinate_descent_tuning": True}); give one or the other. With neither, a
     model using `tp_comm_overlap` under SP compiles with `reorder_for_peak_memory=False` so the
@@ -80,6 +81,10 @@ def compile_transformer_layers(
         # of the input-gradient reduce-scatter it is meant to hide (see
         # tests/dist/test_tp_compile_schedule.py); keep the order the linears issue.
         options = {"reorder_for_peak_memory": False}
+    if fullgraph and _needs_tp_dropout_fork(layers):
+        # TP > 1 without SP: attention dropout forks the model-parallel RNG (different masks per
+        # TP rank), a state swap dynamo cannot trace: the layer graphs break around it
+        fullgraph = False
     kw = dict(fullgraph=fullgraph, mode=mode, dynamic=dynamic, options=options, backend=backend)
     if sizes != [1]:
         # a DDP model with overlap_param_gather hooks its units; groups become units of their own
@@ -93,6 +98,17 @@ def compile_transformer_layers(
     for layer in layers:
         layer.compile(**kw)
     return len(layers)
+
+
+def _needs_tp_dropout_fork(layers) -> bool:
+    """Whether a layer's attention dropout runs under the TP RNG tracker's fork when compiled
+    (DotProductAttention._dropout_rng): TP > 1, no sequence parallel, attention dropout > 0."""
+    config = layers[0].config
+    return (
+        config.tensor_model_parallel_size > 1
+        and not config.sequence_parallel
+        and config.attention_dropout > 0
+    )
 
 
 def parse_layers_per_graph(text: str) -> int | list[int]:

@@ -71,8 +71,15 @@ class DotProductAttention(MegatronModule):
         self.attention_dropout = torch.nn.Dropout(self.attention_dropout_p)
 
     def _dropout_rng(self):
-        """Dropout inside a TP region uses the model-parallel RNG (different per TP rank)."""
+        """Dropout inside a TP region uses the model-parallel RNG (different per TP rank).
+
+        Traced by torch.compile with TP = 1: no fork (dynamo cannot trace the RNG state swap,
+        and a compiled graph draws its dropout masks from Inductor's own generator seeded from
+        the default one: a different stream than eager either way; with one TP rank no other
+        rank's masks need to differ). With TP > 1 the fork stays and breaks the graph there."""
         if self.config.sequence_parallel or not (self.training and self.attention_dropout_p > 0):
+            return contextlib.nullcontext()
+        if self.config.tensor_model_parallel_size == 1 and torch.compiler.is_compiling():
             return contextlib.nullcontext()
         from gigatron.core import tensor_parallel
 

@@ -60,11 +60,22 @@ def z_loss_func(logits: Tensor, z_loss_coeff: float, padding_mask: Tensor | None
     return (z * valid).sum() / torch.clamp(valid.sum(), min=1.0) * z_loss_coeff
 
 
+# The tensor behind MoEAuxLossAutoScaler.main_loss_backward_scale, where the backward reads it: a
+# module global (dynamo lifts it into a compiled graph; it cannot trace a tensor read from the
+# autograd.Function's class). Changed in place once it exists. Under torch.compile the d(aux)
+# computation may run in the compiled forward (it does not depend on the output grad), so the
+# schedules set the scale before each forward (gigatron/core/pipeline_parallel/_steps.py).
+_BACKWARD_SCALE: dict[str, Tensor] = {}
+
+
 class MoEAuxLossAutoScaler(torch.autograd.Function):
     """Attach an aux loss to an activation: identity forward; backward adds d(aux) = scale.
 
-    `scale` is the main loss's backward scale (loss scale / num_microbatches), set once per step
-    by the pipeline schedules through `set_loss_scale`, so aux losses are scaled like the loss.
+    `scale` is the main loss's backward scale (loss scale / num_microbatches), set by the
+    pipeline schedules through `set_loss_scale` before each microbatch's forward (Megatron: after
+    it), so aux losses are scaled like the loss. Set it through `set_loss_scale`: the backward
+    reads the tensor `set_loss_scale` keeps (also `main_loss_backward_scale`), not the class
+    attribute, and 1.0 before any was set.
     """
 
     main_loss_backward_scale: Tensor | None = None
@@ -77,21 +88,23 @@ class MoEAuxLossAutoScaler(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         (aux_loss,) = ctx.saved_tensors
-        if MoEAuxLossAutoScaler.main_loss_backward_scale is None:
-            MoEAuxLossAutoScaler.main_loss_backward_scale = torch.tensor(
-                1.0, device=aux_loss.device
-            )
-        scale = MoEAuxLossAutoScaler.main_loss_backward_scale.to(aux_loss.device)
-        return grad_output, torch.ones_like(aux_loss) * scale
+        scale = _BACKWARD_SCALE.get("scale")
+        if scale is None:
+            return grad_output, torch.ones_like(aux_loss)
+        return grad_output, torch.ones_like(aux_loss) * scale.to(aux_loss.device)
 
     @staticmethod
     def set_loss_scale(scale: Tensor) -> None:
         """Set the scale of the aux-loss gradients (must match the main loss's scaling)."""
         scale = scale.detach().reshape(()) if torch.is_tensor(scale) else torch.tensor(scale)
-        if MoEAuxLossAutoScaler.main_loss_backward_scale is None:
-            MoEAuxLossAutoScaler.main_loss_backward_scale = scale.clone()
+        scale = scale.float()
+        current = _BACKWARD_SCALE.get("scale")
+        if current is None or current.device != scale.device:
+            current = scale.clone()
+            _BACKWARD_SCALE["scale"] = current
         else:
-            MoEAuxLossAutoScaler.main_loss_backward_scale.copy_(scale)
+            current.copy_(scale)
+        MoEAuxLossAutoScaler.main_loss_backward_scale = current
 
 
 # ---------------------------------------------------------------- routing
