@@ -117,17 +117,20 @@ def _scaled_loss(outputs, config, num_microbatches, cp_group_size):
     )
 
 
-def _set_moe_aux_loss_scale(config, like, cp_group_size, num_microbatches) -> None:
+def _set_moe_aux_loss_scale(config, model, cp_group_size, num_microbatches) -> None:
     """MoE aux losses backprop through a side channel; give them the main loss's scaling (a
-    tensor on `like`'s device). Every stage, before each forward: Megatron sets it after the
-    forward, read in the backward; torch.compile's partitioner may move d(aux), which does not
-    depend on the output grad, into the compiled forward, so it must hold already. Same value
-    (the loss scale changes only at the optimizer step)."""
+    tensor on the device of `model`'s params). Every stage, before each forward: Megatron sets
+    it after the forward, read in the backward; torch.compile's partitioner may move d(aux),
+    which does not depend on the output grad, into the compiled forward, so it must hold
+    already. Same value (the loss scale changes only at the optimizer step)."""
     if getattr(config, "num_moe_experts", None) is None:
         return
     from gigatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
-    ones = torch.ones(1, device=like.device)
+    param = next(iter(model.parameters()), None)
+    if param is None:
+        return
+    ones = torch.ones(1, device=param.device)
     loss_scale = config.grad_scale_func(ones) if config.grad_scale_func is not None else ones
     if getattr(config, "calculate_per_token_loss", False):
         MoEAuxLossAutoScaler.set_loss_scale(loss_scale)
@@ -166,9 +169,7 @@ def forward_step(
     unwrap = not isinstance(input_tensor, list)
     inputs = [input_tensor] if unwrap else input_tensor
     get_attr_wrapped_model(model, "set_input_tensor")(inputs)
-    param = next(iter(model.parameters()), None)
-    if param is not None:  # before the forward: a compiled layer may compute d(aux) there
-        _set_moe_aux_loss_scale(config, param, cp_group_size, num_microbatches)
+    _set_moe_aux_loss_scale(config, model, cp_group_size, num_microbatches)  # before the forward
     with _autocast(config):
         if checkpoint_activations_microbatch is None:
             output_tensor, loss_func = forward_step_func(data_iterator, model)
