@@ -103,3 +103,39 @@ def test_torch_compile_mode_needs_torch_compile():
 
     with pytest.raises(DistributedTestError, match="--torch-compile-mode reduce-overhead needs"):
         run_distributed(_losses, 1, args=(["--torch-compile-mode", "reduce-overhead"],))
+
+
+def _guard_skip_runs():
+    """Losses of `--torch-compile model` with and without `--torch-compile-skip-guard-eval`
+    (evaluation every 2 iterations: its no-grad graph sits beside the training graph), and how
+    many training steps entered the guard-skipping stance."""
+    import torch
+
+    entered = []
+    real = torch.compiler.set_stance
+
+    def spy(*args, **kwargs):
+        entered.append(kwargs.get("skip_guard_eval_unsafe", False))
+        return real(*args, **kwargs)
+
+    base = ["--torch-compile", "model", "--eval-interval", "2"]
+    guarded = _losses(base)[0]
+    torch.compiler.set_stance = spy
+    try:
+        skipped = _losses(base + ["--torch-compile-skip-guard-eval"])[0]
+    finally:
+        torch.compiler.set_stance = real
+    return guarded, skipped, entered
+
+
+def test_skip_guard_eval_matches_the_guarded_run():
+    ((guarded, skipped, entered),) = run_distributed(_guard_skip_runs, 1, timeout=600)
+    assert entered == [True, True, True], entered  # steps 2-4 of 4, not step 1
+    assert len(skipped) == 4 and _close(skipped, guarded, 1e-6), (skipped, guarded)
+
+
+def test_skip_guard_eval_needs_torch_compile():
+    from gigatron.testing import DistributedTestError
+
+    with pytest.raises(DistributedTestError, match="--torch-compile-skip-guard-eval needs"):
+        run_distributed(_losses, 1, args=(["--torch-compile-skip-guard-eval"],))
