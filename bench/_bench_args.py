@@ -185,12 +185,6 @@ def parse_args(argv=None, doc: str | None = None):
     )
     p.add_argument("--micro-batch-size", type=int, default=None)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument(
-        "--skip-guard-eval",
-        action="store_true",
-        help="timed steps under torch.compiler.set_stance(skip_guard_eval_unsafe=True): dynamo "
-        "checks no guards once warm (the host's per-call guard check of the compiled model)",
-    )
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--profile", default=None, help="write top kernels of 2 profiled steps here")

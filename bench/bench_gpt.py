@@ -255,12 +255,7 @@ def _time(step, a, device, sampler=None):
         first = loss.detach().clone() if first is None else first
     sync()
     warm_s = time.perf_counter() - t0
-    stance = (
-        torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-        if a.skip_guard_eval
-        else contextlib.nullcontext()
-    )
-    with sampler or contextlib.nullcontext(), stance:
+    with sampler or contextlib.nullcontext():
         t0 = time.perf_counter()
         for _ in range(a.steps):
             loss = step()
@@ -467,7 +462,6 @@ def main(argv=None) -> dict:
             "layers_per_graph": a.layers_per_graph,
             "row_bias_in_gemm": a.row_bias_in_gemm,
             "anchor_init": a.anchor_init,
-            "skip_guard_eval": a.skip_guard_eval,
             "comm_reorder": a.comm_reorder,
             "memory_reorder": not a.no_memory_reorder,
             "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},

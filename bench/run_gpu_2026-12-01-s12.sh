@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 12 GPU runs (bench/reports/2026-12-01-s12-gpu.md), device kind nvidia-h200 (one GPU:
+# Session 12 GPU runs (bench/reports/2026-12-01-s12-gpu.md), run at b319b9d: its --skip-guard-eval
+# and --torch-compile-skip-guard-eval were removed after (no gain). Device kind nvidia-h200 (one GPU:
 # the two-GPU kinds were withheld this session), from the repo root:
 #
 #   bash bench/run_gpu_2026-12-01-s12.sh bench  # call 1: the one-GPU targets (gpt-1.3b,

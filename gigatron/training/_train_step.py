@@ -24,10 +24,8 @@ scheduler steps on such a skipped step too.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -77,21 +75,6 @@ def _nonfinite_grad_ranks(model) -> list[int]:
     return [r for r, f in enumerate(flags.tolist()) if f]
 
 
-_WARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model chunk -> steps taken
-
-
-def _guard_stance(args, model):
-    """`--torch-compile-skip-guard-eval`: from a model's second training step on, dynamo skips
-    its compiled graphs' guard checks (the first step compiled the graphs it needs)."""
-    if not getattr(args, "torch_compile_skip_guard_eval", False):
-        return contextlib.nullcontext()
-    steps = _WARM.get(model[0], 0)
-    _WARM[model[0]] = steps + 1
-    if steps == 0:
-        return contextlib.nullcontext()
-    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-
-
 def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_scheduler, config):
     """One iteration: forward/backward over all microbatches, then the update.
 
@@ -103,17 +86,16 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
     for chunk in model:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    with _guard_stance(args, model):
-        losses_reduced = get_forward_backward_func()(
-            forward_step_func=forward_step_func,
-            data_iterator=data_iterator,
-            model=model,
-            num_microbatches=get_num_microbatches(),
-            seq_length=args.seq_length,
-            micro_batch_size=args.micro_batch_size,
-            decoder_seq_length=args.seq_length,
-            forward_only=False,
-        )
+    losses_reduced = get_forward_backward_func()(
+        forward_step_func=forward_step_func,
+        data_iterator=data_iterator,
+        model=model,
+        num_microbatches=get_num_microbatches(),
+        seq_length=args.seq_length,
+        micro_batch_size=args.micro_batch_size,
+        decoder_seq_length=args.seq_length,
+        forward_only=False,
+    )
     update_successful, grad_norm, num_zeros, nan_iter = _optimizer_step(optimizer, model, args)
     deferred = isinstance(nan_iter, torch.Tensor)  # the sync-free step: known on the device only
     if update_successful:

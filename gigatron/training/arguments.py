@@ -213,16 +213,6 @@ def _training_args(p):
     )
     _add(
         g,
-        "--torch-compile-skip-guard-eval",
-        bool,
-        help_="gigatron addition: after the first iteration, run the training forward/backward "
-        "under torch.compiler.set_stance(skip_guard_eval_unsafe=True): dynamo stops checking "
-        "the compiled model's guards on every call (~1 ms of host time per call for a 24-layer "
-        "model). Unsafe where a later batch needs another graph (other shapes, as in "
-        "variable-length data); evaluation keeps its guards. Needs --torch-compile",
-    )
-    _add(
-        g,
         "--skip-nan-steps",
         bool,
         help_="skip a step with a non-finite loss or grad (default: stop)",

@@ -108,11 +108,6 @@ def _compile_chunks(args, chunks) -> None:
             f"--torch-compile-layers-per-graph {per_graph} needs --torch-compile layers or "
             "model (gigatron/training/training.py)"
         )
-    if getattr(args, "torch_compile_skip_guard_eval", False) and mode == "none":
-        raise ValueError(
-            "--torch-compile-skip-guard-eval needs --torch-compile layers or model "
-            "(gigatron/training/training.py)"
-        )
     if compile_mode is not None and mode == "none":
         raise ValueError(
             f"--torch-compile-mode {compile_mode} needs --torch-compile layers or model "

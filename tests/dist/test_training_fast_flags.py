@@ -68,13 +68,13 @@ def test_ce_fusion_and_tp_comm_overlap_match_the_plain_run_at_tp2_sp():
         assert len(a) == 4 and _close(a, b, 1e-6), (a, b)
 
 
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                    reason="torch.compile on CPU needs a C++ compiler")  # fmt: skip
 def _losses_each(extras):
     """`_losses` of each flag list in turn, in one process (one spawn instead of one each)."""
     return [_losses(extra) for extra in extras]
 
 
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on CPU needs a C++ compiler")  # fmt: skip
 def test_torch_compile_layers_and_model_match_eager():
     # the whole model compiled around layer groups (its graphs stop before and after them) last
     grouped = ["--torch-compile", "model", "--torch-compile-layers-per-graph", "1,1"]
@@ -103,39 +103,3 @@ def test_torch_compile_mode_needs_torch_compile():
 
     with pytest.raises(DistributedTestError, match="--torch-compile-mode reduce-overhead needs"):
         run_distributed(_losses, 1, args=(["--torch-compile-mode", "reduce-overhead"],))
-
-
-def _guard_skip_runs():
-    """Losses of `--torch-compile model` with and without `--torch-compile-skip-guard-eval`
-    (evaluation every 2 iterations: its no-grad graph sits beside the training graph), and how
-    many training steps entered the guard-skipping stance."""
-    import torch
-
-    entered = []
-    real = torch.compiler.set_stance
-
-    def spy(*args, **kwargs):
-        entered.append(kwargs.get("skip_guard_eval_unsafe", False))
-        return real(*args, **kwargs)
-
-    base = ["--torch-compile", "model", "--eval-interval", "2"]
-    guarded = _losses(base)[0]
-    torch.compiler.set_stance = spy
-    try:
-        skipped = _losses(base + ["--torch-compile-skip-guard-eval"])[0]
-    finally:
-        torch.compiler.set_stance = real
-    return guarded, skipped, entered
-
-
-def test_skip_guard_eval_matches_the_guarded_run():
-    ((guarded, skipped, entered),) = run_distributed(_guard_skip_runs, 1, timeout=600)
-    assert entered == [True, True, True], entered  # steps 2-4 of 4, not step 1
-    assert len(skipped) == 4 and _close(skipped, guarded, 1e-6), (skipped, guarded)
-
-
-def test_skip_guard_eval_needs_torch_compile():
-    from gigatron.testing import DistributedTestError
-
-    with pytest.raises(DistributedTestError, match="--torch-compile-skip-guard-eval needs"):
-        run_distributed(_losses, 1, args=(["--torch-compile-skip-guard-eval"],))
