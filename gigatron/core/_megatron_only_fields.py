@@ -4,8 +4,10 @@ megatron-core's `ModelParallelConfig` and `TransformerConfig` carry fields for T
 (FP8 / FP4, userbuffer overlap), CUDA graphs, Mamba / hybrid models, attention variants, DeepEP,
 inference kernels and offloading. A Megatron script or config file that spells them out at their
 default values must construct unchanged, and any other value must fail loudly (a setting is never
-silently ignored). The mixins below declare them (names and defaults of megatron-core 0.16.1)
-and `check_at_default` raises ValueError naming the field, its value and why.
+silently ignored). The mixins below declare them (names and defaults of megatron-core 0.16.1,
+then the fields megatron-core 0.19.2 added) and `check_at_default` raises ValueError naming the
+field, its value and why. Where 0.19 changed a default (`NEWER_DEFAULTS`), either version's
+default is accepted, so configs written for either construct.
 
 `ModelParallelConfig` inherits `MegatronOnlyParallelFields`; `TransformerConfig` also inherits
 `MegatronOnlyTransformerFields`; `OptimizerConfig` inherits `MegatronOnlyOptimizerFields`. Fields
@@ -33,6 +35,9 @@ _INFER = (
     "inference-engine kernels (flash decode, batch-invariant mode, fused TP) are not implemented"
 )
 _HYBRID = "Mamba / hybrid / heterogeneous models are not implemented"
+_GTP = "GTP weight sharding / rematerialisation is not implemented"
+_MTP = "multi-token prediction is not implemented"
+_MUP = "muP parametrisation is not implemented"
 
 # name -> (Megatron's default, why gigatron refuses another value)
 PARALLEL: dict[str, tuple[object, str]] = {
@@ -60,6 +65,16 @@ PARALLEL: dict[str, tuple[object, str]] = {
     "cpu_offloading_activations": (True, _OFFLOAD),
     "cpu_offloading_weights": (False, _OFFLOAD),
     "cpu_offloading_double_buffering": (False, _OFFLOAD),
+    # added in megatron-core 0.19
+    "tensor_parallel_num_weight_shards": (None, _GTP),
+    "gtp_weight_remat_size": (1, _GTP),
+    "expert_tensor_parallel_num_weight_shards": (None, _GTP),
+    "expert_gtp_weight_remat_size": (1, _GTP),
+    "moe_grad_scale_func": (None, "MoE / MTP grad-scale hooks are not implemented"),
+    "mtp_grad_scale_func": (None, "MoE / MTP grad-scale hooks are not implemented"),
+    "overlap_dispatch_backward_with_experts_wgrad": (False, _EP_OVERLAP),
+    "_cpu_offloading_context": (None, _OFFLOAD),
+    "cpu_offloading_retain_pinned_cpu_buffers": (False, _OFFLOAD),
 }
 
 TRANSFORMER: dict[str, tuple[object, str]] = {
@@ -145,6 +160,75 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "fine_grained_activation_offloading": (False, _OFFLOAD),
     "offload_modules": ([], _OFFLOAD),
     "min_offloaded_tensor_size": (1024 * 1024, _OFFLOAD),
+    # added in megatron-core 0.19
+    "mtp_use_repeated_layer": (False, _MTP),
+    "mtp_detach_heads": (False, _MTP),
+    "mtp_hybrid_override_pattern": (None, _MTP),
+    "flash_attention_version": (None, "gigatron's attention is torch SDPA; no flash-attn package"),
+    "experimental_attention_variant_loss_scale_func": (None, _ATTN),
+    "dsa_indexer_topk_freq": (1, _ATTN),
+    "dsa_indexer_skip_topk_offset": (0, _ATTN),
+    "dsa_kernel_backend": ("none", _ATTN),
+    "dsa_indexer_rope_interleaved": (False, _ATTN),
+    "dsa_indexer_rotate_activation": (True, _ATTN),
+    "dsa_indexer_scoring_relu": (True, _ATTN),
+    "dsa_indexer_k_norm_epsilon": (None, _ATTN),
+    "dsa_indexer_k_norm_fp32": (False, _ATTN),
+    "use_mup": (False, _MUP),
+    "mup_width_mult": (1.0, _MUP),
+    "mup_base_hidden_size": (None, _MUP),
+    "mup_embedding_mult": (1.0, _MUP),
+    "mup_output_mult": (1.0, _MUP),
+    "mup_base_head_dim": (None, _MUP),
+    "mup_attn_scale_power": (1.0, _MUP),
+    "fused_residual_rmsnorm": (False, _TE),
+    "use_transformer_engine_op_fuser": (False, _TE),
+    "fp8_output_proj": (False, _TE),
+    "high_priority_a2a_comm_stream": (False, _EP_OVERLAP),
+    "use_grouped_gemm_for_shared_expert": (False, _MOE),
+    "moe_shared_expert_glu_interleave_size": (None, _MOE),
+    "moe_router_quantile_balancing_ema": (0.0, _MOE),
+    "moe_router_force_biased": (None, _MOE),
+    "use_grouped_gemm_for_dense_mlp": (False, _MOE),
+    "moe_single_grouped_weight": (False, _MOE),
+    "moe_single_grouped_bias": (False, _MOE),
+    "moe_permute_fusion_into_hybridep": (False, _MOE),
+    "moe_hybridep_pad_uneven_dispatch_inputs": (False, _MOE),
+    "moe_pad_experts_for_cuda_graph_inference": (False, _GRAPH),
+    "moe_flex_dispatcher_num_sms": (None, _MOE),
+    "moe_hybridep_num_blocks_permute": (None, _MOE),
+    "moe_hybridep_num_blocks_unpermute": (None, _MOE),
+    "moe_hybridep_num_sms_preprocessing": (108, _MOE),
+    "moe_ncclep_static_shape": (False, _MOE),
+    "moe_ncclep_zero_copy": (False, _MOE),
+    "moe_mlp_glu_interleave_size": (None, _MOE),
+    "moe_expert_rank_capacity_factor": (None, _MOE),
+    "cuda_graph_modules": ("full", _GRAPH),
+    "inference_cuda_graph_scope": (None, _INFER),
+    "nccl_all_reduce_for_prefill": (False, _INFER),
+    "inference_disable_triton_nvls_kernels": (False, _INFER),
+    "inference_grouped_gemm_backend": ("vllm", _INFER),
+    "inference_moe_disable_fused_quant_kernels": (False, _INFER),
+    "inference_moe_token_dispatcher_type": ("nvls", _INFER),
+    "mamba_training_ssm_states_dtype": (None, _HYBRID),
+    "mlp_chunks_for_training": (1, "chunked MLP execution is not implemented"),
+    "delay_offload_until_cuda_graph": (False, _OFFLOAD),
+    "delta_offload_bytes_across_pp_ranks": (0, _OFFLOAD),
+    "activation_offload_fraction": (1.0, _OFFLOAD),
+    "moe_paged_stash": (False, _OFFLOAD),
+    "moe_paged_stash_page_size": (64, _OFFLOAD),
+    "moe_paged_stash_buffer_size_factor_cuda": (1.1, _OFFLOAD),
+    "moe_paged_stash_buffer_size_factor_cpu": (0.0, _OFFLOAD),
+    "fine_grained_offloading_max_inflight_offloads": (None, _OFFLOAD),
+}
+
+# megatron-core 0.19's defaults where it changed 0.16's: accepted as well (inert without the
+# feature, which gigatron refuses at any non-default value)
+NEWER_DEFAULTS: dict[str, tuple[object, ...]] = {
+    "cuda_graph_scope": (None,),
+    "cuda_graph_use_single_mempool": (True,),
+    "moe_deepep_num_sms": (None,),
+    "moe_hybridep_num_sms": (None,),
 }
 
 
@@ -172,6 +256,24 @@ OPTIMIZER: dict[str, tuple[object, str]] = {
     "muon_num_ns_steps": (5, _MUON),
     "muon_tp_mode": ("blockwise", _MUON),
     "muon_extra_scale_factor": (1.0, _MUON),
+    # added in megatron-core 0.19
+    "muon_nesterov": (False, _MUON),
+    "muon_coefficient_type": ("quintic", _MUON),
+    "muon_scalar_optimizer": ("adam", _MUON),
+    "lion_beta1": (0.95, "the Lion optimizer is not implemented"),
+    "lion_beta2": (0.98, "the Lion optimizer is not implemented"),
+    "soap_shampoo_beta": (0.95, "the SOAP optimizer is not implemented"),
+    "soap_precondition_frequency": (1, "the SOAP optimizer is not implemented"),
+    "soap_use_kl_shampoo": (True, "the SOAP optimizer is not implemented"),
+    "adaptive_muon_moment2_method": ("adamuon", _MUON),
+    "adaptive_muon_beta2": (0.95, _MUON),
+    "adaptive_muon_eps": (1e-08, _MUON),
+    "use_layer_wise_distributed_optimizer": (
+        False,
+        "the layer-wise distributed optimizer is not implemented",
+    ),
+    "grad_norm_skip_threshold": (float("inf"), "skipping steps by grad norm is not implemented"),
+    "optimizer_cuda_graph": (False, _GRAPH),
 }
 
 MegatronOnlyParallelFields = _mixin("MegatronOnlyParallelFields", PARALLEL)
@@ -186,7 +288,7 @@ def check_at_default(cfg, table: dict[str, tuple[object, str]]) -> None:
         if name not in declared:
             continue
         value = getattr(cfg, name, MISSING)
-        if value != default:
+        if value != default and not any(value == d for d in NEWER_DEFAULTS.get(name, ())):
             raise ValueError(
                 f"{name}={value!r} is not supported by gigatron ({why}); leave it at Megatron's "
                 f"default {default!r} (gigatron/core/_megatron_only_fields.py)"

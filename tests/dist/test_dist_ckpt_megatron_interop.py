@@ -1,4 +1,5 @@
-"""Interop with megatron-core's own `dist_checkpointing` (0.16, installed), both directions.
+"""Interop with megatron-core's own `dist_checkpointing` (0.16 installed here; also run against
+0.19.2), both directions.
 
 Two plain gloo processes (megatron-core's writer starts worker processes, which the forkserver
 harness's daemonic ranks may not): megatron-core saves a sharded state dict (row-split tensor,
@@ -81,11 +82,22 @@ def _worker(rank, world, init_file, m_dir, g_dir):
 @pytest.mark.slow
 def test_megatron_core_and_gigatron_read_each_others_checkpoints(tmp_path):
     dirs = _launch("_worker", 2, tmp_path)
-    configs = [json.load(open(os.path.join(d, "metadata.json"))) for d in dirs]
-    assert configs[0] == configs[1] and configs[1]["sharded_backend"] == "torch_dist"
-    for d in dirs:  # same file kinds (megatron-core writes 2 files per rank, gigatron 1)
+    m_cfg, g_cfg = (json.load(open(os.path.join(d, "metadata.json"))) for d in dirs)
+    # megatron-core 0.19 dropped common_backend(_version) from metadata.json (it ignores unknown
+    # fields on read); 0.16 writes and expects them: gigatron writes 0.16's superset
+    assert g_cfg["sharded_backend"] == "torch_dist", g_cfg
+    assert m_cfg == {k: g_cfg[k] for k in m_cfg}, (m_cfg, g_cfg)
+    for d in dirs:  # same file kinds (megatron-core 0.16 writes 2 files per rank, gigatron 1)
         names = set(os.listdir(d))
-        assert {".metadata", "common.pt", "metadata.json", "__0_0.distcp", "__1_0.distcp"} <= names
+        assert {".metadata", "metadata.json", "__0_0.distcp", "__1_0.distcp"} <= names
+    # the common state: common.pt (0.16's layout, gigatron's), or from megatron-core 0.19 on a
+    # `common_state` object inside the DCP files (which gigatron read back in the workers)
+    assert "common.pt" in os.listdir(dirs[1])
+    from gigatron.core.dist_checkpointing.strategies import torch as torch_dist
+
+    m_keys = torch_dist.read_dcp_metadata(dirs[0]).state_dict_metadata
+    m_has_object = any(k.startswith("common_state") for k in m_keys)
+    assert "common.pt" in os.listdir(dirs[0]) or m_has_object
 
 
 def _gpt_worker(rank, world, init_file, m_dir, g_dir):

@@ -73,6 +73,10 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     context_parallel_size: int | None = None
     """Context-parallel size (kept for compatibility)."""
 
+    inter_document_masking: bool = False
+    """megatron-core 0.19: not supported by gigatron (must stay False; reset_attention_mask
+    builds the block-diagonal mask)."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.tokenizer is None:
@@ -84,6 +88,7 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
             "object_storage_cache_path": (self.object_storage_cache_path, None),
             "hybrid_context_parallel": (self.hybrid_context_parallel, False),
             "sequences_per_dataset": (self.sequences_per_dataset, None),
+            "inter_document_masking": (self.inter_document_masking, False),
         }
         for name, (value, default) in unsupported.items():
             if value != default:

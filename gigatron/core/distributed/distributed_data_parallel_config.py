@@ -9,6 +9,9 @@ are accepted at their defaults and raise ValueError when set to anything else.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 _FILE = "gigatron/core/distributed/distributed_data_parallel_config.py"
 
@@ -104,6 +107,43 @@ class DistributedDataParallelConfig:
     delay_wgrad_compute: bool = False
     """Split dgrad/wgrad (not implemented; must be False)."""
 
+    # added in megatron-core 0.19, accepted at their defaults only
+    num_buckets: int | None = None
+    """Bucket count instead of bucket_size (not implemented; must be None)."""
+
+    param_name_patterns_for_fp32_local_accumulation: tuple = ()
+    """Per-parameter fp32 grad accumulation (not implemented; must be empty)."""
+
+    fp4_param_gather: bool = False
+    """FP4 params all-gather (not implemented; must be False)."""
+
+    fsdp_db_use_persist_buf_on_alloc_fail: bool = False
+    """FSDP knob; must be False."""
+
+    fsdp_all_gather_in_start_param_sync: bool = True
+    """FSDP knob; no effect here."""
+
+    megatron_fsdp_main_params_dtype: Any = torch.float32
+    """Megatron-FSDP knob; must be torch.float32."""
+
+    megatron_fsdp_main_grads_dtype: Any = None
+    """Megatron-FSDP knob; must be None."""
+
+    megatron_fsdp_grad_comm_dtype: Any = None
+    """Megatron-FSDP knob; must be None."""
+
+    megatron_fsdp_use_decoupled_grad: bool = False
+    """Megatron-FSDP knob; must be False."""
+
+    megatron_fsdp_cuda_graph_mode: bool = False
+    """Megatron-FSDP knob; must be False."""
+
+    megatron_fsdp_enable_fine_grained_param_gather: bool = False
+    """Megatron-FSDP knob; must be False."""
+
+    megatron_fsdp_max_pool_double_buffer: bool = False
+    """Megatron-FSDP knob; must be False."""
+
     def __post_init__(self) -> None:
         must_be = {
             "num_distributed_optimizer_instances": 1,
@@ -120,6 +160,16 @@ class DistributedDataParallelConfig:
             "outer_dp_sharding_strategy": "no_shard",
             "fsdp_manual_registration": False,
             "delay_wgrad_compute": False,
+            "num_buckets": None,
+            "fp4_param_gather": False,
+            "fsdp_db_use_persist_buf_on_alloc_fail": False,
+            "megatron_fsdp_main_params_dtype": torch.float32,
+            "megatron_fsdp_main_grads_dtype": None,
+            "megatron_fsdp_grad_comm_dtype": None,
+            "megatron_fsdp_use_decoupled_grad": False,
+            "megatron_fsdp_cuda_graph_mode": False,
+            "megatron_fsdp_enable_fine_grained_param_gather": False,
+            "megatron_fsdp_max_pool_double_buffer": False,
         }
         for name, allowed in must_be.items():
             value = getattr(self, name)
@@ -128,6 +178,12 @@ class DistributedDataParallelConfig:
                     f"DistributedDataParallelConfig.{name} ({value!r}) is not supported by "
                     f"gigatron; it must be {allowed!r} ({_FILE})"
                 )
+        if tuple(self.param_name_patterns_for_fp32_local_accumulation):
+            raise ValueError(
+                "DistributedDataParallelConfig.param_name_patterns_for_fp32_local_accumulation "
+                f"({self.param_name_patterns_for_fp32_local_accumulation!r}) is not supported by "
+                f"gigatron; it must be empty ({_FILE})"
+            )
         if self.bucket_size is not None and self.bucket_size <= 0:
             raise ValueError(
                 f"DistributedDataParallelConfig.bucket_size ({self.bucket_size}) must be positive "
