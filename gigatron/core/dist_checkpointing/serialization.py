@@ -188,10 +188,14 @@ def save(
     async_sharded_save: bool = False,
     preprocess_common_before_consistancy_check=None,
     content_metadata: dict | None = None,
+    async_strategy: str = "nvrx",
     verify_integrity: bool = False,
     process_group=None,
 ) -> AsyncRequest | None:
     """Write `sharded_state_dict` to the existing directory `checkpoint_dir` (collective).
+
+    `async_strategy` (Megatron 0.19+: "nvrx" or "mcore", which of its async writers runs the
+    `async_sharded_save` request) is accepted with either value: gigatron has one.
 
     With `async_sharded_save` the tensors are first copied to private CPU memory, and the
     returned AsyncRequest does the file writes (schedule it, e.g. with AsyncCallsQueue); its
@@ -200,6 +204,11 @@ def save(
     """
     _check_strategy(sharded_strategy, "sharded_strategy")
     _check_strategy(common_strategy, "common_strategy")
+    if async_strategy not in ("nvrx", "mcore"):
+        raise CheckpointingException(
+            f"async_strategy {async_strategy!r} is not one of Megatron's 'nvrx' / 'mcore' "
+            "(gigatron/core/dist_checkpointing/serialization.py)"
+        )
     del preprocess_common_before_consistancy_check  # common state is taken from rank 0 only
     checkpoint_dir = str(checkpoint_dir)
     if not os.path.isdir(checkpoint_dir):

@@ -65,8 +65,16 @@ class DistributedDataParallel(torch.nn.Module):
         module: torch.nn.Module,
         disable_bucketing: bool = False,
         pg_collection=None,
+        full_param_layout=None,
     ):
         super().__init__()
+        if full_param_layout is not None:  # Megatron 0.19+
+            raise ValueError(
+                "DistributedDataParallel: full_param_layout (a layout precomputed by Megatron's "
+                "DistributedOptimizer.compute_full_param_layout) is not supported by gigatron; "
+                "leave it None: the buffers are laid out here "
+                "(gigatron/core/distributed/distributed_data_parallel.py)"
+            )
         self.config = config
         self.module = module
         self.dp_cp_group, self.expt_dp_group, self.pp_group = _groups(pg_collection)

@@ -32,11 +32,21 @@ from gigatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 from gigatron.core.utils import get_model_config
 
 
-def get_forward_backward_func(pp_size: int | None = None, vp_size: int | None = None):
+def get_forward_backward_func(
+    pp_size: int | None = None, vp_size: int | None = None, schedule_pg_collection=None
+):
     """The schedule for this layout: interleaved if pp > 1 and vp set, 1F1B if pp > 1, else none.
 
-    With both arguments None they are read from parallel_state.
+    With both arguments None they are read from parallel_state. `schedule_pg_collection`
+    (Megatron 0.19+): a `MultiModuleProcessGroupCollection` selects Megatron's cross-grid bridge
+    schedule, which gigatron does not implement (ValueError); any other value is ignored, as in
+    Megatron.
     """
+    if type(schedule_pg_collection).__name__ == "MultiModuleProcessGroupCollection":
+        raise ValueError(
+            "get_forward_backward_func: multi-module (cross-grid) pipeline schedules are not "
+            "implemented by gigatron (gigatron/core/pipeline_parallel/schedules.py)"
+        )
     if pp_size is None and vp_size is None:
         pp_size = parallel_state.get_pipeline_model_parallel_world_size()
         vp_size = parallel_state.get_virtual_pipeline_model_parallel_world_size()

@@ -193,8 +193,13 @@ class SelfAttention(Attention):
         attn_mask_type=AttnMaskType.padding,
         cp_comm_type=None,
         pg_collection=None,
+        pp_layer_offset: int | None = None,
+        name=None,
     ):
         super().__init__(config, submodules, layer_number, attn_mask_type, "self", cp_comm_type)
+        # Megatron 0.19+: the stage's layer offset (its inference KV cache is indexed by
+        # layer_number - offset; gigatron's is keyed by the global layer_number) and a label
+        self.pp_layer_offset, self.name = pp_layer_offset, name
         self.linear_qkv = build_module(
             submodules.linear_qkv,
             config.hidden_size,
@@ -262,8 +267,10 @@ class CrossAttention(Attention):
         attn_mask_type=AttnMaskType.padding,
         cp_comm_type=None,
         pg_collection=None,
+        name=None,
     ):
         super().__init__(config, submodules, layer_number, attn_mask_type, "cross", cp_comm_type)
+        self.name = name  # Megatron 0.19+: a label
         if config.num_query_groups != config.num_attention_heads:
             raise ValueError(
                 f"num_query_groups ({config.num_query_groups}) must equal num_attention_heads "

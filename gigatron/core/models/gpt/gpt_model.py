@@ -95,10 +95,20 @@ class GPTModel(LanguageModule):
         inference_params=None,
         loss_mask: Tensor | None = None,
         padding_mask=None,
+        output_processor=None,
+        output_processor_context=None,
     ) -> Tensor:
         """input_ids/position_ids [b, s], attention_mask bool [b|1, 1, s, s] (True = masked) or
         None (causal) -> logits [b, s, V/tp], or loss [b, s] fp32 when labels [b, s] are given,
-        or hidden states [s, b, h] on stages without post_process."""
+        or hidden states [s, b, h] on stages without post_process.
+
+        `output_processor` (Megatron 0.19+): on the last stage, called instead of the output
+        layer and loss with keyword arguments hidden_states [s(/tp), b, h], output_layer,
+        output_weight (the tied embedding weight or None), labels, loss_mask, input_ids,
+        position_ids, attention_mask, decoder_input, inference_context, packed_seq_params,
+        runtime_gather_output, context (= `output_processor_context`),
+        compute_language_model_loss, scale_logits (identity: no muP) and config; its result is
+        the model's output."""
         inference_context = inference_context if inference_context is not None else inference_params
         if inference_context is not None:
             position_ids = _inference_position_ids(self, inference_context, input_ids, position_ids)
@@ -114,6 +124,25 @@ class GPTModel(LanguageModule):
         )  # [s(/tp), b, h]
         if not self.post_process:
             return hidden_states
+        if output_processor is not None:
+            return output_processor(
+                hidden_states=hidden_states,
+                output_layer=self.output_layer,
+                output_weight=self._tied_output_weight(),
+                labels=labels,
+                loss_mask=loss_mask,
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=attention_mask,
+                decoder_input=decoder_input,
+                inference_context=inference_context,
+                packed_seq_params=packed_seq_params,
+                runtime_gather_output=runtime_gather_output,
+                context=output_processor_context,
+                compute_language_model_loss=self.compute_language_model_loss,
+                scale_logits=_identity,
+                config=self.config,
+            )
         if inference_context is not None and not self.training:
             if inference_context.materialize_only_last_token_logits:
                 hidden_states = hidden_states[-1:]  # [1, b, h]: all a sampler needs
@@ -183,3 +212,8 @@ def _inference_position_ids(model, inference_context, input_ids, position_ids):
     start = inference_context.sequence_len_offset
     positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
     return positions[None].expand(input_ids.shape[0], -1)  # [b, s]
+
+
+def _identity(logits: Tensor) -> Tensor:
+    """`scale_logits` handed to an output_processor: muP's logit scaling is not implemented."""
+    return logits

@@ -74,8 +74,9 @@ class Router(MegatronModule):
 class TopKRouter(Router):
     """Route each token to its top-k experts (see module docstring)."""
 
-    def __init__(self, config, pg_collection=None) -> None:
+    def __init__(self, config, pg_collection=None, is_mtp_layer: bool = False) -> None:
         super().__init__(config, pg_collection)
+        self.is_mtp_layer = is_mtp_layer  # Megatron 0.19+ (multi-token prediction: not built)
         self.topk = config.moe_router_topk
         self.routing_type = config.moe_router_load_balancing_type
         self.score_function = config.moe_router_score_function

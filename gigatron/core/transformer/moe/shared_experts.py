@@ -19,7 +19,14 @@ from gigatron.core.transformer.mlp import MLP, MLPSubmodules
 class SharedExpertMLP(MLP):
     """MLP with ffn_hidden_size = moe_shared_expert_intermediate_size; returns the output only."""
 
-    def __init__(self, config, submodules: MLPSubmodules, gate: bool = False, pg_collection=None):
+    def __init__(
+        self,
+        config,
+        submodules: MLPSubmodules,
+        gate: bool = False,
+        pg_collection=None,
+        name=None,  # Megatron 0.19+: a label
+    ):
         if gate:
             raise ValueError("SharedExpertMLP: gate=True (gated shared experts) is not supported")
         if config.moe_shared_expert_overlap:
@@ -31,6 +38,7 @@ class SharedExpertMLP(MLP):
         cfg.ffn_hidden_size = config.moe_shared_expert_intermediate_size
         tp_group = None if pg_collection is None else pg_collection.tp
         super().__init__(cfg, submodules, tp_group=tp_group)
+        self.name = name
 
     def forward(self, hidden_states: Tensor) -> Tensor:
         """[s, b, h] -> [s, b, h] (bias added)."""
