@@ -18,6 +18,12 @@ import numpy
 import torch
 
 from gigatron.core.datasets import helpers
+from gigatron.core.datasets._index_cache import (
+    description_matches,
+    load_index,
+    save_description,
+    save_index,
+)
 from gigatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from gigatron.core.datasets.megatron_dataset import MegatronDataset
 from gigatron.core.datasets.utils import log_single_rank, normalize
@@ -100,12 +106,17 @@ class BlendedDataset(torch.utils.data.Dataset):
                 paths[affix] = os.path.join(path_to_cache, f"{base}-{affix}")
         cache_hit = bool(paths) and all(os.path.isfile(p) for p in paths.values())
         dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if cache_hit or (path_to_cache and dist_on and torch.distributed.get_rank() != 0):
+        writer = not dist_on or torch.distributed.get_rank() == 0
+        if path_to_cache and (cache_hit or not writer):
             log_single_rank(logger, logging.INFO, f"Load the {type(self).__name__} indices")
-            return (
-                numpy.load(paths["dataset_index.npy"], allow_pickle=True, mmap_mode="r"),
-                numpy.load(paths["dataset_sample_index.npy"], allow_pickle=True, mmap_mode="r"),
+            cached = (
+                load_index(paths["dataset_index.npy"], ndim=1),
+                load_index(paths["dataset_sample_index.npy"], ndim=1),
             )
+            if description_matches(paths["description.txt"], self.unique_description) and all(
+                a is not None for a in cached
+            ):
+                return cached
 
         n = len(self.datasets)
         if self.size is not None:
@@ -130,10 +141,9 @@ class BlendedDataset(torch.utils.data.Dataset):
                     f"({self.datasets[k].dataset_path}) which has {len(self.datasets[k])}; raise "
                     f"mid_level_dataset_surplus (now {self.config.mid_level_dataset_surplus})"
                 )
-        if path_to_cache:
+        if path_to_cache and writer:
             os.makedirs(path_to_cache, exist_ok=True)
-            with open(paths["description.txt"], "w") as writer:
-                writer.write(self.unique_description)
-            numpy.save(paths["dataset_index.npy"], dataset_index, allow_pickle=True)
-            numpy.save(paths["dataset_sample_index.npy"], dataset_sample_index, allow_pickle=True)
+            save_description(paths["description.txt"], self.unique_description)
+            save_index(paths["dataset_index.npy"], dataset_index)
+            save_index(paths["dataset_sample_index.npy"], dataset_sample_index)
         return dataset_index, dataset_sample_index

@@ -21,6 +21,12 @@ import numpy
 import torch
 
 from gigatron.core.datasets import helpers
+from gigatron.core.datasets._index_cache import (
+    description_matches,
+    load_index,
+    save_description,
+    save_index,
+)
 from gigatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from gigatron.core.datasets.indexed_dataset import IndexedDataset
 from gigatron.core.datasets.megatron_dataset import MegatronDataset
@@ -216,26 +222,34 @@ class GPTDataset(MegatronDataset):
             paths["shuffle_index.npy"] = os.path.join(path_to_cache, f"{base}-shuffle_index.npy")
         cache_hit = bool(paths) and all(os.path.isfile(p) for p in paths.values())
         dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if not path_to_cache or (
-            not cache_hit and (not dist_on or torch.distributed.get_rank() == 0)
-        ):
-            indices = self._build_indices()
-            if path_to_cache:
-                os.makedirs(path_to_cache, exist_ok=True)
-                with open(paths["description.txt"], "w") as writer:
-                    writer.write(self.unique_description)
-                for name, array in zip(
-                    ("document_index", "sample_index", "shuffle_index"), indices
-                ):
-                    numpy.save(paths[f"{name}.npy"], array, allow_pickle=True)
-            return indices
-        log_single_rank(
-            logger, logging.INFO, f"Load the {type(self).__name__} {self.index_split.name} indices"
+        writer = not dist_on or torch.distributed.get_rank() == 0
+        if path_to_cache and (cache_hit or not writer):
+            log_single_rank(
+                logger,
+                logging.INFO,
+                f"Load the {type(self).__name__} {self.index_split.name} indices",
+            )
+            cached = self._load_cached_indices(paths)
+            if cached is not None:
+                return cached
+        indices = self._build_indices()
+        if path_to_cache and writer:
+            os.makedirs(path_to_cache, exist_ok=True)
+            save_description(paths["description.txt"], self.unique_description)
+            for name, array in zip(("document_index", "sample_index", "shuffle_index"), indices):
+                save_index(paths[f"{name}.npy"], array)
+        return indices
+
+    def _load_cached_indices(self, paths: dict[str, str]) -> tuple | None:
+        """The three cached indices, or None (stale cache, warned) to rebuild them."""
+        if not description_matches(paths["description.txt"], self.unique_description):
+            return None
+        out = (
+            load_index(paths["document_index.npy"], ndim=1),
+            load_index(paths["sample_index.npy"], ndim=2, width=2),
+            load_index(paths["shuffle_index.npy"], ndim=1),
         )
-        return tuple(
-            numpy.load(paths[f"{name}.npy"], allow_pickle=True, mmap_mode="r")
-            for name in ("document_index", "sample_index", "shuffle_index")
-        )
+        return None if any(a is None for a in out) else out
 
     def _build_indices(self) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
         seq_len = self.config.sequence_length

@@ -19,6 +19,12 @@ from dataclasses import dataclass
 import numpy
 import torch
 
+from gigatron.core.datasets._index_cache import (
+    description_matches,
+    load_index,
+    save_description,
+    save_index,
+)
 from gigatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from gigatron.core.datasets.indexed_dataset import IndexedDataset
 from gigatron.core.datasets.megatron_dataset import MegatronDataset
@@ -229,26 +235,32 @@ class MaskedWordPieceDataset(MegatronDataset):
         # Megatron walks "all the epochs it takes" when a size is asked for, else one epoch.
         num_epochs = numpy.iinfo(numpy.int32).max - 1 if self.num_samples is not None else 1
         dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if not cache_hit and (not dist_on or torch.distributed.get_rank() == 0):
-            log_single_rank(logger, logging.INFO, f"Build the {type(self).__name__} indices")
+        writer = not dist_on or torch.distributed.get_rank() == 0
+        if cache_hit or not writer:
+            cached = load_index(path_index, ndim=2)
+            if cached is not None and description_matches(
+                path_description, self.unique_description
+            ):
+                return cached
+        # no cache or a stale one: build it (only the writer rank stores it)
+        log_single_rank(logger, logging.INFO, f"Build the {type(self).__name__} indices")
+        indices = numpy.append(self.indices, self.indices[-1] + 1)
+        sample_index = build_mapping(
+            self.dataset.document_indices[indices],
+            self.dataset.sequence_lengths,
+            num_epochs,
+            self.num_samples if self.num_samples is not None else 2**63 - 1,
+            sequence_length,
+            self.config.short_sequence_probability,
+            self.config.random_seed,
+            False,
+            min_sentences_per_sample,
+        )
+        if writer:
             os.makedirs(path_to_cache, exist_ok=True)
-            with open(path_description, "w") as writer:
-                writer.write(self.unique_description)
-            indices = numpy.append(self.indices, self.indices[-1] + 1)
-            sample_index = build_mapping(
-                self.dataset.document_indices[indices],
-                self.dataset.sequence_lengths,
-                num_epochs,
-                self.num_samples if self.num_samples is not None else 2**63 - 1,
-                sequence_length,
-                self.config.short_sequence_probability,
-                self.config.random_seed,
-                False,
-                min_sentences_per_sample,
-            )
-            numpy.save(path_index, sample_index, allow_pickle=True)
-            return sample_index
-        return numpy.load(path_index, allow_pickle=True, mmap_mode="r")
+            save_description(path_description, self.unique_description)
+            save_index(path_index, sample_index)
+        return sample_index
 
     def _create_masked_lm_predictions(self, token_ids: list[int], target_sequence_length: int,
                                       numpy_random_state: numpy.random.RandomState):  # fmt: skip

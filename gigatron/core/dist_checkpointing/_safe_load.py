@@ -53,7 +53,12 @@ def add_safe_globals(classes: list) -> None:
 
 
 def safe_torch_load(f, *, what: str) -> object:
-    """`torch.load(f, weights_only=True)` with SAFE_GLOBALS allowed; clear error otherwise."""
+    """`torch.load(f, weights_only=True)` with SAFE_GLOBALS allowed; clear error otherwise.
+
+    Raises CheckpointingException naming `what`: "refusing" for a pickle that names a global
+    outside the allow-list, "damaged" for anything else that does not load (truncated, empty,
+    not a torch file).
+    """
     # Only add what is not registered yet: leaving the context removes what it added, and must
     # not unregister globals other libraries (e.g. megatron-core) registered process-wide.
     registered = torch.serialization.get_safe_globals()
@@ -63,42 +68,84 @@ def safe_torch_load(f, *, what: str) -> object:
             return torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise CheckpointingException(
-            f"refusing to load {what}: its pickle needs a global outside the allow-list "
-            f"(add trusted classes with dist_checkpointing.add_safe_globals): {e}"
-        ) from e
-    except (EOFError, RuntimeError) as e:
-        raise CheckpointingException(f"{what} is damaged or truncated: {e}") from e
+            f"refusing to load {what}: {_weights_only_reason(e)} (the allow-list admits tensors, "
+            "plain containers and scalars, argparse.Namespace, NumPy arrays; add trusted classes "
+            "with dist_checkpointing.add_safe_globals)"
+        ) from None
+    except Exception as e:  # truncated zip, empty file, bad seek, torn record, ...
+        raise CheckpointingException(
+            f"{what} is damaged (truncated or not a torch file): {type(e).__name__}: "
+            f"{_first_line(e)}"
+        ) from None
 
 
-# DCP's `.metadata` is a plain pickle of these dataclasses.
-_METADATA_ALLOWED_MODULES = (
-    "torch.distributed.checkpoint.metadata",
-    "torch.distributed.checkpoint.filesystem",
-    "torch.distributed.checkpoint.planner",
-    "torch.distributed.checkpoint._extension",
-)
-_METADATA_ALLOWED = {
-    ("torch", "Size"),
-    ("torch", "device"),
-    ("collections", "OrderedDict"),
-    ("builtins", "slice"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("pathlib", "PosixPath"),
-    ("torch.serialization", "_get_layout"),
-}
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else "(no message)"
+
+
+def _weights_only_reason(e: pickle.UnpicklingError) -> str:
+    """The line of torch's weights_only error that says what was refused, without its advice
+    to retry with weights_only=False (which would run the payload)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith(("Unsupported global", "Unsupported operand", "Unsupported class")):
+            return ln
+    for ln in lines:
+        if "WeightsUnpickler error:" in ln:
+            return ln.split("WeightsUnpickler error:", 1)[1].strip() or "unsupported content"
+    return "its pickle holds content outside the allow-list"
+
+
+# DCP's `.metadata` is a plain pickle of these dataclasses and enums. Exact (module, name) pairs:
+# a prefix or module-wide rule would let a protocol-4 pickle name a dotted attribute inside an
+# allowed module (`torch.distributed.checkpoint.filesystem` + `os.system` reaches os.system).
+_DCP = "torch.distributed.checkpoint"
+_METADATA_ALLOWED = frozenset(
+    {
+        *((f"{_DCP}.metadata", n) for n in (
+            "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+            "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING",
+        )),
+        *((f"{_DCP}.filesystem", n) for n in (
+            "_StorageInfo", "_StoragePrefix", "SerializationFormat",
+        )),
+        *((f"{_DCP}.planner", n) for n in (
+            "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData",
+            "LoadPlan", "ReadItem", "LoadItemType",
+        )),
+        ("torch", "Size"),
+        ("torch", "device"),
+        ("torch.serialization", "_get_layout"),  # maps a layout's name to the torch.layout
+        ("collections", "OrderedDict"),
+        ("builtins", "slice"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+        ("pathlib._local", "PosixPath"),  # Python >= 3.13 spelling
+        ("pathlib._local", "PurePosixPath"),
+    }
+)  # fmt: skip
 
 
 class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only the allow-listed globals; never imports a module the list does not name."""
+
     def find_class(self, module: str, name: str):
-        if module.startswith(_METADATA_ALLOWED_MODULES) or (module, name) in _METADATA_ALLOWED:
+        if (module, name) in _METADATA_ALLOWED:
             return super().find_class(module, name)
-        if module == "torch" and isinstance(
-            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+        if module == "torch" and name.isidentifier():
+            # vars(): a plain lookup (no lazy import); only values, never callables
+            value = vars(torch).get(name)
+            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+                return value
+        if (
+            module.startswith("megatron.core.dist_checkpointing")
+            and name.isidentifier()
+            and name.startswith("MCore")
         ):
-            return getattr(torch, name)
-        if module.startswith("megatron.core.dist_checkpointing") and name.startswith("MCore"):
-            return _Placeholder  # megatron-core's empty marker classes (MCoreMetadata, ...)
+            return _Placeholder  # megatron-core's data-less marker classes (MCoreMetadata, ...)
         raise pickle.UnpicklingError(f"global '{module}.{name}' is forbidden in DCP metadata")
 
 
@@ -111,6 +158,11 @@ def restricted_pickle_load(f, *, what: str) -> object:
     try:
         return _MetadataUnpickler(f).load()
     except pickle.UnpicklingError as e:
-        raise CheckpointingException(f"refusing to load {what}: {e}") from e
-    except (EOFError, AttributeError, ValueError) as e:
-        raise CheckpointingException(f"{what} is damaged or truncated: {e}") from e
+        if "forbidden" in str(e):
+            raise CheckpointingException(f"refusing to load {what}: {e}") from None
+        raise CheckpointingException(f"{what} is damaged: {e}") from None
+    except Exception as e:  # truncated / torn / hand-built: never a traceback from pickle
+        raise CheckpointingException(
+            f"{what} is damaged (truncated or not DCP metadata): {type(e).__name__}: "
+            f"{_first_line(e)}"
+        ) from None
