@@ -294,7 +294,9 @@ def _checkpoint_logging_args(p):
     _add(g, "--profile-step-end", int, 12, "iteration at which profiling stops")
     _add(g, "--profile-ranks", int, [0], "global ranks to profile", nargs="+")
     g = p.add_argument_group("exit")
-    _add(g, "--exit-signal-handler", bool, help_="save and exit on SIGTERM")
+    _add(g, "--exit-signal-handler", bool, help_="save and exit on --exit-signal")
+    _add(g, "--exit-signal", str, "SIGTERM", "the signal --exit-signal-handler saves and exits on",
+         choices=["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])  # fmt: skip
     _add(g, "--exit-duration-in-mins", float, None, "save and exit after this many minutes")
     _add(g, "--exit-interval", int, None, "exit after this iteration")
     _add(g, "--yaml-cfg", str, None, "YAML file holding any of these flags")

@@ -4,9 +4,16 @@
 `micro_batch_size × data_parallel_size` indices is split by DP rank (rank k takes
 `[k·mbs, (k+1)·mbs)`). Restarting with the same `consumed_samples` continues exactly where a run
 stopped, which is what makes resume bit-exact.
+
+With `--exit-signal-handler` the loader's worker processes ignore the exit signal: a launcher
+(torchrun signals each rank's process group) or a scheduler (SLURM, Kubernetes: every process)
+reaches the workers too, and a worker killed by it made the main process raise before it could
+save. The main process decides; its workers stop with it.
 """
 
 from __future__ import annotations
+
+import signal
 
 import torch
 from torch.utils.data import DataLoader
@@ -61,8 +68,32 @@ class MegatronPretrainingSampler:
             yield batch[start:end]
 
 
-def build_pretraining_data_loader(dataset, consumed_samples: int, args) -> DataLoader | None:
-    """A DataLoader over `dataset` yielding this DP rank's micro-batches from `consumed_samples`."""
+def exit_signal_number(args) -> signal.Signals:
+    """The signal `--exit-signal-handler` owns: `--exit-signal` (a name or number), SIGTERM."""
+    value = getattr(args, "exit_signal", None) or signal.SIGTERM
+    return signal.Signals[value] if isinstance(value, str) else signal.Signals(value)
+
+
+class _IgnoreExitSignal:
+    """A DataLoader `worker_init_fn`: the worker ignores `signum`, then runs `then` (if any).
+    A class, not a closure, so that spawn / forkserver workers can unpickle it."""
+
+    def __init__(self, signum: int, then=None) -> None:
+        self.signum, self.then = signum, then
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(self.signum, signal.SIG_IGN)
+        if self.then is not None:
+            self.then(worker_id)
+
+
+def build_pretraining_data_loader(
+    dataset, consumed_samples: int, args, worker_init_fn=None
+) -> DataLoader | None:
+    """A DataLoader over `dataset` yielding this DP rank's micro-batches from `consumed_samples`.
+
+    With `--exit-signal-handler` its workers ignore the exit signal (then run `worker_init_fn`).
+    """
     if dataset is None:
         return None
     from gigatron.core import parallel_state as ps
@@ -74,6 +105,8 @@ def build_pretraining_data_loader(dataset, consumed_samples: int, args) -> DataL
         data_parallel_rank=ps.get_data_parallel_rank(),
         data_parallel_size=ps.get_data_parallel_world_size(),
     )
+    if getattr(args, "exit_signal_handler", False) and args.num_workers > 0:
+        worker_init_fn = _IgnoreExitSignal(exit_signal_number(args), worker_init_fn)
     # Each DataLoader iterator draws a base seed; from its own generator, not the global one,
     # so building the loader after a checkpoint's RNG states were restored does not move the
     # torch RNG that CPU dropout draws from (a resumed run then repeats the uninterrupted one)
@@ -83,5 +116,6 @@ def build_pretraining_data_loader(dataset, consumed_samples: int, args) -> DataL
         num_workers=args.num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=args.num_workers > 0,
+        worker_init_fn=worker_init_fn,
         generator=torch.Generator().manual_seed(getattr(args, "seed", 1234)),
     )

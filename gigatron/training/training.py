@@ -41,7 +41,7 @@ from gigatron.training._train_step import (  # noqa: F401  (Megatron's public na
     materialize_losses,
     train_step,
 )
-from gigatron.training.data_samplers import build_pretraining_data_loader
+from gigatron.training.data_samplers import build_pretraining_data_loader, exit_signal_number
 from gigatron.training.global_vars import get_args
 from gigatron.training.initialize import initialize_megatron
 from gigatron.training.utils import print_rank_0
@@ -224,28 +224,32 @@ def _chunk_iterators(iterator, model):
 
 # ---------------------------------------------------------------- exit conditions
 class _ExitSignal:
-    """Remembers a SIGTERM so the loop can save and stop at a step boundary."""
+    """Remembers the exit signal (SIGTERM, or `--exit-signal`) so the loop can save and stop at
+    a step boundary. DataLoader workers ignore it (`build_pretraining_data_loader`)."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, signum: int = signal.SIGTERM) -> None:
         self.received = False
-        self._previous = None
+        self.name = signal.Signals(signum).name
+        self._signum, self._previous = signum, None
         if enabled:
-            self._previous = signal.signal(signal.SIGTERM, self._handler)
+            self._previous = signal.signal(signum, self._handler)
 
     def _handler(self, signum, frame) -> None:
         self.received = True
 
     def restore(self) -> None:
         if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+            signal.signal(self._signum, self._previous)
 
 
-def _any_rank(flag: bool) -> bool:
+def _any_rank(*flags: bool) -> list[bool]:
+    """Each flag OR-ed over all ranks (one all-reduce)."""
     t = torch.tensor(
-        [1.0 if flag else 0.0], device="cuda" if dist.get_backend() == "nccl" else "cpu"
+        [1.0 if f else 0.0 for f in flags],
+        device="cuda" if dist.get_backend() == "nccl" else "cpu",
     )
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return [bool(v) for v in t.tolist()]
 
 
 def _save(iteration, model, optimizer, scheduler, flops_so_far) -> None:
@@ -275,7 +279,7 @@ def train(
     args = get_args()
     for chunk in model:
         chunk.train()
-    exit_signal = _ExitSignal(args.exit_signal_handler)
+    exit_signal = _ExitSignal(args.exit_signal_handler, exit_signal_number(args))
     args.train_exit_reason = None  # set when an exit condition stops the loop
     bar = tlog.ProgressBar(args.train_iters, start_iteration, enabled=not args.no_progress_bar)
     start_time = time.time()
@@ -377,8 +381,12 @@ def train(
             # Agreed over ranks only when an exit condition is armed (a collective and a host
             # sync each iteration otherwise, as Megatron also skips them)
             armed = args.exit_signal_handler or args.exit_duration_in_mins is not None
-            if armed and _any_rank(exit_signal.received or out_of_time):
-                reason = "SIGTERM received" if exit_signal.received else "exit duration reached"
+            # the reason agreed too: a rank that was not signalled names the signal as well
+            signalled, out_of_time = (
+                _any_rank(exit_signal.received, out_of_time) if armed else (False, False)
+            )
+            if signalled or out_of_time:
+                reason = f"{exit_signal.name} received" if signalled else "exit duration reached"
                 if args.save and not saved:
                     materialize_losses(pending)
                     _save(iteration, model, optimizer, scheduler, flops_so_far)
