@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint.api import CheckpointException as DCPCheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
@@ -41,6 +43,7 @@ from torch.distributed.checkpoint.planner import (
     WriteItemType,
 )
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.futures import Future
 
 from gigatron.core.dist_checkpointing._boxes import box_view, sharded_tensor_boxes
 from gigatron.core.dist_checkpointing._safe_load import restricted_pickle_load, safe_torch_load
@@ -225,6 +228,52 @@ class SafeFileSystemReader(FileSystemReader):
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner):
+        """DCP's read, one file at a time, so a file that fails is named: each file is checked
+        to hold every byte range the metadata gives it (empty and truncated files are caught
+        before torch parses them), and any error while reading it becomes a one-line
+        CheckpointingException naming it as damaged."""
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(
+                item
+            )
+        for relative_path, items in per_file.items():
+            path = self.fs.concat_path(self.path, relative_path)
+            self._check_size(path, items)
+            try:
+                super().read_data(replace(plan, items=items), planner).wait()
+            except CheckpointingException:
+                raise
+            except Exception as e:
+                raise CheckpointingException(
+                    f"{path} is damaged (cannot be read as the checkpoint's metadata describes "
+                    f"it): {type(e).__name__}: {_first_line(e)}"
+                ) from None
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _check_size(self, path, items: list[ReadItem]) -> None:
+        need = max(self.storage_data[i.storage_index].offset
+                   + self.storage_data[i.storage_index].length for i in items)  # fmt: skip
+        try:
+            size = os.path.getsize(path)
+        except OSError as e:
+            raise CheckpointingException(
+                f"{path} is missing or unreadable: the checkpoint is damaged ({e.strerror})"
+            ) from None
+        if size < need:
+            raise CheckpointingException(
+                f"{path} is damaged: truncated to {size} bytes, the checkpoint's metadata needs "
+                f"at least {need}"
+            )
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else "(no message)"
+
 
 def read_dcp_metadata(checkpoint_dir: str):
     """DCP `Metadata` of a checkpoint (read safely)."""
@@ -254,10 +303,7 @@ class _LoadPlanner(LoadPlanner):
                     f"(it has {len(md_all)} entries, e.g. {sorted(md_all)[:5]})"
                 )
             if tuple(md.size) != tuple(sh.global_shape) and not sh.allow_shape_mismatch:
-                raise CheckpointingException(
-                    f"{sh.key}: global shape in checkpoint {tuple(md.size)} != requested "
-                    f"{tuple(sh.global_shape)} (set allow_shape_mismatch for padded tensors)"
-                )
+                raise CheckpointingException(_shape_error(sh, md))
             for box in sharded_tensor_boxes(sh):
                 requests.setdefault(sh.key, []).append((box, box_view(sh, box), sh))
         items: list[ReadItem] = []
@@ -322,6 +368,14 @@ def _check_coverage(fqn, md, reqs, read_items) -> None:
             )
 
 
+def _shape_error(sh: ShardedTensor, md: TensorStorageMetadata) -> str:
+    # Only the padded vocabulary rows (embedding, output layer) may differ on load.
+    return (
+        f"{sh.key}: global shape in checkpoint {tuple(md.size)} != requested "
+        f"{tuple(sh.global_shape)}: the model flags differ from the checkpoint's"
+    )
+
+
 def _precheck(sharded_tensors, object_keys, checkpoint_dir) -> None:
     """Clear errors for absent keys or wrong global shapes before DCP (which wraps errors)."""
     md_all = read_dcp_metadata(checkpoint_dir).state_dict_metadata
@@ -332,15 +386,25 @@ def _precheck(sharded_tensors, object_keys, checkpoint_dir) -> None:
                 f"{checkpoint_dir}: tensor {sh.key!r} is not in the checkpoint"
             )
         if tuple(md.size) != tuple(sh.global_shape) and not sh.allow_shape_mismatch:
-            raise CheckpointingException(
-                f"{sh.key}: global shape in checkpoint {tuple(md.size)} != requested "
-                f"{tuple(sh.global_shape)} (set allow_shape_mismatch for padded tensors)"
-            )
+            raise CheckpointingException(f"{checkpoint_dir}: {_shape_error(sh, md)}")
     for key in object_keys:
         if not isinstance(md_all.get(key), BytesStorageMetadata):
             raise CheckpointingException(
                 f"{checkpoint_dir}: object {key!r} is not in the checkpoint"
             )
+
+
+def _first_failure(e: DCPCheckpointException, checkpoint_dir) -> CheckpointingException:
+    """DCP gathers each failing rank's exception (with its traceback) on every rank; keep the
+    first cause as one line, so all ranks report the same thing."""
+    for rank, (cause, _trace) in sorted(e.failures.items()):
+        if isinstance(cause, CheckpointingException):
+            return CheckpointingException(f"{cause} (seen on rank {rank})")
+        return CheckpointingException(
+            f"{checkpoint_dir}: loading failed on rank {rank}: {type(cause).__name__}: "
+            f"{_first_line(cause)}"
+        )
+    return CheckpointingException(f"{checkpoint_dir}: loading failed: {_first_line(e)}")
 
 
 def load_sharded(
@@ -364,8 +428,11 @@ def load_sharded(
     _precheck(sharded_tensors, object_keys, checkpoint_dir)
     planner = _LoadPlanner(sharded_tensors, object_keys)
     no_dist = not (dist.is_available() and dist.is_initialized())
-    dcp_load({}, storage_reader=SafeFileSystemReader(str(checkpoint_dir)), planner=planner,
-             no_dist=no_dist)  # fmt: skip
+    try:
+        dcp_load({}, storage_reader=SafeFileSystemReader(str(checkpoint_dir)), planner=planner,
+                 no_dist=no_dist)  # fmt: skip
+    except DCPCheckpointException as e:  # gathered from every rank: re-raise the cause, one line
+        raise _first_failure(e, checkpoint_dir) from None
     for sh, original in zip(sharded_tensors, originals):
         if original is not None:
             original.copy_(sh.data)
