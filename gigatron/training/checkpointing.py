@@ -2,10 +2,12 @@
 
 Mirrors `megatron.training.checkpointing` (save_checkpoint, load_checkpoint,
 maybe_finalize_async_save, get_checkpoint_tracker_filename, read_metadata). The order that makes
-a crash harmless: every rank writes its part of `iter_N/`, DCP's `.metadata` and then
-`metadata.json` are written, all ranks meet at a barrier, and only then rank 0 replaces the
-tracker file atomically (temp file, fsync, rename). A save killed at any point before the rename
-leaves the tracker pointing at the previous complete checkpoint.
+a crash harmless (`_checkpoint_commit` has the details): every rank writes its part into a fresh
+`iter_N.tmp-<token>/`, DCP's `.metadata` and then `metadata.json` are written, all ranks meet at a
+barrier, and only then rank 0 fsyncs it, renames it to `iter_N/` (an existing `iter_N/` is first
+renamed aside, deleted after the tracker moved) and replaces the tracker file atomically (temp
+file, fsync, rename). No save writes into a directory the tracker can name, so a save killed at
+any point leaves a complete checkpoint under the tracked iteration.
 
 Flags (read from the args object, or passed as keyword overrides): `save`, `load`,
 `async_save`, `no_save_optim` / `no_save_rng` (the optimizer + scheduler / RNG states are left
@@ -23,7 +25,7 @@ not a persistent process.
 from __future__ import annotations
 
 import os
-import shutil
+import secrets
 
 import torch.distributed as dist
 
@@ -34,6 +36,7 @@ from gigatron.core.dist_checkpointing.optimizer import (
     optimizer_sharded_state_dict,
 )
 from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+from gigatron.training import _checkpoint_commit as commit
 from gigatron.training import _checkpoint_state as cs
 
 __all__ = [
@@ -79,6 +82,37 @@ def _rank() -> int:
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def _on_rank0(fn, what: str):
+    """`fn()` on rank 0; every rank returns its result, or raises when it failed (so no rank is
+    left waiting in a collective). Also a barrier: other ranks return after rank 0's `fn`."""
+    result, error = None, None
+    if _rank() == 0:
+        try:
+            result = fn()
+        except Exception as e:
+            error = e
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [result, None if error is None else f"{type(error).__name__}: {error}"]
+        dist.broadcast_object_list(box, src=0)
+        result, message = box
+        if message is not None and error is None:
+            raise CheckpointingException(f"rank 0 failed to {what}: {message}")
+    if error is not None:
+        raise error
+    return result
+
+
+def _prepare_staging(root: str, iteration: int) -> str:
+    """Rank 0 repairs leftovers under `root` and makes an empty staging dir; its token for all."""
+
+    def prepare():
+        token = secrets.token_hex(6)
+        commit.prepare(root, iteration, token)
+        return token
+
+    return _on_rank0(prepare, f"prepare a save in {root}")
 
 
 def _unwrap(model) -> list:
@@ -136,17 +170,8 @@ def save_checkpoint(
         raise ValueError("args.save (None) must name a directory to save a checkpoint")
     maybe_finalize_async_save(blocking=True)  # one save in flight at a time
     root = args.save
-    ckpt_dir = cs.checkpoint_dir(root, iteration)
-    if _rank() == 0:
-        os.makedirs(root, exist_ok=True)
-        try:
-            tracked = cs.read_tracker(root)
-        except CheckpointingException:
-            tracked = None  # a damaged tracker is replaced by this save
-        if os.path.isdir(ckpt_dir) and (tracked is None or tracked[0] != iteration):
-            shutil.rmtree(ckpt_dir)  # leftovers of an unfinished save of this iteration
-        os.makedirs(ckpt_dir, exist_ok=True)
-    _barrier()
+    token = _prepare_staging(root, iteration)  # the dir exists when any rank gets the token
+    staging = commit.staging_dir(root, iteration, token)
     state = _sharded_state(
         model,
         optimizer,
@@ -161,15 +186,15 @@ def save_checkpoint(
         num_floating_point_operations_so_far=num_floating_point_operations_so_far,
     )
     request = dist_checkpointing.save(
-        state, ckpt_dir, async_sharded_save=bool(getattr(args, "async_save", False)),
+        state, staging, async_sharded_save=bool(getattr(args, "async_save", False)),
         verify_integrity=bool(getattr(args, "ckpt_verify_integrity", False)),
     )  # fmt: skip
 
     def update_tracker():
         _barrier()  # every rank's files and metadata.json are complete
-        if _rank() == 0:
-            cs.write_tracker(root, iteration)
-        _barrier()
+        _on_rank0(  # rename into place, tracker last
+            lambda: commit.publish(root, iteration, token), f"publish {staging} as {iteration}"
+        )
 
     if request is None:
         update_tracker()
@@ -210,7 +235,7 @@ def load_checkpoint(
             print(f"WARNING: no {cs.TRACKER_FNAME} in {root}; starting from scratch", flush=True)
         return 0, 0
     iteration, release = found
-    ckpt_dir = cs.checkpoint_dir(root, iteration, release)
+    ckpt_dir = commit.resolve(root, iteration, release, warn=_rank() == 0)
     if not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
         raise CheckpointingException(
             f"tracker {cs.TRACKER_FNAME} points at {ckpt_dir}, which is missing or incomplete "

@@ -230,7 +230,10 @@ def test_process_killed_during_save_resumes_from_last_complete(tmp_path):
         [sys.executable, "-c", code, str(tmp_path)], cwd=root, capture_output=True
     )
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
-    assert (tmp_path / "iter_0000002").is_dir()  # the killed save got as far as its data files
+    # The killed save got as far as its data files, in its own staging dir, never in iter_N/.
+    (staging,) = tmp_path.glob("iter_0000002.tmp-*")
+    assert any(p.suffix == ".distcp" for p in staging.iterdir())
+    assert not (tmp_path / "iter_0000002").exists()
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "1"
     model, opt, sched = _setup(seed=7)
     assert ckpt.load_checkpoint(model, opt, sched, args=_args(tmp_path))[0] == 1

@@ -1,0 +1,180 @@
+"""How a training save becomes visible: fresh directory, rename into place, tracker last.
+
+The protocol (`gigatron.training.checkpointing.save_checkpoint` drives it; docs/checkpoints.md
+states it for audit). Names under the save root, for iteration N and a token rank 0 draws and
+broadcasts:
+
+  `iter_N.tmp-<token>/`  staging: every rank writes its files here, never anywhere else
+  `iter_N/`              the published checkpoint, only ever created by a rename
+  `iter_N.old-<token>/`  an existing `iter_N/`, moved aside while the new one is renamed in
+
+1. `prepare` (rank 0, before any rank writes): repair and remove what crashed saves left
+   (`repair_leftovers`), then create the empty staging directory.
+2. Every rank writes into staging; DCP's `.metadata`, then `metadata.json` complete it.
+3. Barrier: every rank's files are complete.
+4. `publish` (rank 0): fsync every file of staging and staging itself; if `iter_N/` exists,
+   rename it to `iter_N.old-<token>/`; rename staging to `iter_N/`; fsync the root; replace the
+   tracker (temp file, fsync, rename, fsync the root); then delete the aside copy.
+5. Barrier.
+
+No step writes inside a directory the tracker can name, so the tracker always names a complete
+checkpoint, except between the two renames of step 4, where `iter_N/` is briefly absent and its
+complete copy is `iter_N.old-<token>/`: `resolve` (load) reads that copy and `repair_leftovers`
+(next save) renames it back.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+from gigatron.core.dist_checkpointing.core import check_is_distributed_checkpoint
+from gigatron.training import _checkpoint_state as cs
+
+STAGING_TAG = ".tmp-"
+ASIDE_TAG = ".old-"
+_LEFTOVER = re.compile(r"^(iter_\d{7,})(\.tmp-|\.old-)[0-9a-f]+$")
+
+__all__ = ["prepare", "publish", "repair_leftovers", "resolve", "staging_dir"]
+
+
+def staging_dir(root: str, iteration: int, token: str) -> str:
+    """`<root>/iter_0000006.tmp-<token>`: where every rank writes a save of `iteration`."""
+    return cs.checkpoint_dir(root, iteration) + STAGING_TAG + token
+
+
+def _aside_dir(root: str, iteration: int, token: str) -> str:
+    return cs.checkpoint_dir(root, iteration) + ASIDE_TAG + token
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: str) -> None:
+    """fsync every regular file directly inside `path`, then `path` itself."""
+    for entry in os.scandir(path):
+        if entry.is_file(follow_symlinks=False):
+            fd = os.open(entry.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(path)
+
+
+def _rename(src: str, dst: str) -> None:
+    """Atomic rename of a directory; refuses to replace an existing `dst`."""
+    if os.path.lexists(dst):
+        raise FileExistsError(f"{dst} exists: refusing to rename {src} over it")
+    os.rename(src, dst)
+
+
+def _remove(path: str) -> None:
+    shutil.rmtree(path)
+
+
+def _leftovers(root: str) -> dict[str, dict[str, list[str]]]:
+    """{'iter_N': {'.tmp-': [paths], '.old-': [paths]}} of the root's staging / aside dirs."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for entry in os.scandir(root):
+        m = _LEFTOVER.match(entry.name)
+        if m and entry.is_dir(follow_symlinks=False):
+            found.setdefault(m.group(1), {STAGING_TAG: [], ASIDE_TAG: []})[m.group(2)].append(
+                entry.path
+            )
+    return found
+
+
+def _newest(paths: list[str]) -> list[str]:
+    return sorted(paths, key=lambda p: os.stat(p).st_mtime_ns, reverse=True)
+
+
+def repair_leftovers(root: str) -> None:
+    """Rank 0, no save in flight: undo what a crashed save left under `root`.
+
+    Staging dirs and tracker temp files are removed (the tracker never names one). An aside
+    copy whose `iter_N/` is missing is renamed back to `iter_N/` (a crash between the two
+    renames); asides of an `iter_N/` that is complete are removed. Nothing else is touched: an
+    `iter_N/` is never modified.
+    """
+    changed = False
+    for entry in os.scandir(root):  # a tracker temp file of a save killed while writing it
+        if entry.name.startswith(cs.TRACKER_FNAME + ".tmp.") and entry.is_file():
+            os.remove(entry.path)
+    for name, kinds in sorted(_leftovers(root).items()):
+        for path in kinds[STAGING_TAG]:
+            _remove(path)
+        final = os.path.join(root, name)
+        asides = _newest(kinds[ASIDE_TAG])
+        complete = [p for p in asides if check_is_distributed_checkpoint(p)]
+        if not os.path.lexists(final) and complete:
+            print(
+                f"WARNING: {final} was missing (a save died between its renames); "
+                f"restoring it from {complete[0]}",
+                flush=True,
+            )
+            _rename(complete[0], final)
+            asides.remove(complete[0])
+            changed = True
+        if check_is_distributed_checkpoint(final):
+            for path in asides:
+                _remove(path)
+    if changed:
+        _fsync_dir(root)
+
+
+def prepare(root: str, iteration: int, token: str) -> str:
+    """Rank 0: create `root` if needed, repair leftovers, make the empty staging dir."""
+    os.makedirs(root, exist_ok=True)
+    repair_leftovers(root)
+    path = staging_dir(root, iteration, token)
+    os.mkdir(path)
+    return path
+
+
+def publish(root: str, iteration: int, token: str) -> None:
+    """Rank 0, after every rank finished writing staging: rename it to `iter_N/`, tracker last."""
+    staging = staging_dir(root, iteration, token)
+    final = cs.checkpoint_dir(root, iteration)
+    _fsync_tree(staging)
+    aside = None
+    if os.path.lexists(final):
+        aside = _aside_dir(root, iteration, token)
+        _rename(final, aside)
+    _rename(staging, final)
+    _fsync_dir(root)
+    cs.write_tracker(root, iteration)
+    if aside is not None:
+        try:
+            _remove(aside)
+        except OSError as e:  # published already: the next save's repair retries
+            print(f"WARNING: could not delete {aside} ({e}); the next save will", flush=True)
+
+
+def resolve(root: str, iteration: int, release: bool = False, *, warn: bool = True) -> str:
+    """The directory to load for a tracker entry (read-only: nothing is renamed or removed).
+
+    `iter_N/` when it is a complete checkpoint; otherwise its newest complete aside copy (a save
+    died between its two renames), with a warning naming both; otherwise `iter_N/` (the caller
+    reports it missing or incomplete).
+    """
+    final = cs.checkpoint_dir(root, iteration, release)
+    if release or check_is_distributed_checkpoint(final) or not os.path.isdir(root):
+        return final
+    asides = _leftovers(root).get(os.path.basename(final), {}).get(ASIDE_TAG, [])
+    for path in _newest(asides):
+        if check_is_distributed_checkpoint(path):
+            if warn:
+                print(
+                    f"WARNING: {final} is missing or incomplete (a save died between its "
+                    f"renames); loading its complete copy {path}",
+                    flush=True,
+                )
+            return path
+    return final
