@@ -109,6 +109,45 @@ def _build_tokenizer(args) -> None:
     args.padded_vocab_size = vocab_size_with_padding(
         tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size
     )
+    saved = _resumed_checkpoint_args(args)
+    if saved is not None:
+        _keep_saved_vocab_padding(args, tokenizer.vocab_size, saved)
+
+
+def _keep_saved_vocab_padding(args, orig_vocab_size: int, saved) -> None:
+    """Resuming: keep the checkpoint's padded vocabulary unless it cannot be (see
+    `resume_vocab_size_with_padding`); say which on rank 0 when it differs from this layout's."""
+    from gigatron.core.models.common.vocab_utils import resume_vocab_size_with_padding
+
+    fresh, saved_padded = args.padded_vocab_size, getattr(saved, "padded_vocab_size", None)
+    args.padded_vocab_size = resume_vocab_size_with_padding(
+        orig_vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size,
+        saved_padded, getattr(saved, "make_vocab_size_divisible_by", None),
+    )  # fmt: skip
+    if getattr(args, "rank", 0) != 0 or saved_padded in (None, fresh):
+        return
+    if args.padded_vocab_size == saved_padded:
+        print(f" > padded vocab: keeping the checkpoint's {saved_padded} rows (TP "
+              f"{args.tensor_model_parallel_size} alone pads to {fresh})", flush=True)  # fmt: skip
+    else:
+        print(f"WARNING: padded vocab changes from the checkpoint's {saved_padded} rows to "
+              f"{fresh}: the load trims or zero-pads the vocabulary rows of the weights and "
+              "the optimizer state, which changes the loss (padded logits are in the softmax)",
+              flush=True)  # fmt: skip
+
+
+def _resumed_checkpoint_args(args):
+    """The args saved in the checkpoint `--load` will restore (None: nothing to restore)."""
+    from gigatron.core import dist_checkpointing
+    from gigatron.training import _checkpoint_state as cs
+
+    found = cs.read_tracker(args.load) if getattr(args, "load", None) else None
+    if found is None:
+        return None
+    ckpt_dir = cs.checkpoint_dir(args.load, *found)
+    if not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
+        return None  # load_checkpoint reports it
+    return dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")
 
 
 def initialize_megatron(

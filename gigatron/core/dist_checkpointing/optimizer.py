@@ -6,7 +6,9 @@ range [lo, hi) of its flattened TP-local tensor that a distributed-optimizer DP 
 per-element state tensor (Adam's `exp_avg`, `exp_avg_sq`; `fp32_param` for low-precision models)
 is saved under `optimizer.state.<name>.<model key>` with the *model parameter's* global layout
 and that flat range. The checkpoint therefore holds plain global tensors: any TP/PP/DP layout,
-with or without the distributed optimizer, loads them. Scalars (`step`, param-group
+with or without the distributed optimizer, loads them. Each state tensor also takes the
+parameter's `allow_shape_mismatch`, so a padded-vocabulary change trims or zero-pads the rows of
+the moments and the fp32 main copy exactly as it does the weight's. Scalars (`step`, param-group
 hyperparameters, loss scaler) go to the common state.
 
 gigatron difference: Megatron's default (`dp_reshardable`) only allows DP changes; this format
@@ -110,6 +112,7 @@ def _flat_pieces(key, flat, base, pieces, lo, hi, replica_id):
                 piece.axis_fragmentations,
                 replica_id,
                 piece.prepend_axis_num,
+                piece.allow_shape_mismatch,  # padded vocab rows: trimmed / zeroed as the weight
                 flattened_range=slice(a - start, b - start),
             )  # fmt: skip
         )

@@ -23,3 +23,32 @@ def vocab_size_with_padding(
         )
     multiple = make_vocab_size_divisible_by * tensor_model_parallel_size
     return -(-orig_vocab_size // multiple) * multiple
+
+
+def resume_vocab_size_with_padding(
+    orig_vocab_size: int,
+    make_vocab_size_divisible_by: int,
+    tensor_model_parallel_size: int,
+    saved_padded_vocab_size: int | None,
+    saved_make_vocab_size_divisible_by: int | None,
+) -> int:
+    """Padded vocabulary of a run that resumes from a checkpoint saved with the given values.
+
+    The checkpoint's padded size is kept when only the layout changed (same
+    make_vocab_size_divisible_by, the vocabulary still fits, the new TP splits it evenly): the
+    padded rows' logits are in every softmax, so dropping or adding rows would change the loss
+    of a plain reshard. Otherwise (another divisor or vocabulary, or a TP that does not divide
+    it) the padding is recomputed and the load pads or trims the rows of the weights and the
+    optimizer state alike. gigatron difference: Megatron recomputes it on every start unless
+    `--use-checkpoint-args`."""
+    padded = vocab_size_with_padding(
+        orig_vocab_size, make_vocab_size_divisible_by, tensor_model_parallel_size
+    )
+    saved = saved_padded_vocab_size
+    keep = (
+        saved is not None
+        and saved_make_vocab_size_divisible_by == make_vocab_size_divisible_by
+        and orig_vocab_size <= saved
+        and saved % tensor_model_parallel_size == 0
+    )
+    return saved if keep else padded
