@@ -27,16 +27,17 @@ from gigatron.convert.hf_to_gigatron import copy_side_files
 def find_checkpoint_dir(load: str) -> str:
     """`load` itself if it is a torch_dist directory, else the one its tracker names."""
     from gigatron.core.dist_checkpointing import check_is_distributed_checkpoint
+    from gigatron.training import _checkpoint_commit as commit
     from gigatron.training import _checkpoint_state as cs
 
     if check_is_distributed_checkpoint(load):
         return load
-    found = cs.read_tracker(load)
+    found = commit.tracked_dir(load)
     if found is None:
         raise ValueError(
             f"{load}: neither a torch_dist checkpoint nor a directory with {cs.TRACKER_FNAME}"
         )
-    return cs.checkpoint_dir(load, *found)
+    return found
 
 
 def _hf_config(load: str, ckpt_dir: str, hf_config) -> tuple[dict, str | None]:

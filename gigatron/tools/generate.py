@@ -56,12 +56,13 @@ def _given_dests(parser, argv: list[str]) -> set[str]:
 def _checkpoint_args(load: str):
     """The args Namespace saved in the tracked checkpoint under `load`."""
     from gigatron.core import dist_checkpointing
+    from gigatron.training import _checkpoint_commit as commit
     from gigatron.training import _checkpoint_state as cs
 
-    found = cs.read_tracker(load)
+    found = commit.tracked_dir(load)
     if found is None:
         raise ValueError(f"--load ({load}) has no {cs.TRACKER_FNAME}: not a checkpoint ({_FILE})")
-    common = dist_checkpointing.load_common_state_dict(cs.checkpoint_dir(load, *found))
+    common = dist_checkpointing.load_common_state_dict(found)
     return common.get("args")
 
 

@@ -178,3 +178,12 @@ def resolve(root: str, iteration: int, release: bool = False, *, warn: bool = Tr
                 )
             return path
     return final
+
+
+def tracked_dir(root: str, *, warn: bool = True) -> str | None:
+    """The directory the tracker under `root` names, through `resolve` (None: no tracker).
+
+    Every reader of a save root (load_checkpoint, generate, convert, the early read of the
+    saved args) goes through this, so all of them see the same checkpoint."""
+    found = cs.read_tracker(root)
+    return None if found is None else resolve(root, *found, warn=warn)

@@ -139,12 +139,11 @@ def _keep_saved_vocab_padding(args, orig_vocab_size: int, saved) -> None:
 def _resumed_checkpoint_args(args):
     """The args saved in the checkpoint `--load` will restore (None: nothing to restore)."""
     from gigatron.core import dist_checkpointing
-    from gigatron.training import _checkpoint_state as cs
+    from gigatron.training import _checkpoint_commit as commit
 
-    found = cs.read_tracker(args.load) if getattr(args, "load", None) else None
-    if found is None:
+    ckpt_dir = commit.tracked_dir(args.load, warn=False) if getattr(args, "load", None) else None
+    if ckpt_dir is None:
         return None
-    ckpt_dir = cs.checkpoint_dir(args.load, *found)
     if not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
         return None  # load_checkpoint reports it
     return dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")

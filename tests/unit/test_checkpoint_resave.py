@@ -209,3 +209,20 @@ def test_load_is_read_only_and_repair_keeps_the_only_complete_copy(tmp_path, cap
     commit.repair_leftovers(str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["iter_0000006", TRACKER]
     assert _loaded_w1(tmp_path)[0] == 6
+
+
+def test_every_reader_of_a_save_root_finds_the_aside_copy(tmp_path, capsys):
+    """generate, convert and the early read of the saved args resolve the tracker the way
+    load_checkpoint does: a save that died between its renames leaves only the aside copy."""
+    from gigatron.convert.gigatron_to_hf import find_checkpoint_dir
+    from gigatron.tools.generate import _checkpoint_args
+
+    model, opt, sched = _setup()
+    ckpt.save_checkpoint(6, model, opt, sched, args=_args(tmp_path, consumed_train_samples=64))
+    final = cs.checkpoint_dir(str(tmp_path), 6)
+    aside = final + commit.ASIDE_TAG + "deadbeef"
+    os.rename(final, aside)
+    assert commit.tracked_dir(str(tmp_path)) == aside
+    assert find_checkpoint_dir(str(tmp_path)) == aside
+    assert _checkpoint_args(str(tmp_path)).consumed_train_samples == 64
+    assert "loading its complete copy" in capsys.readouterr().out
