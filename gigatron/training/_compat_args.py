@@ -332,11 +332,58 @@ def validate_compat_args(args) -> None:
         raise _where(
             f"--moe-layer-freq pattern has {len(freq)} entries, --num-layers is {args.num_layers}"
         )
-    moe_only = {
-        "moe_layer_freq": freq != 1,
-        "moe_expert_capacity_factor": args.moe_expert_capacity_factor is not None,
-        "moe_pad_expert_input_to_capacity": args.moe_pad_expert_input_to_capacity,
-    }
-    for name, given in moe_only.items():
-        if given and not args.num_experts:
-            raise _where(f"--{name.replace('_', '-')} needs --num-experts")
+    _moe_rules(args)
+
+
+# MoE settings that mean something only with --num-experts -> their defaults (a changed one
+# without experts was silently ignored; the kernel-fusion no-ops stay accepted)
+_MOE_DEFAULTS = {
+    "moe_layer_freq": 1,
+    "moe_expert_capacity_factor": None,
+    "moe_pad_expert_input_to_capacity": False,
+    "moe_router_topk": 2,
+    "moe_ffn_hidden_size": None,
+    "moe_aux_loss_coeff": 0.0,
+    "moe_token_dispatcher_type": "allgather",
+    "moe_grouped_gemm": False,
+    "moe_shared_expert_intermediate_size": None,
+    "moe_router_load_balancing_type": "aux_loss",
+    "moe_z_loss_coeff": None,
+    "moe_router_pre_softmax": False,
+    "moe_token_drop_policy": "probs",
+    "moe_router_score_function": "softmax",
+    "moe_router_dtype": None,
+    "moe_router_topk_scaling_factor": None,
+    "moe_router_enable_expert_bias": False,
+    "moe_router_bias_update_rate": 1e-3,
+    "moe_router_num_groups": None,
+    "moe_router_group_topk": None,
+    "moe_shared_expert_overlap": False,
+    "moe_input_jitter_eps": None,
+}
+
+
+def _moe_rules(args) -> None:
+    """MoE flags need --num-experts; Megatron's expert-parallel rules (EP > 1 needs experts, a
+    whole number of them per EP rank); top-k between 1 and the number of experts."""
+    ep, experts = args.expert_model_parallel_size, args.num_experts
+    if not experts:
+        if ep > 1:
+            raise _where(
+                f"--expert-model-parallel-size {ep} needs --num-experts (a multiple of {ep}): "
+                "without experts there is nothing to spread over expert-parallel ranks"
+            )
+        for name, default in _MOE_DEFAULTS.items():
+            if getattr(args, name, default) != default:
+                raise _where(f"--{name.replace('_', '-')} needs --num-experts")
+        return
+    if experts % ep:
+        raise _where(
+            f"--num-experts ({experts}) must be divisible by --expert-model-parallel-size ({ep}): "
+            "each expert-parallel rank holds the same number of experts"
+        )
+    if not 1 <= args.moe_router_topk <= experts:
+        raise _where(
+            f"--moe-router-topk ({args.moe_router_topk}) must be between 1 and --num-experts "
+            f"({experts}): each token goes to that many distinct experts"
+        )

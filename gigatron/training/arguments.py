@@ -404,6 +404,56 @@ def _check_schedule_units(args) -> None:
             )
 
 
+# flags that size, divide or count something -> the lowest value they take (unset ones skipped);
+# 0 is Megatron's "off" for the intervals and iteration counts that allow it
+_LOWEST = {
+    **dict.fromkeys(
+        """num_layers hidden_size num_attention_heads seq_length micro_batch_size global_batch_size
+        tensor_model_parallel_size pipeline_model_parallel_size context_parallel_size
+        expert_model_parallel_size expert_tensor_parallel_size num_experts num_query_groups
+        num_layers_per_virtual_pipeline_stage virtual_pipeline_model_parallel_size kv_channels
+        ffn_hidden_size make_vocab_size_divisible_by log_interval""".split(),
+        1,
+    ),
+    **dict.fromkeys(
+        """train_iters train_samples eval_iters eval_interval save_interval exit_interval
+        num_workers""".split(),
+        0,
+    ),
+}
+
+
+def _check_ranges(args) -> None:
+    """Each `_LOWEST` flag at or above its lowest value (a 0 size divided by zero later, or ran
+    with a negative count), and --rampup-batch-size's three values >= 1."""
+    for name, lowest in _LOWEST.items():
+        value = getattr(args, name, None)
+        if value is not None and value < lowest:
+            raise ValueError(
+                f"--{name.replace('_', '-')} ({value}) must be >= {lowest} "
+                "(gigatron/training/arguments.py)"
+            )
+    if args.rampup_batch_size is None:
+        return
+    for part, value in zip(("start", "increment", "samples"), args.rampup_batch_size):
+        if not str(value).isdigit() or int(value) < 1:
+            raise ValueError(
+                f"--rampup-batch-size {part} ({value}) must be an integer >= 1 "
+                "(gigatron/training/arguments.py)"
+            )
+
+
+def _check_virtual_pipeline(args, pp: int) -> None:
+    """Megatron's rule: virtual stages interleave over pipeline ranks, so they need PP > 1."""
+    for name in ("num_layers_per_virtual_pipeline_stage", "virtual_pipeline_model_parallel_size"):
+        if getattr(args, name) is not None and pp == 1:
+            raise ValueError(
+                f"--{name.replace('_', '-')} needs --pipeline-model-parallel-size > 1 (the "
+                "interleaved schedule spreads virtual stages over pipeline ranks; got 1) "
+                "(gigatron/training/arguments.py)"
+            )
+
+
 def validate_args(args, world_size: int | None = None):
     """Fill derived values and check the combination, raising ValueError naming the flags."""
     ws = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
@@ -418,6 +468,7 @@ def validate_args(args, world_size: int | None = None):
     ):
         if getattr(args, name) is None:
             raise ValueError(f"--{name.replace('_', '-')} is required")
+    _check_ranges(args)
     tp, pp, cp = (
         args.tensor_model_parallel_size,
         args.pipeline_model_parallel_size,
@@ -481,6 +532,7 @@ def validate_args(args, world_size: int | None = None):
             args.ffn_hidden_size = 4 * args.hidden_size
     if not args.group_query_attention:
         args.num_query_groups = args.num_attention_heads
+    _check_virtual_pipeline(args, pp)
     if args.num_layers_per_virtual_pipeline_stage is not None:
         per_stage = args.num_layers // pp
         if per_stage % args.num_layers_per_virtual_pipeline_stage:

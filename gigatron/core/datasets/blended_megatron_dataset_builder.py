@@ -7,6 +7,7 @@ after another (Megatron can use threads; the result is the same).
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 
 from gigatron.core.datasets.blended_dataset import BlendedDataset
 from gigatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
+from gigatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path
 from gigatron.core.datasets.megatron_dataset import MegatronDataset
 from gigatron.core.datasets.utils import Split, normalize
 
@@ -129,7 +131,9 @@ class BlendedMegatronDatasetBuilder:
         megatron_datasets = self._build_megatron_datasets_serial(prefixes, split, sizes_buffer)
         blended: list[Any] = [None] * len(Split)
         for i in range(len(Split)):
-            if split[i] is None or any((p, i) in self._unrequested_empty for p in prefixes):
+            if split[i] is None or sizes[i] == 0:
+                continue  # None on every rank: 0 samples requested (--eval-iters 0)
+            if any((p, i) in self._unrequested_empty for p in prefixes):
                 continue  # None on every rank: an empty split with 0 requested
             weights_i = weights
             if weights_i is not None and sizes[i] is not None:
@@ -162,17 +166,26 @@ class BlendedMegatronDatasetBuilder:
         if rank is not None:  # every rank, before the others wait for rank 0's builds
             for prefix, sizes in zip(prefixes, sizes_per_dataset):
                 low_level = self.cls.build_low_level_dataset(prefix, self.config)
-                num_elements = self.cls.numel_low_level_dataset(low_level)
-                self._raise_if_empty(prefix, split, sizes, num_elements)
-        order = [True] if rank is None else ([True, False] if rank == 0 else [False, True])
-        for build_here in order:
-            if build_here:
-                for prefix, sizes in zip(prefixes, sizes_per_dataset):
-                    per_split = self._build_megatron_dataset_splits(prefix, split, sizes, False)
-                    for j, dataset in enumerate(per_split):
-                        out[j].append(dataset)
-            else:
-                torch.distributed.barrier()
+                self._raise_if_empty(prefix, split, sizes, low_level)
+
+        def build_all() -> None:
+            for prefix, sizes in zip(prefixes, sizes_per_dataset):
+                per_split = self._build_megatron_dataset_splits(prefix, split, sizes, False)
+                for j, dataset in enumerate(per_split):
+                    out[j].append(dataset)
+
+        if rank is None:
+            build_all()
+        elif rank == 0:  # rank 0 builds (and caches) first; the others then load
+            error = None
+            try:
+                build_all()
+            except Exception as err:
+                error = err
+            _share_rank0_error(error)
+        else:
+            _share_rank0_error(None)
+            build_all()
         return out
 
     def _build_megatron_dataset_splits(
@@ -184,8 +197,7 @@ class BlendedMegatronDatasetBuilder:
     ) -> list[MidLevelDataset | None]:
         """Mid-level datasets for each split of one low-level dataset."""
         low_level = self.cls.build_low_level_dataset(dataset_path, self.config)
-        num_elements = self.cls.numel_low_level_dataset(low_level)
-        bounds = self._raise_if_empty(dataset_path, split, sizes, num_elements)
+        bounds = self._raise_if_empty(dataset_path, split, sizes, low_level)
         datasets: list[MidLevelDataset | None] = []
         for i, split_name in enumerate(Split):
             if split[i] is None:
@@ -212,11 +224,16 @@ class BlendedMegatronDatasetBuilder:
             )
         return datasets
 
-    def _raise_if_empty(self, dataset_path, split, sizes, num_elements: int) -> list:
-        """Each split's [beg, end) of the `num_elements` sequences (None where the split is
-        None); ValueError when samples are requested from an empty one. Called on every rank
-        before any barrier (a blend's ranks != 0 wait for rank 0's builds: raised only on
-        rank 0, it left them waiting)."""
+    def _raise_if_empty(self, dataset_path, split, sizes, low_level) -> list:
+        """Each split's [beg, end) of the low-level dataset's elements (None where the split is
+        None); ValueError when samples are requested from a corpus without tokens or from an
+        empty split. Called on every rank before any barrier (a blend's ranks != 0 wait for
+        rank 0's builds: raised only on rank 0, it left them waiting)."""
+        num_elements = self.cls.numel_low_level_dataset(low_level)
+        tokens = _corpus_tokens(low_level)
+        requested = [(n, s) for n, s, b in zip(Split, sizes, split) if b is not None and s]
+        if tokens == 0 and requested:
+            raise ValueError(_no_tokens_message(low_level, *requested[0]))
         bounds = [
             None
             if bookend is None
@@ -242,17 +259,24 @@ class BlendedMegatronDatasetBuilder:
         rank = _dist_rank()
         if rank is None:
             return cls(*args)
-        dataset = None
+        dataset, error = None, None
         if rank == 0 and is_built_on_rank():
             try:
                 dataset = cls(*args)
             except OSError as err:
-                raise OSError(
-                    "failed to write dataset indices to the cache directory; set "
-                    "path_to_cache in the dataset config to a writable directory"
-                ) from err
+                cache = getattr(args[-1], "path_to_cache", None)
+                error = OSError(
+                    f"failed to build the {cls.__name__} indices ({err}); the cache directory "
+                    f"({cache or 'beside the data'}) must be writable: set --data-cache-path "
+                    "(path_to_cache in the dataset config) to a writable directory"
+                )
+                error.__cause__ = err
+            except Exception as err:
+                error = err
+            if error is not None and not synchronize_ranks:
+                raise error  # the caller shares it at its barrier
         if synchronize_ranks:
-            torch.distributed.barrier()
+            _share_rank0_error(error)
         if rank != 0 and is_built_on_rank():
             dataset = cls(*args)
         return dataset
@@ -274,6 +298,62 @@ def _empty_split_message(config, dataset_path, split: Split, num_elements: int, 
         "(--eval-iters 0 for the valid and test splits) "
         "(gigatron/core/datasets/blended_megatron_dataset_builder.py)"
     )
+
+
+def _corpus_tokens(low_level) -> int | None:
+    """Tokens of an IndexedDataset, read off its index (the last sequence's end; no data read),
+    or None for another low-level dataset (the mock one)."""
+    if not isinstance(low_level, IndexedDataset):
+        return None
+    index = low_level.index
+    if len(index) == 0:
+        return 0
+    return int(index.sequence_pointers[-1]) // index.dtype_size + int(index.sequence_lengths[-1])
+
+
+def _no_tokens_message(low_level: IndexedDataset, split: Split, size: int) -> str:
+    count = len(low_level.index)
+    what = f"its {count} sequences are all empty" if count else "it has no sequences"
+    return (
+        f"empty corpus: {get_bin_path(low_level.path_prefix)} holds no tokens ({what}) but "
+        f"{size} {split.name} samples were requested; a corpus needs documents with tokens "
+        "(write it again with `gigatron preprocess` from non-empty text) "
+        "(gigatron/core/datasets/blended_megatron_dataset_builder.py)"
+    )
+
+
+def _share_rank0_error(error: BaseException | None) -> None:
+    """Where the ranks wait for rank 0's build (in place of a barrier): rank 0 sends its error
+    (`error`, or None) and every rank raises it, rank 0 its own exception, the others one of
+    the same built-in type with the same one-line message. A failure raised on rank 0 alone
+    left the others at the barrier until gloo's 'connection closed'. The text travels as bytes
+    in a tensor (no pickle)."""
+    dist = torch.distributed
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    )
+    text = b"" if error is None else f"{type(error).__name__}:{error}".encode()
+    size = torch.tensor([len(text)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    if int(size.item()) == 0:
+        return
+    if error is not None:
+        payload = torch.tensor(list(text), dtype=torch.uint8, device=device)
+    else:
+        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(payload, src=0)
+    if error is not None:
+        raise error
+    kind, message = bytes(payload.cpu().tolist()).decode().split(":", 1)
+    cls = getattr(builtins, kind, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            same = cls(message)
+        except TypeError:  # a built-in error whose constructor takes more than a message
+            pass
+        else:
+            raise same
+    raise RuntimeError(f"rank 0 failed to build the datasets: {kind}: {message}")
 
 
 def _get_size_per_split_per_dataset(
