@@ -16,8 +16,8 @@ Part of `gigatron.training.arguments` (mirrors parts of `megatron.training.argum
 
 from __future__ import annotations
 
+import ast
 import os
-import re
 
 import torch
 
@@ -60,24 +60,59 @@ NO_OPS = {
     "--moe-router-fusion": "no fused router kernel; the plain path computes the same",
 }
 
-_MOE_FREQ_CHARS = re.compile(r"[^,\d\[\]\(\)\+\*\s]")
+_MOE_FREQ_MAX_LAYERS = 100_000  # a pattern longer than any model is refused, not built
 
 
 def moe_freq_type(value):
     """Megatron's --moe-layer-freq: an int N (an MoE layer every N layers) or a list pattern
-    such as "([1]*3+[0]*1)*3" (1 = MoE layer). Only digits, brackets, commas, + and * are
-    allowed in a pattern, so evaluating it runs no other code."""
+    such as "([1]*3+[0]*1)*3" (1 = MoE layer). The pattern is parsed, never evaluated: only list
+    literals of 0/1, `+` of lists and `*` by an integer, with the length checked before any
+    list is built (a flag or YAML value from elsewhere cannot run code or exhaust memory)."""
     if isinstance(value, (int, list)):
         return value
     text = str(value).strip()
     if "[" not in text:
-        return int(text)
-    if _MOE_FREQ_CHARS.search(text):
-        raise ValueError(f"--moe-layer-freq {text!r}: only digits, [ ] ( ) , + * are allowed")
-    pattern = eval(text, {"__builtins__": {}}, {})  # noqa: S307 (characters checked above)
-    if not isinstance(pattern, list) or any(x not in (0, 1) for x in pattern):
-        raise ValueError(f"--moe-layer-freq {text!r} must evaluate to a list of 0/1")
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(
+                f"--moe-layer-freq {text!r}: expected an integer or a 0/1 list pattern"
+            ) from None
+    try:
+        pattern = _moe_freq_pattern(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError) as e:
+        raise ValueError(
+            f"--moe-layer-freq {text!r}: expected a pattern of 0/1 lists joined by + and "
+            f"repeated by * N, e.g. ([1]*3+[0]*1)*3 ({e})"
+        ) from None
     return pattern
+
+
+def _moe_freq_pattern(node) -> list[int]:
+    if isinstance(node, ast.List):
+        items = [n.value for n in node.elts if isinstance(n, ast.Constant)]
+        if len(items) != len(node.elts) or any(
+            type(x) is not int or x not in (0, 1) for x in items
+        ):
+            raise ValueError("list items must be 0 or 1")
+        return items
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        out = _moe_freq_pattern(node.left) + _moe_freq_pattern(node.right)
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        lst, num = (node.left, node.right)
+        if isinstance(lst, ast.Constant):
+            lst, num = num, lst
+        if not (isinstance(num, ast.Constant) and type(num.value) is int and num.value >= 0):
+            raise ValueError("a list may only be repeated by a non-negative integer")
+        base = _moe_freq_pattern(lst)
+        if len(base) * num.value > _MOE_FREQ_MAX_LAYERS:
+            raise ValueError(f"longer than {_MOE_FREQ_MAX_LAYERS} layers")
+        out = base * num.value
+    else:
+        raise ValueError(f"{type(node).__name__} is not allowed")
+    if len(out) > _MOE_FREQ_MAX_LAYERS:
+        raise ValueError(f"longer than {_MOE_FREQ_MAX_LAYERS} layers")
+    return out
 
 
 def _flag(group, flag, **kw):

@@ -151,10 +151,14 @@ def test_refused_values_name_the_flag(flags, words, monkeypatch):
 def test_moe_layer_freq_patterns():
     assert moe_freq_type("3") == 3
     assert moe_freq_type("([1]*3+[0]*1)*2") == [1, 1, 1, 0] * 2
-    with pytest.raises(ValueError, match="only digits"):
-        moe_freq_type("[__import__('os')]")
-    with pytest.raises(ValueError, match="0/1"):
-        moe_freq_type("[2, 0]")
+    assert moe_freq_type("[1]*2+2*[0]") == [1, 1, 0, 0]
+    for bad in ("[__import__('os')]", "[2, 0]", "[1]*(2+1)", "[1]*-1", "[1] - [0]", "[1.0]",
+                "[True]", "[1]*[1]", "[[1]]", "x", "[1]*3 if 1 else 0"):  # fmt: skip
+        with pytest.raises(ValueError, match="moe-layer-freq"):
+            moe_freq_type(bad)
+    # the length is checked before the list is built (this would take ~80 GB)
+    with pytest.raises(ValueError, match="longer than"):
+        moe_freq_type("[1]*100000*100000")
     args = _args("--num-experts", "2", "--moe-layer-freq", "([0]+[1]*3)")
     assert args.moe_layer_freq == [0, 1, 1, 1]
 
