@@ -43,11 +43,40 @@ _NP_SAME_WIDTH = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
 def _read_header(path: str) -> tuple[dict, int]:
-    """(JSON header, byte offset where the data section starts)."""
+    """(JSON header, byte offset where the data section starts), checked against the file: every
+    tensor's dtype, shape and byte range must be consistent and inside the file. The file comes
+    from elsewhere: anything else is a ValueError naming it, before any tensor is mapped."""
+    size = os.path.getsize(path)
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+        raw = f.read(8)
+        n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+        if not 0 < n <= size - 8:
+            raise ValueError(f"{path} is not a valid safetensors file (header length {n}, file "
+                             f"{size} bytes): damaged or truncated")  # fmt: skip
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: safetensors header is not JSON ({e}): damaged") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: safetensors header is not a JSON object: damaged")
+    for name, info in header.items():
+        if name != "__metadata__":
+            _check_entry(path, name, info, size - 8 - n)
     return header, 8 + n
+
+
+def _check_entry(path: str, name: str, info, data_size: int) -> None:
+    try:
+        shape, dtype = info["shape"], _dtype(info["dtype"])
+        begin, end = info["data_offsets"]
+        ok = all(type(d) is int and d >= 0 for d in shape) and type(begin) is type(end) is int
+    except (TypeError, KeyError, ValueError) as e:
+        raise ValueError(f"{path}: tensor {name!r} has a malformed header entry ({e})") from None
+    if not ok or not 0 <= begin <= end <= data_size or end - begin != _nbytes(shape, dtype):
+        raise ValueError(
+            f"{path}: tensor {name!r} (shape {shape}, {info['dtype']}) claims bytes "
+            f"[{begin}, {end}) of a {data_size}-byte data section: damaged or truncated"
+        )
 
 
 class HFReader:

@@ -67,3 +67,38 @@ def test_pickle_checkpoints_are_refused(tmp_path):
     torch.save({}, tmp_path / "pytorch_model.bin")
     with pytest.raises(ValueError, match="only safetensors"):
         convert_hf_to_gigatron(str(tmp_path), str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize(
+    "damage", ["truncated_data", "truncated_header", "empty", "huge_header_len", "bad_offsets",
+               "not_json", "shape_mismatch"],
+)  # fmt: skip
+def test_damaged_safetensors_are_named_before_any_tensor_is_mapped(tmp_path, damage):
+    import struct
+
+    tensors = {"a": torch.arange(12.0).view(3, 4), "b": torch.ones(5, dtype=torch.bfloat16)}
+    plan = [(k, tuple(v.shape), v.dtype) for k, v in tensors.items()]
+    write_safetensors(str(tmp_path), plan, iter_planned(plan, tensors.__getitem__))
+    path = tmp_path / "model.safetensors"
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    if damage == "truncated_data":
+        raw = raw[:-4]
+    elif damage == "truncated_header":
+        raw = raw[: 8 + n // 2]
+    elif damage == "empty":
+        raw = b""
+    elif damage == "huge_header_len":
+        raw = struct.pack("<Q", 1 << 62) + raw[8:]
+    elif damage == "not_json":
+        raw = raw[:8] + b"\xff" * n + raw[8 + n :]
+    else:
+        key = "data_offsets" if damage == "bad_offsets" else "shape"
+        header["a"][key] = [0, 10**9] if key == "data_offsets" else [4, 4]
+        text = json.dumps(header).encode().ljust(n)
+        raw = struct.pack("<Q", len(text)) + text + raw[8 + n :]
+    path.write_bytes(raw)
+    with pytest.raises(ValueError, match="model.safetensors") as err:
+        HFReader(str(tmp_path))
+    assert "damaged" in str(err.value) or "malformed" in str(err.value)
