@@ -53,14 +53,21 @@ def _sentence_splitter(args: argparse.Namespace) -> Any:
         import nltk
     except ImportError as err:
         raise ImportError("--split-sentences needs nltk: pip install nltk") from err
+    # punkt_tab (plain-text parameters), never the pickled `punkt` models: NLTK >= 3.8.2 reads
+    # them with PunktTokenizer; older releases only had the pickles (which can run code).
+    punkt = getattr(getattr(nltk, "tokenize", None), "PunktTokenizer", None)
+    if punkt is None:
+        raise ImportError(
+            f"--split-sentences needs nltk >= 3.8.2 (found {getattr(nltk, '__version__', '?')}): "
+            "older releases load sentence splitters from pickles, which gigatron refuses"
+        )
     try:
-        splitter = nltk.load(f"tokenizers/punkt/{args.lang}.pickle")
+        return punkt(args.lang)
     except LookupError as err:
         raise LookupError(
-            f"--split-sentences needs nltk's punkt data for {args.lang!r}; install it with "
-            "python -m nltk.downloader punkt (gigatron downloads nothing)"
+            f"--split-sentences needs nltk's punkt_tab data for {args.lang!r}; install it with "
+            "python -m nltk.downloader punkt_tab (gigatron downloads nothing)"
         ) from err
-    return splitter
 
 
 def _encode_batch(batch: list[tuple[int, str]]) -> list[tuple[int, dict, dict, int]]:

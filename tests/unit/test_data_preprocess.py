@@ -100,3 +100,31 @@ def test_split_sentences_needs_nltk(tmp_path):
             cli_main(argv)
     else:
         pytest.skip("nltk is installed")
+
+
+def test_sentence_splitter_never_loads_nltk_pickles(monkeypatch):
+    """--split-sentences reads NLTK's punkt_tab (plain text) through PunktTokenizer; the pickled
+    punkt models (`nltk.load(...pickle)`, which can run code) are never loaded."""
+    import argparse
+    import sys
+    import types
+
+    from gigatron.tools.preprocess_data import _sentence_splitter
+
+    calls = []
+    fake = types.ModuleType("nltk")
+    fake.__version__ = "3.9.1"
+    fake.load = lambda *a, **k: calls.append(("load", a)) or pytest.fail("nltk.load called")
+
+    class PunktTokenizer:
+        def __init__(self, lang):
+            calls.append(("punkt_tab", lang))
+
+    fake.tokenize = types.SimpleNamespace(PunktTokenizer=PunktTokenizer)
+    monkeypatch.setitem(sys.modules, "nltk", fake)
+    assert isinstance(_sentence_splitter(argparse.Namespace(lang="english")), PunktTokenizer)
+    assert calls == [("punkt_tab", "english")]
+    fake.tokenize = types.SimpleNamespace()  # an NLTK that only has the pickled models
+    with pytest.raises(ImportError, match="3.8.2"):
+        _sentence_splitter(argparse.Namespace(lang="english"))
+    assert all(c[0] != "load" for c in calls)
