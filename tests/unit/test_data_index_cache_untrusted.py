@@ -44,9 +44,7 @@ def _build(tmp_path, *, blend: bool):
         blend=(prefixes, [0.5, 0.5] if blend else None), split="1,0,0",
         path_to_cache=str(tmp_path / "cache"),
     )  # fmt: skip
-    (train, _, _) = BlendedMegatronDatasetBuilder(
-        GPTDataset, [20, 0, 0], lambda: True, cfg
-    ).build()
+    (train, _, _) = BlendedMegatronDatasetBuilder(GPTDataset, [20, 0, 0], lambda: True, cfg).build()
     return train
 
 
