@@ -15,6 +15,10 @@ the global batch size). With n = num_steps, w = lr_warmup_steps, d = lr_decay_st
 Weight decay goes from start_wd to end_wd over wd_incr_steps (constant / linear / cosine), and
 each group gets `weight_decay = wd * group.get("wd_mult", 1.0)`. Groups may override `max_lr`,
 `min_lr`, `start_wd`, `end_wd` (Megatron's ParamGroupOverride keys).
+
+Resuming (`load_state_dict`), as Megatron: each saved schedule value must equal this scheduler's
+(ScheduleMismatchError names it), unless `override_opt_param_scheduler` (keep this scheduler's
+values) or `use_checkpoint_opt_param_scheduler` (take the checkpoint's).
 """
 
 from __future__ import annotations
@@ -39,6 +43,22 @@ class ParamGroupOverride(TypedDict, total=False):
     start_wd: float
     end_wd: float
     wd_mult: float
+
+
+class ScheduleMismatchError(ValueError):
+    """A schedule value of the checkpoint differs from this scheduler's (`load_state_dict` with
+    neither `override_opt_param_scheduler` nor `use_checkpoint_opt_param_scheduler`).
+
+    `key` is the state-dict key (`lr_decay_steps`, ...), `name` Megatron's wording of it."""
+
+    def __init__(self, key: str, name: str, value: Any, checkpoint_value: Any) -> None:
+        self.key, self.name = key, name
+        self.value, self.checkpoint_value = value, checkpoint_value
+        super().__init__(
+            f"OptimizerParamScheduler: class input value {value} and checkpoint value "
+            f"{checkpoint_value} for {name} ({key}) do not match: override_opt_param_scheduler="
+            "True keeps the class values, use_checkpoint_opt_param_scheduler=True the checkpoint's"
+        )
 
 
 def get_canonical_lr_for_logging(param_groups: list[dict]) -> float | None:
@@ -204,17 +224,14 @@ class OptimizerParamScheduler:
             "wd_incr_steps": self.wd_incr_steps,
         }
 
-    def _check_and_set(self, cls_value: Any, sd_value: Any, name: str) -> Any:
+    def _check_and_set(self, cls_value: Any, sd_value: Any, name: str, key: str = "") -> Any:
         """Class value if overriding; else the checkpoint's, which must match the class value
-        unless `use_checkpoint_opt_param_scheduler`."""
+        unless `use_checkpoint_opt_param_scheduler` (ScheduleMismatchError names both)."""
         if self.override_opt_param_scheduler:
             logger.info("overriding %s value to %s", name, cls_value)
             return cls_value
         if not self.use_checkpoint_opt_param_scheduler and cls_value != sd_value:
-            raise ValueError(
-                f"OptimizerParamScheduler: class input value {cls_value} and checkpoint value "
-                f"{sd_value} for {name} do not match ({_FILE})"
-            )
+            raise ScheduleMismatchError(key or name, name, cls_value, sd_value)
         return sd_value
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -226,29 +243,44 @@ class OptimizerParamScheduler:
                     return state_dict[key]
             raise KeyError(f"scheduler state_dict has none of {keys}")
 
-        self.max_lr = self._check_and_set(self.max_lr, first("start_lr", "max_lr"), "learning rate")
-        self.min_lr = self._check_and_set(self.min_lr, state_dict["min_lr"], "minimum lr")
+        self.max_lr = self._check_and_set(
+            self.max_lr, first("start_lr", "max_lr"), "learning rate", "max_lr"
+        )
+        self.min_lr = self._check_and_set(self.min_lr, state_dict["min_lr"], "minimum lr", "min_lr")
         self.lr_warmup_steps = self._check_and_set(
             self.lr_warmup_steps,
             first("warmup_iter", "warmup_steps", "lr_warmup_steps"),
             "warmup iterations",
+            "lr_warmup_steps",
         )
         self.lr_decay_steps = self._check_and_set(
             self.lr_decay_steps,
             first("end_iter", "decay_steps", "lr_decay_steps"),
             "total number of iterations",
+            "lr_decay_steps",
         )
         self.lr_decay_style = self._check_and_set(
-            self.lr_decay_style, first("decay_style", "lr_decay_style"), "lr decay style"
+            self.lr_decay_style,
+            first("decay_style", "lr_decay_style"),
+            "lr decay style",
+            "lr_decay_style",
         )
         self.num_steps = 0
         self.step(increment=first("num_iters", "num_steps"))
         if "start_wd" in state_dict:
-            self.start_wd = self._check_and_set(self.start_wd, state_dict["start_wd"], "start wd")
-            self.end_wd = self._check_and_set(self.end_wd, state_dict["end_wd"], "end wd")
+            self.start_wd = self._check_and_set(
+                self.start_wd, state_dict["start_wd"], "start wd", "start_wd"
+            )
+            self.end_wd = self._check_and_set(self.end_wd, state_dict["end_wd"], "end wd", "end_wd")
             self.wd_incr_steps = self._check_and_set(
-                self.wd_incr_steps, state_dict["wd_incr_steps"], "wd increment iterations"
+                self.wd_incr_steps,
+                state_dict["wd_incr_steps"],
+                "wd increment iterations",
+                "wd_incr_steps",
             )
             self.wd_incr_style = self._check_and_set(
-                self.wd_incr_style, state_dict["wd_incr_style"], "wd increment style"
+                self.wd_incr_style,
+                state_dict["wd_incr_style"],
+                "wd increment style",
+                "wd_incr_style",
             )
