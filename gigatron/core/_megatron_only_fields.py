@@ -4,10 +4,10 @@ megatron-core's `ModelParallelConfig` and `TransformerConfig` carry fields for T
 (FP8 / FP4, userbuffer overlap), CUDA graphs, Mamba / hybrid models, attention variants, DeepEP,
 inference kernels and offloading. A Megatron script or config file that spells them out at their
 default values must construct unchanged, and any other value must fail loudly (a setting is never
-silently ignored). The mixins below declare them (names and defaults of megatron-core 0.16.1,
-then the fields megatron-core 0.19.2 added) and `check_at_default` raises ValueError naming the
-field, its value and why. Where 0.19 changed a default (`NEWER_DEFAULTS`), either version's
-default is accepted, so configs written for either construct.
+silently ignored). The mixins below declare them (names of megatron-core 0.16.1, then the fields
+megatron-core 0.19.2 added; defaults of 0.19.2) and `check_at_default` raises ValueError naming
+the field, its value and why. Where 0.19 changed a default, 0.16's is accepted as well
+(`OLDER_DEFAULTS`), so configs written for either construct.
 
 `ModelParallelConfig` inherits `MegatronOnlyParallelFields`; `TransformerConfig` also inherits
 `MegatronOnlyTransformerFields`; `OptimizerConfig` inherits `MegatronOnlyOptimizerFields`. Fields
@@ -130,13 +130,13 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "moe_enable_deepep": (False, _MOE),
     "moe_flex_dispatcher_backend": ("deepep", _MOE),
     "moe_apply_probs_on_input": (False, _MOE),
-    "moe_deepep_num_sms": (20, _MOE),
-    "moe_hybridep_num_sms": (16, _MOE),
-    "cuda_graph_use_single_mempool": (False, _GRAPH),
+    "moe_deepep_num_sms": (None, _MOE),
+    "moe_hybridep_num_sms": (None, _MOE),
+    "cuda_graph_use_single_mempool": (True, _GRAPH),
     "cuda_graph_retain_backward_graph": (False, _GRAPH),
     "cuda_graph_warmup_steps": (3, _GRAPH),
     "external_cuda_graph": (False, _GRAPH),
-    "cuda_graph_scope": ("full", _GRAPH),
+    "cuda_graph_scope": (None, _GRAPH),
     "disable_parameter_transpose_cache": (False, _TE),
     "config_logger_dir": ("", "Megatron's config dump directory is not implemented"),
     "flash_decode": (False, _INFER),
@@ -222,13 +222,13 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "fine_grained_offloading_max_inflight_offloads": (None, _OFFLOAD),
 }
 
-# megatron-core 0.19's defaults where it changed 0.16's: accepted as well (inert without the
-# feature, which gigatron refuses at any non-default value)
-NEWER_DEFAULTS: dict[str, tuple[object, ...]] = {
-    "cuda_graph_scope": (None,),
-    "cuda_graph_use_single_mempool": (True,),
-    "moe_deepep_num_sms": (None,),
-    "moe_hybridep_num_sms": (None,),
+# megatron-core 0.16's defaults where 0.19 changed them (the tables hold 0.19's): accepted as
+# well (inert without the feature, which gigatron refuses at any non-default value)
+OLDER_DEFAULTS: dict[str, tuple[object, ...]] = {
+    "cuda_graph_scope": ("full",),
+    "cuda_graph_use_single_mempool": (False,),
+    "moe_deepep_num_sms": (20,),
+    "moe_hybridep_num_sms": (16,),
 }
 
 
@@ -288,7 +288,7 @@ def check_at_default(cfg, table: dict[str, tuple[object, str]]) -> None:
         if name not in declared:
             continue
         value = getattr(cfg, name, MISSING)
-        if value != default and not any(value == d for d in NEWER_DEFAULTS.get(name, ())):
+        if value != default and not any(value == d for d in OLDER_DEFAULTS.get(name, ())):
             raise ValueError(
                 f"{name}={value!r} is not supported by gigatron ({why}); leave it at Megatron's "
                 f"default {default!r} (gigatron/core/_megatron_only_fields.py)"

@@ -146,9 +146,27 @@ def get_expert_tensor_and_model_parallel_group(check_initialized: bool = True):
 
 
 @_public
-def get_expert_tensor_model_pipeline_parallel_group(check_initialized: bool = True):
+def get_expert_tensor_model_pipeline_parallel_group(
+    check_initialized: bool = True, with_egtp_remat: bool = False
+):
+    """`with_egtp_remat`: the group merged across expert-GTP peers, which is the plain
+    tensor-expert-pipeline group at expert_gtp_remat_size 1 (the only size gigatron builds)."""
     s = _ps._state(check_initialized)
     return s.tp_ep_pp.group if s else None
+
+
+@_public
+def get_gtp_weight_remat_group(check_initialized: bool = True):
+    """This rank's GTP weight-sharding group (a singleton: gtp_remat_size is 1)."""
+    s = _ps._state(check_initialized)
+    return s.gtp_remat.group if s else None
+
+
+@_public
+def get_expert_gtp_weight_remat_group(check_initialized: bool = True):
+    """This rank's expert GTP weight-sharding group (a singleton: expert_gtp_remat_size is 1)."""
+    s = _ps._state(check_initialized)
+    return s.expt_gtp_remat.group if s else None
 
 
 @_public

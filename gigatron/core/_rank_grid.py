@@ -66,20 +66,33 @@ def masked_orthogonal_rank_groups(
 
 
 class RankGenerator:
-    """Megatron's `RankGenerator(tp, ep, dp, pp, cp, order, rank_offset=0)`.
+    """Megatron's `RankGenerator(tp, ep, dp, pp, cp, order, rank_offset=0, gtp_remat=1)`.
 
     `get_ranks("tp-dp")` returns the groups spanning TP and DP; token order in the argument does
-    not matter.
+    not matter. `gtp_remat` is megatron-core 0.19's GTP weight-sharding axis: one more grid axis
+    (a token of `order`, appended when it has size 1, like every size-1 axis), so the world is
+    `tp * ep * dp * pp * cp * gtp_remat` ranks and `get_gtp_ranks(n)` lists its groups
+    (singletons at size 1). `initialize_model_parallel` builds only `gtp_remat_size=1`.
     """
 
     def __init__(
-        self, tp: int, ep: int, dp: int, pp: int, cp: int, order: str, rank_offset: int = 0
+        self,
+        tp: int,
+        ep: int,
+        dp: int,
+        pp: int,
+        cp: int,
+        order: str,
+        rank_offset: int = 0,
+        gtp_remat: int = 1,
     ) -> None:
         self.tp, self.ep, self.dp, self.pp, self.cp = tp, ep, dp, pp, cp
+        self.gtp_remat = gtp_remat
         self.rank_offset = rank_offset
-        self.world_size = tp * ep * dp * pp * cp
+        self.world_size = tp * ep * dp * pp * cp * gtp_remat
         self.name_to_size = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp}
-        self.order = normalize_order(order, self.name_to_size)
+        self.name_to_size["gtp_remat"] = gtp_remat
+        self.order = normalize_order(order, self.name_to_size, axes=(*AXES, "gtp_remat"))
         self.ordered_size = [self.name_to_size[t] for t in self.order.split("-")]
 
     def get_mask(self, order: str, token: str) -> list[bool]:
@@ -97,13 +110,22 @@ class RankGenerator:
             groups = [[r + self.rank_offset for r in g] for g in groups]
         return groups
 
+    def get_gtp_ranks(self, gtp_remat_size: int) -> list[list[int]]:
+        """The GTP weight-sharding groups (singletons when `gtp_remat_size == 1`)."""
+        if gtp_remat_size != self.gtp_remat:
+            raise ValueError(
+                f"gtp_remat_size ({gtp_remat_size}) differs from this generator's gtp_remat axis "
+                f"({self.gtp_remat})"
+            )
+        return self.get_ranks("gtp_remat")
 
-def normalize_order(order: str, sizes: dict[str, int]) -> str:
+
+def normalize_order(order: str, sizes: dict[str, int], axes: Sequence[str] = AXES) -> str:
     """Validate an order string and append the missing size-1 axes (Megatron's rule)."""
     tokens = order.lower().split("-")
-    unknown = [t for t in tokens if t not in AXES]
+    unknown = [t for t in tokens if t not in axes]
     if unknown:
-        raise ValueError(f"order {order!r} has unknown axes {unknown}; allowed: {list(AXES)}")
+        raise ValueError(f"order {order!r} has unknown axes {unknown}; allowed: {list(axes)}")
     if len(set(tokens)) != len(tokens):
         raise ValueError(f"order {order!r} names an axis twice")
     for name, size in sizes.items():

@@ -1,10 +1,10 @@
 """Process groups of every parallel axis, and Megatron's getters over them.
 
 Mirrors `megatron.core.parallel_state`: `initialize_model_parallel(...)` builds TP, PP, CP, DP,
-DP×CP, model-parallel, embedding, expert (EP, expert-TP, expert-DP) and combined groups from the
-pure layout in `_rank_grid`; the getters below read them. All state lives in one immutable
-`_ParallelState` (plus Megatron's "fake init" overrides and the virtual-pipeline rank, which
-Megatron lets callers set).
+DP×CP, model-parallel, embedding, expert (EP, expert-TP, expert-DP), combined and (singleton)
+GTP weight-sharding groups from the pure layout in `_rank_grid`; the getters below read them.
+All state lives in one immutable `_ParallelState` (plus Megatron's "fake init" overrides and the
+virtual-pipeline rank, which Megatron lets callers set).
 
 Works with any torch.distributed backend: gloo on CPU, NCCL on GPU. The layout is validated
 (ValueError with the numbers) before any group is created.
@@ -73,6 +73,8 @@ class _ParallelState:
     dp_gloo: object
     dp_cp_gloo: object
     expt_dp_gloo: object
+    gtp_remat: _Axis
+    expt_gtp_remat: _Axis
     dense: RankGenerator = field(repr=False)
     expert: RankGenerator = field(repr=False)
 
@@ -99,6 +101,15 @@ def _build(generator: RankGenerator, token: str, rank: int, timeout: timedelta) 
             mine = _Axis(group, tuple(ranks))
     assert mine is not None, f"rank {rank} is in no {token} group"
     return mine
+
+
+def _build_gtp_singleton(generator: RankGenerator, rank: int, timeout: timedelta) -> _Axis:
+    """This rank's GTP weight-sharding group, a singleton at gtp_remat size 1 (the only size
+    built). Only its member creates it (local synchronization), so the world skips one barrier
+    per rank that Megatron's loop over every singleton costs."""
+    (ranks,) = [g for g in generator.get_gtp_ranks(1) if rank in g]
+    group = dist.new_group(ranks, timeout=timeout, use_local_synchronization=True)
+    return _Axis(group, tuple(ranks))
 
 
 def _build_subset(groups_of_ranks: list[list[int]], rank: int, timeout: timedelta) -> _Axis | None:
@@ -219,6 +230,8 @@ def initialize_model_parallel(
     tp_ep = _build(expert, "tp-ep", rank, timeout)
     tp_ep_pp = _build(expert, "tp-ep-pp", rank, timeout)
     expt_dp = _build(expert, "dp", rank, timeout)
+    gtp_remat = _build_gtp_singleton(dense, rank, timeout)
+    expt_gtp_remat = _build_gtp_singleton(expert, rank, timeout)
 
     if create_gloo_process_groups and dist.get_backend() != "gloo":
         dp_gloo = _build_gloo(dense, "dp", rank, timeout)
@@ -252,6 +265,8 @@ def initialize_model_parallel(
         dp_gloo=dp_gloo,
         dp_cp_gloo=dp_cp_gloo,
         expt_dp_gloo=expt_dp_gloo,
+        gtp_remat=gtp_remat,
+        expt_gtp_remat=expt_gtp_remat,
         dense=dense,
         expert=expert,
     )

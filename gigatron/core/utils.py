@@ -46,13 +46,45 @@ def make_viewless_tensor(inp: torch.Tensor, requires_grad: bool, keep_graph: boo
     return out
 
 
-def get_batch_on_this_cp_rank(batch: dict, cp_group=None) -> dict:
+# Batch entries that describe the packing and are never split along the sequence.
+_CP_METADATA_KEYS = ("cu_seqlens", "cu_seqlens_padded", "max_seqlen", "local_cp_size")
+_CP_METADATA_KEYS += ("hybrid_cp_group",)
+# What the per-document split cuts (megatron-core's list); other entries pass through.
+_CP_DOCUMENT_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+
+
+def get_batch_on_this_cp_rank(
+    batch: dict,
+    is_hybrid_cp: bool = False,
+    cp_group=None,
+    hybrid_cp_group_func=None,
+    use_per_sequence_balancing: bool = False,
+) -> dict:
     """Keep this context-parallel rank's part of every sequence (load-balanced for causal masks).
 
-    Each tensor is cut along its sequence dim (dim 1; dim 2 for `attention_mask` [b, 1, s, s]) into
-    2·cp chunks and rank r keeps chunks r and 2·cp−1−r, so every rank gets the same causal work.
-    `cu_seqlens*`/`max_seqlen` entries and None values pass through untouched.
+    Per sequence (no `cu_seqlens` in the batch, or `use_per_sequence_balancing`): each tensor is
+    cut along its sequence dim (dim 1; dim 2 for `attention_mask` [b, 1, s, s]) into 2·cp chunks
+    and rank r keeps chunks r and 2·cp−1−r, so every rank gets the same causal work. Packing
+    metadata (`cu_seqlens*`, `max_seqlen`, ...) and None values pass through untouched.
+    Per document (packed sequences, `cu_seqlens` given): the same zigzag inside every document
+    of `cu_seqlens_padded` (else `cu_seqlens`), for tokens / labels / loss_mask / position_ids.
+    `cp_group` None: parallel_state's CP group. `is_hybrid_cp` / `hybrid_cp_group_func`
+    (megatron-core 0.19's hybrid CP, refused by initialize_model_parallel) only at False / None;
+    megatron-core 0.19 inserted `is_hybrid_cp` before `cp_group`, so pass cp_group by keyword.
     """
+    if not isinstance(is_hybrid_cp, bool):  # a 0.16-style call passing cp_group second
+        raise TypeError(
+            f"is_hybrid_cp must be a bool, got {type(is_hybrid_cp).__name__}: megatron-core 0.19 "
+            "inserted it before cp_group; pass cp_group by keyword"
+        )
+    if is_hybrid_cp or hybrid_cp_group_func is not None:
+        name, value = (
+            ("is_hybrid_cp", is_hybrid_cp) if is_hybrid_cp else ("hybrid_cp_group_func", "set")
+        )
+        raise ValueError(
+            f"{name}={value!r} is not supported by gigatron (hybrid context parallel is not "
+            "implemented)"
+        )
     import torch.distributed as dist
 
     from gigatron.core import parallel_state as ps
@@ -61,20 +93,55 @@ def get_batch_on_this_cp_rank(batch: dict, cp_group=None) -> dict:
     if cp <= 1:
         return batch
     rank = ps.get_context_parallel_rank() if cp_group is None else dist.get_rank(cp_group)
+    if use_per_sequence_balancing or batch.get("cu_seqlens") is None:
+        return _split_per_sequence(batch, cp, rank)
+    return _split_per_document(batch, cp, rank)
+
+
+def _zigzag_check(what: str, length: int, cp: int) -> None:
+    if length % (2 * cp):
+        raise ValueError(
+            f"{what} ({length}) must be divisible by 2 x context_parallel_size ({2 * cp})"
+        )
+
+
+def _split_per_sequence(batch: dict, cp: int, rank: int) -> dict:
     out = {}
     for key, value in batch.items():
-        if value is None or key.startswith("cu_seqlens") or key == "max_seqlen":
+        if value is None or key in _CP_METADATA_KEYS:
             out[key] = value
             continue
         dim = 2 if key == "attention_mask" else 1
         seq = value.shape[dim]
-        if seq % (2 * cp):
-            raise ValueError(
-                f"sequence length of {key!r} ({seq}) must be divisible by 2 x "
-                f"context_parallel_size ({2 * cp})"
-            )
+        _zigzag_check(f"sequence length of {key!r}", seq, cp)
         chunks = value.view(*value.shape[:dim], 2 * cp, seq // (2 * cp), *value.shape[dim + 1 :])
         index = torch.tensor([rank, 2 * cp - 1 - rank], device=value.device)
         kept = chunks.index_select(dim, index)
         out[key] = kept.view(*value.shape[:dim], -1, *value.shape[dim + 1 :])
+    return out
+
+
+def _split_per_document(batch: dict, cp: int, rank: int) -> dict:
+    """Transformer Engine's `thd_get_partitioned_indices` (what megatron-core calls), in
+    PyTorch: document [start, end) of length L keeps its chunks r and 2·cp−1−r of L/(2·cp)."""
+    bounds = batch.get("cu_seqlens_padded")
+    bounds = batch["cu_seqlens"] if bounds is None else bounds
+    bounds = bounds.reshape(-1).tolist()  # [1, n] in megatron-core's batches
+    seq_key = "tokens" if batch.get("tokens") is not None else "labels"
+    if bounds[0] != 0 or bounds[-1] != batch[seq_key].shape[1]:
+        raise ValueError(
+            f"cu_seqlens {bounds} must run from 0 to the sequence length of {seq_key!r} "
+            f"({batch[seq_key].shape[1]})"
+        )
+    pieces = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        _zigzag_check(f"document length [{start}, {end})", end - start, cp)
+        chunk = (end - start) // (2 * cp)
+        for c in (rank, 2 * cp - 1 - rank):
+            pieces.append(torch.arange(start + c * chunk, start + (c + 1) * chunk))
+    index = torch.cat(pieces)
+    out = dict(batch)
+    for key in _CP_DOCUMENT_KEYS:
+        if batch.get(key) is not None:
+            out[key] = batch[key].index_select(1, index.to(batch[key].device))
     return out

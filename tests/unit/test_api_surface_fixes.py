@@ -332,7 +332,7 @@ def test_megatron_only_fields_at_default_construct_like_megatron():
     differ = {
         n: (theirs[n], d)
         for n, d in every.items()
-        if theirs[n] != d and theirs[n] not in mof.NEWER_DEFAULTS.get(n, ())
+        if theirs[n] != d and theirs[n] not in mof.OLDER_DEFAULTS.get(n, ())
     }
     assert len(every) >= 100 and not differ, differ
     config = _tiny(**{n: theirs[n] for n in every})
@@ -360,7 +360,7 @@ def test_megatron_only_field_off_default_raises(owner, name, default):
     build = _tiny if owner == "tc" else ModelParallelConfig
     from gigatron.core import _megatron_only_fields as mof
 
-    if other in mof.NEWER_DEFAULTS.get(name, ()):  # 0.19's default: both bool values accepted
+    if other in mof.OLDER_DEFAULTS.get(name, ()):  # 0.16's default: both bool values accepted
         build(**{name: other})
         return
     with pytest.raises(ValueError, match=name):
@@ -393,9 +393,10 @@ def test_hyper_comm_grid_enumeration_matches_megatron(monkeypatch):
             assert ours == want
         assert sorted(map(sorted, ours)) == sorted(map(sorted, want))
         if hasattr(theirs_grid, "_order_dims"):  # megatron-core 0.16
-            assert grid._order_dims(dims) == theirs_grid._order_dims(dims)
+            ordered, key = theirs_grid._order_dims(dims)
         else:  # 0.19 renamed it
-            assert grid._order_dims(dims) == theirs_grid._order_dims_for(names, dims)
+            ordered, key = theirs_grid._order_dims_for(names, dims)
+        assert grid._key(dims, None) == (key, grid._view(None), ordered)
     offset = HyperCommGrid([2, 2], ["tp", "dp"], rank_offset=4)
     assert offset.get_rank_enum("dp") == [[4, 6], [5, 7]]
     with pytest.raises(RuntimeError, match="over sized"):
@@ -455,11 +456,13 @@ def test_every_megatron_core_config_field_at_its_default_constructs():
         ours(**kwargs)
 
 
-def test_megatron_core_0_19_defaults_accepted():
-    """The defaults megatron-core 0.19 changed construct as well as 0.16's; other values fail."""
+def test_megatron_core_0_16_defaults_accepted():
+    """Where megatron-core 0.19 changed a default (gigatron's now), 0.16's constructs as well;
+    other values fail."""
     from gigatron.core import _megatron_only_fields as mof
 
-    newer = {n: d[0] for n, d in mof.NEWER_DEFAULTS.items()}
-    assert _tiny(**newer).cuda_graph_scope is None
+    older = {n: d[0] for n, d in mof.OLDER_DEFAULTS.items()}
+    assert _tiny().cuda_graph_scope is None and _tiny().moe_deepep_num_sms is None
+    assert _tiny(**older).cuda_graph_scope == "full"
     with pytest.raises(ValueError, match="moe_deepep_num_sms"):
         _tiny(moe_deepep_num_sms=8)

@@ -111,10 +111,15 @@ class _WordTokenizer:
 def test_text_prompts_stop_at_tokenizer_eod():
     model = _model("gqa_rope")
     free = generate(model, _WordTokenizer(eod=-1), ["w7 w1 w22"], top_k=1)[0]
-    assert len(free.generated_tokens) == 30 and max(free.generated_tokens) < 60
+    # num_tokens_to_generate None (megatron-core 0.19's default): up to max_sequence_length 32
+    assert len(free.generated_tokens) == 32 - 3 and max(free.generated_tokens) < 60
     eod = free.generated_tokens[3]
     out = generate(model, _WordTokenizer(eod=eod), ["w7 w1 w22"], top_k=1)[0]
     n = free.generated_tokens.index(eod) + 1
     assert out.stopped_on_termination and out.generated_tokens == free.generated_tokens[:n]
     assert out.generated_text == "".join(f" w{i}" for i in free.generated_tokens[: n - 1])
     assert out.text == "w7 w1 w22" + out.generated_text
+    kept = generate(
+        model, _WordTokenizer(eod=eod), ["w7 w1 w22"], top_k=1, detokenize_stop_sequence=True
+    )[0]  # the stop token stays in the text
+    assert kept.generated_text == "".join(f" w{i}" for i in free.generated_tokens[:n])

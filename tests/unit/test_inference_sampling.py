@@ -85,7 +85,7 @@ def test_padded_vocab_never_sampled_and_seed_reproduces():
 
 
 def test_sampling_params_validation():
-    assert SamplingParams().num_tokens_to_generate == 30  # Megatron Core 0.16 default
+    assert SamplingParams().num_tokens_to_generate is None  # megatron-core 0.19 (0.16: 30)
     assert SamplingParams(top_k=1).greedy
     for bad in (
         dict(top_k=5, top_p=0.9),
@@ -94,6 +94,7 @@ def test_sampling_params_validation():
         dict(top_k=-1),
         dict(top_n_logprobs=3),
         dict(stop_words=["x"]),
+        dict(num_tokens_to_generate=4, num_tokens_total=9),
     ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SamplingParams(**bad)

@@ -114,3 +114,184 @@ def test_ddp_full_param_layout_only_none():
     DistributedDataParallel(model.config, ddp_config, model, full_param_layout=None)
     with pytest.raises(ValueError, match="full_param_layout"):
         DistributedDataParallel(model.config, ddp_config, _model(), full_param_layout=object())
+
+
+# ---------------------------------------------------------------- the rest of 0.19's surface
+def test_rank_generator_gtp_remat_axis():
+    from gigatron.core.parallel_state import RankGenerator
+
+    plain = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-cp-ep-dp-pp")
+    assert plain.order == "tp-cp-ep-dp-pp-gtp_remat" and plain.world_size == 8
+    assert plain.get_gtp_ranks(1) == [[r] for r in range(8)]  # singletons at size 1
+    # a size-2 axis right after tp (where megatron-core injects it): world 16
+    gen = RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=1, order="tp-gtp_remat-dp-pp", gtp_remat=2)
+    assert gen.world_size == 16
+    assert gen.get_gtp_ranks(2)[:3] == [[0, 2], [1, 3], [4, 6]]
+    assert gen.get_ranks("tp") == [[2 * i, 2 * i + 1] for i in range(8)]
+    assert gen.get_ranks("dp")[:2] == [[0, 4], [1, 5]]
+    assert gen.get_ranks("pp")[0] == [0, 8]
+    with pytest.raises(ValueError, match="gtp_remat_size"):
+        gen.get_gtp_ranks(1)
+    with pytest.raises(ValueError, match="missing 'gtp_remat'"):
+        RankGenerator(tp=2, ep=1, dp=2, pp=1, cp=1, order="tp-dp", gtp_remat=2)
+
+
+def test_gtp_groups_and_collection_on_one_rank():
+    from gigatron.core import parallel_state as ps
+    from gigatron.core.process_groups_config import ProcessGroupCollection
+
+    gtp = ps.get_gtp_weight_remat_group()
+    assert gtp.size() == 1 and ps.get_expert_gtp_weight_remat_group().size() == 1
+    plain = ps.get_expert_tensor_model_pipeline_parallel_group()
+    assert ps.get_expert_tensor_model_pipeline_parallel_group(with_egtp_remat=True) is plain
+    pgs = ProcessGroupCollection.use_mpu_process_groups()
+    assert pgs.gtp_remat is gtp and pgs.dp_cp_gtp_remat is pgs.dp_cp
+    assert pgs.expt_dp_gtp_remat is pgs.expt_dp and pgs.tp_ep_pp_with_egtp_remat is plain
+    assert pgs.dp_cp_ag is None and pgs.expt_dp_ag is None  # Megatron's use_mpu leaves them None
+
+
+def test_multi_module_process_group_collection():
+    from gigatron.core.process_groups_config import (
+        MultiModuleProcessGroupCollection,
+        ProcessGroupCollection,
+    )
+
+    enc, llm = ProcessGroupCollection(), ProcessGroupCollection()
+    both = MultiModuleProcessGroupCollection({"encoder": enc, "llm": llm}, "llm")
+    assert both.get_language_model_collection() is llm and both.has_language_model()
+    assert both["encoder"] is enc and list(both) == [enc, llm] and len(both) == 2
+    assert both.get_module_collection("encoder") is enc and list(both.keys()) == ["encoder", "llm"]
+    assert repr(both) == (
+        "MultiModuleProcessGroupCollection(modules=[encoder, llm], "
+        "language_model_module_name='llm')"
+    )
+    assert not MultiModuleProcessGroupCollection({"encoder": enc}).has_language_model()
+    with pytest.raises(ValueError, match="cannot be empty"):
+        MultiModuleProcessGroupCollection({})
+    with pytest.raises(ValueError, match="'lm' not found"):
+        MultiModuleProcessGroupCollection({"llm": llm}, "lm")
+    with pytest.raises(ValueError, match="No language model"):
+        MultiModuleProcessGroupCollection({"encoder": enc}).get_language_model_collection()
+    with pytest.raises(ValueError, match="'x' not found"):
+        both.get_module_collection("x")
+
+
+def test_linear_gtp_remat_size_and_old_positional_call():
+    from gigatron.core.tensor_parallel import linear_with_grad_accumulation_and_async_allreduce
+
+    x, w = torch.randn(3, 2, 4), torch.randn(5, 4)
+    args = (x, w, None, False, False, False)
+    out = linear_with_grad_accumulation_and_async_allreduce(*args, None, 0, None, 1)
+    torch.testing.assert_close(out, x @ w.t())
+    with pytest.raises(ValueError, match="gtp_remat_size=2"):
+        linear_with_grad_accumulation_and_async_allreduce(*args, gtp_remat_size=2)
+    with pytest.raises(TypeError, match="async_grad_allreduce"):  # 0.16's 9th argument
+        linear_with_grad_accumulation_and_async_allreduce(*args, None, 0, False)
+
+
+def test_get_batch_on_this_cp_rank_hybrid_parameters():
+    from gigatron.core.utils import get_batch_on_this_cp_rank
+
+    batch = {"tokens": torch.arange(8).view(1, 8)}
+    assert get_batch_on_this_cp_rank(batch, False, None, None, False) is batch  # CP 1
+    with pytest.raises(ValueError, match="is_hybrid_cp=True is not supported"):
+        get_batch_on_this_cp_rank(batch, True)
+    with pytest.raises(ValueError, match="hybrid_cp_group_func"):
+        get_batch_on_this_cp_rank(batch, hybrid_cp_group_func=lambda group_size: None)
+    with pytest.raises(TypeError, match="pass cp_group by keyword"):  # 0.16: (batch, cp_group)
+        get_batch_on_this_cp_rank(batch, object())
+
+
+def test_cp_split_per_document_and_per_sequence():
+    """Packed documents [0, 8) and [8, 12) over CP 2: each document in 4 chunks, rank r keeps
+    chunks r and 3 - r of every document (Transformer Engine's thd partition indices)."""
+    from gigatron.core.utils import _split_per_document, _split_per_sequence
+
+    tokens = torch.arange(12).view(1, 12)
+    batch = {
+        "tokens": tokens, "labels": tokens + 100, "attention_mask": None,
+        "cu_seqlens": torch.tensor([[0, 8, 12]]), "max_seqlen": 8,
+    }  # fmt: skip
+    rank0 = _split_per_document(batch, cp=2, rank=0)
+    rank1 = _split_per_document(batch, cp=2, rank=1)
+    assert rank0["tokens"].tolist() == [[0, 1, 6, 7, 8, 11]]
+    assert rank1["tokens"].tolist() == [[2, 3, 4, 5, 9, 10]]
+    assert rank0["labels"].tolist() == [[100, 101, 106, 107, 108, 111]]
+    assert rank0["cu_seqlens"] is batch["cu_seqlens"] and rank0["max_seqlen"] == 8
+    per_sequence = _split_per_sequence(batch, cp=2, rank=0)  # use_per_sequence_balancing
+    assert per_sequence["tokens"].tolist() == [[0, 1, 2, 9, 10, 11]]
+    assert per_sequence["cu_seqlens"] is batch["cu_seqlens"]
+    with pytest.raises(ValueError, match=r"document length \[8, 12\) \(4\)"):
+        _split_per_document(batch, cp=4, rank=0)
+    padded = dict(batch, cu_seqlens_padded=torch.tensor([[0, 4, 12]]))  # preferred when given
+    assert _split_per_document(padded, cp=2, rank=0)["tokens"].tolist() == [[0, 3, 4, 5, 10, 11]]
+
+
+def test_get_submodules():
+    import functools
+
+    from gigatron.core.transformer.mlp import MLP, MLPSubmodules
+    from gigatron.core.transformer.spec_utils import ModuleSpec, get_submodules
+
+    subs = MLPSubmodules()
+    assert get_submodules(spec=ModuleSpec(module=MLP, submodules=subs)) is subs
+    assert get_submodules(functools.partial(MLP, submodules=subs)) is subs
+    with pytest.raises(ValueError, match="Could not find `submodules`"):
+        get_submodules(MLP.forward)
+
+
+def test_mlp_module_spec_positional_order():
+    from gigatron.core.models.gpt.gpt_layer_specs import get_mlp_module_spec
+
+    assert get_mlp_module_spec(False, None, False, None, True) == get_mlp_module_spec()
+    with pytest.raises(ValueError, match="moe_use_legacy_grouped_gemm"):
+        get_mlp_module_spec(moe_use_legacy_grouped_gemm=True)
+
+
+def test_save_positional_order(tmp_path):
+    def sd():
+        return {"w": ShardedTensor.from_rank_offsets("w", torch.arange(4.0))}
+
+    dist_checkpointing.save(sd(), str(tmp_path), None, False)  # 0.19: validate_access_integrity
+    assert torch.equal(dist_checkpointing.load(sd(), str(tmp_path))["w"], torch.arange(4.0))
+    os.makedirs(tmp_path / "old")
+    with pytest.raises(TypeError, match="common_strategy"):  # 0.16: common_strategy fourth
+        dist_checkpointing.save(sd(), str(tmp_path / "old"), None, None)
+    dist_checkpointing.save(sd(), str(tmp_path / "old"), common_strategy=None)
+
+
+def test_sampling_params_019_fields():
+    from gigatron.core.inference.sampling_params import SamplingParams
+
+    params = SamplingParams(detokenize_stop_sequence=True, return_prompt_tokens=True)
+    assert params.num_tokens_to_generate is None and params.detokenize_stop_sequence
+    assert SamplingParams().serialize()["return_prompt_tokens"] is False
+
+
+def test_hyper_comm_grid_views(monkeypatch):
+    """register_view: another factorization of the same 8 ranks; a shared dim must enumerate
+    the same groups in both views (checked), and groups over shared dims only are the base's."""
+    from gigatron.core.hyper_comm_grid import HyperCommGrid
+
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    grid = HyperCommGrid([2, 4], ["tp", "dp"])
+    grid.register_view("expert", [2, 2, 2], ["tp", "ep", "edp"], shared_dims=["tp"])
+    assert grid.get_rank_enum("tp", view="expert") == grid.get_rank_enum("tp")
+    assert grid.get_rank_enum("ep", view="expert") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert grid.get_rank_enum(["edp", "ep"], view="expert") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert grid._key("tp", "expert")[0] == "tp"  # the base view's group
+    assert grid._key(["ep", "tp"], "expert")[0] == ("expert", ("ep", "tp"))
+    with pytest.raises(ValueError, match="different membership"):  # "tp" would be [0, 4], ...
+        grid.register_view("bad", [4, 2], ["x", "tp"], shared_dims=["tp"])
+    with pytest.raises(ValueError, match="already registered"):
+        grid.register_view("expert", [8], ["all"])
+    with pytest.raises(ValueError, match="has size 4"):
+        grid.register_view("small", [2, 2], ["a", "b"])
+    with pytest.raises(ValueError, match="not in the base view"):
+        grid.register_view("odd", [8], ["all"], shared_dims=["all"])
+    with pytest.raises(KeyError, match="not registered"):
+        grid.get_rank_enum("tp", view="nope")
+    with pytest.raises(ValueError, match="'dp' is not in view 'expert'"):
+        grid.get_rank_enum("dp", view="expert")
+    with pytest.raises(KeyError, match="for view 'expert' hasn't been created"):
+        grid.get_pg("ep", view="expert")

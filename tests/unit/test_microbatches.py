@@ -1,4 +1,5 @@
-"""Microbatch calculator: constant, ramp-up, rounding down, and its errors."""
+"""Microbatch calculator: constant, ramp-up, step schedule (megatron-core 0.19), rounding down,
+and their errors."""
 
 import pytest
 
@@ -88,3 +89,55 @@ def test_rampup_errors_and_rounding():
     assert nmc.get_current_global_batch_size() == 6
     assert nmc.get_current_running_global_batch_size() == 4
     assert nmc.get_num_microbatches() == 1
+
+
+def test_step_schedule_in_samples():
+    """megatron-core 0.19's step_batch_size_schedule: from each threshold on, that batch size;
+    global_batch_size is not needed (the last step is the full size)."""
+    nmc.init_num_microbatches_calculator(
+        0, micro_batch_size=2, data_parallel_size=2, step_batch_size_schedule="0:8 1K:16 2k:32"
+    )
+    expected = {0: 8, 999: 8, 1000: 16, 1999: 16, 2000: 32, 10**6: 32}
+    for consumed, gbs in expected.items():
+        nmc.update_num_microbatches(consumed)
+        assert nmc.get_current_global_batch_size() == gbs, consumed
+        assert nmc.get_num_microbatches() == gbs // 4, consumed
+    assert nmc._calculator().global_batch_size == 32
+
+
+def test_step_schedule_in_tokens():
+    # seq_length 1024: 0.5M tokens = 488 samples; entries may come unsorted, comma-separated
+    nmc.init_num_microbatches_calculator(
+        0, None, None, 1, 4, False, "0.5M:16, 0:4", seq_length=1024
+    )
+    assert nmc._calculator().schedule == [(0, 4), (488, 16)]
+    nmc.update_num_microbatches(487)
+    assert nmc.get_current_global_batch_size() == 4
+    nmc.update_num_microbatches(488)
+    assert nmc.get_num_microbatches() == 4
+
+
+def test_step_schedule_errors():
+    build = nmc.reconfigure_num_microbatches_calculator
+    with pytest.raises(ValueError, match="cannot both be set"):
+        build(0, [8, 8, 100], 32, 2, 2, step_batch_size_schedule="0:8")
+    with pytest.raises(ValueError, match="decrease_batch_size_if_needed"):
+        build(0, None, None, 2, 2, True, "0:8")
+    with pytest.raises(ValueError, match="must start at threshold 0"):
+        build(0, None, None, 2, 2, step_batch_size_schedule="10:8")
+    with pytest.raises(ValueError, match="strictly increase"):
+        build(0, None, None, 2, 2, step_batch_size_schedule="0:8 1K:16 1000:32")
+    with pytest.raises(ValueError, match="THRESHOLD:BATCH_SIZE"):
+        build(0, None, None, 2, 2, step_batch_size_schedule="0-8")
+    with pytest.raises(ValueError, match="'1Q' is not a number"):
+        build(0, None, None, 2, 2, step_batch_size_schedule="0:8 1Q:16")
+    with pytest.raises(ValueError, match="seq_length .* needs step_batch_size_schedule"):
+        build(0, None, 32, 2, 2, seq_length=1024)
+    with pytest.raises(ValueError, match="global_batch_size is required"):
+        build(0, None, None, 2, 2)
+    with pytest.raises(ValueError, match="micro_batch_size is required"):
+        build(0, None, 32)
+    # 6 is not a multiple of mbs * dp = 4: checked when update() is asked to check
+    build(0, None, None, 2, 2, step_batch_size_schedule="0:8 100:6")
+    with pytest.raises(ValueError, match=r"global batch size \(6\)"):
+        nmc.update_num_microbatches(100)

@@ -183,7 +183,6 @@ def save(
     sharded_state_dict: StateDict,
     checkpoint_dir: str,
     sharded_strategy=None,
-    common_strategy=None,
     validate_access_integrity: bool = True,
     async_sharded_save: bool = False,
     preprocess_common_before_consistancy_check=None,
@@ -191,9 +190,13 @@ def save(
     async_strategy: str = "nvrx",
     verify_integrity: bool = False,
     process_group=None,
+    *,
+    common_strategy=None,
 ) -> AsyncRequest | None:
     """Write `sharded_state_dict` to the existing directory `checkpoint_dir` (collective).
 
+    Parameter order of megatron-core 0.19, which dropped `common_strategy` (0.16's fourth
+    parameter; here keyword-only, and like `sharded_strategy` only the default torch_dist one).
     `async_strategy` (Megatron 0.19+: "nvrx" or "mcore", which of its async writers runs the
     `async_sharded_save` request) is accepted with either value: gigatron has one.
 
@@ -202,6 +205,12 @@ def save(
     finalize step writes DCP's `.metadata`, the optional integrity file and `metadata.json`.
     `verify_integrity` writes `integrity_sha256.json`.
     """
+    if not isinstance(validate_access_integrity, bool):  # a 0.16-style positional call
+        raise TypeError(
+            f"validate_access_integrity must be a bool, got {validate_access_integrity!r}: "
+            "megatron-core 0.19 removed common_strategy from the fourth position; pass it (and "
+            "what follows) by keyword"
+        )
     _check_strategy(sharded_strategy, "sharded_strategy")
     _check_strategy(common_strategy, "common_strategy")
     if async_strategy not in ("nvrx", "mcore"):

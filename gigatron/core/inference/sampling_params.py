@@ -1,10 +1,12 @@
 """Per-request sampling settings.
 
-Mirrors `megatron.core.inference.sampling_params.SamplingParams` (same field names and
-defaults as Megatron Core 0.16). Megatron's rules are kept: `top_k == 1` is greedy decoding,
-`top_k > 0` and `top_p > 0` together are an error, `termination_id` None means the tokenizer's
-end-of-document id. Fields gigatron does not implement (`top_n_logprobs`, `stop_words`,
-`return_segments`, `skip_prompt_log_probs`) raise ValueError when set to a non-default value.
+Mirrors `megatron.core.inference.sampling_params.SamplingParams` (field names and defaults of
+megatron-core 0.19: `num_tokens_to_generate` None means up to the model's max_sequence_length,
+as in 0.19's engine; 0.16's default was 30). Megatron's rules are kept: `top_k == 1` is greedy
+decoding, `top_k > 0` and `top_p > 0` together are an error, `termination_id` None means the
+tokenizer's end-of-document id. Fields gigatron does not implement (`top_n_logprobs`,
+`stop_words`, `return_segments`, `skip_prompt_log_probs`) raise ValueError when set to a
+non-default value.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ class SamplingParams:
     """Megatron field; gigatron returns generated-token log probs only."""
     return_segments: bool = False
     """Megatron field (per-token detokenized pieces); not supported."""
-    num_tokens_to_generate: int = 30
-    """New tokens per prompt (at most; generation stops early at termination_id)."""
+    num_tokens_to_generate: int | None = None
+    """New tokens per prompt (at most; generation stops early at termination_id). None: up to
+    the model's max_sequence_length (prompt included)."""
     num_tokens_total: int | None = None
     """Prompt + new tokens per prompt, instead of num_tokens_to_generate."""
     termination_id: int | None = None
@@ -47,6 +50,11 @@ class SamplingParams:
     """Prepend the tokenizer's BOS id to each prompt."""
     stop_words: list[str] | None = None
     """Megatron field; not supported."""
+    detokenize_stop_sequence: bool = False
+    """Keep the termination token in `generated_text` (Megatron: stop words and EOD)."""
+    return_prompt_tokens: bool = False
+    """Megatron's engine drops prompt ids from serialized responses unless set; gigatron's
+    results are in-process and always carry `prompt_tokens`, so either value is accepted."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -66,7 +74,12 @@ class SamplingParams:
             )
         if self.num_tokens_total is not None and self.num_tokens_total < 1:
             raise ValueError(f"num_tokens_total ({self.num_tokens_total}) must be >= 1 ({_FILE})")
-        if self.num_tokens_total is None and self.num_tokens_to_generate < 0:
+        if self.num_tokens_to_generate is not None and self.num_tokens_total is not None:
+            raise ValueError(
+                f"num_tokens_to_generate ({self.num_tokens_to_generate}) and num_tokens_total "
+                f"({self.num_tokens_total}) cannot both be set (Megatron's rule) ({_FILE})"
+            )
+        if self.num_tokens_to_generate is not None and self.num_tokens_to_generate < 0:
             raise ValueError(
                 f"num_tokens_to_generate ({self.num_tokens_to_generate}) must be >= 0 ({_FILE})"
             )

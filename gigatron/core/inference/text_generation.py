@@ -37,7 +37,8 @@ class GenerationResult:
     generated_tokens: list[int] = field(default_factory=list)
     """New token ids; ends with termination_id when generation stopped on it."""
     generated_text: str | None = None
-    """Detokenized generated_tokens without the termination id (None without a tokenizer)."""
+    """Detokenized generated_tokens, without the termination id unless
+    `detokenize_stop_sequence` (None without a tokenizer)."""
     generated_log_probs: list[float] | None = None
     stopped_on_termination: bool = False
 
@@ -145,12 +146,20 @@ def generate(
     vocab_size = tokenizer.vocab_size if tokenizer is not None else None
 
     lengths = [len(ids) for ids in prompt_ids]
+    max_positions = getattr(core, "max_sequence_length", None)
     if params.num_tokens_total is not None:
         budgets = [max(0, params.num_tokens_total - n) for n in lengths]
-    else:
+    elif params.num_tokens_to_generate is not None:
         budgets = [params.num_tokens_to_generate] * len(lengths)
+    elif max_positions is None:
+        raise ValueError(
+            "num_tokens_to_generate=None (up to max_sequence_length) needs a model with "
+            f"max_sequence_length; set num_tokens_to_generate ({_FILE})"
+        )
+    else:  # megatron-core 0.19's engine: fill the context up to max_sequence_length
+        budgets = [max(0, max_positions - n) for n in lengths]
     total = max(n + k for n, k in zip(lengths, budgets))
-    max_positions = getattr(core, "max_sequence_length", total)
+    max_positions = total if max_positions is None else max_positions
     if core.position_embedding_type == "learned_absolute" and total > max_positions:
         raise ValueError(
             f"prompt + new tokens ({total}) exceeds the model's max_sequence_length "
@@ -200,7 +209,8 @@ def generate(
     finally:
         model.train(was_training)
     for r in results:
-        kept = r.generated_tokens[:-1] if r.stopped_on_termination else r.generated_tokens
+        drop_stop = r.stopped_on_termination and not params.detokenize_stop_sequence
+        kept = r.generated_tokens[:-1] if drop_stop else r.generated_tokens
         if tokenizer is not None:
             r.generated_text = tokenizer.detokenize(kept)
     return results

@@ -192,8 +192,9 @@ def linear_with_grad_accumulation_and_async_allreduce(
     sequence_parallel: bool,
     grad_output_buffer: list | None = None,
     wgrad_deferral_limit: int | None = 0,
-    async_grad_allreduce: bool | None = None,
     tp_group=None,
+    gtp_remat_size: int = 1,
+    async_grad_allreduce: bool | None = None,
     *,
     tp_comm_overlap: bool = False,
 ) -> torch.Tensor:
@@ -203,11 +204,23 @@ def linear_with_grad_accumulation_and_async_allreduce(
     every rank used in full). `sequence_parallel`: the input is `[s/tp, b, h]`; it is all-gathered
     along dim 0 and its gradient reduce-scattered. `gradient_accumulation_fusion`: add the weight
     gradient into `weight.main_grad` when the weight has one. `async_grad_allreduce` is
-    Megatron's deprecated alias of `allreduce_dgrad`. Deferred embedding wgrad
-    (`grad_output_buffer`) is not supported. `tp_comm_overlap` (gigatron's own, keyword-only;
+    megatron-core 0.16's deprecated alias of `allreduce_dgrad` (0.19 dropped it and put
+    `tp_group, gtp_remat_size` in its place; pass it by keyword). `gtp_remat_size` (0.19's GTP
+    weight sharding) is accepted only as 1. Deferred embedding wgrad (`grad_output_buffer`) is
+    not supported. `tp_comm_overlap` (gigatron's own, keyword-only;
     Megatron's needs Transformer Engine userbuffers): under SP, overlap the forward all-gather
     with the matmul of this rank's own rows (`_gather_matmul_overlapped`); same numbers.
     """
+    if isinstance(tp_group, bool):  # a 0.16-style positional call: async_grad_allreduce
+        raise TypeError(
+            f"tp_group got a bool ({tp_group}): megatron-core 0.19 removed async_grad_allreduce "
+            "from this position; pass async_grad_allreduce / tp_group by keyword"
+        )
+    if gtp_remat_size != 1:
+        raise ValueError(
+            f"gtp_remat_size={gtp_remat_size!r} is not supported by gigatron (GTP weight "
+            "sharding is not implemented); only 1"
+        )
     if async_grad_allreduce is not None:
         warnings.warn(
             "async_grad_allreduce is deprecated; use allreduce_dgrad",

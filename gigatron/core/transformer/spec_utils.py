@@ -42,11 +42,14 @@ def get_module(spec_or_module, **additional_kwargs):
     return import_module(spec_or_module.module)
 
 
-def get_submodules(spec_or_module):
-    """The submodules of a ModuleSpec or of a `functools.partial(..., submodules=...)`."""
-    if isinstance(spec_or_module, functools.partial):
-        return spec_or_module.keywords.get("submodules")
-    return getattr(spec_or_module, "submodules", None)
+def get_submodules(spec):
+    """The `submodules` of a `functools.partial(..., submodules=...)`, a ModuleSpec or any object
+    with that attribute; ValueError for anything else (megatron-core 0.19's rule)."""
+    if isinstance(spec, functools.partial):
+        return spec.keywords["submodules"]
+    if hasattr(spec, "submodules"):
+        return spec.submodules
+    raise ValueError(f"Could not find `submodules` in the provided spec: {spec!r}")
 
 
 def build_module(spec_or_module, *args, **kwargs):

@@ -92,13 +92,14 @@ def get_mlp_module_spec(
     num_experts=None,
     moe_grouped_gemm: bool = False,
     fp8: str | None = None,
-    moe_use_legacy_grouped_gemm: bool = False,
     use_te_op_fuser: bool = False,
+    moe_use_legacy_grouped_gemm: bool = False,
 ) -> ModuleSpec:
     """Dense MLP spec with column/row-parallel fc1/fc2; with `num_experts`, the MoE spec.
 
     `use_te` and `use_te_op_fuser` pick the same modules here (no Transformer Engine): the
-    numbers are those of Megatron's local MLP.
+    numbers are those of Megatron's local MLP. Parameter order of megatron-core 0.19, which
+    dropped 0.16's `moe_use_legacy_grouped_gemm` (here last, by keyword, only False).
     """
     from gigatron.core import tensor_parallel
 
