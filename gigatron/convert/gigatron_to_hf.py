@@ -62,7 +62,17 @@ def _hf_config(load: str, ckpt_dir: str, hf_config) -> tuple[dict, str | None]:
             f"{load}: no config.json found and the checkpoint args carry none; pass "
             "hf_config (the original HF directory or its config.json)"
         )
-    return json.loads(args.hf_config_json), None
+    return json.loads(args.hf_config_json), _tokenizer_dir(args, ckpt_dir)
+
+
+def _tokenizer_dir(args, ckpt_dir: str) -> str | None:
+    """The directory of the tokenizer files the checkpoint args name (None: none named)."""
+    path = getattr(args, "tokenizer_model", None) or getattr(args, "vocab_file", None)
+    if not path:
+        return None
+    if getattr(args, "tokenizer_in_checkpoint_dir", False):  # written by gigatron convert
+        path = os.path.join(os.path.dirname(ckpt_dir.rstrip("/")), path)
+    return path if os.path.isdir(path) else os.path.dirname(path) or None
 
 
 def convert_gigatron_to_hf(

@@ -76,21 +76,28 @@ class HFModelSpec:
         )
 
     def training_args(self) -> dict:
-        """`gigatron train` argument fields (Megatron's names) describing this model."""
+        """`gigatron train` argument fields (Megatron's names) describing this model: its
+        shape, activation, norms, RoPE, biases, embeddings, MoE router, vocabulary, and
+        `seq_length` = the model's maximum positions (the tokenizer: `tokenizer_args`)."""
         c, m = self.config_kwargs, self.model_kwargs
         args = dict(
             num_layers=c["num_layers"],
             hidden_size=c["hidden_size"],
             ffn_hidden_size=c["ffn_hidden_size"],
             num_attention_heads=c["num_attention_heads"],
-            kv_channels=c.get("kv_channels"),
+            kv_channels=c.get("kv_channels") or c["hidden_size"] // c["num_attention_heads"],
             group_query_attention=c.get("num_query_groups") not in (None, c["num_attention_heads"]),
             num_query_groups=c.get("num_query_groups") or c["num_attention_heads"],
+            seq_length=m["max_sequence_length"],
             max_position_embeddings=m["max_sequence_length"],
             position_embedding_type=m["position_embedding_type"],
             normalization=c.get("normalization", "LayerNorm"),
             norm_epsilon=c["layernorm_epsilon"],
+            apply_layernorm_1p=False,
+            apply_residual_connection_post_layernorm=False,
             swiglu=bool(c.get("gated_linear_unit")),
+            openai_gelu=_is_tanh_gelu(c["activation_func"]),
+            squared_relu=False,
             disable_bias_linear=not c["add_bias_linear"],
             add_qkv_bias=bool(c.get("add_qkv_bias")),
             qk_layernorm=bool(c.get("qk_layernorm")),
@@ -102,34 +109,87 @@ class HFModelSpec:
             padded_vocab_size=self.padded_vocab_size,
         )
         if m["position_embedding_type"] == "rope":
-            args["rotary_base"] = m["rotary_base"]
+            args.update(
+                rotary_base=m["rotary_base"],
+                rotary_percent=1.0,
+                rotary_interleaved=False,
+                use_rope_scaling=bool(m.get("rope_scaling")),
+                rope_scaling_factor=float(m.get("rope_scaling_factor", 8.0)),
+            )
         if c.get("num_moe_experts"):
             args.update(
                 num_experts=c["num_moe_experts"],
                 moe_router_topk=c["moe_router_topk"],
                 moe_ffn_hidden_size=c["moe_ffn_hidden_size"],
+                moe_aux_loss_coeff=c["moe_aux_loss_coeff"],
+                moe_router_pre_softmax=c["moe_router_pre_softmax"],
+                moe_router_load_balancing_type="aux_loss",
+                moe_token_dispatcher_type=c["moe_token_dispatcher_type"],
             )
         return args
 
-    def training_flags(self) -> list[str]:
-        """The same as `gigatron train` flags (boolean fields become bare flags)."""
-        out = []
-        for name, value in self.training_args().items():
-            if name in ("padded_vocab_size", "vocab_size") or value is None or value is False:
-                continue
-            flag = "--" + name.replace("_", "-")
-            if value is True:
-                out.append(flag)
-            else:
-                out += [
-                    flag,
-                    str(
-                        int(value)
-                        if isinstance(value, float) and value.is_integer() and name == "rotary_base"
-                        else value
-                    ),
-                ]
-        return out
+    def training_flags(self, extra: dict | None = None) -> list[str]:
+        """`training_args()` (updated with `extra`) as `gigatron train` flags: a True boolean
+        is its bare flag, False and None are left out (the flags' defaults)."""
+        return args_to_flags({**self.training_args(), **(extra or {})})
+
+
+# Fields of a converted checkpoint's args that are not `gigatron train` flags.
+_NOT_FLAGS = ("padded_vocab_size", "hf_model_type", "hf_config_json", "tokenizer_in_checkpoint_dir")
+_INT_IF_WHOLE = ("rotary_base",)  # an int flag; config.json may spell it 10000.0
+
+
+def args_to_flags(fields: dict) -> list[str]:
+    """Argument fields (Megatron's names) as command-line flags, in the order given."""
+    out = []
+    for name, value in fields.items():
+        if name in _NOT_FLAGS or value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            out.append(flag)
+            continue
+        if name in _INT_IF_WHOLE and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        out += [flag, str(value)]
+    return out
+
+
+def _is_tanh_gelu(fn) -> bool:
+    return isinstance(fn, functools.partial) and fn.keywords.get("approximate") == "tanh"
+
+
+# Every argument field `training_args` / `tokenizer_args` may write: what a checkpoint
+# converted from Hugging Face (or trained from one) gives `gigatron train / generate --load`.
+MODEL_ARGS = (
+    "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
+    "group_query_attention", "num_query_groups", "seq_length", "max_position_embeddings",
+    "position_embedding_type", "normalization", "norm_epsilon", "apply_layernorm_1p",
+    "apply_residual_connection_post_layernorm", "swiglu", "openai_gelu", "squared_relu",
+    "disable_bias_linear", "add_qkv_bias", "qk_layernorm", "untie_embeddings_and_output_weights",
+    "hidden_dropout", "attention_dropout", "init_method_std", "vocab_size",
+    "make_vocab_size_divisible_by", "rotary_base", "rotary_percent", "rotary_interleaved",
+    "use_rope_scaling", "rope_scaling_factor", "num_experts", "moe_router_topk",
+    "moe_ffn_hidden_size", "moe_aux_loss_coeff", "moe_router_pre_softmax",
+    "moe_router_load_balancing_type", "moe_token_dispatcher_type", "tokenizer_type",
+    "tokenizer_model", "vocab_file", "merge_file", "hf_model_type", "hf_config_json",
+)  # fmt: skip
+TOKENIZER_PATH_ARGS = ("tokenizer_model", "vocab_file", "merge_file")
+
+
+def tokenizer_args(hf_dir: str, *, path: str) -> dict:
+    """Tokenizer argument fields for the tokenizer files in `hf_dir`, naming that directory
+    `path`: `tokenizer.json` -> HuggingFaceTokenizer; `vocab.json` + `merges.txt` ->
+    GPT2BPETokenizer; nothing usable -> NullTokenizer (token ids in and out)."""
+    if os.path.isfile(os.path.join(hf_dir, "tokenizer.json")):
+        return dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=path)
+    if all(os.path.isfile(os.path.join(hf_dir, n)) for n in ("vocab.json", "merges.txt")):
+        return dict(
+            tokenizer_type="GPT2BPETokenizer",
+            vocab_file=os.path.join(path, "vocab.json"),
+            merge_file=os.path.join(path, "merges.txt"),
+        )
+    return dict(tokenizer_type="NullTokenizer")
 
 
 def read_hf_config(hf_dir: str) -> dict:

@@ -24,7 +24,15 @@ import torch
 
 from gigatron.convert._ckpt_layout import fill_request, model_request, one_rank_world
 from gigatron.convert._recipes import recipes_for
-from gigatron.convert.hf_config import HFModelSpec, read_hf_config, spec_from_hf_config
+from gigatron.convert.hf_config import (
+    MODEL_ARGS,
+    TOKENIZER_PATH_ARGS,
+    HFModelSpec,
+    args_to_flags,
+    read_hf_config,
+    spec_from_hf_config,
+    tokenizer_args,
+)
 from gigatron.convert.hf_io import HFReader, iter_planned, write_safetensors
 
 TOKENIZER_FILES = (
@@ -82,16 +90,31 @@ def megatron_tensors(reader: HFReader, recipes, scratch_dir: str) -> dict[str, t
     return {**direct, **{k: scratch.get(k) for k, _, _ in plan}}
 
 
-def _checkpoint_args(spec: HFModelSpec, tp: int, pp: int, ep: int, divisible_by: int):
+def _checkpoint_args(spec: HFModelSpec, hf_dir: str, tp: int, pp: int, ep: int, divisible_by: int):
+    """The args saved in the checkpoint: the model (`training_args`), the tokenizer (files copied
+    next to the tracker, named relative to it so the directory can move), the layout it was
+    converted for, and the HF config for the way back."""
     return argparse.Namespace(
         **spec.training_args(),
+        **tokenizer_args(hf_dir, path="."),
+        tokenizer_in_checkpoint_dir=True,
+        make_vocab_size_divisible_by=divisible_by,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         expert_model_parallel_size=ep,
-        make_vocab_size_divisible_by=divisible_by,
         hf_model_type=spec.family,
         hf_config_json=json.dumps(spec.hf_config, sort_keys=True),
     )
+
+
+def training_flags(args: argparse.Namespace, out_dir: str) -> list[str]:
+    """`gigatron_flags.txt`: the model and tokenizer fields of the saved `args` as `gigatron
+    train` flags, the tokenizer files named under `out_dir` (as given to the converter)."""
+    fields = {k: getattr(args, k) for k in MODEL_ARGS if hasattr(args, k)}
+    for key in TOKENIZER_PATH_ARGS:
+        if fields.get(key) is not None:
+            fields[key] = os.path.normpath(os.path.join(out_dir, fields[key]))
+    return args_to_flags(fields)
 
 
 def convert_hf_to_gigatron(
@@ -137,13 +160,14 @@ def convert_hf_to_gigatron(
     recipes = recipes_for(spec, reader.keys())
     ckpt_dir = os.path.join(out_dir, "release")
     scratch = os.path.join(out_dir, _SCRATCH)
+    args = _checkpoint_args(spec, hf_dir, tp, pp, ep, make_vocab_size_divisible_by)
     os.makedirs(ckpt_dir, exist_ok=True)
     try:
         tensors = megatron_tensors(reader, recipes, scratch)
         with one_rank_world():
             state = {
                 "model": fill_request(model_request(spec), tensors),
-                "args": _checkpoint_args(spec, tp, pp, ep, make_vocab_size_divisible_by),
+                "args": args,
                 "checkpoint_version": CHECKPOINT_VERSION,
                 "iteration": 0,
                 "num_floating_point_operations_so_far": 0,
@@ -156,7 +180,7 @@ def convert_hf_to_gigatron(
         f.write("release")
     copy_side_files(hf_dir, out_dir)
     with open(os.path.join(out_dir, FLAGS_FNAME), "w") as f:
-        f.write(" ".join(spec.training_flags()) + "\n")
+        f.write(" ".join(training_flags(args, out_dir)) + "\n")
     return spec
 
 

@@ -13,7 +13,10 @@ tensor by tensor. See docs/convert.md.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from gigatron.convert.hf_to_gigatron import FLAGS_FNAME
 
 _DIRECTIONS = ("hf-to-gigatron", "gigatron-to-hf")
 
@@ -56,6 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
+def _hint(family: str, load: str, save: str) -> str:
+    """What was written and the commands that use it (model flags come from the checkpoint)."""
+    flags = os.path.join(save, FLAGS_FNAME)
+    return "\n".join([
+        f"converted {family} {load} -> {save} (torch_dist, release); the model and tokenizer "
+        f"args are saved in the checkpoint (as flags: {flags})",
+        f"generate:  gigatron generate --load {save} --prompt TEXT --greedy",
+        f"fine-tune: gigatron train --load {save} --finetune --save DIR --data-path PREFIX "
+        "--micro-batch-size N --global-batch-size N --train-iters N --lr LR",
+        "export:    gigatron convert gigatron-to-hf --load DIR --save HF_OUT",
+    ])  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     from gigatron.convert import convert_gigatron_to_hf, convert_hf_to_gigatron, is_hf_dir
@@ -70,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             expert_model_parallel_size=args.target_expert_parallel_size,
             make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
         )
-        print(f"converted {spec.family} {args.load} -> {args.save} (torch_dist, release)")
-        print("train with: gigatron train --load", args.save, "--finetune",
-              " ".join(spec.training_flags()), "...")  # fmt: skip
+        print(_hint(spec.family, args.load, args.save))
     else:
         files = convert_gigatron_to_hf(
             args.load, args.save, hf_config=args.hf_config, max_shard_bytes=args.max_shard_size

@@ -3,9 +3,12 @@
 Plays the part of Megatron's `tools/run_text_generation_server.py` / `text_generation_cli.py`
 with `--use-checkpoint-args` always on: the model shape and tokenizer come from the args saved
 in the checkpoint (flags given on the command line win), so `--load DIR --prompt ...` is
-enough. Launch under `torchrun --nproc-per-node=N` for tensor parallelism; the TP size is
-`--tensor-model-parallel-size`, else the checkpoint's when it divides the world size, else 1
-(checkpoints reshard to any TP). Pipeline parallelism is not supported (PP = 1).
+enough; that holds for a checkpoint written by `gigatron convert` (its tokenizer files sit next
+to it) and for a Hugging Face directory (`--load HF_DIR`: config.json, tokenizer.json, weights
+read straight from its safetensors). Launch under `torchrun --nproc-per-node=N` for tensor
+parallelism; the TP size is `--tensor-model-parallel-size`, else the checkpoint's when it
+divides the world size, else 1 (checkpoints reshard to any TP). Pipeline parallelism is not
+supported (PP = 1).
 
 Sampling: `--greedy` (top-k 1), `--temperature`, `--top-k`, `--top-p`, `--seed`,
 `--max-new-tokens`; generation of a prompt stops at the tokenizer's end-of-document id.
@@ -47,23 +50,18 @@ def add_text_generation_args(parser: argparse.ArgumentParser) -> argparse.Argume
     return parser
 
 
-def _given_dests(parser, argv: list[str]) -> set[str]:
-    """Destinations of the flags present on the command line."""
-    actions = parser._option_string_actions
-    return {actions[a.split("=")[0]].dest for a in argv if a.split("=")[0] in actions}
-
-
 def _checkpoint_args(load: str):
     """The args Namespace saved in the tracked checkpoint under `load`."""
-    from gigatron.core import dist_checkpointing
+    from gigatron.convert.checkpoint_args import saved_args
     from gigatron.training import _checkpoint_commit as commit
     from gigatron.training import _checkpoint_state as cs
 
-    found = commit.tracked_dir(load)
-    if found is None:
-        raise ValueError(f"--load ({load}) has no {cs.TRACKER_FNAME}: not a checkpoint ({_FILE})")
-    common = dist_checkpointing.load_common_state_dict(found)
-    return common.get("args")
+    if commit.tracked_dir(load) is None:
+        raise ValueError(
+            f"--load ({load}) has no {cs.TRACKER_FNAME} and is no Hugging Face directory "
+            "(config.json + *.safetensors): not a checkpoint"
+        )
+    return saved_args(load)
 
 
 def _merge_checkpoint_args(parser, args, given: set[str], ckpt) -> None:
@@ -115,12 +113,15 @@ def _sampling_params(args) -> SamplingParams:
 
 
 def _load_model(args):
+    from gigatron.convert import is_hf_dir, load_hf_into_model
     from gigatron.training.checkpointing import load_checkpoint
     from gigatron.training.pretrain_gpt import model_provider
     from gigatron.training.training import get_model
 
     model = get_model(model_provider, wrap_with_ddp=False)
-    if args.load:
+    if is_hf_dir(args.load):
+        load_hf_into_model(model, args.load)
+    elif args.load:
         load_args = argparse.Namespace(
             load=args.load, no_load_optim=True, no_load_rng=True, finetune=False
         )
@@ -128,23 +129,26 @@ def _load_model(args):
     return model[0].eval()
 
 
-def run(argv: list[str] | None = None) -> list[GenerationResult]:
-    """Parse flags, set up TP, load the checkpoint and generate; returns one result a prompt."""
+def load_model(argv: list[str], *, need_prompt: bool = False):
+    """Parse generation flags, take the model and tokenizer args from `--load`, set up TP and
+    load the weights: (model in eval mode, args). Call it on every rank."""
     import os
 
+    from gigatron.convert import is_hf_dir
+    from gigatron.convert.checkpoint_args import apply_checkpoint_model_args, command_line_dests
     from gigatron.training.arguments import build_parser, parse_args
-    from gigatron.training.global_vars import get_tokenizer
     from gigatron.training.initialize import initialize_megatron
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(add_text_generation_args)
     args = parse_args(add_text_generation_args, argv=argv)
-    if not args.prompt:
-        raise ValueError(f"give at least one --prompt TEXT ({_FILE})")
-    given = _given_dests(parser, argv)
-    ckpt = _checkpoint_args(args.load) if args.load else None
+    if need_prompt and not args.prompt:
+        raise ValueError("give at least one --prompt TEXT")
+    given = command_line_dests(parser, argv, args.yaml_cfg)
+    ckpt = _checkpoint_args(args.load) if args.load and not is_hf_dir(args.load) else None
     if ckpt is not None:
         _merge_checkpoint_args(parser, args, given, ckpt)
+    # a converted checkpoint / HF directory: tokenizer paths relative to it, HF config fields
+    apply_checkpoint_model_args(args, given)
     _choose_layout(args, given, ckpt, int(os.environ.get("WORLD_SIZE", "1")))
     initialize_megatron(parsed_args=args)
     padded = getattr(ckpt, "padded_vocab_size", None)
@@ -155,7 +159,15 @@ def run(argv: list[str] | None = None) -> list[GenerationResult]:
                 f"--tensor-model-parallel-size ({args.tensor_model_parallel_size}) ({_FILE})"
             )
         args.padded_vocab_size = padded
-    model = _load_model(args)
+    return _load_model(args), args
+
+
+def run(argv: list[str] | None = None) -> list[GenerationResult]:
+    """Parse flags, set up TP, load the checkpoint and generate; returns one result a prompt."""
+    from gigatron.training.global_vars import get_tokenizer
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    model, args = load_model(argv, need_prompt=True)
     start = time.perf_counter()
     results = generate(
         model, get_tokenizer(), args.prompt, _sampling_params(args), random_seed=args.seed

@@ -55,6 +55,8 @@ def _model_args(p):
     _add(g, "--rotary-base", int, 10000, "RoPE base")
     _add(g, "--rotary-percent", float, 1.0, "fraction of the head dimension rotated")
     _add(g, "--rotary-interleaved", bool, help_="interleaved (GPT-J style) rotary")
+    _add(g, "--use-rope-scaling", bool, help_="Llama-3.1 RoPE frequency scaling")
+    _add(g, "--rope-scaling-factor", float, 8.0, "factor of --use-rope-scaling")
     _add(
         g,
         "--normalization",

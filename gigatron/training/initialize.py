@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from datetime import timedelta
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from gigatron.core import parallel_state as ps
 from gigatron.core.timers import Timers
 from gigatron.training import global_vars
-from gigatron.training.arguments import parse_args, validate_args
+from gigatron.training.arguments import build_parser, parse_args, validate_args
 
 
 def _slurm_env() -> None:
@@ -138,9 +139,13 @@ def _keep_saved_vocab_padding(args, orig_vocab_size: int, saved) -> None:
 
 def _resumed_checkpoint_args(args):
     """The args saved in the checkpoint `--load` will restore (None: nothing to restore)."""
+    from gigatron.convert.checkpoint_args import hf_dir_vocab
     from gigatron.core import dist_checkpointing
     from gigatron.training import _checkpoint_commit as commit
 
+    hf_vocab = hf_dir_vocab(args)  # --load HF_DIR: its config's vocabulary, padded
+    if hf_vocab is not None:
+        return hf_vocab
     ckpt_dir = commit.tracked_dir(args.load, warn=False) if getattr(args, "load", None) else None
     if ckpt_dir is None:
         return None
@@ -164,6 +169,13 @@ def initialize_megatron(
     args = parsed_args or parse_args(
         extra_args_provider, ignore_unknown_args, argv=argv, args_defaults=args_defaults
     )
+    if parsed_args is None:  # a HF directory or converted checkpoint describes the model
+        from gigatron.convert.checkpoint_args import apply_checkpoint_model_args, command_line_dests
+
+        argv = list(sys.argv[1:] if argv is None else argv)
+        parser = build_parser(extra_args_provider)
+        given = command_line_dests(parser, argv, getattr(args, "yaml_cfg", None))
+        apply_checkpoint_model_args(args, given)
     world_size = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
     validate_args(args, world_size)  # errors surface before any process group exists
     global_vars.set_args(args)

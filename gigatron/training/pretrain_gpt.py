@@ -47,6 +47,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         **common.language_model_kwargs(args, pre_process, post_process),
         rotary_percent=args.rotary_percent,
         rotary_base=args.rotary_base,
+        rope_scaling=args.use_rope_scaling,
+        rope_scaling_factor=args.rope_scaling_factor,
         vp_stage=vp_stage,
     )
 

@@ -11,10 +11,10 @@ FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
 VOCAB = 100  # padded to 128 (x TP) by gigatron: padding is exercised
 
 
-def hf_config(family: str):
+def hf_config(family: str, vocab: int = VOCAB):
     import transformers as t
 
-    common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    common = dict(vocab_size=vocab, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     if family == "gpt2":
         return t.GPT2Config(
             n_layer=2,
@@ -50,8 +50,51 @@ def hf_config(family: str):
     raise ValueError(family)
 
 
-def make_hf_model(family: str, path: str, *, seed: int = 0, max_shard_size=None):
-    """Save a random-weight model (norms and biases randomised too) to `path`; returns it."""
+TOKENIZER_CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, hello gigatron: greedy decoding of a tiny model",
+    "pack my box with five dozen liquor jugs",
+]
+
+
+def make_tokenizer(path: str, vocab: int = 300):
+    """A byte-level BPE (`tokenizers`) with `<|endoftext|>` as id 0 (BOS = EOS, as the model
+    configs say), saved by transformers as `tokenizer.json` + `tokenizer_config.json`."""
+    import transformers as t
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(TOKENIZER_CORPUS * 10, trainer)
+    eos = "<|endoftext|>"
+    fast = t.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=eos)
+    fast.save_pretrained(path)
+    return fast
+
+
+def make_hf_model(
+    family: str,
+    path: str,
+    *,
+    seed: int = 0,
+    max_shard_size=None,
+    tokenizer: bool = False,
+    init_std: float | None = None,
+    vocab: int | None = None,
+):
+    """Save a random-weight model (norms and biases randomised too) to `path`; returns it.
+
+    tokenizer: save a real tokenizer (`make_tokenizer`) and size the vocabulary to it;
+    otherwise a stand-in tokenizer_config.json is written and the vocabulary is VOCAB.
+    init_std: the config's initializer_range (larger: greedy continuations vary more).
+    vocab: the config's vocab_size, if not the tokenizer's / VOCAB."""
     import transformers as t
 
     torch.manual_seed(seed)
@@ -62,15 +105,20 @@ def make_hf_model(family: str, path: str, *, seed: int = 0, max_shard_size=None)
         "qwen2": t.Qwen2ForCausalLM,
         "mixtral": t.MixtralForCausalLM,
     }[family]
-    model = cls(hf_config(family)).eval()
+    tok_vocab = len(make_tokenizer(path)) if tokenizer else VOCAB
+    config = hf_config(family, vocab or tok_vocab)
+    if init_std is not None:
+        config.initializer_range = init_std
+    model = cls(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:  # HF inits norms to 1 / biases to 0: make their mapping observable
                 p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name or "ln" in name else 0))
     kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, safe_serialization=True, **kw)
-    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump({"model_max_length": 64}, f)  # stands in for tokenizer files (carried along)
+    if not tokenizer:
+        with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+            json.dump({"model_max_length": 64}, f)  # stands in for tokenizer files (carried along)
     return model
 
 
