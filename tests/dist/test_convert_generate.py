@@ -71,10 +71,15 @@ def test_generate_from_converted_checkpoint_matches_transformers(family, tmp_pat
     assert any(len(g) == NEW_TOKENS for _, g in want)  # not all stopped at eos at once
 
 
-def test_generate_cli_subprocess_gpt2_text(tmp_path):
+def test_generate_cli_subprocess_gpt2_text(tmp_path, capsys):
     """`gigatron generate` as a user runs it, from another working directory, after the
-    converted directory was moved: the tokenizer is found next to the checkpoint."""
+    converted directory was moved: the tokenizer is found next to the checkpoint. The
+    converter's hint gives whole commands (it used to end in "...")."""
     hf, tok, out = _convert("gpt2", tmp_path)
+    hint = capsys.readouterr().out
+    assert f"generate:  gigatron generate --load {out} --prompt TEXT --greedy\n" in hint
+    assert f"fine-tune: gigatron train --load {out} --finetune --save DIR" in hint
+    assert "..." not in hint and "\u2026" not in hint
     moved = str(tmp_path / "moved")
     os.rename(out, moved)
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
