@@ -53,10 +53,13 @@ def merge_datasets(inputs: list[str], output_prefix: str, multimodal: bool = Fal
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gigatron merge", description=__doc__.split("\n")[0])
+    first_paragraph = " ".join(__doc__.split("\n\n")[0].split())  # a whole sentence or two
+    parser = argparse.ArgumentParser(prog="gigatron merge", description=first_paragraph)
     parser.add_argument("--input", nargs="+", required=True, help="prefixes or directories")
-    parser.add_argument("--output-prefix", required=True)
-    parser.add_argument("--multimodal", action="store_true")
+    parser.add_argument(
+        "--output-prefix", required=True, help="writes <output-prefix>.bin and .idx"
+    )
+    parser.add_argument("--multimodal", action="store_true", help="inputs carry sequence modes")
     args = parser.parse_args(argv)
     n = merge_datasets(args.input, args.output_prefix, args.multimodal)
     print(f"wrote {args.output_prefix}.bin / .idx ({n} sequences)")

@@ -197,6 +197,9 @@ def scheduler_from_args(args, optimizer):
         wd_incr_style=getattr(args, "weight_decay_incr_style", "constant"),
         wsd_decay_steps=wsd_steps or None,
         lr_wsd_decay_style=args.lr_wsd_decay_style,
+        # resuming: the saved schedule must match these values unless one of the two flags
+        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
+        override_opt_param_scheduler=args.override_opt_param_scheduler,
     )
 
 

@@ -1,21 +1,25 @@
 """Megatron's training flags (`pretrain_gpt.py --num-layers ...`): parse, read YAML, validate.
 
 Mirrors `megatron.training.arguments`: the same flag names, meanings and derived values
-(padded vocabulary, data-parallel size, default global batch, ffn/kv sizes). Differences: an
-unknown flag is an error naming the closest supported flag (Megatron only says "unrecognized"),
-and `--yaml-cfg FILE` may hold any flag as `key: value` (dashes or underscores).
+(padded vocabulary, data-parallel size, default global batch, ffn/kv sizes). Differences: a flag
+mistake is one line naming the closest supported flag, without argparse's usage dump
+(`_cli_errors`); `--yaml-cfg FILE` holds flags as flat `key: value` lines read through the
+same argparse actions (`_yaml_cfg`); `--help` shows the defaults.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 
 import torch
 
+from gigatron.training import _cli_errors
+from gigatron.training._cli_errors import known_flags as _known_flags  # noqa: F401
+from gigatron.training._cli_errors import reject_unknown, suggest_flag  # noqa: F401
 from gigatron.training._compat_args import add_compat_args, validate_compat_args
+from gigatron.training._yaml_cfg import apply_yaml
 
 _NONE = None
 
@@ -250,9 +254,15 @@ def _checkpoint_logging_args(p):
     _add(g, "--load", str, None, "checkpoint directory to load from")
     _add(g, "--save-interval", int, None, "iterations between saves")
     _add(g, "--async-save", bool, help_="write checkpoints in the background")
-    _add(g, "--no-load-optim", bool, help_="do not load optimizer state")
-    _add(g, "--no-load-rng", bool, help_="do not load RNG state")
-    _add(g, "--finetune", bool, help_="load weights only and reset the iteration")
+    _add(g, "--no-load-optim", bool, help_="do not load the optimizer and scheduler state")
+    _add(g, "--no-load-rng", bool, help_="do not load the RNG state")
+    _add(
+        g,
+        "--finetune",
+        bool,
+        help_="load the weights only: iteration 0, fresh optimizer, scheduler and RNG, no check "
+        "of the model flags against the checkpoint's",
+    )
     _add(
         g,
         "--ckpt-format",
@@ -304,8 +314,42 @@ def _checkpoint_logging_args(p):
     _add(g, "--yaml-cfg", str, None, "YAML file holding any of these flags")
 
 
+def _resume_args(p) -> None:
+    """Megatron's resume switches; a flag an extra-args provider already defines is left to it
+    (`gigatron generate` has its own --use-checkpoint-args)."""
+    g = next(g for g in p._action_groups if g.title == "checkpoints")
+    taken = p._option_string_actions
+    flags = [
+        (
+            ("--use-checkpoint-args",),
+            "take the model flags (and unset tokenizer flags) from the --load checkpoint's saved "
+            "args before the model is built (Megatron's load_args_from_checkpoint)",
+        ),
+        (
+            ("--override-opt_param-scheduler", "--override-opt-param-scheduler"),
+            "resuming: run the learning-rate / weight-decay schedule of these flags, not the "
+            "checkpoint's (a mismatch is an error without one of these two)",
+        ),
+        (
+            ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"),
+            "resuming: keep the checkpoint's learning-rate / weight-decay schedule",
+        ),
+    ]
+    for names, help_ in flags:
+        if not any(n in taken for n in names):
+            g.add_argument(*names, action="store_true", help=help_)
+
+
 def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="gigatron arguments", allow_abbrev=False)
+    prog = _cli_errors.program()
+    p = _cli_errors.ArgumentParser(
+        prog=prog,
+        usage="%(prog)s [--flag VALUE ...]",  # the flags are listed below, once
+        description=_cli_errors.description(prog),
+        epilog=_cli_errors.EPILOG,
+        formatter_class=_cli_errors.HelpFormatter,
+        allow_abbrev=False,
+    )
     for adder in (
         _model_args,
         _parallel_args,
@@ -317,64 +361,8 @@ def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
         adder(p)
     if extra_args_provider is not None:
         p = extra_args_provider(p)
+    _resume_args(p)
     return p
-
-
-def _known_flags(parser) -> list[str]:
-    return [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
-
-
-def _reject_unknown(parser, unknown: list[str]) -> None:
-    flags = [u for u in unknown if u.startswith("--")]
-    if not flags and unknown:
-        parser.error(f"unexpected argument {unknown[0]!r}")
-    for flag in flags:
-        name = flag.split("=")[0]
-        close = suggest_flag(name, _known_flags(parser))
-        hint = f"; did you mean {close}?" if close else ""
-        parser.error(f"unknown flag {name}{hint}")
-
-
-def suggest_flag(name: str, known: list[str]) -> str | None:
-    """The known flag closest to `name`, or None when nothing is close.
-
-    Whole-string similarity alone pairs flags of similar length and letters but unrelated
-    words (`--log-num-zeros-in-grad` -> `--num-attention-heads`); a candidate must also share
-    most of its dash-separated words with `name`, or be a near-typo of it (ratio >= 0.85)."""
-    words = set(name.lstrip("-").split("-"))
-    best, best_score = None, 0.0
-    for flag in known:
-        ratio = difflib.SequenceMatcher(None, name, flag).ratio()
-        other = set(flag.lstrip("-").split("-"))
-        overlap = len(words & other) / max(len(words | other), 1)
-        if ratio < 0.85 and overlap < 0.5:
-            continue
-        score = ratio + overlap
-        if score > best_score:
-            best, best_score = flag, score
-    return best
-
-
-def _apply_yaml(parser, args, argv) -> None:
-    try:
-        import yaml
-    except ImportError as e:  # pragma: no cover - pyyaml is in the test/train extras
-        raise RuntimeError("--yaml-cfg needs PyYAML: pip install pyyaml") from e
-    with open(args.yaml_cfg) as f:
-        values = yaml.safe_load(f) or {}
-    if not isinstance(values, dict):
-        raise ValueError(f"{args.yaml_cfg}: expected a mapping of flag names to values")
-    given = {s.split("=")[0] for s in argv if s.startswith("--")}
-    dests = {a.dest: a for a in parser._actions}
-    for key, value in values.items():
-        dest = key.lstrip("-").replace("-", "_")
-        if dest not in dests:
-            close = difflib.get_close_matches(dest, list(dests), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise ValueError(f"{args.yaml_cfg}: unknown setting {key!r}{hint}")
-        flag = "--" + dest.replace("_", "-")
-        if flag not in given:  # command-line flags win over the file
-            setattr(args, dest, value)
 
 
 def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None, args_defaults=None):
@@ -383,9 +371,9 @@ def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None, a
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
     if unknown and not ignore_unknown_args:
-        _reject_unknown(parser, unknown)
+        reject_unknown(parser, unknown)
     if args.yaml_cfg:
-        _apply_yaml(parser, args, argv)
+        apply_yaml(parser, args, argv)
     for key, value in (args_defaults or {}).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -456,6 +444,21 @@ def _check_virtual_pipeline(args, pp: int) -> None:
             )
 
 
+def _check_resume_flags(args) -> None:
+    """Megatron's rules for the resume switches."""
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        raise ValueError(
+            "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler are "
+            "mutually exclusive: the first resumes on the flags' schedule, the second on the "
+            "checkpoint's"
+        )
+    if args.use_checkpoint_args and not args.load:
+        raise ValueError(
+            "--use-checkpoint-args needs --load DIR: the checkpoint whose saved args give the "
+            "model flags"
+        )
+
+
 def validate_args(args, world_size: int | None = None):
     """Fill derived values and check the combination, raising ValueError naming the flags."""
     ws = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
@@ -481,6 +484,7 @@ def validate_args(args, world_size: int | None = None):
         raise ValueError(
             f"world size ({ws}) is not divisible by --tensor-model-parallel-size ({tp}) x "
             f"--pipeline-model-parallel-size ({pp}) x --context-parallel-size ({cp})"
+            + _cli_errors.launch_hint(ws, model_parallel)
         )
     args.data_parallel_size = ws // model_parallel
     if args.global_batch_size is None:
@@ -557,6 +561,9 @@ def validate_args(args, world_size: int | None = None):
         args.transformer_impl = "local"  # no Transformer Engine: the local spec is the only one
     if not args.mock_data and not args.data_path:
         raise ValueError("give --data-path PREFIX (or --mock-data for random tokens)")
+    if not args.mock_data:
+        _cli_errors.check_data_prefixes(args.data_path)
+    _check_resume_flags(args)
     validate_compat_args(args)
     from gigatron.training._profiler import check_profile_args
 

@@ -36,12 +36,20 @@ from gigatron.core.dist_checkpointing.optimizer import (
     optimizer_sharded_state_dict,
 )
 from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+from gigatron.core.optimizer_param_scheduler import ScheduleMismatchError
+from gigatron.training import _checkpoint_args as ca
 from gigatron.training import _checkpoint_commit as commit
 from gigatron.training import _checkpoint_state as cs
+from gigatron.training._checkpoint_args import (  # noqa: F401  (Megatron's public names)
+    check_checkpoint_args,
+    load_args_from_checkpoint,
+)
 
 __all__ = [
+    "check_checkpoint_args",
     "get_checkpoint_name",
     "get_checkpoint_tracker_filename",
+    "load_args_from_checkpoint",
     "load_checkpoint",
     "maybe_finalize_async_save",
     "read_metadata",
@@ -244,6 +252,9 @@ def load_checkpoint(
     finetune = bool(getattr(args, "finetune", False)) or release
     with_optim = not finetune and not getattr(args, "no_load_optim", False)
     with_rng = not finetune and not getattr(args, "no_load_rng", False)
+    saved_args = dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")
+    if not finetune and saved_args is not None:  # Megatron's check, before any tensor is read
+        ca.check_checkpoint_args(saved_args, args, where=ckpt_dir)
     _check_parts_saved(ckpt_dir, with_optim, with_rng)
     if with_rng and not _rng_layout_matches(ckpt_dir):
         with_rng = False
@@ -259,14 +270,39 @@ def load_checkpoint(
         request, ckpt_dir, strict=strictness,
         verify_integrity=bool(getattr(args, "ckpt_verify_integrity", False)),
     )  # fmt: skip
-    _restore(state, request, model, optimizer, opt_param_scheduler, with_optim, with_rng)
+    override = with_optim and getattr(opt_param_scheduler, "override_opt_param_scheduler", False)
+    flags_lr = _lr_bounds(optimizer) if override else None  # before the saved groups replace them
+    try:
+        _restore(state, request, model, optimizer, opt_param_scheduler, with_optim, with_rng)
+    except ScheduleMismatchError as err:
+        raise ca.schedule_mismatch(err, args, ckpt_dir) from None
+    if flags_lr is not None:  # Megatron's --override-opt_param-scheduler: the flags' lr bounds
+        for group, bounds in zip(optimizer.param_groups, flags_lr):
+            group.update(bounds)
+        opt_param_scheduler.step(increment=0)
     if finetune:
+        _say(f"loaded the weights of {ckpt_dir} (saved at iteration {state['iteration']}) for a "
+             "fine-tune (--finetune): iteration 0, fresh optimizer, scheduler and RNG")  # fmt: skip
         return 0, 0
-    ckpt_args = state.get("args")
     for name in ("consumed_train_samples", "consumed_valid_samples"):
-        if ckpt_args is not None and hasattr(ckpt_args, name):
-            setattr(args, name, getattr(ckpt_args, name))
+        if saved_args is not None and hasattr(saved_args, name):
+            setattr(args, name, getattr(saved_args, name))
+    line = ca.load_line(
+        ckpt_dir, state["iteration"], args, optimizer, opt_param_scheduler, with_optim, with_rng
+    )
+    _say(line)
     return state["iteration"], state.get("num_floating_point_operations_so_far", 0)
+
+
+def _say(line: str) -> None:
+    if _rank() == 0:
+        print(line, flush=True)
+
+
+def _lr_bounds(optimizer) -> list[dict]:
+    """Each param group's `max_lr` / `min_lr` (what the flags gave, before a load)."""
+    keys = ("max_lr", "min_lr")
+    return [{k: g[k] for k in keys if k in g} for g in getattr(optimizer, "param_groups", [])]
 
 
 def _check_parts_saved(ckpt_dir: str, with_optim: bool, with_rng: bool) -> None:

@@ -176,6 +176,10 @@ def initialize_megatron(
         parser = build_parser(extra_args_provider)
         given = command_line_dests(parser, argv, getattr(args, "yaml_cfg", None))
         apply_checkpoint_model_args(args, given)
+    if parsed_args is None and args.use_checkpoint_args and args.load:  # Megatron's order
+        from gigatron.training.checkpointing import load_args_from_checkpoint
+
+        load_args_from_checkpoint(args)  # the model flags, before validate_args derives from them
     world_size = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
     validate_args(args, world_size)  # errors surface before any process group exists
     global_vars.set_args(args)

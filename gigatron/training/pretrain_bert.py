@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None):
     return result
 
 
-if __name__ == "__main__":
-    main()
-    sys.exit(0)
+if __name__ == "__main__":  # the program: configuration errors as one line (gigatron.cli)
+    from gigatron.cli import main as cli_main
+
+    sys.exit(cli_main(["train-bert", *sys.argv[1:]]))

@@ -119,5 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the program: configuration errors as one line (gigatron.cli)
+    from gigatron.cli import main as cli_main
+
+    sys.exit(cli_main(["train", *sys.argv[1:]]))

@@ -35,12 +35,14 @@ from gigatron.training import _config_from_args as cfa
 from gigatron.training import _loop_extras as lx
 from gigatron.training import _training_log as tlog
 from gigatron.training._profiler import StepProfiler
+from gigatron.training._startup_banner import print_startup_banner
 from gigatron.training._train_step import (  # noqa: F401  (Megatron's public names live here)
     NonFiniteGradientError,
     evaluate,
     materialize_losses,
     train_step,
 )
+from gigatron.training.arguments import build_parser
 from gigatron.training.data_samplers import build_pretraining_data_loader, exit_signal_number
 from gigatron.training.global_vars import get_args
 from gigatron.training.initialize import initialize_megatron
@@ -527,6 +529,7 @@ def pretrain(
         args.data_parallel_size,
     )
     tlog.setup_writers(args)
+    print_startup_banner(args, build_parser(extra_args_provider))
     model, optimizer, scheduler = setup_model_and_optimizer(model_provider, model_type)
     update_train_iters(args)  # after the scheduler, which stays sample-based (as Megatron's)
     _wire_config_hooks(model, optimizer)
@@ -545,8 +548,6 @@ def pretrain(
         else:
             iteration, flops_so_far = load_checkpoint(model, optimizer, scheduler)
         args.consumed_train_samples = getattr(args, "consumed_train_samples", 0)
-        if iteration:
-            print_rank_0(f"resumed from {args.load} at iteration {iteration}")
     args.iteration = iteration
     tlog.print_flops_formula(args)
     train_iter, valid_iter, test_iter = build_train_valid_test_data_iterators(

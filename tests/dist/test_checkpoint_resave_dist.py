@@ -48,7 +48,8 @@ def test_killed_resaves_leave_the_tracked_checkpoint_loadable(tmp_path):
         r: _bytes(tmp_path / r / d) for r, d in (("a", "iter_0000006"), ("ft", "iter_0000002"))
     }
     resume = RUN + OTHER + ["--load", f"{work}/b", "--save", f"{work}/a", "--save-interval", "2",
-                            "--train-iters", "8"]  # fmt: skip
+                            "--train-iters", "8",
+                            "--use-checkpoint-opt_param-scheduler"]  # fmt: skip
     for argv in (resume, RUN + _finetune_flags(work)):
         with pytest.raises(DistributedTestError, match="code -9"):
             run_distributed(_killed_run, 1, args=(argv,))

@@ -75,8 +75,9 @@ def saved(tmp_path_factory):
     return out
 
 
-def _resume(path, layout):
-    return _run(layout + ["--train-iters", "4", "--load", path])
+def _resume(path, layout):  # 2 more steps on the saved 2-step schedule
+    flags = ["--train-iters", "4", "--load", path, "--use-checkpoint-opt_param-scheduler"]
+    return _run(layout + flags)
 
 
 CASES = {

@@ -48,7 +48,7 @@ def _train(tmp, data, extra):
     data = [d if d[0].isdigit() else f"{tmp}/{d}" for d in data]
     argv = FLAGS + ["--data-path", *data, "--data-cache-path", f"{tmp}/cache"] + extra
     try:
-        cli.main(["train", *argv])
+        cli.run(["train", *argv])  # raises (cli.main prints the error as one line)
     except Exception as err:
         return f"{type(err).__name__}: {err}"
     args = get_args()

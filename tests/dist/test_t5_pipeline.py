@@ -108,8 +108,8 @@ def test_t5_pp2_checkpoint_resume_matches_uninterrupted(tmp_path):
     pp = ["--pipeline-model-parallel-size", "2", "--lr-decay-iters", "3"]
     full = run_distributed(_train, 2, args=(str(tmp_path / "f"), pp), timeout=120)
     ckpt = str(tmp_path / "ckpt")
-    run_distributed(
-        _train, 2, args=(str(tmp_path / "r"), pp + ["--train-iters", "2", "--save", ckpt]),
+    run_distributed(  # stops after step 2 of the same 3-step run (same saved schedule)
+        _train, 2, args=(str(tmp_path / "r"), pp + ["--exit-interval", "2", "--save", ckpt]),
         timeout=120,
     )  # fmt: skip
     resumed = run_distributed(_train, 2, args=(str(tmp_path / "r"), pp + ["--load", ckpt]))

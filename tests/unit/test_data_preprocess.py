@@ -7,6 +7,7 @@ import numpy
 import pytest
 
 from gigatron.cli import main as cli_main
+from gigatron.cli import run as cli_run
 from gigatron.core.datasets.indexed_dataset import IndexedDataset
 from gigatron.tools.train_tokenizer import train_bpe_tokenizer
 from gigatron.training.tokenizer import _GPT2BPETokenizer
@@ -82,7 +83,7 @@ def test_plain_text_input_and_null_tokenizer_range_error(tmp_path):
     prefix = str(tmp_path / "t")
     flags = ["--tokenizer-type", "NullTokenizer", "--output-prefix", prefix, "--log-interval", "0"]
     with pytest.raises(ValueError, match=r"document 2 .* token id 99 at position 2"):
-        cli_main(["preprocess", "--input", str(path), "--vocab-size", "50"] + flags)
+        cli_run(["preprocess", "--input", str(path), "--vocab-size", "50"] + flags)
     assert cli_main(["preprocess", "--input", str(path), "--vocab-size", "100"] + flags) == 0
     ds = IndexedDataset(prefix + "_text_document")
     assert [s.tolist() for s in ds[0:3]] == [[1, 2, 3], [4, 5], [6, 7, 99, 8]]
