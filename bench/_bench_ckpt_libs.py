@@ -78,14 +78,13 @@ def _build(pkg: str, args):
 
 def _gigatron_setup(args) -> Side:
     from gigatron.core.dist_checkpointing.optimizer import optimizer_sharded_state_dict
-    from gigatron.training._checkpoint_state import model_sharded_state_dict
 
     model, ddp, optimizer = _build("gigatron.core", args)
 
     def make_state():
         # What gigatron.training's checkpoints save: stacked-layer model keys and the
         # per-parameter (fully reshardable) optimizer state.
-        model_sd = model_sharded_state_dict(model)
+        model_sd = model.sharded_state_dict()
         return {"model": model_sd, "optimizer": optimizer_sharded_state_dict(optimizer, model_sd)}
 
     return Side(make_state, sum(p.numel() for p in model.parameters()), ddp, optimizer)

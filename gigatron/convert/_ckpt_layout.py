@@ -1,23 +1,26 @@
-"""Which torch_dist keys a gigatron model saves and loads, taken from the model itself.
+"""Between a model's `sharded_state_dict()` / a checkpoint's tensors and the converters' names.
 
-No counterpart in megatron.core. Rather than re-deriving gigatron's checkpoint key rules (stacked
-`decoder.layers.<name>` tensors with a leading num_layers axis for dense models, per-layer keys
-for MoE, `_extra_state` objects, the tied output weight), the importer builds the model once at
-TP = PP = 1 without initialising its weights and asks `model_sharded_state_dict` for the request;
-its dict keys are per-layer global names (`decoder.layers.{i}.<name>`), the recipes' keys. The
-exporter expands stacked keys of a checkpoint's metadata back to those per-layer names.
+No counterpart in megatron.core. The HF recipes name one tensor per layer and per expert
+(`decoder.layers.{i}.<name>`, `decoder.layers.{i}.mlp.experts.local_experts.{e}.<name>`, global
+i and e). A checkpoint (and `sharded_state_dict()`) holds stacked tensors instead: key
+`decoder.layers.<name>` with a leading layer axis, experts `...mlp.experts.experts.<name>` with
+an expert axis after it (megatron-core's layout; per-layer keys `decoder.layers.{i}.<name>` for
+layers that differ). `index_axes` says how many leading axes of a key index those names; the
+rest of the module maps a ShardedTensor, or a checkpoint's global tensor, to the per-layer names
+it covers. The importer builds the model once at TP = PP = EP = 1 on the meta device and fills
+its own `sharded_state_dict()`, so the key rules are the model's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
+import itertools
 import tempfile
 
 import torch
 
-_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_LAYERS, _EXPERTS = "decoder.layers.", ".experts.experts."
 
 
 @contextlib.contextmanager
@@ -49,90 +52,140 @@ def one_rank_world():
             dist.destroy_process_group()
 
 
+def index_axes(key: str) -> int:
+    """Leading axes of checkpoint tensor `key` that index layers / experts: 1 for a stacked
+    `decoder.layers.<name>`, +1 for experts (`.experts.experts.`); 0 for the rest."""
+    stacked = key.startswith(_LAYERS) and not key[len(_LAYERS) :].split(".", 1)[0].isdigit()
+    return int(stacked) + int(_EXPERTS in key)
+
+
+def per_layer_name(key: str, index: tuple[int, ...]) -> str:
+    """The converters' name of slice `index` (over `index_axes(key)` axes) of tensor `key`."""
+    index = list(index)
+    if index_axes(key) > int(_EXPERTS in key):  # stacked: the layer index comes first
+        key = f"{_LAYERS}{index.pop(0)}.{key[len(_LAYERS) :]}"
+    if index:
+        head, tail = key.split(_EXPERTS)
+        key = f"{head}.experts.local_experts.{index.pop(0)}.{tail}"
+    return key
+
+
+def tensor_slices(sh):
+    """(name, view of `sh.data`, box in that name's tensor) for each per-layer tensor a
+    ShardedTensor holds part of (several experts for GroupedMLP's expert block)."""
+    k, p = index_axes(sh.key), sh.prepend_axis_num
+    ranges = [
+        range(sh.global_offset[a], sh.global_offset[a] + (1 if a < p else sh.local_shape[a - p]))
+        for a in range(k)
+    ]
+    box = tuple(slice(o, o + n) for o, n in zip(sh.global_offset[k:], sh.local_shape[k - p :]))
+    for index in itertools.product(*ranges):
+        local = tuple(i - sh.global_offset[a] for a, i in enumerate(index) if a >= p)
+        yield per_layer_name(sh.key, index), sh.data[local] if local else sh.data, box
+
+
+def _pieces(entry) -> list:
+    """The ShardedTensors of a request entry (a factory's built pieces)."""
+    from gigatron.core.dist_checkpointing import ShardedTensor
+
+    if isinstance(entry, ShardedTensor):
+        return [entry]
+    built = entry.build()
+    return built if isinstance(built, list) else [built]
+
+
+def fill_from_full(sharded_sd: dict, full_tensor) -> None:
+    """Copy into a model's `sharded_state_dict()` tensors their part of the full per-layer
+    tensors `full_tensor(name)` gives (TP / EP pieces by each entry's global offsets)."""
+    from gigatron.core.dist_checkpointing import ShardedObject
+
+    with torch.no_grad():
+        for entry in sharded_sd.values():
+            if isinstance(entry, ShardedObject):
+                continue
+            pieces = _pieces(entry)
+            for piece in pieces:
+                for name, view, box in tensor_slices(piece):
+                    view.copy_(full_tensor(name)[box])
+            if pieces[0] is not entry:  # a factory: pieces may be copies (GroupedMLP)
+                entry.data.copy_(entry.merge_fn([p.data for p in pieces]))
+
+
 def model_request(spec) -> dict:
-    """{per-layer key: ShardedTensor | ShardedObject} a TP1/PP1 model of `spec` saves.
-
-    Call inside `one_rank_world()`. Weights are left uninitialised (never touched).
-    """
-    from gigatron.training._checkpoint_state import model_sharded_state_dict
-
+    """`sharded_state_dict()` of a TP = PP = EP = 1 model of `spec` on the meta device (weights
+    never initialised). Call inside `one_rank_world()`."""
     with torch.device("meta"):
         model = spec.build_model(use_cpu_initialization=False, perform_initialization=False)
-    return model_sharded_state_dict(model)
+    return model.sharded_state_dict()
 
 
 def fill_request(request: dict, tensors: dict[str, torch.Tensor]) -> dict:
-    """The request with every ShardedTensor's data replaced by `tensors[per-layer key]`."""
-    from gigatron.core.dist_checkpointing import ShardedObject, ShardedTensor
+    """`model_request`'s dict with every tensor replaced by `tensors[per-layer name]` (whole
+    tensors at TP = EP = 1; a GLU fc1 factory takes its [gate; up] tensor)."""
+    from gigatron.core.dist_checkpointing import ShardedObject
 
-    out = {}
-    missing = sorted(
-        k for k, v in request.items() if isinstance(v, ShardedTensor) and k not in tensors
-    )
-    unused = sorted(set(tensors) - set(request))
-    if missing or unused:
+    out, used = {}, set()
+    for key, entry in request.items():
+        if isinstance(entry, ShardedObject):
+            out[key] = entry
+            continue
+        (name, view, box), *more = [s for piece in _pieces(entry) for s in tensor_slices(piece)]
+        if any(n != name for n, _, _ in more):
+            raise ValueError(f"{key}: one request entry for several HF tensors (not TP = EP = 1?)")
+        if name not in tensors:
+            raise ValueError(
+                f"model tensor {name} has no HF source (gigatron/convert/_ckpt_layout.py)"
+            )
+        t = tensors[name]
+        if tuple(t.shape) != tuple(entry.data.shape):
+            raise ValueError(
+                f"{name}: HF-derived shape {tuple(t.shape)} != model {tuple(view.shape)}"
+            )
+        out[key] = dataclasses.replace(entry, data=t)
+        if hasattr(entry, "dtype"):
+            out[key] = dataclasses.replace(out[key], dtype=t.dtype)
+        used.add(name)
+    unused = sorted(set(tensors) - used)
+    if unused:
         raise ValueError(
-            f"model keys without HF source {missing[:8]}, HF-derived keys the model "
-            f"does not have {unused[:8]} (gigatron/convert/_ckpt_layout.py)"
+            f"HF-derived tensors the model does not have: {unused[:8]} "
+            "(gigatron/convert/_ckpt_layout.py)"
         )
-    for key, sh in request.items():
-        if isinstance(sh, ShardedObject):
-            out[key] = sh
-        elif isinstance(sh, ShardedTensor):
-            t = tensors[key]
-            if tuple(t.shape) != tuple(sh.local_shape):
-                raise ValueError(
-                    f"{key}: HF-derived shape {tuple(t.shape)} != model {tuple(sh.local_shape)}"
-                )
-            out[key] = dataclasses.replace(sh, data=t, dtype=t.dtype)
-        else:
-            raise ValueError(f"{key}: unexpected {type(sh).__name__} in a TP1 request")
     return out
 
 
 def per_layer_entries(metadata: dict) -> dict:
-    """{per-layer key: (checkpoint key, layer index or None, ShardedTensor metadata)}.
-
-    Stacked `decoder.layers.<name>` (leading num_layers axis) expands to one entry per layer.
-    """
+    """{per-layer name: (checkpoint key, index, ShardedTensor metadata)} for a checkpoint's
+    `load_tensors_metadata`: one entry per layer (and expert) of each stacked tensor."""
     out = {}
     for key, sh in metadata.items():
-        rest = key[len("decoder.layers.") :] if key.startswith("decoder.layers.") else None
-        if rest is not None and not rest.split(".", 1)[0].isdigit():
-            for i in range(sh.global_shape[0]):
-                out[f"decoder.layers.{i}.{rest}"] = (key, i, sh)
-        else:
-            out[key] = (key, None, sh)
+        shape = sh.global_shape
+        for index in itertools.product(*(range(n) for n in shape[: index_axes(key)])):
+            out[per_layer_name(key, index)] = (key, index, sh)
     return out
 
 
 def entry_shape(entry) -> tuple[int, ...]:
-    key, layer, sh = entry
-    return tuple(sh.global_shape[1:] if layer is not None else sh.global_shape)
+    key, index, sh = entry
+    return tuple(sh.global_shape[len(index) :])
 
 
 def load_entry(entry, ckpt_dir: str) -> torch.Tensor:
-    """One per-layer tensor (a layer slice of a stacked key, or a whole tensor)."""
+    """One per-layer tensor: slice `index` of a stacked tensor, or a whole tensor."""
     import warnings
 
     from gigatron.core import dist_checkpointing
     from gigatron.core.dist_checkpointing import ShardedTensor
 
-    key, layer, sh = entry
+    key, index, sh = entry
     target = torch.empty(entry_shape(entry), dtype=sh.dtype)
-    if layer is None:
-        request = ShardedTensor.from_rank_offsets(key, target, replica_id=0)
-    else:
-        request = ShardedTensor.from_rank_offsets(
-            key, target, (0, layer, sh.global_shape[0]), replica_id=0, prepend_axis_num=1
-        )
+    offsets = [(a, i, sh.global_shape[a]) for a, i in enumerate(index)]
+    request = ShardedTensor.from_rank_offsets(
+        key, target, *offsets, replica_id=0, prepend_axis_num=len(index)
+    )
     with warnings.catch_warnings():  # one process without a process group is the intent here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        # One layer of a stacked tensor: a partial read, so no full-coverage check.
+        # One slice of a stacked tensor: a partial read, so no full-coverage check.
         return dist_checkpointing.load({"t": request}, ckpt_dir, validate_access_integrity=False)[
             "t"
         ]
-
-
-def is_layer_key(key: str) -> bool:
-    return _LAYER.match(key) is not None

@@ -16,13 +16,19 @@ memory-mapped back for the save, so peak memory is about one tensor.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
 
 import torch
 
-from gigatron.convert._ckpt_layout import fill_request, model_request, one_rank_world
+from gigatron.convert._ckpt_layout import (
+    fill_from_full,
+    fill_request,
+    model_request,
+    one_rank_world,
+)
 from gigatron.convert._recipes import recipes_for
 from gigatron.convert.hf_config import (
     MODEL_ARGS,
@@ -191,63 +197,37 @@ def _unwrap(chunk):
 
 
 def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
-    """Fill this rank's GPTModel chunks (any TP x PP x VP layout) from a HF directory.
+    """Fill this rank's GPTModel chunks (any TP x PP x VP x EP layout) from a HF directory.
 
-    Each rank reads only the tensors of its own layers (memory-mapped) and copies its TP shard
-    (Megatron's rule: tp * stride slices, this rank's every tp-th). Call it after the model is
-    built and before training; with a mixed-precision optimizer call
-    `optimizer.reload_model_params()` afterwards so the fp32 main copies follow.
+    Each rank reads only the tensors of its own layers (memory-mapped) and copies the part its
+    `sharded_state_dict()` entries describe (their global offsets: TP shards, global experts).
+    Call it after the model is built and before training; with a mixed-precision optimizer
+    call `optimizer.reload_model_params()` afterwards so the fp32 main copies follow.
     """
-    from gigatron.core import parallel_state as ps
-    from gigatron.core.models.gpt._checkpoint_keys import megatron_sharded_keys
-
     chunks = [
         _unwrap(c) for c in (model_chunks if isinstance(model_chunks, list) else [model_chunks])
     ]
-    tp_size = ps.get_tensor_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
-    tp_rank = ps.get_tensor_model_parallel_rank() if ps.model_parallel_is_initialized() else 0
     reader = HFReader(hf_dir)
     spec = spec_from_hf_config(read_hf_config(hf_dir))
     for chunk in chunks:
-        entries = megatron_sharded_keys(chunk)
-        vocab_entry = entries.get("embedding.word_embeddings.weight") or entries.get(
-            "output_layer.weight"
-        )
-        padded = None
-        if vocab_entry is not None:
-            local = vocab_entry.tensor.shape[0]
-            padded = local * tp_size if vocab_entry.tp_axis == 0 else local
+        sharded = chunk.sharded_state_dict()
+        vocab = next(
+            (sh for sh in sharded.values() if sh.key == "embedding.word_embeddings.weight"), None
+        ) or sharded.get("output_layer.weight")
+        padded = vocab.global_shape[0] if vocab is not None else None
         by_key = {r.key: r for r in recipes_for(spec, reader.keys(), padded)}
         if spec.tied and "output_layer.weight" not in by_key:
             by_key["output_layer.weight"] = by_key["embedding.word_embeddings.weight"]
-        with torch.no_grad():
-            for key, entry in entries.items():
-                rank, size = tp_rank, tp_size
-                if ".local_experts." in key:  # global expert keys; expert-TP shards
-                    rank, size = _expert_tp()
-                if key not in by_key:
-                    raise ValueError(f"load_hf_into_model: {key} has no HF source in {hf_dir}")
-                recipe = by_key[key]
-                full = recipe.to_gig(*_gather_inputs(reader, recipe, meta=False))
-                entry.tensor.data.copy_(_tp_shard(full, entry, rank, size))
+        fill_from_full(sharded, functools.partial(_full_tensor, reader, by_key, hf_dir))
     return spec
 
 
-def _expert_tp() -> tuple[int, int]:
-    """(expert-TP rank, expert-TP size): experts are TP-split over the expert-TP group. Their
-    keys already carry the global expert index (`megatron_sharded_keys`)."""
-    from gigatron.core import parallel_state as ps
-
-    if not ps.model_parallel_is_initialized():
-        return 0, 1
-    return ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
-
-
-def _tp_shard(full: torch.Tensor, entry, tp_rank: int, tp_size: int) -> torch.Tensor:
-    if entry.tp_axis is None or tp_size == 1:
-        return full
-    pieces = torch.chunk(full, tp_size * entry.tp_stride, dim=entry.tp_axis)
-    return torch.cat(pieces[tp_rank::tp_size], dim=entry.tp_axis)
+def _full_tensor(reader: HFReader, by_key: dict, hf_dir: str, name: str) -> torch.Tensor:
+    """The full (TP = EP = 1) gigatron tensor `name` made from the HF files."""
+    if name not in by_key:
+        raise ValueError(f"load_hf_into_model: {name} has no HF source in {hf_dir}")
+    recipe = by_key[name]
+    return recipe.to_gig(*_gather_inputs(reader, recipe, meta=False))
 
 
 def load_hf_for_training(model_chunks, optimizer, load_dir: str | None) -> bool:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+
+from gigatron.core import parallel_state
+from gigatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 
 
 def ensure_divisibility(numerator: int, denominator: int) -> None:
@@ -144,4 +148,111 @@ def _split_per_document(batch: dict, cp: int, rank: int) -> dict:
     for key in _CP_DOCUMENT_KEYS:
         if batch.get(key) is not None:
             out[key] = batch[key].index_select(1, index.to(batch[key].device))
+    return out
+
+
+# ---- sharded-state-dict helpers (megatron.core.utils / megatron.core.transformer.utils)
+#
+# Replica ids follow Megatron: (0, tp_rank, dp_rank) for a tensor every TP rank holds whole and
+# (0, 0, dp_rank) for a TP-split one (dp over DP x CP), so exactly one rank writes each element.
+# Without parallel_state (a model built in one process) every rank id is 0.
+
+
+def _group_rank_size(group) -> tuple[int, int]:
+    if group is None or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _tp_dp_groups(tp_group=None, dp_cp_group=None) -> tuple:
+    """The given groups, else parallel_state's TP and DP x CP groups (None without it)."""
+    if parallel_state.model_parallel_is_initialized():
+        if tp_group is None:
+            tp_group = parallel_state.get_tensor_model_parallel_group()
+        if dp_cp_group is None:
+            dp_cp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    return tp_group, dp_cp_group
+
+
+def make_sharded_tensor_for_checkpoint(
+    tensor: torch.Tensor, key: str, prepend_offsets=(), replica_id=None, **kwargs
+):
+    """A ShardedTensor for a tensor every TP rank holds whole (main replica: TP rank 0 of DP
+    rank 0). `prepend_offsets`: (axis, offset, size) triples of prepended axes (e.g. the layer
+    axis of a stacked layer). `tp_group` / `dp_cp_group` may be passed as keywords."""
+    tp_group, dp_cp_group = _tp_dp_groups(
+        kwargs.pop("tp_group", None), kwargs.pop("dp_cp_group", None)
+    )
+    if replica_id is None:
+        replica_id = (0, _group_rank_size(tp_group)[0], _group_rank_size(dp_cp_group)[0])
+    return ShardedTensor.from_rank_offsets(
+        key, tensor, *prepend_offsets, replica_id=replica_id,
+        prepend_axis_num=len(prepend_offsets), **kwargs,
+    )  # fmt: skip
+
+
+def make_tp_sharded_tensor_for_checkpoint(
+    tensor: torch.Tensor, key: str, tp_axis: int = 0, replica_id=None, prepend_offsets=(), **kwargs
+):
+    """A ShardedTensor for a tensor split in TP-size equal pieces along `tp_axis` (of the local
+    tensor); this rank's piece is number tp_rank (main replica: DP rank 0)."""
+    tp_group, dp_cp_group = _tp_dp_groups(
+        kwargs.pop("tp_group", None), kwargs.pop("dp_cp_group", None)
+    )
+    tp_rank, tp_size = _group_rank_size(tp_group)
+    if replica_id is None:
+        replica_id = (0, 0, _group_rank_size(dp_cp_group)[0])
+    p = len(prepend_offsets)
+    return ShardedTensor.from_rank_offsets(
+        key, tensor, *prepend_offsets, (tp_axis + p, tp_rank, tp_size), replica_id=replica_id,
+        prepend_axis_num=p, **kwargs,
+    )  # fmt: skip
+
+
+def make_sharded_object_for_checkpoint(
+    obj, key: str, sharded_offsets=(), replica_id=None, **kwargs
+):
+    """A ShardedObject every TP and DP rank holds (e.g. a linear layer's `_extra_state`): its
+    grid is the prepended axes of `sharded_offsets` ((0, i, L) for layer i of L), else (1,)."""
+    tp_group, dp_cp_group = _tp_dp_groups(
+        kwargs.pop("tp_group", None), kwargs.pop("dp_cp_group", None)
+    )
+    if replica_id is None:
+        replica_id = (0, _group_rank_size(tp_group)[0], _group_rank_size(dp_cp_group)[0])
+    offsets = sorted(sharded_offsets, key=lambda o: o[0])
+    if [axis for axis, _, _ in offsets] != list(range(len(offsets))):
+        raise ValueError(f"{key}: sharded_offsets {sharded_offsets} must cover axes 0, 1, ...")
+    shape = tuple(size for _, _, size in offsets) or (1,)
+    offset = tuple(off for _, off, _ in offsets) or (0,)
+    return ShardedObject(key, obj, shape, offset, replica_id, **kwargs)
+
+
+def make_sharded_tensors_for_checkpoint(
+    state_dict: dict,
+    prefix: str,
+    tensor_parallel_layers_axis_map: dict[str, int] | None = None,
+    sharded_offsets=(),
+    extra_state_suffix: str = "_extra_state",
+    tp_group=None,
+    dp_cp_group=None,
+) -> dict:
+    """{prefix + name: ShardedTensor | ShardedObject} for a module's own `state_dict` entries:
+    `*_extra_state` become ShardedObjects, names in `tensor_parallel_layers_axis_map` are split
+    over TP along the given axis, the rest are TP-replicated. The ShardedTensor keys equal the
+    dict keys (callers rename them, e.g. TransformerBlock's stacked-layer keys)."""
+    axis_map = tensor_parallel_layers_axis_map or {}
+    groups = dict(tp_group=tp_group, dp_cp_group=dp_cp_group)
+    out = {}
+    for name, tensor in state_dict.items():
+        key = f"{prefix}{name}"
+        if name.endswith(extra_state_suffix):
+            out[key] = make_sharded_object_for_checkpoint(tensor, key, sharded_offsets, **groups)
+        elif name in axis_map:
+            out[key] = make_tp_sharded_tensor_for_checkpoint(
+                tensor, key, axis_map[name], prepend_offsets=sharded_offsets, **groups
+            )
+        else:
+            out[key] = make_sharded_tensor_for_checkpoint(
+                tensor, key, prepend_offsets=sharded_offsets, **groups
+            )
     return out

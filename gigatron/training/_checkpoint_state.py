@@ -3,8 +3,8 @@
 Helpers for `gigatron.training.checkpointing` (mirrors parts of `megatron.training.checkpointing`:
 `get_rng_state`, `generate_state_dict`, the tracker file). Layout of the saved state dict:
 `args`, `checkpoint_version` (3.0), `iteration`, `num_floating_point_operations_so_far`,
-`model` (or `model0..N` for virtual pipeline chunks), `optimizer`, `opt_param_scheduler`,
-`rng_state`.
+`model` (or `model0..N` for virtual pipeline chunks: each chunk's own `sharded_state_dict()`,
+megatron-core's stacked layout), `optimizer`, `opt_param_scheduler`, `rng_state`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core.dist_checkpointing import CheckpointingException, ShardedObject
-from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
-from gigatron.core.dist_checkpointing.utils import sharded_state_dict_from_entries
 
 TRACKER_FNAME = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 3.0
@@ -140,96 +138,6 @@ def safe_args(args) -> argparse.Namespace:
         if ok:
             setattr(out, name, plain)
     return out
-
-
-def model_sharded_state_dict(module) -> dict:
-    """The module's `sharded_state_dict()` as ShardedTensors (converting gigatron entries)."""
-    from gigatron.core import parallel_state as ps
-
-    sd = module.sharded_state_dict()
-    entries = {
-        k: v for k, v in sd.items() if not isinstance(v, (ShardedTensor, ShardedTensorFactory))
-    }
-    out = {k: v for k, v in sd.items() if k not in entries}
-    # The tied word embedding also lives on the last pipeline stage: a non-main copy there.
-    first_stage = not ps.model_parallel_is_initialized() or ps.is_pipeline_first_stage(
-        ignore_virtual=True
-    )
-    inner = module
-    while hasattr(inner, "module"):
-        inner = inner.module
-    if not first_stage and getattr(inner, "share_embeddings_and_output_weights", False):
-        # The last stage's copy of a tied output weight is saved as Megatron does: under the
-        # word-embedding key, as a non-main replica of the first stage's tensor.
-        if "output_layer.weight" in entries and "embedding.word_embeddings.weight" not in entries:
-            entries["embedding.word_embeddings.weight"] = entries.pop("output_layer.weight")
-    tied = {k: v for k, v in entries.items() if k.startswith("embedding.") and not first_stage}
-    rest = {k: v for k, v in entries.items() if k not in tied}
-    stack = _homogeneous_num_layers(inner)
-    encoder_stack = _bert_encoder_num_layers(inner)
-    if encoder_stack:
-        out.update(sharded_state_dict_from_entries(rest, stack_layers={"encoder": encoder_stack}))
-        out.update(_layer_extra_states(inner, encoder_stack, stack="encoder"))
-        out.update(_module_extra_state(inner, "output_layer"))
-    else:
-        out.update(sharded_state_dict_from_entries(rest, stack_layers=stack))
-    if stack:
-        out.update(_layer_extra_states(inner, stack))
-    out.update(sharded_state_dict_from_entries(tied, replicated_on_pp_stage=True))
-    return out
-
-
-def _bert_encoder_num_layers(module) -> int | None:
-    """A BertModel's total encoder num_layers (its layers are all alike), else None."""
-    from gigatron.core.models.bert.bert_model import BertModel
-
-    return module.config.num_layers if isinstance(module, BertModel) else None
-
-
-def _module_extra_state(module, name: str) -> dict:
-    """megatron-core's `<name>._extra_state` object of a non-layer submodule (global shape (1,),
-    TP ranks hold replicas), when `module` has one that keeps extra state (BERT's output_layer:
-    megatron-core cannot load a checkpoint without it)."""
-    sub = getattr(module, name, None)
-    if sub is None or type(sub).get_extra_state is torch.nn.Module.get_extra_state:
-        return {}
-    (_, tp_rank, dp_rank), _ = _ranks()
-    key = f"{name}._extra_state"
-    obj = ShardedObject(key, sub.get_extra_state(), (1,), (0,), replica_id=(0, tp_rank, dp_rank))
-    return {key: obj}
-
-
-def _layer_extra_states(module, num_layers: int, stack: str = "decoder") -> dict:
-    """Megatron's `<stack>.layers.<linear>._extra_state` objects (one per global layer index).
-
-    megatron-core's local-spec layers save them (payload None); megatron-core cannot load a
-    checkpoint without them, so gigatron writes them too. TP ranks hold replicas.
-    """
-    (_, tp_rank, dp_rank), _ = _ranks()
-    out = {}
-    for layer in getattr(module, stack).layers:
-        i = layer.layer_number - 1
-        for name, sub in layer.named_modules():
-            if name and type(sub).get_extra_state is not torch.nn.Module.get_extra_state:
-                key = f"{stack}.layers.{name}._extra_state"
-                out[f"{stack}.layers.{i}.{name}._extra_state"] = ShardedObject(
-                    key,
-                    sub.get_extra_state(),
-                    (num_layers,),
-                    (i,),
-                    replica_id=(0, tp_rank, dp_rank),
-                )
-    return out
-
-
-def _homogeneous_num_layers(module) -> int | None:
-    """The decoder's total num_layers when its layers are all alike (dense), else None."""
-    config = getattr(module, "config", None)
-    if getattr(module, "decoder", None) is None or config is None:
-        return None
-    if getattr(config, "num_moe_experts", None):
-        return None  # MoE stacks keep per-layer keys (Megatron does too when heterogeneous)
-    return getattr(config, "num_layers", None)
 
 
 def model_keys(model: list) -> list[str]:

@@ -37,6 +37,7 @@ from gigatron.core.dist_checkpointing.optimizer import (
 )
 from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from gigatron.core.optimizer_param_scheduler import ScheduleMismatchError
+from gigatron.core.transformer.utils import sharded_state_dict_default
 from gigatron.training import _checkpoint_args as ca
 from gigatron.training import _checkpoint_commit as commit
 from gigatron.training import _checkpoint_state as cs
@@ -130,7 +131,7 @@ def _unwrap(model) -> list:
 def _sharded_state(model, optimizer, opt_param_scheduler, *, with_optim: bool, with_rng: bool):
     state = {}
     for key, module in zip(cs.model_keys(_unwrap(model)), _unwrap(model)):
-        state[key] = cs.model_sharded_state_dict(module)
+        state[key] = sharded_state_dict_default(module)  # (plain torch modules too)
     if with_optim and optimizer is not None:
         if _reshardable(optimizer):
             model_sd = {
@@ -340,18 +341,15 @@ def _rng_layout_matches(ckpt_dir: str) -> bool:
 def _restore(state, request, model, optimizer, opt_param_scheduler, with_optim, with_rng):
     import torch
 
-    for key, module in zip(cs.model_keys(_unwrap(model)), _unwrap(model)):
-        sharded = cs.model_sharded_state_dict(module)
+    for key in cs.model_keys(_unwrap(model)):
+        loaded = state.get(key, {})
         with torch.no_grad():
-            for name, sh in sharded.items():
-                if not hasattr(sh.data, "copy_"):
-                    continue  # `_extra_state` objects: nothing to restore in gigatron's layers
-                target = sh.data
-                loaded = state.get(key, {}).get(name)
-                if loaded is None:  # dropped as "unexpected" by a non-strict load
-                    continue
-                if target.data_ptr() != loaded.data_ptr():
-                    target.copy_(loaded)
+            for name, sh in request[key].items():
+                value = loaded.get(name)
+                if not torch.is_tensor(value):  # `_extra_state` objects carry nothing here; a
+                    continue  # tensor dropped as "unexpected" by a non-strict load is absent
+                if sh.data.data_ptr() != value.data_ptr():
+                    sh.data.copy_(value)
     if with_optim and optimizer is not None and _reshardable(optimizer):
         load_optimizer_state_dict(optimizer, request["optimizer"], state["optimizer"])
     elif with_optim and optimizer is not None:

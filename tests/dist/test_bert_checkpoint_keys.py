@@ -1,17 +1,19 @@
-"""BertModel checkpoints in megatron-core's stacked-layer form (`encoder.layers.<name>` with a
-leading num_layers axis), through gigatron.training's checkpoint path.
+"""BertModel's `sharded_state_dict()` is megatron-core's: stacked layers (`encoder.layers.<name>`
+with a leading num_layers axis), keyed by the module's own state-dict keys.
 
-Two gloo ranks: a tiny BERT at TP = 2 (loaded from one full set of weights) is saved; a fresh
-BERT at TP = 1 (DP = 2) loads it back and equals the full weights bitwise. The saved keys and
-global shapes (ShardedTensors, and the layers' `_extra_state` ShardedObjects) equal those of
-megatron-core 0.16's own BertModel (built on CPU, TP = 2) `sharded_state_dict()`, and the keys of
-`BertModel.sharded_state_dict(metadata={"stacked": True})`.
+Two gloo ranks: a tiny BERT at TP = 2 (loaded from one full set of weights) is saved with
+`dist_checkpointing.save(model.sharded_state_dict(), d)`; a fresh BERT at TP = 1 (DP = 2) loads
+it back through `model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), d))`
+and equals the full weights bitwise. On each rank every entry (dict key, checkpoint key, global
+shape and offset, prepended axes, replica id, fragmentation) equals that of megatron-core 0.16's
+own BertModel (built on CPU, TP = 2), and the dict keys are the module's `state_dict()` keys.
 """
 
 import torch
 import torch.nn.functional as F
 
 from gigatron.testing import run_distributed
+from tests.dist._sharded_structure import describe, differences
 
 V, MAX_SEQ, KW = 32, 16, dict(num_layers=2, hidden_size=16, num_attention_heads=2)
 
@@ -41,7 +43,7 @@ def _megatron_bert(tp):
         cfg = TransformerConfig(
             **KW, activation_func=F.gelu, tensor_model_parallel_size=tp, use_cpu_initialization=True
         )
-        return _layout(BertModel(cfg, 2, bert_layer_local_spec, V, MAX_SEQ).sharded_state_dict())
+        return describe(BertModel(cfg, 2, bert_layer_local_spec, V, MAX_SEQ).sharded_state_dict())
     finally:
         mps.destroy_model_parallel()
 
@@ -63,7 +65,6 @@ def _layout(sharded: dict) -> dict:
 def _roundtrip(ckpt_dir):
     from gigatron.core import dist_checkpointing, parallel_state, tensor_parallel
     from gigatron.core.models.common.tp_state_dict import load_full_state_dict
-    from gigatron.training._checkpoint_state import model_sharded_state_dict
 
     def init(tp):
         parallel_state.destroy_model_parallel()
@@ -77,33 +78,26 @@ def _roundtrip(ckpt_dir):
     init(2)
     saved = _gigatron_bert(2)
     load_full_state_dict(saved, full)
-    sharded = model_sharded_state_dict(saved)
-    layout = _layout(sharded)
-    stacked_keys = set(saved.sharded_state_dict(metadata={"stacked": True}))
+    sharded = saved.sharded_state_dict()
+    own_keys = set(saved.state_dict()) == set(sharded)
     dist_checkpointing.save(sharded, ckpt_dir)
-    megatron_layout = _megatron_bert(2)
+    structure = differences(describe(sharded), _megatron_bert(2))
 
     init(1)
     torch.manual_seed(1)
     fresh = _gigatron_bert(1)
-    request = model_sharded_state_dict(fresh)
-    loaded = dist_checkpointing.load(request, ckpt_dir)
-    with torch.no_grad():
-        for key, sh in request.items():
-            if torch.is_tensor(loaded[key]):
-                sh.data.copy_(loaded[key])
+    fresh.load_state_dict(dist_checkpointing.load(fresh.sharded_state_dict(), ckpt_dir))
     mismatched = [n for n, p in fresh.named_parameters() if not torch.equal(p, full[n])]
-    return layout, megatron_layout, stacked_keys, mismatched, len(full)
+    return _layout(sharded), structure, own_keys, mismatched, len(full)
 
 
 def test_bert_stacked_checkpoint_tp2_to_tp1_and_megatron_keys(tmp_path):
     results = run_distributed(_roundtrip, 2, args=(str(tmp_path),), timeout=120)
-    for layout, megatron_layout, stacked_keys, mismatched, n_params in results:
+    for layout, structure, own_keys, mismatched, n_params in results:
         assert mismatched == [] and n_params == 39
         assert layout["encoder.layers.self_attention.linear_qkv.weight"] == (2, 48, 16)
         assert layout["encoder.layers.mlp.linear_fc1.layer_norm_weight"] == (2, 16)
         assert not any(k.startswith("encoder.layers.0.") for k in layout)
         assert layout["output_layer._extra_state"] == ("object", (1,))
-        assert layout == megatron_layout, sorted(set(layout.items()) ^ set(megatron_layout.items()))
-        tensors = {k for k, v in layout.items() if not isinstance(v, tuple) or v[0] != "object"}
-        assert stacked_keys == tensors
+        assert structure == [], "\n".join(structure)
+        assert own_keys

@@ -5,8 +5,15 @@ Two plain gloo processes (megatron-core's writer starts worker processes, which 
 harness's daemonic ranks may not): megatron-core saves a sharded state dict (row-split tensor,
 stacked layers with a prepended axis, a ShardedObject, common state with an argparse.Namespace);
 gigatron loads it at another sharding, and the reverse. Every loaded tensor must equal the
-source bitwise. Then a small Llama-style GPTModel at TP2: megatron-core's checkpoint loaded into
-gigatron's GPTModel (and gigatron's into megatron-core's) gives the saving side's logits (1e-5).
+source bitwise.
+
+Then a small Llama-style GPTModel (local spec) with Megatron's three-line snippet on both sides
+(`save(model.sharded_state_dict(prefix=""), d)`, `model.load_state_dict(load(
+model.sharded_state_dict(prefix=""), d))`), at TP 1 and TP 2: megatron-core's checkpoint of
+either TP size loaded into gigatron's GPTModel at either TP size gives megatron-core's logits
+(1e-5), and gigatron's loaded into megatron-core's gives gigatron's logits; megatron-core re-saves
+what it loaded from gigatron and the re-saved tensors equal gigatron's checkpoint bitwise. The
+checkpoints megatron-core 0.19.2 wrote (tests/fixtures/megatron_core) load the same way.
 
 On a CPU-only torch the test stubs what megatron-core needs from CUDA (`torch.cuda.synchronize`,
 `torch.cuda.current_device` -> "cpu", its RNG tracker's CUDA state) and, without psutil, its
@@ -100,8 +107,19 @@ def test_megatron_core_and_gigatron_read_each_others_checkpoints(tmp_path):
     assert "common.pt" in os.listdir(dirs[0]) or m_has_object
 
 
-def _gpt_worker(rank, world, init_file, m_dir, g_dir):
-    """TP = world: megatron-core GPT -> checkpoint -> gigatron GPT (and back); logits equal."""
+GPT_KW = dict(
+    num_layers=2, hidden_size=32, num_attention_heads=8, num_query_groups=4, ffn_hidden_size=48,
+    normalization="RMSNorm", gated_linear_unit=True, add_bias_linear=False, hidden_dropout=0.0,
+    attention_dropout=0.0, use_cpu_initialization=True,
+)  # fmt: skip
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "megatron_core")
+
+
+def _gpt_worker(rank, world, init_file, m_root, g_root, phase):
+    """TP = world. phase "save": megatron-core and gigatron each save a GPT under
+    `<root>/tp<world>` (+ its full logits); then (both phases) every checkpoint of the other
+    side found under the roots is loaded with the snippet and the logits compared; megatron-core
+    re-saves what it loaded from gigatron under `<m_root>/from_gigatron_tp<N>_at_tp<world>`."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from megatron.core import parallel_state as mps
@@ -114,16 +132,10 @@ def _gpt_worker(rank, world, init_file, m_dir, g_dir):
     from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from gigatron.core.models.gpt.gpt_model import GPTModel
     from gigatron.core.transformer.transformer_config import TransformerConfig
-    from gigatron.training._checkpoint_state import model_sharded_state_dict
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     _stub_cuda_for_megatron_writer()
-    kw = dict(
-        num_layers=2, hidden_size=32, num_attention_heads=8, num_query_groups=4,
-        ffn_hidden_size=48, normalization="RMSNorm", gated_linear_unit=True,
-        activation_func=F.silu, add_bias_linear=False, hidden_dropout=0.0,
-        attention_dropout=0.0, use_cpu_initialization=True, tensor_model_parallel_size=world,
-    )  # fmt: skip
+    kw = dict(GPT_KW, activation_func=F.silu, tensor_model_parallel_size=world)
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
     pos = torch.arange(8)[None].expand(2, -1)
     mask = torch.ones(1, 1, 8, 8, dtype=torch.bool).triu(1)  # explicit: megatron's default is CUDA
@@ -145,27 +157,54 @@ def _gpt_worker(rank, world, init_file, m_dir, g_dir):
         return GPTModel(TransformerConfig(**kw), get_gpt_layer_local_spec(), 64, 8,
                         position_embedding_type="rope")  # fmt: skip
 
-    def gigatron_load(model, ckpt_dir):
-        request = model_sharded_state_dict(model)
-        loaded = gdc.load(request, ckpt_dir)
+    def logits(model, ids=ids):
         with torch.no_grad():
-            for name, sh in request.items():
-                if torch.is_tensor(loaded[name]):
-                    sh.data.copy_(loaded[name])
+            local = model(ids, pos, mask)  # [b, s, V/tp]
+        parts = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(parts, local.contiguous())
+        return torch.cat(parts, dim=-1)
 
-    m = megatron_gpt(1)
+    def close(a, b):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
     mdc = megatron_dc
-    mdc.save(m.sharded_state_dict(), m_dir)
-    g = gigatron_gpt(2)
-    gdc.save(model_sharded_state_dict(g), g_dir)
-    dist.barrier()
-    with torch.no_grad():
+    if phase == "save":
+        m, g = megatron_gpt(1), gigatron_gpt(2)
+        for root in (m_root, g_root):
+            os.makedirs(f"{root}/tp{world}", exist_ok=True)
+        dist.barrier()
+        mdc.save(m.sharded_state_dict(prefix=""), f"{m_root}/tp{world}")
+        gdc.save(g.sharded_state_dict(prefix=""), f"{g_root}/tp{world}")
+        m_logits, g_logits = logits(m), logits(g)
+        assert (m_logits - g_logits).abs().max() > 1e-3  # the two sides start apart
+        if rank == 0:
+            torch.save(m_logits, f"{m_root}/tp{world}.logits.pt")
+            torch.save(g_logits, f"{g_root}/tp{world}.logits.pt")
+        dist.barrier()
+    for tp in (1, 2):
+        if not os.path.exists(f"{m_root}/tp{tp}.logits.pt"):
+            continue
         g_from_m = gigatron_gpt(3)
-        gigatron_load(g_from_m, m_dir)
-        torch.testing.assert_close(g_from_m(ids, pos, mask), m(ids, pos, mask), rtol=0, atol=1e-5)
+        g_from_m.load_state_dict(
+            gdc.load(g_from_m.sharded_state_dict(prefix=""), f"{m_root}/tp{tp}")
+        )
+        close(logits(g_from_m), torch.load(f"{m_root}/tp{tp}.logits.pt"))
         m_from_g = megatron_gpt(4)
-        m_from_g.load_state_dict(mdc.load(m_from_g.sharded_state_dict(), g_dir))
-        torch.testing.assert_close(m_from_g(ids, pos, mask), g(ids, pos, mask), rtol=0, atol=1e-5)
+        m_from_g.load_state_dict(
+            mdc.load(m_from_g.sharded_state_dict(prefix=""), f"{g_root}/tp{tp}")
+        )
+        close(logits(m_from_g), torch.load(f"{g_root}/tp{tp}.logits.pt"))
+        resaved = f"{m_root}/from_gigatron_tp{tp}_at_tp{world}"
+        os.makedirs(resaved, exist_ok=True)
+        dist.barrier()
+        mdc.save(m_from_g.sharded_state_dict(prefix=""), resaved)
+    for tp in (1, 2):  # megatron-core 0.19.2's own checkpoints
+        fixture = torch.load(f"{FIXTURES}/mcore-0.19.2-tp{tp}.logits.pt", weights_only=True)
+        g_from_m = gigatron_gpt(5)
+        g_from_m.load_state_dict(
+            gdc.load(g_from_m.sharded_state_dict(prefix=""), f"{FIXTURES}/mcore-0.19.2-tp{tp}")
+        )
+        close(logits(g_from_m, fixture["ids"]), fixture["logits"])
     dist.barrier()
     dist.destroy_process_group()
 
@@ -182,8 +221,8 @@ def _stub_cuda_for_megatron_writer():
         filesystem_async._process_memory = lambda: 0
 
 
-def _launch(worker: str, world: int, tmp_path) -> list[str]:
-    init_file = str(tmp_path / "init")
+def _launch(worker: str, world: int, tmp_path, *extra: str) -> list[str]:
+    init_file = tempfile.mktemp(dir=tmp_path, prefix="init")
     dirs = [str(tmp_path / "megatron"), str(tmp_path / "gigatron")]
     for d in dirs:
         os.makedirs(d, exist_ok=True)
@@ -196,7 +235,7 @@ def _launch(worker: str, world: int, tmp_path) -> list[str]:
     logs = [tempfile.TemporaryFile() for _ in range(world)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", code, str(r), str(world), init_file, *dirs],
+            [sys.executable, "-c", code, str(r), str(world), init_file, *dirs, *extra],
             cwd=root,
             env=env,
             stdout=logs[r],
@@ -217,6 +256,16 @@ def _launch(worker: str, world: int, tmp_path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_gpt_checkpoint_interop_with_megatron_core_tp2(tmp_path):
-    """Same config, TP2: logits after loading equal the saving side's logits, both directions."""
-    _launch("_gpt_worker", 2, tmp_path)
+def test_gpt_checkpoint_interop_with_megatron_core_tp1_tp2(tmp_path):
+    """Megatron's snippet both ways at TP 1 and TP 2 and across them (module docstring)."""
+    from gigatron.core import dist_checkpointing as gdc
+
+    m_root, g_root = _launch("_gpt_worker", 2, tmp_path, "save")  # TP2 <-> TP2
+    _launch("_gpt_worker", 1, tmp_path, "save")  # TP1 <-> TP1 and TP2 -> TP1
+    _launch("_gpt_worker", 2, tmp_path, "load")  # TP1 -> TP2
+    for tp, at in ((1, 1), (2, 2), (2, 1), (1, 2)):
+        ours = gdc.load_plain_tensors(f"{g_root}/tp{tp}")
+        resaved = gdc.load_plain_tensors(f"{m_root}/from_gigatron_tp{tp}_at_tp{at}")
+        assert sorted(resaved) == sorted(ours), (tp, at)
+        for key in ours:
+            assert torch.equal(resaved[key], ours[key]), (tp, at, key)

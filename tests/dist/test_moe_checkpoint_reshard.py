@@ -105,18 +105,21 @@ def _check(source: dict, ref_logits, dst: str, logits, name: str, grouped: bool)
 
 
 def _expert_keys(source: dict, grouped: bool) -> None:
-    """Experts are saved globally: all E of them, whatever EP the source ran at."""
-    if grouped:
-        w1 = source["decoder.layers.0.mlp.experts.weight1"]
-        w2 = source["decoder.layers.0.mlp.experts.weight2"]
-        assert w1.shape == (E, 32, 2 * 32) and w2.shape == (E, 32, 32)
-        assert "optimizer.state.exp_avg.decoder.layers.0.mlp.experts.weight1" in source
+    """Experts are saved globally, as megatron-core keys them: all E of them on an expert axis
+    after the layer axis (`mlp.experts.experts.<name>`), whatever EP the source ran at; the
+    GroupedMLP weights in the same transposed form (SequentialMLP's)."""
+    fc1 = source["decoder.layers.mlp.experts.experts.linear_fc1.weight"]
+    fc2 = source["decoder.layers.mlp.experts.experts.linear_fc2.weight"]
+    assert fc1.shape == (2, E, 2 * 32, 32) and fc2.shape == (2, E, 32, 32)
+    if grouped:  # optimizer state in the weights' memory layout [L, E, h, glu*f] / [L, E, f, h]
+        assert source["optimizer.state.exp_avg.decoder.layers.mlp.experts.weight1"].shape == (
+            2, E, 32, 2 * 32
+        )  # fmt: skip
+        assert "optimizer.state.exp_avg.decoder.layers.mlp.experts.weight2" in source
     else:
-        for e in range(E):
-            key = f"decoder.layers.1.mlp.experts.local_experts.{e}.linear_fc1.weight"
-            assert source[key].shape == (2 * 32, 32), key
-            assert f"optimizer.state.exp_avg_sq.{key}" in source
-        assert "decoder.layers.1.mlp.experts.local_experts.4.linear_fc1.weight" not in source
+        key = "optimizer.state.exp_avg_sq.decoder.layers.mlp.experts.experts.linear_fc1.weight"
+        assert source[key].shape == fc1.shape
+    assert not any(".local_experts." in k for k in source)
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["sequential", "grouped"])

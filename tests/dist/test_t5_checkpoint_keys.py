@@ -1,15 +1,18 @@
-"""T5Model checkpoints in megatron-core's layout (stacked `encoder.layers.<name>` [L_enc, ...] and
-`decoder.layers.<name>` [L_dec, ...], per-layer `_extra_state` objects, megatron-core's alias
-names), through gigatron.training's checkpoint path (`model_sharded_state_dict`).
+"""T5Model's `sharded_state_dict()` is megatron-core's (stacked `encoder.layers.<name>` [L_enc, ...]
+and `decoder.layers.<name>` [L_dec, ...], per-layer `_extra_state` objects, megatron-core's alias
+names, keyed by the module's own state-dict keys); saved and loaded with Megatron's snippet
+(`save(model.sharded_state_dict(), d)`, `model.load_state_dict(load(model.sharded_state_dict(),
+d))`).
 
 - TP = 2 save -> TP = 1 (DP = 2) load: weights bitwise equal to the full set the TP = 2 model
-  was loaded from, logits equal to the TP = 2 model's; the saved keys and global shapes equal
-  those of megatron-core 0.16.1's own T5Model (local spec, built on CPU at TP = 2), for tied
-  learned-absolute and untied relative-position models.
+  was loaded from, logits equal to the TP = 2 model's; every entry (key, shapes, offsets,
+  replica id) equals megatron-core 0.16.1's own T5Model's (local spec, built on CPU at TP = 2),
+  for tied learned-absolute and untied relative-position models.
 - PP = 2 (encoder stage, decoder stage) save -> PP = 1 load: same weights, logits equal to the
   two-stage forward; the stages' keys together equal the PP = 1 model's.
-- A checkpoint in the older gigatron layout (per-layer encoder keys) loads through
-  `sharded_state_dict(metadata={"legacy_layout": True})`.
+- A checkpoint in the older gigatron layout (per-layer encoder keys; a fixture written by the
+  code of that time, tests/fixtures/legacy_ckpt) loads through
+  `sharded_state_dict(metadata={"legacy_layout": True})` and gives the logits it was saved with.
 - megatron-core 0.16.1's T5Model loads a gigatron T5 checkpoint and gigatron's loads
   megatron-core's (TP = 1, its own dist_checkpointing save/load): logits equal.
 """
@@ -20,6 +23,7 @@ import pytest
 import torch
 
 from gigatron.testing import run_distributed
+from tests.dist._sharded_structure import describe, differences
 from tests.dist.test_bert_checkpoint_keys import _layout  # key -> global shape
 
 V, MAX_SEQ, ENC_L, DEC_L, B, SE, SD = 64, 16, 4, 2, 2, 8, 6
@@ -64,8 +68,8 @@ def _gigatron_t5(tp=1, pp=1, stage=None, tied=True, pos="learned_absolute"):
     ).eval()
 
 
-def _megatron_layout(tp, tied, pos):
-    """Keys/shapes of megatron-core's T5Model (local layer specs) on CPU: `current_device`
+def _megatron_structure(tp, tied, pos):
+    """`describe` of megatron-core's T5Model (local layer specs) on CPU: `current_device`
     stubbed to "cpu" (its only CUDA call at construction)."""
     from megatron.core import parallel_state as mps
     from megatron.core.models.T5.t5_model import T5Model
@@ -87,7 +91,7 @@ def _megatron_layout(tp, tied, pos):
             decoder_model_with_local_spec(),
             **_model_kwargs(tied, pos),
         )
-        return _layout(model.sharded_state_dict())
+        return describe(model.sharded_state_dict())
     finally:
         mps.destroy_model_parallel()
 
@@ -118,21 +122,11 @@ def _full_weights(**kw) -> dict:
     return {n: p.detach().clone() for n, p in _gigatron_t5(**kw).named_parameters()}
 
 
-def _load(model, ckpt_dir, metadata=None) -> None:
-    """Load `ckpt_dir` into `model` through the training path's request (or the model's own
-    sharded_state_dict with `metadata`)."""
+def _load(model, ckpt_dir) -> None:
+    """Megatron's snippet: load_state_dict(load(sharded_state_dict(), d))."""
     from gigatron.core import dist_checkpointing
-    from gigatron.training._checkpoint_state import model_sharded_state_dict
 
-    if metadata is None:
-        request = model_sharded_state_dict(model)
-    else:
-        request = model.sharded_state_dict(metadata=metadata)
-    loaded = dist_checkpointing.load(request, ckpt_dir)
-    with torch.no_grad():
-        for key, sh in request.items():
-            if torch.is_tensor(loaded[key]):
-                sh.data.copy_(loaded[key])
+    model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), ckpt_dir))
 
 
 def _mismatched(model, full) -> list:
@@ -154,19 +148,19 @@ def _gather_vocab(logits):
 def _tp_roundtrip(ckpt_dir, tied, pos):
     from gigatron.core import dist_checkpointing
     from gigatron.core.models.common.tp_state_dict import load_full_state_dict
-    from gigatron.training._checkpoint_state import model_sharded_state_dict
 
     kw = dict(tied=tied, pos=pos)
     full = _full_weights(**kw)
     _init(tp=2)
     saved = _gigatron_t5(tp=2, **kw)
     load_full_state_dict(saved, full)
-    sharded = model_sharded_state_dict(saved)
+    sharded = saved.sharded_state_dict()
     layout = _layout(sharded)
+    own_keys = set(sharded) == set(saved.state_dict())
     dist_checkpointing.save(sharded, ckpt_dir)
     with torch.no_grad():
         ref_logits = _gather_vocab(saved(*_inputs()))
-    megatron_layout = _megatron_layout(2, tied, pos)
+    structure = differences(describe(sharded), _megatron_structure(2, tied, pos))
 
     _init(tp=1)
     torch.manual_seed(1)
@@ -175,7 +169,7 @@ def _tp_roundtrip(ckpt_dir, tied, pos):
     _load(fresh, ckpt_dir)
     with torch.no_grad():
         err = (fresh(*_inputs()) - ref_logits).abs().max().item()
-    return layout, megatron_layout, _mismatched(fresh, full), len(before), err
+    return layout, (structure, own_keys), _mismatched(fresh, full), len(before), err
 
 
 @pytest.mark.timeout(180)
@@ -184,14 +178,15 @@ def _tp_roundtrip(ckpt_dir, tied, pos):
 )
 def test_t5_megatron_layout_tp2_to_tp1(tmp_path, tied, pos):
     results = run_distributed(_tp_roundtrip, 2, args=(str(tmp_path), tied, pos), timeout=180)
-    for layout, megatron_layout, mismatched, n_before, err in results:
+    for layout, (structure, own_keys), mismatched, n_before, err in results:
         assert mismatched == [] and n_before > 0
         assert layout["encoder.layers.self_attention.linear_qkv.weight"] == (ENC_L, 96, 32)
         assert layout["encoder.layers.mlp.linear_fc1.layer_norm_weight"] == (ENC_L, 32)
         assert layout["decoder.layers.cross_attention.linear_kv.weight"] == (DEC_L, 64, 32)
         assert layout["encoder.layers.mlp.linear_fc2._extra_state"] == ("object", (ENC_L,))
         assert not any(k.startswith(("encoder.layers.0.", "decoder.layers.0.")) for k in layout)
-        assert layout == megatron_layout, sorted(set(layout.items()) ^ set(megatron_layout.items()))
+        assert structure == [], "\n".join(structure)
+        assert own_keys
         assert err < 1e-5, err
 
 
@@ -202,11 +197,10 @@ def _pp_roundtrip(ckpt_dir):
     import torch.distributed as dist
 
     from gigatron.core import dist_checkpointing, parallel_state
-    from gigatron.training._checkpoint_state import model_sharded_state_dict
 
     full = _full_weights()
     with torch.no_grad():
-        pp1_layout = _layout(model_sharded_state_dict(_gigatron_t5()))
+        pp1_layout = _layout(_gigatron_t5().sharded_state_dict())
 
     _init(pp=2)
     stage = parallel_state.get_pipeline_model_parallel_rank()
@@ -214,7 +208,7 @@ def _pp_roundtrip(ckpt_dir):
     with torch.no_grad():
         for name, p in saved.named_parameters():
             p.copy_(full[name])
-    sharded = model_sharded_state_dict(saved)
+    sharded = saved.sharded_state_dict()
     dist_checkpointing.save(sharded, ckpt_dir)
     # The two-stage forward: the encoder stage's output goes to the decoder stage.
     enc_out = torch.empty(SE, B, KW["hidden_size"])
@@ -252,44 +246,44 @@ def test_t5_pp2_encoder_decoder_stages_to_pp1(tmp_path):
     assert all(r[0] == 1 for r in dec_copies.values()), dec_copies
 
 
-def _legacy_roundtrip(ckpt_dir):
-    """An older-layout checkpoint, written as gigatron's training path wrote T5 before: the
-    model's sharded_state_dict gave per-layer entries (`encoder.layers.{i}.*`, stack-local i),
-    `model_sharded_state_dict` stacked only the decoder's."""
-    from gigatron.core import dist_checkpointing
-    from gigatron.core.models.bert._checkpoint_keys import sharded_keys
-    from gigatron.training._checkpoint_state import model_sharded_state_dict
+def _legacy_load(fixture_dir):
+    """The fixture in the older layout: the default request fails on it, the legacy one loads
+    it (the copy under each second name is not in it: load_state_dict(strict=False))."""
+    from gigatron.core import dist_checkpointing, parallel_state
+    from tests.fixtures.legacy_ckpt.make_legacy_ckpt import build_t5, t5_inputs
 
-    full = _full_weights()
-    saved = _gigatron_t5()
-    with torch.no_grad():
-        for name, p in saved.named_parameters():
-            p.copy_(full[name])
-    saved.sharded_state_dict = lambda: sharded_keys(saved, ("encoder", "decoder"), local_index=True)
-    old = model_sharded_state_dict(saved)
-    layout = _layout(old)
-    legacy_layout = _layout(type(saved).sharded_state_dict(saved, metadata={"legacy_layout": True}))
-    dist_checkpointing.save(old, ckpt_dir)
+    parallel_state.initialize_model_parallel()
     torch.manual_seed(1)
-    fresh = _gigatron_t5()
+    model = build_t5()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
     new_layout_failed = False
     try:
-        _load(fresh, ckpt_dir)
+        dist_checkpointing.load(model.sharded_state_dict(), fixture_dir)
     except Exception:
         new_layout_failed = True
-    _load(fresh, ckpt_dir, metadata={"legacy_layout": True})
-    return layout, legacy_layout, new_layout_failed, _mismatched(fresh, full)
+    request = model.sharded_state_dict(metadata={"legacy_layout": True})
+    result = model.load_state_dict(dist_checkpointing.load(request, fixture_dir), strict=False)
+    with torch.no_grad():
+        logits = model(*t5_inputs())
+    return _layout(request), new_layout_failed, sorted(result.missing_keys), logits
 
 
-def test_t5_legacy_layout_loads(tmp_path):
-    ((layout, legacy_layout, new_layout_failed, mismatched),) = run_distributed(
-        _legacy_roundtrip, 1, args=(str(tmp_path),), timeout=120
+def test_t5_legacy_layout_loads():
+    import os
+
+    fixtures = os.path.join(os.path.dirname(__file__), "..", "fixtures", "legacy_ckpt")
+    ((layout, new_layout_failed, missing, logits),) = run_distributed(
+        _legacy_load, 1, args=(os.path.join(fixtures, "t5"),), timeout=120
     )
-    assert layout["encoder.layers.0.self_attention.linear_qkv.weight"] == (96, 32)
-    assert layout["decoder.layers.self_attention.linear_qkv.weight"] == (DEC_L, 96, 32)
+    assert layout["encoder.layers.0.self_attention.linear_qkv.weight"] == (48, 16)
+    assert layout["decoder.layers.self_attention.linear_qkv.weight"] == (1, 48, 16)
     assert not any(k.startswith("encoder.layers.") and "_extra_state" in k for k in layout)
-    assert layout == legacy_layout
-    assert new_layout_failed and mismatched == []
+    assert new_layout_failed
+    assert missing == ["output_layer.bias", "position_embeddings.weight"]  # (the aliases)
+    expected = torch.load(os.path.join(fixtures, "t5_reference.pt"), weights_only=True)["logits"]
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-6)
 
 
 def _interop_worker(tmp: str) -> None:
@@ -312,7 +306,6 @@ def _interop_worker(tmp: str) -> None:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from gigatron.core import dist_checkpointing as gdc
-    from gigatron.training._checkpoint_state import model_sharded_state_dict
 
     init = f"file://{tempfile.mktemp(dir=tmp)}"
     dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
@@ -344,7 +337,7 @@ def _interop_worker(tmp: str) -> None:
     errs, x = {}, _inputs()
     with torch.no_grad():
         g = gigatron_t5(1)
-        gdc.save(model_sharded_state_dict(g), f"{tmp}/gigatron")
+        gdc.save(g.sharded_state_dict(), f"{tmp}/gigatron")
         m_from_g = megatron_t5(2)
         before = (m_from_g(*x) - g(*x)).abs().max().item()
         m_from_g.load_state_dict(mdc.load(m_from_g.sharded_state_dict(), f"{tmp}/gigatron"))

@@ -197,7 +197,6 @@ def test_torch_payload_loader_refuses_every_bypass(marker):
 
 def _saved_checkpoint(root) -> str:
     model = torch.nn.Linear(4, 4)
-    model.sharded_state_dict = lambda **kw: {"w": (model.weight, None), "b": (model.bias, None)}
     args = argparse.Namespace(save=str(root), load=str(root), consumed_train_samples=8)
     ckpt.save_checkpoint(3, model, torch.optim.Adam(model.parameters()), None, args=args)
     return os.path.join(root, "iter_0000003")
@@ -218,7 +217,6 @@ def test_library_entry_points_refuse_a_crafted_metadata(tmp_path, marker):
         with pytest.raises(dc.CheckpointingException, match="forbidden"):
             fn(d)
     model = torch.nn.Linear(4, 4)
-    model.sharded_state_dict = lambda **kw: {"w": (model.weight, None), "b": (model.bias, None)}
     args = argparse.Namespace(load=str(tmp_path / "ckpt"))
     with pytest.raises(dc.CheckpointingException, match="forbidden"):
         ckpt.load_checkpoint(model, None, None, args=args)

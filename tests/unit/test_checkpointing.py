@@ -11,6 +11,10 @@ import torch
 
 from gigatron.core import dist_checkpointing as dc
 from gigatron.core.dist_checkpointing.strategies import torch as torch_strategy
+from gigatron.core.utils import (
+    make_sharded_tensor_for_checkpoint,
+    make_tp_sharded_tensor_for_checkpoint,
+)
 from gigatron.training import checkpointing as ckpt
 
 
@@ -25,7 +29,10 @@ class Tiny(torch.nn.Module):
         return torch.tanh(x @ self.w1.t()) @ self.w2.t()
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
-        return {"layer.w1": (self.w1, 0, 1, False), "layer.w2": (self.w2, 1, 1, False)}
+        return {  # as Megatron's modules: own state-dict keys -> global checkpoint keys
+            f"{prefix}w1": make_tp_sharded_tensor_for_checkpoint(self.w1, "layer.w1", 0),
+            f"{prefix}w2": make_tp_sharded_tensor_for_checkpoint(self.w2, "layer.w2", 1),
+        }
 
 
 class Sched:
@@ -246,7 +253,8 @@ def test_strict_and_non_strict_load_of_a_model_with_a_new_tensor(tmp_path):
     grown = Tiny(seed=9)
     grown.w3 = torch.nn.Parameter(torch.ones(2))
     entries = grown.sharded_state_dict()
-    grown.sharded_state_dict = lambda **kw: {**entries, "layer.w3": (grown.w3, None, 1, False)}
+    w3 = make_sharded_tensor_for_checkpoint(grown.w3, "layer.w3")
+    grown.sharded_state_dict = lambda **kw: {**entries, "w3": w3}
     with pytest.raises(dc.CheckpointingException, match="layer.w3"):
         ckpt.load_checkpoint(grown, None, None, args=_args(tmp_path))
     ckpt.load_checkpoint(grown, None, None, strict=False, args=_args(tmp_path))

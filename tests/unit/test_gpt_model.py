@@ -129,7 +129,12 @@ def test_pipeline_stage_pieces_compose_to_the_full_model():
             if k.startswith(("output_layer", "decoder.final", "decoder.layers.1."))
         }
     )
-    assert "decoder.layers.1.mlp.linear_fc2.weight" in last.sharded_state_dict()
+    fc2 = last.sharded_state_dict()["decoder.layers.0.mlp.linear_fc2.weight"]  # local index
+    assert (fc2.key, fc2.global_shape[0], fc2.global_offset[0]) == (
+        "decoder.layers.mlp.linear_fc2.weight",
+        2,
+        1,  # stacked, at the global layer index
+    )
     ids = torch.randint(0, 100, (2, 8))
     with torch.no_grad():
         hidden = first(ids, None, None)  # [s, b, h]
@@ -138,20 +143,44 @@ def test_pipeline_stage_pieces_compose_to_the_full_model():
         torch.testing.assert_close(last(None, None, None), full(ids, None, None))
 
 
-def test_sharded_state_dict_uses_megatron_keys():
-    keys = _minimal().sharded_state_dict()
-    assert "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight" in keys
-    assert "decoder.layers.0.mlp.linear_fc1.layer_norm_bias" in keys
-    assert keys["decoder.layers.0.self_attention.linear_proj.weight"].tp_axis == 1
-    assert keys["decoder.layers.0.mlp.linear_fc1.weight"].tp_axis == 0
-    assert keys["decoder.final_layernorm.weight"].tp_axis is None
-    assert keys["embedding.word_embeddings.weight"].allow_shape_mismatch
-    assert not any("input_layernorm" in k or "pre_mlp_layernorm" in k for k in keys)
-    assert keys["decoder.layers.1.mlp.linear_fc2.weight"].layer == (1, 2)
-    stacked = _minimal().sharded_state_dict(metadata={"stacked": True})
-    entries = stacked["decoder.layers.self_attention.linear_qkv.layer_norm_weight"]
-    assert [e.layer for e in entries] == [(0, 2), (1, 2)]
-    assert stacked["output_layer.weight"].layer is None
+def test_sharded_state_dict_is_megatrons_contract():
+    """Keyed by the module's own state-dict keys; values ShardedTensor / factory / object whose
+    `.key` is the checkpoint key: layers stacked on a prepended axis, norms under TE's names."""
+    from gigatron.core.dist_checkpointing import ShardedObject, ShardedTensor
+    from gigatron.core.dist_checkpointing.mapping import ShardedTensorFactory
+
+    model = _minimal()
+    sd = model.sharded_state_dict()
+    own = set(model.state_dict()) - {"output_layer._extra_state"}  # Megatron's GPT drops it
+    assert set(sd) == own
+    assert all(
+        isinstance(v, (ShardedTensor, ShardedTensorFactory, ShardedObject)) for v in sd.values()
+    )
+    norm = sd["decoder.layers.1.input_layernorm.weight"]
+    assert norm.key == "decoder.layers.self_attention.linear_qkv.layer_norm_weight"
+    assert (norm.global_shape, norm.global_offset, norm.prepend_axis_num) == ((2, 12), (1, 0), 1)
+    assert sd["decoder.layers.0.pre_mlp_layernorm.bias"].key == (
+        "decoder.layers.mlp.linear_fc1.layer_norm_bias"
+    )
+    proj = sd["decoder.layers.0.self_attention.linear_proj.weight"]
+    assert (proj.key, proj.replica_id) == (
+        "decoder.layers.self_attention.linear_proj.weight",
+        (0, 0, 0),
+    )
+    extra = sd["decoder.layers.1.mlp.linear_fc2._extra_state"]
+    assert (extra.key, extra.global_shape, extra.global_offset) == (
+        "decoder.layers.mlp.linear_fc2._extra_state",
+        (2,),
+        (1,),
+    )
+    assert sd["decoder.final_layernorm.weight"].prepend_axis_num == 0
+    assert sd["embedding.word_embeddings.weight"].allow_shape_mismatch
+    assert sd["output_layer.weight"].allow_shape_mismatch
+    per_layer = model.sharded_state_dict(metadata={"non_homogeneous_layers": True})
+    assert set(per_layer) == own
+    norm = per_layer["decoder.layers.1.input_layernorm.weight"]
+    assert norm.key == "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight"
+    assert norm.prepend_axis_num == 0 and norm.global_shape == (12,)
 
 
 def test_decoder_block_spec_builds_the_same_model():

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from gigatron.core.dist_checkpointing.core import CheckpointingException
+from gigatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
 
 __all__ = [
     "ShardedBase",
@@ -30,6 +31,8 @@ __all__ = [
     "ShardedObject",
     "ShardedTensorFactory",
     "LocalNonpersistentObject",
+    "apply_factories",
+    "apply_factory_merges",
     "is_main_replica",
     "StateDict",
     "ShardedStateDict",
@@ -298,3 +301,35 @@ class LocalNonpersistentObject:
 
     def unwrap(self) -> Any:
         return self.obj
+
+
+def apply_factories(sharded_state_dict: ShardedStateDict) -> None:
+    """Replace every ShardedTensorFactory by what it builds (in place)."""
+    dict_list_map_inplace(
+        lambda x: x.build() if isinstance(x, ShardedTensorFactory) else x, sharded_state_dict
+    )
+
+
+def apply_factory_merges(x1: StateDict, x2: ShardedStateDict, key: tuple = ()) -> StateDict:
+    """Merge what was loaded for each factory's built pieces (`x1`) with the factories of the
+    request (`x2`, same nesting) back into one tensor each (in place); returns `x1`."""
+    if isinstance(x2, ShardedTensorFactory):
+        return x2.merge_fn(x1)
+    if isinstance(x1, dict) and isinstance(x2, dict):
+        for k, v2 in x2.items():
+            if k not in x1:
+                raise ValueError(f"apply_factory_merges: key {key + (k,)} is not in the state dict")
+            x1[k] = apply_factory_merges(x1[k], v2, key + (k,))
+    elif isinstance(x1, list) and isinstance(x2, (list, dict)):
+        items = enumerate(x2) if isinstance(x2, list) else x2.items()
+        if isinstance(x2, list) and len(x1) != len(x2):
+            raise ValueError(
+                f"apply_factory_merges: lists of lengths {len(x1)} and {len(x2)} at {key}"
+            )
+        for i, v2 in items:
+            if not isinstance(i, int) or not 0 <= i < len(x1):
+                raise ValueError(f"apply_factory_merges: index {i!r} not in a list at {key}")
+            x1[i] = apply_factory_merges(x1[i], v2, key + (i,))
+    else:
+        raise ValueError(f"apply_factory_merges: two non-container values at {key}")
+    return x1

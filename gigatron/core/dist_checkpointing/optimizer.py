@@ -75,15 +75,21 @@ def _ensure_state(torch_opt, main: torch.Tensor) -> dict:
 
 
 def _model_layouts(model_sharded_sd: dict) -> dict:
-    """{(data_ptr, shape): list of ShardedTensor pieces} for every model tensor."""
+    """{(data_ptr, shape): (parameter, ShardedTensor pieces viewing it)} for every model tensor.
+
+    A factory's pieces are what it builds (GLU fc1: two row blocks), or, for factories that
+    save a transformed copy (GroupedMLP's transposed experts), its `parameter_layout()`."""
     out = {}
     for entry in model_sharded_sd.values():
         if isinstance(entry, ShardedTensorFactory):
-            pieces = entry.build()
-            pieces = pieces if isinstance(pieces, list) else list(pieces.values())
-            out[(entry.data.data_ptr(), tuple(entry.data.shape))] = (entry.data, pieces)
+            layout = getattr(entry, "parameter_layout", None)
+            pieces = layout() if layout is not None else entry.build()
+            pieces = pieces if isinstance(pieces, list) else [pieces]
         elif isinstance(entry, ShardedTensor):
-            out[(entry.data.data_ptr(), tuple(entry.data.shape))] = (entry.data, [entry])
+            pieces = [entry]
+        else:
+            continue  # ShardedObjects (`_extra_state`)
+        out[(entry.data.data_ptr(), tuple(entry.data.shape))] = (entry.data, pieces)
     return out
 
 
@@ -91,10 +97,12 @@ def _flat_pieces(key, flat, base, pieces, lo, hi, replica_id):
     """ShardedTensors for flat state `flat` = base.view(-1)[lo:hi] laid out like `pieces`."""
     out = []
     for piece in pieces:
-        if not piece.data.is_contiguous():
+        shares = piece.data.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+        if not piece.data.is_contiguous() or not shares:
             raise CheckpointingException(
-                f"{piece.key}: a strided TP split along a non-leading axis cannot carry "
-                "flat optimizer state"
+                f"{piece.key}: optimizer state needs the model's ShardedTensors to be "
+                "contiguous views of the parameter (a strided TP split along a non-leading "
+                "axis, or a factory saving a copy without `parameter_layout`, is not)"
             )
         start = piece.data.storage_offset() - base.storage_offset()
         stop = start + piece.data.numel()
@@ -132,8 +140,9 @@ def optimizer_sharded_state_dict(
 ) -> dict:
     """Reshardable sharded state dict of `optimizer` for the model described by the sharded sd.
 
-    `model_sharded_sd`: the model's {key: ShardedTensor | ShardedTensorFactory} whose data
-    tensors are (views of) the parameters the optimizer steps.
+    `model_sharded_sd`: the model's `sharded_state_dict()` ({key: ShardedTensor |
+    ShardedTensorFactory | ShardedObject}), whose data tensors are the parameters the optimizer
+    steps.
     """
     units, distributed = _units(optimizer)
     layouts = _model_layouts(model_sharded_sd)

@@ -129,26 +129,6 @@ def _copy_structure(x: Any) -> Any:
     return x
 
 
-def _entries_as_sharded(sd: Any) -> Any:
-    """Turn gigatron models' `sharded_state_dict()` entries (ShardedEntry: tensor, tp_axis, ...)
-    into ShardedTensors, so `save(model.sharded_state_dict(), d)` works as in Megatron scripts.
-
-    Keys stay per-layer (`decoder.layers.{i}.*`); `gigatron.training` checkpoints use Megatron's
-    stacked form instead (`_checkpoint_state.model_sharded_state_dict`)."""
-    if not isinstance(sd, dict):
-        return sd
-    entries = {k: v for k, v in sd.items() if _is_entry(v)}
-    if entries:
-        from gigatron.core.dist_checkpointing.utils import sharded_state_dict_from_entries
-
-        sd.update(sharded_state_dict_from_entries(entries))
-    return sd
-
-
-def _is_entry(v: Any) -> bool:
-    return isinstance(v, tuple) and hasattr(v, "tp_axis") and isinstance(v[0], torch.Tensor)
-
-
 def _apply_factories(sd: Any) -> list[tuple[tuple, ShardedTensorFactory]]:
     """Replace each factory by what it builds (in place); return (path, factory) pairs."""
     factories = [
@@ -227,7 +207,7 @@ def save(
     rank = _rank()
     if rank == 0 and next(os.scandir(checkpoint_dir), None) is not None:
         logger.warning("Overwriting old incomplete / corrupted checkpoint in %s", checkpoint_dir)
-    sd = _entries_as_sharded(_copy_structure(sharded_state_dict))
+    sd = _copy_structure(sharded_state_dict)
     if content_metadata is not None:
         sd[_CONTENT_METADATA_KEY] = content_metadata
     _apply_factories(sd)
@@ -302,7 +282,7 @@ def load(
         _integrity.verify_manifest(checkpoint_dir)
     strict = parse_strict_flag(strict)
     result = load_common_state_dict(checkpoint_dir)
-    sd = _entries_as_sharded(_copy_structure(sharded_state_dict))
+    sd = _copy_structure(sharded_state_dict)
     factories = _apply_factories(sd)
     tensors, objects, local = _split(sd)
     missing, unexpected = set(), set()

@@ -5,8 +5,11 @@ Mirrors `megatron.core.tensor_parallel.layers` (Megatron-LM paper, arXiv:1909.08
 features, `VocabParallelEmbedding` the vocabulary. Linear layers return `(output, bias)`; the bias
 comes back un-added only with `skip_bias_add=True`.
 
+Each layer's `sharded_state_dict` is Megatron's: the TP-split weight (and column bias) as
+ShardedTensors over the TP group (the embedding with `allow_shape_mismatch`, so a padded
+vocabulary can change), the rest TP-replicated, `_extra_state` as a ShardedObject.
+
 Shapes: s: sequence, b: micro-batch, h: input features, o: output features, tp: TP group size.
-Not here yet: `sharded_state_dict` (distributed checkpointing adds it).
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ from gigatron.core.tensor_parallel.mappings import (
     scatter_to_tensor_model_parallel_region,
 )
 from gigatron.core.tensor_parallel.utils import VocabUtility
+from gigatron.core.utils import (
+    make_sharded_tensors_for_checkpoint,
+    make_tp_sharded_tensor_for_checkpoint,
+)
 
 __all__ = [
     "ColumnParallelLinear",
@@ -87,14 +94,33 @@ def _param_device(config: ModelParallelConfig) -> torch.device:
     return torch.device("cpu") if config.use_cpu_initialization else default_device()
 
 
+def _default_extra_state(state_dict, prefix, *args) -> None:
+    """Load pre-hook: a state dict without this layer's `_extra_state` (megatron-core's GPTModel
+    leaves the output layer's out of its checkpoints) loads as if it held None, as in Megatron."""
+    state_dict.setdefault(f"{prefix}_extra_state")
+
+
 class _ExtraStateMixin:
-    """An empty `_extra_state` entry in the state dict, as Transformer Engine layers have."""
+    """An empty `_extra_state` entry in the state dict, as Transformer Engine layers have, and
+    the linear layers' `sharded_state_dict`: `_TP_AXES` {name: axis} are split over TP."""
+
+    _TP_AXES: dict[str, int] = {}
 
     def get_extra_state(self):
         return None
 
     def set_extra_state(self, state) -> None:
         pass
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        return make_sharded_tensors_for_checkpoint(
+            self.state_dict(prefix="", keep_vars=True),
+            prefix,
+            self._TP_AXES,
+            sharded_offsets,
+            tp_group=self.tp_group,
+            dp_cp_group=(metadata or {}).get("dp_cp_group"),
+        )
 
 
 class ColumnParallelLinear(_ExtraStateMixin, torch.nn.Module):
@@ -103,6 +129,8 @@ class ColumnParallelLinear(_ExtraStateMixin, torch.nn.Module):
     Weight `[o/tp, h]` (nn.Linear layout), bias `[o/tp]`. Input `[s, b, h]` (`[s/tp, b, h]` under
     sequence parallel); output `[s, b, o/tp]`, or `[s, b, o]` with `gather_output`.
     """
+
+    _TP_AXES = {"weight": 0, "bias": 0}
 
     def __init__(
         self,
@@ -128,6 +156,7 @@ class ColumnParallelLinear(_ExtraStateMixin, torch.nn.Module):
         pg_collection=None,
     ):
         super().__init__()
+        self._register_load_state_dict_pre_hook(_default_extra_state)
         if output_dtype is not None:
             raise ValueError(
                 f"ColumnParallelLinear: output_dtype={output_dtype} is not supported by gigatron"
@@ -281,6 +310,8 @@ class RowParallelLinear(_ExtraStateMixin, torch.nn.Module):
     `[s/tp, b, o]` (reduce-scattered) under sequence parallel.
     """
 
+    _TP_AXES = {"weight": 1}  # the bias is whole on every rank
+
     def __init__(
         self,
         input_size: int,
@@ -300,6 +331,7 @@ class RowParallelLinear(_ExtraStateMixin, torch.nn.Module):
         pg_collection=None,
     ):
         super().__init__()
+        self._register_load_state_dict_pre_hook(_default_extra_state)
         self.config = config
         self.input_size, self.output_size = input_size, output_size
         self.input_is_parallel = input_is_parallel
@@ -475,6 +507,16 @@ class VocabParallelEmbedding(torch.nn.Module):
                 )
             else:
                 _initialize_affine_weight_gpu(self.weight, init_method, 0, 1)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """The vocab-split weight; `allow_shape_mismatch`: a checkpoint of another padded
+        vocabulary size loads (rows trimmed or zero-filled)."""
+        key = f"{prefix}weight"
+        sharded = make_tp_sharded_tensor_for_checkpoint(
+            self.weight, key, allow_shape_mismatch=True, prepend_offsets=sharded_offsets,
+            tp_group=self.tp_group, dp_cp_group=(metadata or {}).get("dp_cp_group"),
+        )  # fmt: skip
+        return {key: sharded}
 
     def forward(self, input_: torch.Tensor) -> torch.Tensor:
         """ids `[b, s]` -> `[b, s, h]` (or `[s/tp, b, h]` with reduce_scatter_embeddings)."""

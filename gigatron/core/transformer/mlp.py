@@ -5,6 +5,10 @@ Mirrors `megatron.core.transformer.mlp` (MLP, MLPSubmodules). With `gated_linear
 [all gate; all up] weight), so the output is act(gate) * (up + glu_linear_offset): SwiGLU when
 the activation is silu.
 
+Checkpoints hold fc1 of a GLU as the global [all gate; all up] tensor, as in Megatron: the
+`sharded_state_dict` wraps fc1's weight and bias in `apply_swiglu_sharded_factory`, which saves
+each rank's [gate_r; up_r] as two boxes (gate at fragment r, up at fragment tp + r of 2 * tp).
+
 Shapes: s: seq, b: micro-batch, h: hidden, f: ffn hidden size, tp: tensor-parallel size.
 """
 
@@ -15,8 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
+from gigatron.core.transformer.utils import sharded_state_dict_default
 
 
 @dataclass
@@ -92,3 +98,64 @@ class MLP(MegatronModule):
         if per_token_scale is not None:
             x = (x * per_token_scale.unsqueeze(-1)).to(x.dtype)
         return self.linear_fc2(x)  # ([s(/tp), b, h], bias)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """fc1 and fc2's entries; with GLU fc1's weight and bias as swiglu factories."""
+        out = {}
+        for name, module in self._modules.items():
+            sub = sharded_state_dict_default(module, f"{prefix}{name}.", sharded_offsets, metadata)
+            if self.config.gated_linear_unit and name == "linear_fc1":
+                for key in (f"{prefix}{name}.weight", f"{prefix}{name}.bias"):
+                    if key in sub:
+                        sub[key] = apply_swiglu_sharded_factory(sub[key], sharded_offsets)
+            out.update(sub)
+        return out
+
+
+def apply_swiglu_sharded_factory(
+    original_sh_ten: ShardedTensor, sharded_offsets=(), singleton_local_shards: bool = False
+) -> ShardedTensorFactory:
+    """A factory saving a GLU fc1 shard [gate_r; up_r] (TP piece r of tp along axis 0) as two
+    boxes of the global [all gate; all up]: gate at fragment r, up at fragment tp + r of 2 * tp;
+    loading concatenates them back. `sharded_offsets`: the prepended axes (stacked layer)."""
+    if singleton_local_shards:
+        raise ValueError("apply_swiglu_sharded_factory: singleton_local_shards is not supported")
+    p = len(sharded_offsets)
+    local_rows = original_sh_ten.local_shape[0]
+    tp_rank = original_sh_ten.global_offset[p] // local_rows
+    tp_size = original_sh_ten.axis_fragmentations[p]
+
+    @torch.no_grad()
+    def build(key, t, replica_id, flattened_range):
+        gate, up = torch.chunk(t, 2, dim=0)
+        return [
+            ShardedTensor.from_rank_offsets(
+                key,
+                half,
+                *sharded_offsets,
+                (p, frag, 2 * tp_size),
+                replica_id=replica_id,
+                prepend_axis_num=p,
+            )  # fmt: skip
+            for half, frag in ((gate, tp_rank), (up, tp_size + tp_rank))
+        ]
+
+    def merge(pieces):
+        with torch.no_grad():
+            return torch.cat(pieces)
+
+    return ShardedTensorFactory(
+        original_sh_ten.key,
+        original_sh_ten.data,
+        build,
+        merge,
+        original_sh_ten.replica_id,
+        flattened_range=original_sh_ten.flattened_range,
+    )
+
+
+def __getattr__(name: str):
+    """`from ...transformer.mlp import MoEMLP` (tutorials' name) says what to use instead."""
+    from gigatron.core.transformer.moe._missing import missing_name_error
+
+    raise missing_name_error(__name__, name)

@@ -1,8 +1,12 @@
 """MegatronModule base class and the fp16/bf16 wrapper Float16Module.
 
-Mirrors `megatron.core.transformer.module`. Float16Module casts the wrapped model to half
-precision, converts floating inputs on the first pipeline stage and upcasts outputs to fp32 on the
-last stage.
+Mirrors `megatron.core.transformer.module`. `MegatronModule.sharded_state_dict` is Megatron's
+default: this module's own tensors as TP-replicated ShardedTensors (`_extra_state` as
+ShardedObjects), then every child's `sharded_state_dict` (or the same default for plain torch
+modules), all with the `sharded_offsets` (prepended axes, e.g. the stacked-layer axis) handed
+down; modules that shard over TP or rename keys override it. Float16Module casts the wrapped
+model to half precision, converts floating inputs on the first pipeline stage and upcasts outputs
+to fp32 on the last stage.
 """
 
 from __future__ import annotations
@@ -10,6 +14,10 @@ from __future__ import annotations
 import torch
 
 from gigatron.core import parallel_state
+from gigatron.core.transformer.utils import (
+    make_sharded_tensors_for_checkpoint,
+    sharded_state_dict_default,
+)
 
 
 def param_is_not_shared(param: torch.nn.Parameter) -> bool:
@@ -27,6 +35,26 @@ class MegatronModule(torch.nn.Module):
     def state_dict_for_save_checkpoint(self, prefix: str = "", keep_vars: bool = False):
         """The plain state dict (Megatron keeps this hook for legacy checkpoints)."""
         return self.state_dict(prefix=prefix, keep_vars=keep_vars)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """{state-dict key: ShardedTensor | ShardedTensorFactory | ShardedObject} of this module
+        and its children; `sharded_offsets`: (axis, offset, size) of axes prepended by the
+        modules above (the stacked-layer axis), `metadata`: options handed down (e.g.
+        `non_homogeneous_layers`)."""
+        own: dict = {}
+        self._save_to_state_dict(own, "", keep_vars=True)
+        tp_group = getattr(self, "tp_group", None)
+        dp_cp_group = (metadata or {}).get("dp_cp_group")
+        out = make_sharded_tensors_for_checkpoint(
+            own, prefix, sharded_offsets=sharded_offsets, tp_group=tp_group, dp_cp_group=dp_cp_group
+        )
+        for name, module in self.named_children():
+            out.update(
+                sharded_state_dict_default(
+                    module, f"{prefix}{name}.", sharded_offsets, metadata, tp_group=tp_group
+                )
+            )
+        return out
 
     def set_is_first_microbatch(self):
         """Mark the next forward as the first microbatch (used by FP8 weight caching; no-op)."""

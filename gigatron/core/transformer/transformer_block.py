@@ -16,14 +16,29 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.moe._checks import check_layer_spec_has_experts
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
 from gigatron.core.transformer.torch_norm import WrappedTorchNorm
 from gigatron.core.transformer.transformer_layer import (
     TransformerLayer,
     get_num_layers_to_build,
 )
+from gigatron.core.transformer.utils import sharded_state_dict_default
 from gigatron.core.utils import make_viewless_tensor
+
+
+def _non_homogeneous(config, metadata) -> bool:
+    """Per-layer checkpoint keys: asked for, or layers that differ (Megatron's rule)."""
+    freq = getattr(config, "moe_layer_freq", 1)
+    return bool(
+        (metadata or {}).get("non_homogeneous_layers", False)
+        or isinstance(freq, list)
+        or (isinstance(freq, int) and freq > 1)
+        or getattr(config, "hetereogenous_dist_checkpoint", False)
+        or getattr(config, "heterogeneous_block_specs", False)
+    )
 
 
 @dataclass
@@ -41,6 +56,7 @@ def _get_block_submodules(config, spec, vp_stage) -> TransformerBlockSubmodules:
         if isinstance(spec.module, type) and issubclass(spec.module, TransformerBlock):
             return spec.submodules
         if isinstance(spec.module, type) and issubclass(spec.module, TransformerLayer):
+            check_layer_spec_has_experts(config, spec)
             num_layers = get_num_layers_to_build(config, vp_stage)
             return TransformerBlockSubmodules([spec] * num_layers, WrappedTorchNorm)
     raise ValueError(f"TransformerBlock spec must be a layer or block ModuleSpec, got {spec!r}")
@@ -95,6 +111,37 @@ class TransformerBlock(MegatronModule):
                     build_module(spec, config=self.config, layer_number=i + 1, vp_stage=vp_stage)
                 )
         return torch.nn.ModuleList(layers)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """Megatron's layer stacking: the entry of local layer j (dict key
+        `<prefix>layers.{j}.<name>`, global index i = layer_number - 1, pipeline and virtual
+        stage offset included) gets checkpoint key `<prefix>layers.<name>` and the prepended
+        layer axis (0, i, num_layers); per-layer keys `<prefix>layers.{i}.<name>` instead with
+        `metadata={"non_homogeneous_layers": True}` or when the layers differ (MoE on some
+        layers only, `moe_layer_freq`)."""
+        if sharded_offsets:
+            raise ValueError(
+                f"TransformerBlock.sharded_state_dict: sharded_offsets ({sharded_offsets}) must "
+                "be empty (the block prepends the layer axis itself)"
+            )
+        per_layer = _non_homogeneous(self.config, metadata)
+        layer_prefix = f"{prefix}layers."
+        num_layers = self.config.num_layers
+        out = {}
+        for j, layer in enumerate(self.layers):
+            i = layer.layer_number - 1
+            local_prefix = f"{layer_prefix}{j}."
+            if per_layer:
+                sharded_prefix, offsets = f"{layer_prefix}{i}.", ()
+            else:
+                sharded_prefix, offsets = layer_prefix, ((0, i, num_layers),)
+            sharded = layer.sharded_state_dict(local_prefix, offsets, metadata)
+            replace_prefix_for_sharding(sharded, local_prefix, sharded_prefix)
+            out.update(sharded)
+        for name, module in self.named_children():
+            if module is not self.layers:
+                out.update(sharded_state_dict_default(module, f"{prefix}{name}.", (), metadata))
+        return out
 
     def _get_layer(self, layer_number: int):
         return self.layers[layer_number]

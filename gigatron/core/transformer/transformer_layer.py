@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from gigatron.core import parallel_state
+from gigatron.core.dist_checkpointing.utils import apply_prefix_mapping
 from gigatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
@@ -145,6 +146,19 @@ class TransformerLayer(MegatronModule):
         self.recompute_mlp = (
             config.recompute_granularity == "selective" and "mlp" in config.recompute_modules
         )
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """Every submodule's entries (MegatronModule's default), with the checkpoint keys renamed
+        through the spec's `sharded_state_dict_keys_map` (the local spec's norms under
+        Transformer Engine's fused names, `input_layernorm.weight` ->
+        `self_attention.linear_qkv.layer_norm_weight`); the dict keys stay the module's."""
+        sharded = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        keys_map = self.submodules_config.sharded_state_dict_keys_map
+        if keys_map:
+            apply_prefix_mapping(
+                sharded, {f"{prefix}{old}": f"{prefix}{new}" for old, new in keys_map.items()}
+            )
+        return sharded
 
     def _bda(self, bda, out_with_bias, residual: Tensor) -> Tensor:
         return bda(self.training, self.config.bias_dropout_fusion)(

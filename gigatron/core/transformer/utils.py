@@ -1,7 +1,10 @@
 """Initialisers and small helpers shared by the transformer modules.
 
 Mirrors the parts of `megatron.core.utils` / `megatron.core.transformer.utils` the model code uses:
-`init_method_normal`, `scaled_init_method_normal`, `attention_mask_func`, `get_default_causal_mask`.
+`init_method_normal`, `scaled_init_method_normal`, `attention_mask_func`, `get_default_causal_mask`,
+and the sharded-state-dict helpers (`make_sharded_tensors_for_checkpoint`,
+`make_sharded_object_for_checkpoint`, defined in `gigatron.core.utils` so the tensor-parallel
+layers can use them too; `sharded_state_dict_default`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,21 @@ import functools
 import math
 
 import torch
+
+from gigatron.core.utils import (
+    make_sharded_object_for_checkpoint,
+    make_sharded_tensors_for_checkpoint,
+)
+
+__all__ = [
+    "attention_mask_func",
+    "get_default_causal_mask",
+    "init_method_normal",
+    "make_sharded_object_for_checkpoint",
+    "make_sharded_tensors_for_checkpoint",
+    "scaled_init_method_normal",
+    "sharded_state_dict_default",
+]
 
 
 def _normal_(tensor: torch.Tensor, *, std: float) -> torch.Tensor:
@@ -40,3 +58,23 @@ def get_default_causal_mask(sq: int, sk: int | None = None, device=None) -> torc
     """Bool causal mask [sq, sk], True above the diagonal (masked out)."""
     mask = _causal_mask_cpu(sq, sq if sk is None else sk)
     return mask if device is None else mask.to(device)
+
+
+def sharded_state_dict_default(
+    module: torch.nn.Module, prefix: str = "", sharded_offsets=(), metadata=None, tp_group=None
+) -> dict:
+    """`module.sharded_state_dict(...)` when it has one; else its own `state_dict` as
+    TP-replicated ShardedTensors (replica ids over `tp_group`), keyed `prefix + name`."""
+    if hasattr(module, "sharded_state_dict"):
+        return module.sharded_state_dict(
+            prefix=prefix, sharded_offsets=sharded_offsets, metadata=metadata
+        )
+    dp_cp_group = (metadata or {}).get("dp_cp_group")
+    return make_sharded_tensors_for_checkpoint(
+        module.state_dict(prefix="", keep_vars=True),
+        prefix,
+        {},
+        sharded_offsets,
+        tp_group=tp_group,
+        dp_cp_group=dp_cp_group,
+    )

@@ -345,14 +345,43 @@ class T5Model(LanguageModule):
             return logits.transpose(0, 1).contiguous()  # [b, sd, V/tp]
         return self.compute_language_model_loss(lm_labels, logits)  # [b, sd]
 
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
-        """megatron-core's T5 layout (`_checkpoint_keys.py`): stacked `encoder.layers.<name>` /
-        `decoder.layers.<name>` ShardedTensors, `_extra_state` objects, alias names.
-        `metadata={"legacy_layout": True}`: older gigatron T5 checkpoints' layout, to load them."""
-        from gigatron.core.models.T5._checkpoint_keys import t5_sharded_state_dict
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """megatron-core's (LanguageModule's): both stacks stacked (`encoder.layers.<name>`
+        [L_enc, ...], `decoder.layers.<name>` [L_dec, ...]), the modules megatron-core
+        registers twice (`position_embeddings`, `output_layer`) under both names. Under the
+        encoder/decoder pipeline split the decoder stage's embedding tables are non-main
+        copies (replica id (1, ., .)) of the encoder stage's.
 
-        legacy = bool((metadata or {}).get("legacy_layout", False))
-        return t5_sharded_state_dict(self, prefix=prefix, legacy=legacy)
+        `metadata={"legacy_layout": True}`: the layout of gigatron's T5 checkpoints before
+        this one (encoder layers under per-layer keys, no encoder or output-layer
+        `_extra_state`, no second names), to load such a checkpoint."""
+        sharded = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        if (metadata or {}).get("legacy_layout", False):
+            sharded = _legacy_layout(self, sharded, prefix, metadata)
+        on_first_stage = not parallel_state.model_parallel_is_initialized() or (
+            parallel_state.is_pipeline_first_stage(ignore_virtual=True)
+        )
+        if not on_first_stage:
+            for key, sh in sharded.items():
+                if key.startswith((f"{prefix}embedding.", f"{prefix}position_embeddings.")):
+                    sh.replica_id = (1, *sh.replica_id[1:])
+        return sharded
+
+
+def _legacy_layout(model, sharded: dict, prefix: str, metadata) -> dict:
+    """`sharded` (the current layout) rewritten to the older gigatron T5 layout."""
+    encoder = f"{prefix}encoder."
+    out = {k: v for k, v in sharded.items() if not k.startswith(encoder)}
+    if model.encoder is not None:
+        per_layer = {**metadata, "non_homogeneous_layers": True}
+        out.update(model.encoder.sharded_state_dict(encoder, (), per_layer))
+    aliases = (f"{prefix}position_embeddings.", f"{prefix}output_layer.")
+    return {
+        k: v
+        for k, v in out.items()
+        if not k.startswith(aliases)
+        and not (k.endswith("._extra_state") and not k.startswith(f"{prefix}decoder."))
+    }
 
 
 def _whole_stack_config(config):

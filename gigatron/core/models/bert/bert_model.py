@@ -161,15 +161,6 @@ class BertModel(LanguageModule):
             return logits.transpose(0, 1).contiguous(), binary_logits  # [b, s, V/tp], [b, 2]
         return self.compute_language_model_loss(lm_labels, logits), binary_logits
 
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
-        """{Megatron checkpoint key: ShardedEntry} (`encoder.layers.{global_i}.*` per layer);
-        `metadata={"stacked": True}` gives megatron-core's stacked form: `encoder.layers.<name>`
-        -> [ShardedEntry per local layer], saved as one [num_layers, ...] tensor."""
-        from gigatron.core.models.bert._checkpoint_keys import sharded_keys
-
-        stacked = bool((metadata or {}).get("stacked", False))
-        return sharded_keys(self, ("encoder",), prefix=prefix, stacked=stacked)
-
 
 def _mean_embeddings(hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
     """Mean of each sequence's hidden states without its first and last real token ([CLS],

@@ -181,23 +181,13 @@ class GPTModel(LanguageModule):
             return logits.transpose(0, 1).contiguous()  # [b, s, V/tp]
         return self.compute_language_model_loss(labels, logits)  # [b, s]
 
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
-        """{Megatron checkpoint key: ShardedEntry(tensor, tp_axis, tp_stride, ...)} with per-layer
-        keys; `metadata={"stacked": True}` gives the stacked-layer form (`_checkpoint_keys.py`)."""
-        from gigatron.core.models.gpt._checkpoint_keys import megatron_sharded_keys
-
-        stacked = bool((metadata or {}).get("stacked", False))
-        return megatron_sharded_keys(self, prefix=prefix, stacked=stacked)
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Module keys, or the per-layer checkpoint keys `dist_checkpointing.load(
-        self.sharded_state_dict(), d)` returns (as Megatron's example scripts pass it)."""
-        from gigatron.core.models.gpt._checkpoint_keys import (
-            module_state_dict_from_checkpoint_keys,
-        )
-
-        state_dict = module_state_dict_from_checkpoint_keys(self, state_dict)
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """megatron-core's: {state-dict key: ShardedTensor | ShardedTensorFactory |
+        ShardedObject}, stacked decoder layers (`TransformerBlock.sharded_state_dict`), without
+        the output layer's empty `_extra_state` (megatron-core's GPT checkpoints hold none)."""
+        sharded = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        sharded.pop(f"{prefix}output_layer._extra_state", None)
+        return sharded
 
 
 def _inference_position_ids(model, inference_context, input_ids, position_ids):

@@ -9,7 +9,7 @@ is Megatron's checkpoint layout:
 - HF Llama's RoPE is rotate-half style, Megatron's default (rotary_interleaved=False), so q/k
   rows need no permutation.
 Local-spec norm names are used (`input_layernorm`, `pre_mlp_layernorm`); checkpoint keys rename
-them (see `_checkpoint_keys.py`).
+them (the layer spec's `sharded_state_dict_keys_map`).
 """
 
 from __future__ import annotations

@@ -12,6 +12,17 @@ Both take the routing probs and apply them after the activation (`act(x W1) * p`
 dispatcher's combine is a plain sum. Weight converters between the two layouts:
 `grouped_weights_from_sequential` / `sequential_weights_from_grouped`.
 
+Checkpoints (megatron-core 0.16's `sharded_state_dict`): experts are keyed globally, local
+expert j of EP rank r being global expert e = r * n_local + j of E. SequentialMLP saves expert
+e's entries under `<prefix>experts.<name>` (prefix ending in `mlp.experts.`, hence Megatron's
+`mlp.experts.experts.linear_fc1.weight`) with a prepended expert axis (e of E); GroupedMLP saves
+weight1 / weight2 transposed into the same global tensors ([E, glu*f, h] / [E, h, f] after the
+layer axis), so the two load each other's checkpoints, at any EP x ETP. Replicas are over the
+expert-DP group. GroupedMLP's optimizer state keeps the weights' memory layout
+(`<prefix>weight1` [E, h, glu*f], `weight2` [E, f, h]): a distributed optimizer's flat range
+of a weight is a flat range there, not of the transposed tensors (as in Megatron, the
+optimizer state of the two modules is not interchangeable).
+
 Shapes: N: tokens routed to this rank's experts (grouped by expert), h: hidden, f: expert ffn
 (`moe_ffn_hidden_size`), etp: expert tensor-parallel size.
 """
@@ -19,16 +30,21 @@ Shapes: N: tokens routed to this rank's experts (grouped by expert), h: hidden, 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 
 import torch
 from torch import Tensor
 from torch.nn import Parameter
 
+from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from gigatron.core.tensor_parallel._groups import group_rank, group_size
 from gigatron.core.tensor_parallel._param_init import _initialize_affine_weight_gpu
 from gigatron.core.transformer.mlp import MLP, MLPSubmodules
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
+from gigatron.core.utils import make_sharded_object_for_checkpoint
 
 
 def _expert_config(config):
@@ -101,6 +117,23 @@ class SequentialMLP(MegatronModule):
                 out = out + bias * p.unsqueeze(-1).to(out.dtype)
             outputs.append(out)
         return torch.cat(outputs, dim=0), None
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """Each local expert's MLP entries under the global expert key and axis (module
+        docstring); replica ids (pp, tp, expert-DP rank)."""
+        n, dp_rank = self.num_local_experts, group_rank(self.dp_group)
+        first = group_rank(self.ep_group) * n
+        num_experts = n * group_size(self.ep_group)
+        out = {}
+        for j, expert in enumerate(self.local_experts):
+            local_prefix = f"{prefix}local_experts.{j}."
+            offsets = (*sharded_offsets, (len(sharded_offsets), first + j, num_experts))
+            sharded = expert.sharded_state_dict(local_prefix, offsets, metadata)
+            replace_prefix_for_sharding(sharded, local_prefix, f"{prefix}experts.")
+            for sh in sharded.values():
+                sh.replica_id = (*sh.replica_id[:2], dp_rank)
+            out.update(sharded)
+        return out
 
 
 def grouped_mm_available(x: Tensor, w: Tensor) -> bool:
@@ -178,6 +211,9 @@ class GroupedMLP(MegatronModule):
         for w, dim in ((self.weight1, 1), (self.weight2, 0)):
             w.allreduce = not self.expert_parallel
             w.tensor_model_parallel, w.partition_dim, w.partition_stride = True, dim, 1
+        # `sharded_state_dict` adds SequentialMLP's per-expert `_extra_state` objects (so either
+        # module loads the other's checkpoint); a load through `load_state_dict` ignores them.
+        self.register_load_state_dict_post_hook(_ignore_extra_states)
 
     def _init_cpu_like_sequential(self, tp_size: int, tp_rank: int) -> None:
         """Draw each expert's full fc1 [glu*f, h] and fc2 [h, f] in global expert order, exactly
@@ -221,6 +257,98 @@ class GroupedMLP(MegatronModule):
             act = self.activation_func(fc1)
         act = (act * permuted_probs.unsqueeze(-1)).to(x.dtype)
         return grouped_gemm(act, w2, tokens_per_expert), None
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """weight1 / weight2 as factories saving SequentialMLP's global expert tensors
+        (transposed per expert; module docstring), plus its `_extra_state` objects."""
+        n, h = self.num_local_experts, self.config.hidden_size
+        ep_rank, ep_size = group_rank(self.ep_group), group_size(self.ep_group)
+        tp_rank, tp_size = group_rank(self.tp_group), group_size(self.tp_group)
+        dp_rank = group_rank(self.dp_group)
+        glu = self.config.gated_linear_unit
+        f_local = self.weight2.numel() // n // h  # f/etp
+        p = len(sharded_offsets)
+        ep_box = (p, ep_rank, ep_size)
+
+        @torch.no_grad()
+        def build(key, t, replica_id, flattened_range, fc1: bool):
+            if fc1:  # [h, n*X] -> [n, X, h], X = glu*f/etp; GLU: [gate_r | up_r] -> 2 boxes
+                t = t.view(n, h, -1).transpose(1, 2)
+                halves = torch.chunk(t, 2, dim=1) if glu else (t,)
+                frags = 2 * tp_size if glu else tp_size
+                boxes = [(p + 1, k * tp_size + tp_rank, frags) for k in range(len(halves))]
+            else:  # [n*f/etp, h] -> [n, h, f/etp]
+                halves, boxes = (
+                    (t.view(n, f_local, h).transpose(1, 2),),
+                    [(p + 2, tp_rank, tp_size)],
+                )
+            return [
+                ShardedTensor.from_rank_offsets(
+                    key,
+                    half.contiguous(),
+                    *sharded_offsets,
+                    ep_box,
+                    box,
+                    replica_id=replica_id,
+                    prepend_axis_num=p,
+                )  # fmt: skip
+                for half, box in zip(halves, boxes)
+            ]
+
+        @torch.no_grad()
+        def merge(pieces, fc1: bool):
+            t = torch.cat(pieces, dim=1).transpose(1, 2)  # [n, h, X] / [n, f/etp, h]
+            return t.reshape(h, -1) if fc1 else t.reshape(-1, h)
+
+        out = {}
+        for name, fc1 in (("weight1", True), ("weight2", False)):
+            weight = getattr(self, name)
+            # the weight itself, viewed [n, h, X] / [n, f/etp, h] (no transpose): the layout
+            # of its optimizer state (module docstring)
+            view = weight.view(n, h, -1) if fc1 else weight.view(n, f_local, h)
+            box = (p + 2, tp_rank, tp_size) if fc1 else (p + 1, tp_rank, tp_size)
+            out[f"{prefix}{name}"] = _GroupedWeightFactory(
+                f"{prefix}experts.linear_fc{1 if fc1 else 2}.weight",
+                weight,
+                functools.partial(build, fc1=fc1),
+                functools.partial(merge, fc1=fc1),
+                (0, 0, dp_rank),
+                parameter_boxes=(view, (*sharded_offsets, ep_box, box), name),
+            )
+        for j in range(n):
+            e = ep_rank * n + j
+            offsets = (*sharded_offsets, (p, e, n * ep_size))
+            for mod in ("linear_fc1", "linear_fc2"):
+                out[f"{prefix}expert{e}.{mod}._extra_state"] = make_sharded_object_for_checkpoint(
+                    None, f"{prefix}experts.{mod}._extra_state", offsets, (0, tp_rank, dp_rank)
+                )
+        return out
+
+
+@dataclasses.dataclass
+class _GroupedWeightFactory(ShardedTensorFactory):
+    """GroupedMLP's weight factory, which also describes the weight as it lies in memory,
+    for optimizer state that must follow the parameter's flat order (`parameter_layout`)."""
+
+    parameter_boxes: tuple = ()  # (view [n, ., .], rank offsets, module name)
+
+    def parameter_layout(self) -> list[ShardedTensor]:
+        """The weight in memory order: `<prefix>mlp.experts.weight1` [*L, E, h, X] / `weight2`
+        [*L, E, f, h], this rank's experts and expert-TP piece (one box; a view)."""
+        view, offsets, name = self.parameter_boxes
+        key = self.key.rsplit("experts.linear_fc", 1)[0] + name
+        p = len(offsets) - 2
+        return [
+            ShardedTensor.from_rank_offsets(
+                key, view, *offsets, replica_id=self.replica_id, prepend_axis_num=p
+            )
+        ]
+
+
+def _ignore_extra_states(module, incompatible_keys) -> None:
+    """Load post-hook: `_extra_state` entries GroupedMLP has no module for are not errors."""
+    unexpected = incompatible_keys.unexpected_keys
+    unexpected[:] = [k for k in unexpected if "_extra_state" not in k]
 
 
 def _device() -> torch.device:

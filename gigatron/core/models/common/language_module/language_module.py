@@ -4,6 +4,8 @@ Mirrors `megatron.core.models.common.language_module.language_module.LanguageMod
 weights and one pipeline stage the output layer reads the embedding weight directly; with several
 stages the last stage holds its own copy, zeroed, and the first and last stages all-reduce it over
 the embedding group so both start equal (finalize_model_grads keeps their grads equal later).
+In checkpoints that copy is saved as Megatron does: under the word-embedding key, as a non-main
+replica (replica id (1, 0, dp)) of the first stage's tensor.
 
 gigatron also keeps here, as private helpers, the pieces GPTModel, BertModel and T5Model share
 (constructor argument checks, `embedding`, `rotary_pos_emb`, `output_layer`, the one-block
@@ -22,6 +24,7 @@ from gigatron.core._init_rng import init_rng_scope
 from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.utils import make_tp_sharded_tensor_for_checkpoint
 
 
 class LanguageModule(MegatronModule):
@@ -149,6 +152,44 @@ class LanguageModule(MegatronModule):
         # output layer's backward needs its input and weight, not the logits.
         loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels)
         return loss.transpose(0, 1).contiguous()  # [b, s]
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """MegatronModule's, with the output weight (and bias) allowed to change padded
+        vocabulary size, and the tied output weight of a later pipeline stage saved as a
+        non-main copy of the first stage's word embedding."""
+        if sharded_offsets:
+            raise ValueError(
+                f"{type(self).__name__}.sharded_state_dict: sharded_offsets ({sharded_offsets}) "
+                "must be empty"
+            )
+        sharded = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        emb_key, out_key = (
+            f"{prefix}embedding.word_embeddings.weight",
+            f"{prefix}output_layer.weight",
+        )
+        if self.share_embeddings_and_output_weights:
+            self._tie_output_weight(sharded, out_key, emb_key, metadata)
+        elif self.post_process:
+            sharded[out_key].allow_shape_mismatch = True
+        if self.post_process and f"{prefix}output_layer.bias" in sharded:
+            sharded[f"{prefix}output_layer.bias"].allow_shape_mismatch = True
+        return sharded
+
+    def _tie_output_weight(self, sharded: dict, out_key: str, emb_key: str, metadata) -> None:
+        """Megatron's `tie_embeddings_and_output_weights_state_dict`: on a last stage without
+        the embedding, the output weight is saved under `emb_key` as replica (1, 0, dp)."""
+        if not self.post_process or self.pre_process:
+            return  # no output layer, or it reads the embedding's own weight
+        del sharded[out_key]
+        dp_cp_group = (metadata or {}).get("dp_cp_group")
+        if dp_cp_group is None and parallel_state.model_parallel_is_initialized():
+            dp_cp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        dp_rank = dist.get_rank(dp_cp_group) if dp_cp_group is not None else 0
+        sharded[out_key] = make_tp_sharded_tensor_for_checkpoint(
+            self.shared_embedding_or_output_weight(), emb_key, replica_id=(1, 0, dp_rank),
+            allow_shape_mismatch=True, tp_group=self.output_layer.tp_group,
+            dp_cp_group=dp_cp_group,
+        )  # fmt: skip
 
     def shared_embedding_or_output_weight(self) -> Tensor | None:
         """The word-embedding weight (first stage) or the output weight (last stage)."""
