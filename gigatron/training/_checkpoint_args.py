@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import os
 
+from gigatron.core import dist_checkpointing
+from gigatron.training import _checkpoint_commit as commit
+from gigatron.training.global_vars import get_args
 from gigatron.training.utils import print_rank_0
 
 # Fields a resumed run must share with its checkpoint (see the module doc).
@@ -99,9 +102,6 @@ FORCE_FIELDS = (  # the checkpoint's value replaces the command line's
 def saved_checkpoint(root: str) -> tuple[str, object] | None:
     """(checkpoint directory, its saved args or None) for the tracker under `root`, or None
     when `root` holds no complete checkpoint (load_checkpoint reports that case)."""
-    from gigatron.core import dist_checkpointing
-    from gigatron.training import _checkpoint_commit as commit
-
     ckpt_dir = commit.tracked_dir(root, warn=False) if root else None
     if ckpt_dir is None or not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
         return None
@@ -128,10 +128,7 @@ def check_checkpoint_args(checkpoint_args, args=None, skip_args=None, where: str
     """ValueError naming every field of `CHECKED_FIELDS` where `args` (default: the global args)
     and `checkpoint_args` differ; fields either side lacks are skipped (older checkpoints, the
     partial args of tools). `where` names the checkpoint in the message."""
-    if args is None:
-        from gigatron.training.global_vars import get_args
-
-        args = get_args()
+    args = get_args() if args is None else args
     default = {"add_position_embedding": True}
     diffs = []
     for name in CHECKED_FIELDS:

@@ -12,6 +12,8 @@ import difflib
 import os
 import sys
 
+from gigatron.core.datasets.utils import get_blend_from_list
+
 # what `gigatron.cli` names the running command ("gigatron train"); argparse's prog otherwise
 _PROGRAM: list[str] = []
 
@@ -128,8 +130,6 @@ def launch_hint(world_size: int, needed: int) -> str:
 def check_data_prefixes(data_path: list[str]) -> None:
     """Each --data-path prefix names a `.bin` / `.idx` pair; `gigatron preprocess` writes
     `<output-prefix>_text_document.bin/.idx`, so a prefix without that suffix is the usual slip."""
-    from gigatron.core.datasets.utils import get_blend_from_list
-
     prefixes, _ = get_blend_from_list(data_path)
     for prefix in prefixes:
         if os.path.exists(prefix + ".bin") and os.path.exists(prefix + ".idx"):
