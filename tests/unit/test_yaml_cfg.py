@@ -121,7 +121,13 @@ def test_bad_values_are_refused_naming_the_file_and_key(tmp_path, text, message)
 
 
 def test_command_line_wins_over_the_file(tmp_path):
+    """By destination: `gradient_accumulation_fusion: true` in the file does not undo
+    --no-gradient-accumulation-fusion on the command line (it did: the file's key was matched
+    against the flag spelled from it, --gradient-accumulation-fusion, which was not given)."""
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text("lr: 1e-3\nbf16: true\nnum-layers: 4\n")
-    args = parse_args(argv=["--yaml-cfg", str(cfg), "--lr=2e-3", "--num-layers", "2"])
+    cfg.write_text("lr: 1e-3\nbf16: true\nnum-layers: 4\ngradient_accumulation_fusion: true\n")
+    argv = ["--yaml-cfg", str(cfg), "--lr=2e-3", "--num-layers", "2",
+            "--no-gradient-accumulation-fusion"]  # fmt: skip
+    args = parse_args(argv=argv)
     assert (args.lr, args.num_layers, args.bf16) == (2e-3, 2, True)
+    assert args.gradient_accumulation_fusion is False
