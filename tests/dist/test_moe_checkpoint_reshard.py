@@ -69,16 +69,28 @@ def _args(save, load):
     return argparse.Namespace(save=save, load=load, consumed_train_samples=0)
 
 
-def _train_save(save_dir: str, ep: int, grouped: bool, tp: int = 1):
-    """Differently seeded per layout: the loaded weights must come from the checkpoint."""
-    model, ddp, opt = _build(ep, grouped, seed=1, tp=tp)
+def _step(ddp, opt, seed: int) -> None:
     ddp.zero_grad_buffer()
     opt.zero_grad()
-    ids = _ids(3)
+    ids = _ids(seed)
     ddp(ids, None, None, labels=ids).mean().backward()
     finalize_model_grads([ddp])  # DP/expert-DP grads, and SP norm/router grads over TP
     assert opt.step()[0]
+
+
+def _train_save(save_dir: str, ep: int, grouped: bool, tp: int = 1):
+    """Differently seeded per layout: the loaded weights must come from the checkpoint."""
+    model, ddp, opt = _build(ep, grouped, seed=1, tp=tp)
+    _step(ddp, opt, 3)
     ckpt.save_checkpoint(1, [ddp], opt, None, args=_args(save_dir, save_dir))
+    return _logits(model)
+
+
+def _next_step(load_dir: str, ep: int, grouped: bool, tp: int):
+    """Load, take the next step (Adam moments from the checkpoint), return the logits."""
+    model, ddp, opt = _build(ep, grouped, seed=2, tp=tp)
+    ckpt.load_checkpoint([ddp], opt, None, args=_args(None, load_dir))
+    _step(ddp, opt, 4)
     return _logits(model)
 
 
@@ -111,9 +123,9 @@ def _expert_keys(source: dict, grouped: bool) -> None:
     fc1 = source["decoder.layers.mlp.experts.experts.linear_fc1.weight"]
     fc2 = source["decoder.layers.mlp.experts.experts.linear_fc2.weight"]
     assert fc1.shape == (2, E, 2 * 32, 32) and fc2.shape == (2, E, 32, 32)
-    if grouped:  # optimizer state in the weights' memory layout [L, E, h, glu*f] / [L, E, f, h]
+    if grouped:  # optimizer state in the weights' memory layout [L, E, h, glu, f] / [L, E, f, h]
         assert source["optimizer.state.exp_avg.decoder.layers.mlp.experts.weight1"].shape == (
-            2, E, 32, 2 * 32
+            2, E, 32, 2, 32
         )  # fmt: skip
         assert "optimizer.state.exp_avg.decoder.layers.mlp.experts.weight2" in source
     else:
@@ -152,3 +164,15 @@ def test_moe_checkpoint_tp2_etp2_ep2_to_ep1_tp1(tmp_path):
     _expert_keys(source, False)
     got = run_distributed(_load_resave, 1, args=(src, dst, 1, False), timeout=240)
     _check(source, ref, dst, got[0], "tp2etp2ep2->ep1", False)
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["sequential", "grouped"])
+def test_moe_adam_moments_reshard_across_expert_tp(grouped, tmp_path):
+    """TP2 x ETP2 x EP2 -> TP1 x EP1: the step after the load matches the step the source layout
+    takes (the moments reach the right elements; GroupedMLP keeps them in its weights' memory
+    layout, [gate_r | up_r] per expert-TP rank, which this checks across ETP sizes)."""
+    src = str(tmp_path / "src")
+    run_distributed(_train_save, 4, args=(src, 2, grouped, 2), timeout=240)
+    ref = run_distributed(_next_step, 4, args=(src, 2, grouped, 2), timeout=240)[0]
+    got = run_distributed(_next_step, 1, args=(src, 1, grouped, 1), timeout=240)[0]
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)

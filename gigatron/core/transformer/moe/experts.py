@@ -19,7 +19,7 @@ e's entries under `<prefix>experts.<name>` (prefix ending in `mlp.experts.`, hen
 weight1 / weight2 transposed into the same global tensors ([E, glu*f, h] / [E, h, f] after the
 layer axis), so the two load each other's checkpoints, at any EP x ETP. Replicas are over the
 expert-DP group. GroupedMLP's optimizer state keeps the weights' memory layout
-(`<prefix>weight1` [E, h, glu*f], `weight2` [E, f, h]): a distributed optimizer's flat range
+(`<prefix>weight1` [E, h, glu, f], `weight2` [E, f, h]): a distributed optimizer's flat range
 of a weight is a flat range there, not of the transposed tensors (as in Megatron, the
 optimizer state of the two modules is not interchangeable).
 
@@ -303,10 +303,13 @@ class GroupedMLP(MegatronModule):
         out = {}
         for name, fc1 in (("weight1", True), ("weight2", False)):
             weight = getattr(self, name)
-            # the weight itself, viewed [n, h, X] / [n, f/etp, h] (no transpose): the layout
-            # of its optimizer state (module docstring)
-            view = weight.view(n, h, -1) if fc1 else weight.view(n, f_local, h)
-            box = (p + 2, tp_rank, tp_size) if fc1 else (p + 1, tp_rank, tp_size)
+            # the weight itself (no transpose), the layout of its optimizer state (module
+            # docstring): weight1 [n, h, glu, f/etp] (a rank's columns are [gate_r | up_r]),
+            # weight2 [n, f/etp, h]; the expert-TP piece along f, so any ETP reads it
+            if fc1:
+                view, box = weight.view(n, h, 2 if glu else 1, f_local), (p + 3, tp_rank, tp_size)
+            else:
+                view, box = weight.view(n, f_local, h), (p + 1, tp_rank, tp_size)
             out[f"{prefix}{name}"] = _GroupedWeightFactory(
                 f"{prefix}experts.linear_fc{1 if fc1 else 2}.weight",
                 weight,
@@ -330,11 +333,11 @@ class _GroupedWeightFactory(ShardedTensorFactory):
     """GroupedMLP's weight factory, which also describes the weight as it lies in memory,
     for optimizer state that must follow the parameter's flat order (`parameter_layout`)."""
 
-    parameter_boxes: tuple = ()  # (view [n, ., .], rank offsets, module name)
+    parameter_boxes: tuple = ()  # (view [n, ...] of the weight, rank offsets, module name)
 
     def parameter_layout(self) -> list[ShardedTensor]:
-        """The weight in memory order: `<prefix>mlp.experts.weight1` [*L, E, h, X] / `weight2`
-        [*L, E, f, h], this rank's experts and expert-TP piece (one box; a view)."""
+        """The weight in memory order: `<prefix>mlp.experts.weight1` [*L, E, h, glu, f] /
+        `weight2` [*L, E, f, h], this rank's experts and expert-TP piece (one box; a view)."""
         view, offsets, name = self.parameter_boxes
         key = self.key.rsplit("experts.linear_fc", 1)[0] + name
         p = len(offsets) - 2
