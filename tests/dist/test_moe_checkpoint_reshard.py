@@ -32,7 +32,7 @@ from gigatron.training import checkpointing as ckpt
 E, V, S, B = 4, 64, 16, 2
 
 
-def _build(ep: int, grouped: bool, seed: int, tp: int = 1):
+def _build(ep: int, grouped: bool, seed: int, tp: int = 1, dist_opt: bool = False):
     ps.initialize_model_parallel(tp, expert_model_parallel_size=ep)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
@@ -47,8 +47,11 @@ def _build(ep: int, grouped: bool, seed: int, tp: int = 1):
     )  # fmt: skip
     spec = get_gpt_layer_local_spec(num_experts=E, moe_grouped_gemm=grouped)
     model = GPTModel(cfg, spec, V, S, position_embedding_type="rope")
-    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(), model)
-    opt = get_megatron_optimizer(OptimizerConfig(lr=1e-2), [ddp])
+    ddp_cfg = DistributedDataParallelConfig(use_distributed_optimizer=dist_opt)
+    ddp = DistributedDataParallel(cfg, ddp_cfg, model)
+    opt = get_megatron_optimizer(
+        OptimizerConfig(lr=1e-2, use_distributed_optimizer=dist_opt), [ddp]
+    )
     return model, ddp, opt
 
 
@@ -78,17 +81,17 @@ def _step(ddp, opt, seed: int) -> None:
     assert opt.step()[0]
 
 
-def _train_save(save_dir: str, ep: int, grouped: bool, tp: int = 1):
+def _train_save(save_dir: str, ep: int, grouped: bool, tp: int = 1, dist_opt: bool = False):
     """Differently seeded per layout: the loaded weights must come from the checkpoint."""
-    model, ddp, opt = _build(ep, grouped, seed=1, tp=tp)
+    model, ddp, opt = _build(ep, grouped, seed=1, tp=tp, dist_opt=dist_opt)
     _step(ddp, opt, 3)
     ckpt.save_checkpoint(1, [ddp], opt, None, args=_args(save_dir, save_dir))
     return _logits(model)
 
 
-def _next_step(load_dir: str, ep: int, grouped: bool, tp: int):
+def _next_step(load_dir: str, ep: int, grouped: bool, tp: int, dist_opt: bool = False):
     """Load, take the next step (Adam moments from the checkpoint), return the logits."""
-    model, ddp, opt = _build(ep, grouped, seed=2, tp=tp)
+    model, ddp, opt = _build(ep, grouped, seed=2, tp=tp, dist_opt=dist_opt)
     ckpt.load_checkpoint([ddp], opt, None, args=_args(None, load_dir))
     _step(ddp, opt, 4)
     return _logits(model)
@@ -166,13 +169,17 @@ def test_moe_checkpoint_tp2_etp2_ep2_to_ep1_tp1(tmp_path):
     _check(source, ref, dst, got[0], "tp2etp2ep2->ep1", False)
 
 
+@pytest.mark.parametrize("tp", [2, 1], ids=["tp2_etp2_ep2", "ep2_edp2"])
+@pytest.mark.parametrize("dist_opt", [False, True], ids=["adam", "distributed"])
 @pytest.mark.parametrize("grouped", [False, True], ids=["sequential", "grouped"])
-def test_moe_adam_moments_reshard_across_expert_tp(grouped, tmp_path):
-    """TP2 x ETP2 x EP2 -> TP1 x EP1: the step after the load matches the step the source layout
-    takes (the moments reach the right elements; GroupedMLP keeps them in its weights' memory
-    layout, [gate_r | up_r] per expert-TP rank, which this checks across ETP sizes)."""
+def test_moe_adam_moments_reshard_to_one_rank(grouped, dist_opt, tp, tmp_path):
+    """TP2 x ETP2 x EP2 (or EP2 x expert-DP2) on 4 ranks -> 1 rank: the step after the load
+    equals the step the source layout takes, so every Adam moment reached its element.
+    GroupedMLP keeps its moments in the weights' memory layout ([gate_r | up_r] per expert-TP
+    rank, checked across ETP sizes); the distributed optimizer holds flat ranges of the weights
+    (of the experts too at expert-DP 2)."""
     src = str(tmp_path / "src")
-    run_distributed(_train_save, 4, args=(src, 2, grouped, 2), timeout=240)
-    ref = run_distributed(_next_step, 4, args=(src, 2, grouped, 2), timeout=240)[0]
-    got = run_distributed(_next_step, 1, args=(src, 1, grouped, 1), timeout=240)[0]
+    run_distributed(_train_save, 4, args=(src, 2, grouped, tp, dist_opt), timeout=240)
+    ref = run_distributed(_next_step, 4, args=(src, 2, grouped, tp, dist_opt), timeout=240)[0]
+    got = run_distributed(_next_step, 1, args=(src, 1, grouped, 1, dist_opt), timeout=240)[0]
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
