@@ -171,6 +171,7 @@ class _Runner:
         self.num_forwards += 1
         self.total_num_tokens += num_tokens.to(self.total_num_tokens.device)
         if not self.is_last(chunk):
+            _check_activation(output, stage, spec)
             # detach(): an alias that keeps the data even if deallocate frees `output.data`
             self.produced[Transfer(FORWARD, mb, stage + 1)] = output.detach()
         if not spec.forward_only:
@@ -187,6 +188,13 @@ class _Runner:
         output_grad = self.received.pop(Transfer(BACKWARD, mb, stage), None)
         input_tensor, output = self.saved.pop((mb, chunk))
         input_grad = backward_step(input_tensor, output, output_grad, None, spec.config)
+        if stage > 0 and input_grad is None and isinstance(input_tensor, torch.Tensor):
+            raise ValueError(
+                f"pipeline stage {stage}: its output does not depend on the activations it "
+                f"received from stage {stage - 1} (no gradient reached them). A model built with "
+                "pre_process=True embeds the tokens itself and ignores its input; build each "
+                "stage's model with pre_process=parallel_state.is_pipeline_first_stage()"
+            )
         if stage > 0:
             self.produced[Transfer(BACKWARD, mb, stage - 1)] = input_grad
         if last_mb and self.sync.grad_sync is not None:
@@ -218,6 +226,23 @@ class _Runner:
             for chunk in range(self.num_chunks):
                 if chunk not in self.sync.synced:
                     self.sync.grad_sync[chunk](self.spec.models[chunk].parameters())
+
+
+def _check_activation(output, stage: int, spec: RunSpec) -> None:
+    """A stage that is not the last sends activations [s, b, h]; a loss or logits (a model built
+    with post_process=True) would be sent on, or allocated from, as if they were."""
+    hidden = spec.grad_shape[-1] if spec.grad_shape else None
+    if isinstance(output, torch.Tensor) and output.dim() == 3 and output.shape[-1] == hidden:
+        return
+    got = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+    num_stages = spec.pp_size * len(spec.models)
+    raise ValueError(
+        f"pipeline stage {stage} of {num_stages} is not the last stage, so the schedule expects "
+        f"activations [s, b, h] {tuple(spec.grad_shape)} from its forward_step_func, but it "
+        f"returned {got}: a loss or logits, as a model built with post_process=True computes. "
+        "Build each stage's model with post_process=parallel_state.is_pipeline_last_stage() "
+        "and pre_process=parallel_state.is_pipeline_first_stage()"
+    )
 
 
 def run_table(spec: RunSpec, steps: list[Step]):

@@ -115,12 +115,30 @@ def layer_split(
     return split
 
 
+def _check_pp_size(config, parallel_state) -> None:
+    """The config's pipeline size must be parallel_state's: the layer split and the stage this
+    rank builds both come from it (tutorials often leave it at 1 in the config)."""
+    pp_world = parallel_state.get_pipeline_model_parallel_world_size()
+    pp = config.pipeline_model_parallel_size
+    if pp == pp_world or (pp_world == 1 and not parallel_state.model_parallel_is_initialized()):
+        return
+    raise ValueError(
+        f"parallel_state was initialized with pipeline_model_parallel_size={pp_world} but the "
+        f"TransformerConfig has pipeline_model_parallel_size={pp}: pass "
+        f"TransformerConfig(..., pipeline_model_parallel_size={pp_world}, pipeline_dtype=<the "
+        "params' dtype, e.g. torch.float32>) and build each stage's model with "
+        "pre_process=parallel_state.is_pipeline_first_stage(), "
+        "post_process=parallel_state.is_pipeline_last_stage()"
+    )
+
+
 def _from_config(config, vp_stage, pp_rank):
     if getattr(config, "pipeline_model_parallel_layout", None) is not None:
         raise ValueError("pipeline_model_parallel_layout is not supported by gigatron")
     if pp_rank is None:
         from gigatron.core import parallel_state
 
+        _check_pp_size(config, parallel_state)
         pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     vp = config.virtual_pipeline_model_parallel_size
     if vp is not None and vp_stage is None:

@@ -8,8 +8,10 @@ isend/irecv (`config.batch_p2p_comm`, default) or plain isend/irecv, waited befo
 so that the last rank's chunk c feeds rank 0's chunk c + 1 under interleaving. Activations travel
 prev -> next, gradients next -> prev. Receive buffers are `torch.empty(shape,
 dtype=config.pipeline_dtype, requires_grad=True)` on the CPU for gloo and on the current CUDA
-device otherwise. With `config.variable_seq_lengths` a 3-element int64 shape tensor is exchanged
-before each tensor.
+device otherwise. With `config.variable_seq_lengths` a shape header is exchanged before each
+tensor: int64 [s, b, h, check word] (Megatron sends [s, b, h]); a receiver refuses a header whose
+check word does not match before allocating anything from it (gloo lets a shorter message land in
+a longer buffer, leaving the rest as it was).
 
 Beyond Megatron, `exchange()` takes any number of sends and receives with tags and waits only for
 the receives (sends complete in the background); the schedule executor uses it so that a send
@@ -43,6 +45,32 @@ def _tag(msg: Message, is_send: bool, is_shape: bool) -> int:
     """
     is_grad = msg.to_next != is_send  # sent to prev / received from next
     return (msg.tag * 2 + int(is_grad)) * 2 + int(is_shape)
+
+
+_HEADER_SALT = 0x6769676174726F6E  # "gigatron": a header that is not one fails the check
+
+
+def _check_word(s: int, b: int, h: int) -> int:
+    return (s * 1_000_003 + b * 10_007 + h * 101 + _HEADER_SALT) % (1 << 62)
+
+
+def _shape_header(shape, device) -> torch.Tensor:
+    """int64 [s, b, h, check word] describing a pipeline tensor of `shape` [s, b, h]."""
+    s, b, h = (int(d) for d in shape)
+    return torch.tensor([s, b, h, _check_word(s, b, h)], dtype=torch.int64, device=device)
+
+
+def _shape_from_header(header: torch.Tensor, source: str) -> list[int]:
+    """[s, b, h] from a received header, validated before anything is allocated from it."""
+    s, b, h, check = header.tolist()
+    if min(s, b, h) < 1 or check != _check_word(s, b, h):
+        raise ValueError(
+            f"the pipeline shape header received from the {source} stage is not valid "
+            f"({[s, b, h, check]}; expected [s, b, h, check word]): the stages disagree on what "
+            "is sent (a stage sending a loss instead of activations, or stages running different "
+            "schedules); no buffer was allocated from it"
+        )
+    return [s, b, h]
 
 
 def is_single_shape(x) -> bool:
@@ -120,6 +148,11 @@ class P2PCommunicator:
 
     def _check_send(self, msg: Message) -> None:
         t = msg.tensor
+        if self.config.variable_seq_lengths and t.dim() != 3:
+            raise ValueError(
+                f"pipeline tensors are [s, b, h]; got shape {tuple(t.shape)}, which the shape "
+                "header of variable_seq_lengths cannot describe"
+            )
         if t.dtype != self.config.pipeline_dtype:
             raise ValueError(
                 f"pipeline tensor dtype ({t.dtype}) must equal config.pipeline_dtype "
@@ -164,16 +197,18 @@ class P2PCommunicator:
             # order; a batch waits for all its ops). gloo: the data sends go out with the shapes
             # - sends never block there, so no rank waits on a send it has not started.
             shape_ops = [
-                (True, torch.tensor(list(d.shape), dtype=torch.int64, device=self.device),
-                 m.to_next, _tag(m, True, True))
+                (True, _shape_header(d.shape, self.device), m.to_next, _tag(m, True, True))
                 for d, m in zip(data, sends)
-            ]  # fmt: skip
+            ]
             if self._use_tags:  # gloo
                 shape_ops, send_ops = shape_ops + send_ops, []
-            bufs = [torch.empty(3, dtype=torch.int64, device=self.device) for _ in recvs]
+            bufs = [torch.full((4,), -1, dtype=torch.int64, device=self.device) for _ in recvs]
             recv_ops = [(False, b, m.to_next, _tag(m, False, True)) for b, m in zip(bufs, recvs)]
             self._run(shape_ops, recv_ops)
-            shapes = [b.tolist() for b in bufs]
+            shapes = [
+                _shape_from_header(b, "next" if m.to_next else "previous")
+                for b, m in zip(bufs, recvs)
+            ]
         bufs = [self._recv_buffer(s) for s in shapes]
         recv_ops = [(False, b, m.to_next, _tag(m, False, False)) for b, m in zip(bufs, recvs)]
         self._run(send_ops, recv_ops)
