@@ -270,6 +270,8 @@ TOKENIZER_TYPES = (
     "GPTSentencePieceTokenizer",
     "Llama2Tokenizer",
     "TikTokenizer",
+    "BertWordPieceLowerCase",
+    "BertWordPieceCase",
 )
 
 
@@ -356,6 +358,13 @@ def validate_compat_args(args) -> None:
     kind = args.tokenizer_type
     if kind is not None and kind not in TOKENIZER_TYPES:
         raise _where(f"--tokenizer-type {kind} is not supported; use one of {TOKENIZER_TYPES}")
+    cp = args.context_parallel_size
+    if cp > 1 and args.attention_dropout > 0:
+        raise ValueError(
+            f"--attention-dropout ({args.attention_dropout}) must be 0 with "
+            f"--context-parallel-size {cp}: gigatron's context-parallel attention has no "
+            "dropout; pass --attention-dropout 0"
+        )
     _weight_decay_schedule(args)
     _deterministic_mode(args)
     if args.manual_gc_interval < 0:

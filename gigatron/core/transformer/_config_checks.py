@@ -152,3 +152,15 @@ def check_pipeline(cfg) -> None:
         account_for_embedding_in_pipeline_split=cfg.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=cfg.account_for_loss_in_pipeline_split,
     )
+
+
+def check_context_parallel(cfg) -> None:
+    """gigatron's context-parallel attention has no dropout: refuse it here rather than at the
+    first training forward."""
+    cp = cfg.context_parallel_size
+    if cp > 1 and cfg.attention_dropout > 0:
+        raise ValueError(
+            f"attention_dropout ({cfg.attention_dropout}) must be 0 when context_parallel_size "
+            f"({cp}) > 1: gigatron's context-parallel attention has no dropout; set "
+            "attention_dropout=0.0"
+        )

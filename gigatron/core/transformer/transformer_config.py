@@ -4,8 +4,8 @@ Mirrors `megatron.core.transformer.transformer_config.TransformerConfig` (field 
 post-init rules). Validation lives in `_config_checks.py`. Fields that exist in Megatron only for
 kernels gigatron lacks (FP8/FP4, CUDA graphs, MLA, ...) are accepted at their default and rejected
 otherwise; pure speed hints for fused kernels (`masked_softmax_fusion`, `bias_dropout_fusion`, ...)
-are accepted and run on the plain path, which computes the same numbers. An unknown keyword raises
-`TypeError` naming the closest valid field.
+are accepted and run on the plain path, which computes the same numbers. Unknown keywords raise
+one `TypeError` naming each of them with the closest valid field.
 """
 
 from __future__ import annotations
@@ -241,6 +241,7 @@ class TransformerConfig(ModelParallelConfig, _megatron_only_fields.MegatronOnlyT
         _config_checks.fill_defaults(self)
         _config_checks.check_recompute(self)
         _config_checks.check_pipeline(self)
+        _config_checks.check_context_parallel(self)
 
 
 # Megatron fields accepted only at their default (gigatron/core/_megatron_only_fields.py), under
@@ -273,6 +274,17 @@ _NOT_MEGATRON_FIELDS = {
 }
 
 
+def _unknown_field_line(cls_name: str, name: str, valid: set[str]) -> str:
+    if name in _NOT_MEGATRON_FIELDS:
+        return (
+            f"{cls_name} has no field {name!r} (it is not a Megatron field either); "
+            f"use {_NOT_MEGATRON_FIELDS[name]}"
+        )
+    close = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{cls_name} has no field {name!r}{hint}"
+
+
 def _add_unknown_name_hint(cls):
     """Make unknown keywords raise TypeError naming the closest valid field (or, for names
     tutorials invent, the field to use instead: `_NOT_MEGATRON_FIELDS`)."""
@@ -280,16 +292,12 @@ def _add_unknown_name_hint(cls):
 
     def __init__(self, *args, **kwargs):
         valid = {f.name for f in fields(type(self)) if f.init}
-        for name in kwargs:
-            if name not in valid:
-                if name in _NOT_MEGATRON_FIELDS:
-                    raise TypeError(
-                        f"{type(self).__name__} has no field {name!r} (it is not a Megatron "
-                        f"field either); use {_NOT_MEGATRON_FIELDS[name]}"
-                    )
-                close = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.5)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise TypeError(f"{type(self).__name__} has no field {name!r}{hint}")
+        unknown = [name for name in kwargs if name not in valid]
+        if unknown:  # all of them at once, not one per run
+            lines = [_unknown_field_line(type(self).__name__, name, valid) for name in unknown]
+            if len(lines) > 1:
+                lines = [f"{type(self).__name__} got {len(lines)} unknown fields:", *lines]
+            raise TypeError("\n  ".join(lines))
         dataclass_init(self, *args, **kwargs)
 
     __init__.__doc__ = dataclass_init.__doc__

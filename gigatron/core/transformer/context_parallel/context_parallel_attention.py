@@ -61,6 +61,7 @@ def get_cp_core_attention(core_attention, config):
     TE-named, decoder block) runs context parallel without being rebuilt.
     """
     if config.context_parallel_size <= 1:
+        _check_no_cp_group(config)
         return core_attention
     from gigatron.core.transformer.dot_product_attention import DotProductAttention
     from gigatron.core.transformer.spec_utils import ModuleSpec
@@ -69,6 +70,21 @@ def get_cp_core_attention(core_attention, config):
     if isinstance(module, type) and issubclass(module, DotProductAttention):
         return ContextParallelAttention
     return core_attention
+
+
+def _check_no_cp_group(config) -> None:
+    """A CP group in parallel_state with a config that has none would train without context
+    parallelism (each rank attending over what it holds) and the schedule would still scale the
+    loss by the CP size."""
+    cp_world = parallel_state.get_context_parallel_world_size()
+    if cp_world > 1:
+        raise ValueError(
+            f"parallel_state was initialized with context_parallel_size={cp_world} but the "
+            f"TransformerConfig has context_parallel_size={config.context_parallel_size}: the "
+            "model would run without context parallelism; pass TransformerConfig(..., "
+            f"context_parallel_size={cp_world}, attention_dropout=0.0) "
+            "(parallel_state.get_context_parallel_world_size())"
+        )
 
 
 class ContextParallelAttention(MegatronModule):
