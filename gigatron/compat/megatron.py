@@ -7,7 +7,9 @@ or, inside Python, `import gigatron.compat.megatron as m; m.install()` before th
 imports. After `install()`, `import megatron.core.X` and `import megatron.training.X` resolve to
 `gigatron.core.X` and `gigatron.training.X` (the same module objects). Nothing named `megatron`
 is touched unless this module is used, so gigatron installs beside the real megatron-core.
-A `megatron` module gigatron does not provide fails with ImportError naming it.
+A `megatron` module gigatron does not provide fails with ImportError naming it. On a machine
+without CUDA, a script that fails in a CUDA call (`torch.cuda.set_device`, `.cuda()`, nccl, a
+world size from `torch.cuda.device_count()`) gets a hint naming the CPU path (`_cuda_hint`).
 """
 
 from __future__ import annotations
@@ -119,8 +121,25 @@ def main(argv: list[str] | None = None) -> int:
     install()
     script, rest = argv[0], argv[1:]
     sys.argv = [script, *rest]
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except Exception as err:
+        hint = _no_cuda_hint(script, err)
+        if hint is None:
+            raise
+        raise RuntimeError(f"gigatron.compat.megatron: {hint}") from err
     return 0
+
+
+def _no_cuda_hint(script: str, err: Exception) -> str | None:
+    """On a machine without CUDA, what to change when `err` comes from the script's CUDA calls."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    from gigatron.compat._cuda_hint import cuda_hint
+
+    return cuda_hint(script, err)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,18 @@ class LossReports(list):
 
         return fail
 
+    def __truediv__(self, other):
+        raise TypeError(
+            f"the schedule's list of loss reports cannot be divided by {other!r}: gradient "
+            "accumulation is the schedule's num_microbatches (forward_backward_func("
+            "num_microbatches=accumulation_steps, ...) runs them all and divides each loss by "
+            "num_microbatches before its backward), and the list holds the reports loss_func "
+            "returned, one per microbatch (e.g. {'lm loss': tensor}); average them with "
+            "sum(d['lm loss'] for d in losses) / len(losses) (docs/compat_errors.md)"
+        )
+
+    __floordiv__ = __itruediv__ = __truediv__
+
     def __getattr__(self, name: str):
         if name in ("backward", "item", "detach", "float", "mean", "sum", "to", "cuda"):
             return self._misuse(name)

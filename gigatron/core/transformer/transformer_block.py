@@ -18,6 +18,7 @@ from torch import Tensor
 
 from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.moe._checks import check_layer_spec_has_experts
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
 from gigatron.core.transformer.torch_norm import WrappedTorchNorm
 from gigatron.core.transformer.transformer_layer import (
@@ -55,6 +56,7 @@ def _get_block_submodules(config, spec, vp_stage) -> TransformerBlockSubmodules:
         if isinstance(spec.module, type) and issubclass(spec.module, TransformerBlock):
             return spec.submodules
         if isinstance(spec.module, type) and issubclass(spec.module, TransformerLayer):
+            check_layer_spec_has_experts(config, spec)
             num_layers = get_num_layers_to_build(config, vp_stage)
             return TransformerBlockSubmodules([spec] * num_layers, WrappedTorchNorm)
     raise ValueError(f"TransformerBlock spec must be a layer or block ModuleSpec, got {spec!r}")
