@@ -243,6 +243,7 @@ def _data_args(p):
     _add(g, "--merge-file", str, None, "BPE merges file")
     _add(g, "--tokenizer-model", str, None, "tokenizer model file or directory")
     _add(g, "--vocab-size", int, None, "vocabulary size (NullTokenizer)")
+    _add(g, "--vocab-extra-ids", int, 0, "T5 sentinels <extra_id_i> added to the vocabulary")
     _add(g, "--reset-position-ids", bool, help_="reset position ids at end of document")
     _add(g, "--reset-attention-mask", bool, help_="reset attention at end of document")
     _add(g, "--eod-mask-loss", bool, help_="mask the loss on end-of-document tokens")

@@ -63,12 +63,20 @@ class MaskedLMTokenizer:
             ]
         )
 
-    def require(self, *names: str) -> MaskedLMTokenizer:
-        missing = [n for n in names if getattr(self, n) is None]
+    def require(self, *names: str, script: str = "pretrain_bert") -> MaskedLMTokenizer:
+        """Raise naming `script` unless the tokens `names` (keys of _SPECIALS, or "sentinels":
+        at least one `<extra_id_i>`) are known."""
+        missing = [n for n in names if n != "sentinels" and getattr(self, n) is None]
         if missing:
             raise ValueError(
                 f"the tokenizer has no {missing} token(s); looked for "
-                f"{[_SPECIALS[n] for n in missing]} in its vocabulary (pretrain_bert.py)"
+                f"{[_SPECIALS[n] for n in missing]} in its vocabulary ({script}.py)"
+            )
+        if "sentinels" in names and not self.additional_special_tokens_ids:
+            raise ValueError(
+                "the tokenizer has no <extra_id_i> sentinel tokens, which T5's span corruption "
+                "needs: pass --vocab-extra-ids 100 (BertWordPieceLowerCase / BertWordPieceCase "
+                f"/ SentencePieceTokenizer) or use a vocabulary that has them ({script}.py)"
             )
         return self
 

@@ -151,7 +151,9 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
 
     args = get_args()
     common.require_corpus(args, "pretrain_t5")
-    tokenizer = MaskedLMTokenizer(get_tokenizer()).require("mask", "pad", "bos", "eos")
+    tokenizer = MaskedLMTokenizer(get_tokenizer()).require(
+        "mask", "pad", "bos", "eos", "sentinels", script="pretrain_t5"
+    )
     config = T5MaskedWordPieceDatasetConfig(
         **common.dataset_config_kwargs(args, tokenizer),
         sequence_length_decoder=args.decoder_seq_length,

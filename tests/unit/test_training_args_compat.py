@@ -132,7 +132,7 @@ def test_every_no_op_is_documented_with_its_reason():
             ["--reset-attention-mask"],
         ),
         ("--squared-relu --swiglu", ["--squared-relu"]),
-        ("--tokenizer-type BertWordPieceLowerCase", ["--tokenizer-type", "GPT2BPETokenizer"]),
+        ("--tokenizer-type MultimodalTokenizer", ["--tokenizer-type", "GPT2BPETokenizer"]),
         (
             "--deterministic-mode --cross-entropy-loss-fusion",
             ["--deterministic-mode", "--cross-entropy-loss-fusion"],

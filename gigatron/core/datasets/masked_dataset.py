@@ -149,17 +149,21 @@ def build_mapping(
 
     docs = numpy.asarray(docs, dtype=numpy.int64).tolist()
     sizes = numpy.asarray(sizes).tolist()
-    usable = []
-    for first, last in zip(docs[:-1], docs[1:]):
+    usable, num_short, num_long = [], 0, 0
+    for doc, (first, last) in enumerate(zip(docs[:-1], docs[1:])):
         long_sentence = last - first > 1 and max(sizes[first:last]) > _LONG_SENTENCE_LEN
-        usable.append(last - first >= min_num_sent and not long_sentence)
+        num_short += last - first < min_num_sent
+        num_long += long_sentence and last - first >= min_num_sent
+        if last - first >= min_num_sent and not long_sentence:
+            usable.append(doc)
+    if not usable and num_epochs > 1 and max_num_samples > 0:
+        # every epoch would add no row: the loop below would never reach max_num_samples
+        _raise_no_usable_document(len(docs) - 1, num_short, num_long, min_num_sent)
     rows: list[tuple[int, int, int]] = []
-    for _ in range(num_epochs):
+    for _ in range(num_epochs):  # each epoch adds >= len(usable) rows
         if len(rows) >= max_num_samples:
             break
-        for doc, ok in enumerate(usable):
-            if not ok:
-                continue
+        for doc in usable:
             first, last = docs[doc], docs[doc + 1]
             start, seq_len, num_sent, remain = first, 0, 0, last - first
             target = target_len()
@@ -179,6 +183,24 @@ def build_mapping(
             j = int(draws[k] % numpy.uint64(i + 1))
             maps[[i, j]] = maps[[j, i]]
     return maps
+
+
+def _raise_no_usable_document(num_docs: int, num_short: int, num_long: int, min_num_sent: int):
+    hint = ""
+    if min_num_sent > 1:
+        hint = (
+            f" BERT's binary (next-sentence) head needs documents of >= {min_num_sent} "
+            "sentences: preprocess the corpus with --split-sentences (one sequence per "
+            "sentence), or train without the head (--bert-no-binary-head; "
+            "classification_head=False in BERTMaskedWordPieceDatasetConfig)."
+        )
+    if num_long:
+        hint += f" Documents with a sentence over {_LONG_SENTENCE_LEN} tokens are skipped."
+    raise ValueError(
+        f"no document can give a masked-LM sample: of the {num_docs} documents, {num_short} have "
+        f"fewer than {min_num_sent} sentences (sequences) and {num_long} have a sentence over "
+        f"{_LONG_SENTENCE_LEN} tokens.{hint}"
+    )
 
 
 class MaskedWordPieceDataset(MegatronDataset):

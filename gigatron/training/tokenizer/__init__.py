@@ -1,6 +1,7 @@
 """Megatron's tokenizers (`megatron.training.tokenizer`): `build_tokenizer(args)` and classes."""
 
 from gigatron.training.tokenizer.tokenizer import (
+    _BertWordPieceTokenizer,
     _GPT2BPETokenizer,
     _GPTSentencePieceTokenizer,
     _HuggingFaceTokenizer,
@@ -20,4 +21,5 @@ __all__ = [
     "_SentencePieceTokenizer",
     "_GPTSentencePieceTokenizer",
     "_Llama2Tokenizer",
+    "_BertWordPieceTokenizer",
 ]

@@ -15,7 +15,8 @@ import os
 from typing import Any
 
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
-from gigatron.training.tokenizer._common import _WithoutBertSpecials
+from gigatron.training.tokenizer._bert_wordpiece import _BertWordPieceTokenizer
+from gigatron.training.tokenizer._common import _import_tokenizers, _WithoutBertSpecials
 from gigatron.training.tokenizer._sentencepiece import (
     _GPTSentencePieceTokenizer,
     _Llama2Tokenizer,
@@ -30,18 +31,8 @@ __all__ = [
     "_SentencePieceTokenizer",
     "_GPTSentencePieceTokenizer",
     "_Llama2Tokenizer",
+    "_BertWordPieceTokenizer",
 ]
-
-
-def _import_tokenizers():
-    try:
-        import tokenizers
-    except ImportError as err:
-        raise ImportError(
-            "this tokenizer needs the Hugging Face `tokenizers` package: "
-            "pip install 'gigatron[data]' (or pip install tokenizers)"
-        ) from err
-    return tokenizers
 
 
 def _require(args: Any, name: str, tokenizer_type: str) -> Any:
@@ -77,6 +68,18 @@ def build_tokenizer(args: Any, **kwargs: Any) -> MegatronLegacyTokenizer:
         tokenizer = _GPTSentencePieceTokenizer(_require(args, "tokenizer_model", kind))
     elif kind == "Llama2Tokenizer":
         tokenizer = _Llama2Tokenizer(_require(args, "tokenizer_model", kind))
+    elif kind == "BertWordPieceLowerCase":
+        tokenizer = _BertWordPieceTokenizer(
+            _require(args, "vocab_file", kind),
+            lower_case=True,
+            vocab_extra_ids=getattr(args, "vocab_extra_ids", 0) or 0,
+        )
+    elif kind == "BertWordPieceCase":
+        tokenizer = _BertWordPieceTokenizer(
+            _require(args, "vocab_file", kind),
+            lower_case=False,
+            vocab_extra_ids=getattr(args, "vocab_extra_ids", 0) or 0,
+        )
     elif kind == "TikTokenizer":
         from gigatron.training.tokenizer._tiktoken import (
             PATTERN_TIKTOKEN,
@@ -97,7 +100,8 @@ def build_tokenizer(args: Any, **kwargs: Any) -> MegatronLegacyTokenizer:
     else:
         supported = (
             "NullTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
-            "GPTSentencePieceTokenizer, Llama2Tokenizer, TikTokenizer"
+            "GPTSentencePieceTokenizer, Llama2Tokenizer, TikTokenizer, BertWordPieceLowerCase, "
+            "BertWordPieceCase"
         )
         raise ValueError(f"tokenizer_type {kind!r} is not supported; use one of {supported}")
     if getattr(args, "padded_vocab_size", None) is None:
