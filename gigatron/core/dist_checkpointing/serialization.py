@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core.dist_checkpointing import _integrity
+from gigatron.core.dist_checkpointing._replica_check import check_replicas_equal
 from gigatron.core.dist_checkpointing._safe_load import safe_torch_load
 from gigatron.core.dist_checkpointing.core import (
     CheckpointingConfig,
@@ -216,6 +217,7 @@ def save(
     if validate_access_integrity:
         _, global_md = determine_global_metadata(tensors, objects, process_group)
         validate_sharding_integrity(global_md)
+        check_replicas_equal(tensors, process_group)
     if rank == 0:
         _atomic_torch_save(_common_part(sd), os.path.join(checkpoint_dir, COMMON_STATE_FNAME))
     pending = torch_dist.plan_save(tensors, objects, checkpoint_dir, group=process_group)
