@@ -29,6 +29,7 @@ import secrets
 
 import torch.distributed as dist
 
+from gigatron.compat import legacy_moe_checkpoint as legacy_moe
 from gigatron.core import dist_checkpointing
 from gigatron.core.dist_checkpointing import CheckpointingException
 from gigatron.core.dist_checkpointing.optimizer import (
@@ -128,10 +129,22 @@ def _unwrap(model) -> list:
     return model if isinstance(model, list) else [model]
 
 
-def _sharded_state(model, optimizer, opt_param_scheduler, *, with_optim: bool, with_rng: bool):
+def _sharded_state(
+    model,
+    optimizer,
+    opt_param_scheduler,
+    *,
+    with_optim: bool,
+    with_rng: bool,
+    legacy_moe_layout=False,
+):
     state = {}
     for key, module in zip(cs.model_keys(_unwrap(model)), _unwrap(model)):
-        state[key] = sharded_state_dict_default(module)  # (plain torch modules too)
+        if legacy_moe_layout:  # an MoE checkpoint of gigatron's older layout (gigatron.compat)
+            sharded = sharded_state_dict_default(module, "", (), legacy_moe.PER_LAYER)
+            state[key] = legacy_moe.legacy_moe_request(sharded)
+        else:
+            state[key] = sharded_state_dict_default(module)  # (plain torch modules too)
     if with_optim and optimizer is not None:
         if _reshardable(optimizer):
             model_sd = {
@@ -261,9 +274,13 @@ def load_checkpoint(
         with_rng = False
         if _rank() == 0:
             print("WARNING: parallel layout changed since the save; RNG states not loaded")
+    from gigatron.core.dist_checkpointing.strategies.torch import read_dcp_metadata
+
+    keys = read_dcp_metadata(ckpt_dir).state_dict_metadata
     request = _sharded_state(
-        model, optimizer, opt_param_scheduler, with_optim=with_optim, with_rng=with_rng
-    )
+        model, optimizer, opt_param_scheduler, with_optim=with_optim, with_rng=with_rng,
+        legacy_moe_layout=legacy_moe.uses_legacy_moe_layout(keys),
+    )  # fmt: skip
     strictness = getattr(args, "dist_ckpt_strictness", None) or (
         "assume_ok_unexpected" if strict else "log_unexpected"
     )

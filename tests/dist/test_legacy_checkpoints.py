@@ -9,6 +9,10 @@ the command) hold a tiny Llama-style GPT trained 2 steps at TP 2 x DP 2:
   objects). It loads at TP 1 and TP 2 through Megatron's own switch for per-layer keys,
   `sharded_state_dict(metadata={"non_homogeneous_layers": True})`, with a strictness that lets
   the `_extra_state` objects it lacks be missing; the default (stacked) request fails on it.
+- `moe/`: an MoE GPT (SequentialMLP, 4 experts) trained 1 step at EP 2 (per-layer keys, experts
+  as `local_experts.{global e}`, Adam moments): `load_checkpoint` recognises the layout
+  (`gigatron.compat.legacy_moe_checkpoint`) and resumes at EP 2 and at EP 1 with the saved
+  logits and the losses of the two steps that followed the save.
 """
 
 import os
@@ -76,3 +80,29 @@ def test_per_layer_snippet_checkpoint_loads_at_tp1_and_tp2():
         )[0]
         assert stacked_failed
         torch.testing.assert_close(logits, ref["logits"], rtol=0, atol=1e-5)
+
+
+def _resume_moe(root: str, ep: int):
+    from gigatron.training import checkpointing
+
+    ddp, opt = fx.build_moe(ep)
+    args = fx.args(None, root)
+    args.no_load_rng = True  # saved without
+    iteration, _ = checkpointing.load_checkpoint([ddp], opt, None, args=args)
+    ddp.module.eval()
+    logits = fx.full_logits(ddp.module)
+    ddp.module.train()
+    return iteration, logits, [fx.moe_step(ddp, opt, n) for n in (1, 2)]
+
+
+def test_moe_training_checkpoint_of_the_old_layout_resumes_at_ep2_and_ep1(tmp_path):
+    root = str(tmp_path / "moe")
+    shutil.copytree(os.path.join(FIXTURES, "moe"), root)
+    ref = torch.load(os.path.join(FIXTURES, "moe_reference.pt"), weights_only=True)
+    for world, ep in ((2, 2), (1, 1)):
+        iteration, logits, losses = run_distributed(
+            _resume_moe, world, args=(root, ep), timeout=240
+        )[0]
+        assert iteration == 1
+        torch.testing.assert_close(logits, ref["logits"], rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.tensor(losses), ref["losses"], rtol=0, atol=1e-5)
