@@ -175,19 +175,14 @@ _ALLOWED_0161_ONLY: dict[str, str] = {
         "0.19 dropped it from the fourth position (validate_access_integrity moved up); "
         "keyword-only here, a non-bool validate_access_integrity raises TypeError"
     ),
+    "dist_checkpointing:load(common_strategy): keyword-only in gigatron": (
+        "0.19 dropped it from the fourth position, as in save"
+    ),
     "inference.sampling_params:SamplingParams.num_tokens_to_generate: field default": (
         "0.19's None (up to max_sequence_length) instead of 0.16's 30"
     ),
 }
-_SERIALIZATION_OWNED = (
-    "dist_checkpointing.serialization's load path is being reworked for issue 29 parts 1-2 by "
-    "another engineer; the same signature change as save's goes in with it (report)"
-)
-_ALLOWED_0192_ONLY: dict[str, str] = {
-    "dist_checkpointing:load(validate_access_integrity): position": _SERIALIZATION_OWNED,
-    "dist_checkpointing.serialization:get_default_load_sharded_strategy(checkpoint_dir): "
-    "required in gigatron": _SERIALIZATION_OWNED,
-}
+_ALLOWED_0192_ONLY: dict[str, str] = {}
 ALLOWED = {
     "0.16.1": {**_ALLOWED_BOTH, **_ALLOWED_0161_ONLY},
     "0.19.2": {**_ALLOWED_BOTH, **_ALLOWED_0192_ONLY},

@@ -260,6 +260,21 @@ def test_save_positional_order(tmp_path):
     dist_checkpointing.save(sd(), str(tmp_path / "old"), common_strategy=None)
 
 
+def test_load_positional_order(tmp_path):
+    from gigatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+
+    dist_checkpointing.save(
+        {"w": ShardedTensor.from_rank_offsets("w", torch.arange(4.0))}, tmp_path
+    )
+    request = lambda: {"w": ShardedTensor.from_rank_offsets("w", torch.zeros(4))}  # noqa: E731
+    got = dist_checkpointing.load(request(), str(tmp_path), None, True, "raise_all")  # 0.19 order
+    assert torch.equal(got["w"], torch.arange(4.0))
+    with pytest.raises(TypeError, match="common_strategy"):  # 0.16: common_strategy fourth
+        dist_checkpointing.load(request(), str(tmp_path), None, None)
+    assert dist_checkpointing.load(request(), str(tmp_path), common_strategy=None)["w"][3] == 3
+    assert get_default_load_sharded_strategy().backend == "torch_dist"  # 0.19: no directory
+
+
 def test_sampling_params_019_fields():
     from gigatron.core.inference.sampling_params import SamplingParams
 

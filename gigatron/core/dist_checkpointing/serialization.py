@@ -114,11 +114,12 @@ def get_default_save_sharded_strategy(
     return DefaultShardedStrategy(backend, version, "save")
 
 
-def get_default_load_sharded_strategy(checkpoint_dir: str) -> DefaultShardedStrategy:
-    """The load strategy for `checkpoint_dir` after checking its `metadata.json` (Megatron's
-    `verify_checkpoint_and_load_strategy`); CheckpointingException if it is not a torch_dist
-    checkpoint."""
-    _verify_checkpoint(checkpoint_dir)
+def get_default_load_sharded_strategy(checkpoint_dir: str | None = None) -> DefaultShardedStrategy:
+    """The load strategy, for `checkpoint_dir` after checking its `metadata.json` (Megatron's
+    `verify_checkpoint_and_load_strategy`; CheckpointingException if it is not a torch_dist
+    checkpoint), or without a directory (megatron-core 0.19) the default one."""
+    if checkpoint_dir is not None:
+        _verify_checkpoint(checkpoint_dir)
     return DefaultShardedStrategy(*_BACKEND, "load")
 
 
@@ -265,17 +266,28 @@ def load(
     sharded_state_dict: StateDict,
     checkpoint_dir: str,
     sharded_strategy=None,
-    common_strategy=None,
     validate_access_integrity: bool = True,
     strict: str | StrictHandling | bool = StrictHandling.ASSUME_OK_UNEXPECTED,
     verify_integrity: bool = False,
     process_group=None,
+    *,
+    common_strategy=None,
 ):
     """Load what `sharded_state_dict` describes from `checkpoint_dir`, at this rank's layout.
 
-    Returns the state dict (common state merged with loaded tensors/objects), or
-    `(state_dict, missing_keys, unexpected_keys)` for the RETURN_* strict modes.
+    Returns the request's structure: the same keys, each ShardedTensor's tensor (loaded in
+    place), each factory's merged tensor, each ShardedObject's payload, each
+    LocalNonpersistentObject's object, plus the common state; or `(state_dict, missing_keys,
+    unexpected_keys)` for the RETURN_* strict modes. So `model.load_state_dict(load(
+    model.sharded_state_dict(), d))` works as in Megatron. Parameter order of megatron-core 0.19
+    (`common_strategy` keyword-only, as in `save`).
     """
+    if not isinstance(validate_access_integrity, bool):  # a 0.16-style positional call
+        raise TypeError(
+            f"validate_access_integrity must be a bool, got {validate_access_integrity!r}: "
+            "megatron-core 0.19 removed common_strategy from the fourth position; pass it (and "
+            "what follows) by keyword"
+        )
     _check_strategy(sharded_strategy, "sharded_strategy")
     _check_strategy(common_strategy, "common_strategy")
     checkpoint_dir = str(checkpoint_dir)
