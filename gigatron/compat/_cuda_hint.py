@@ -14,8 +14,9 @@ import os
 import re
 import traceback
 
-# a message, or a line of the script in the traceback, that comes from a CUDA / NCCL call
-_CUDA_TEXT = re.compile(r"cuda|nccl|nvidia", re.IGNORECASE)
+# a message, or a line of the script in the traceback, that comes from a CUDA / NCCL call (whole
+# words: `model_parallel_cuda_manual_seed` in a message is no CUDA call)
+_CUDA_TEXT = re.compile(r"\b(cuda|nccl|nvidia|gpus?)\b|ProcessGroupNCCL", re.IGNORECASE)
 # source lines worth pointing at in the script
 _CUDA_CALL = re.compile(
     r"\.cuda\(|torch\.cuda\.|device=['\"]cuda|['\"]nccl['\"]|device_count\(|cuda_device"

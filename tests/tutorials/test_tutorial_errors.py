@@ -181,6 +181,10 @@ def test_cuda_calls_on_a_machine_without_cuda_get_the_cpu_path(tmp_path):
                  "line 6: torch.cuda.set_device", "backend='gloo'",
                  "int(os.environ['WORLD_SIZE'])", "use_cpu_initialization=True"):  # fmt: skip
         assert word in hint, (word, hint)
+    # an error that only names a CUDA-sounding function gets no hint
+    script.write_text("raise ValueError('call model_parallel_cuda_manual_seed(seed) first')\n")
+    out = launch(0, str(script), ok=False)
+    assert "call model_parallel_cuda_manual_seed" in out and "no CUDA device" not in out, out
 
 
 def test_t5_without_sentinels_names_pretrain_t5_and_the_flag(wordpiece_corpus):
