@@ -101,11 +101,15 @@ def test_tied_embeddings_share_the_weight():
 
 
 def _stage(config, pp_rank, **kw):
+    """Stage `pp_rank` of config's pipeline, built in this one process (Megatron's fake-init
+    setters stand for the pipeline group)."""
+    parallel_state.set_pipeline_model_parallel_world_size(config.pipeline_model_parallel_size)
     parallel_state.set_pipeline_model_parallel_rank(pp_rank)
     try:
         return GPTModel(config, get_gpt_layer_local_spec(), 100, 64, **kw).eval()
     finally:
         parallel_state.set_pipeline_model_parallel_rank(None)
+        parallel_state.set_pipeline_model_parallel_world_size(None)
 
 
 def test_pipeline_stage_pieces_compose_to_the_full_model():
@@ -181,6 +185,8 @@ def test_sharded_state_dict_is_megatrons_contract():
     norm = per_layer["decoder.layers.1.input_layernorm.weight"]
     assert norm.key == "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight"
     assert norm.prepend_axis_num == 0 and norm.global_shape == (12,)
+    with pytest.raises(ValueError, match="singleton_local_shards"):  # not silently ignored
+        model.sharded_state_dict(metadata={"singleton_local_shards": True})
 
 
 def test_decoder_block_spec_builds_the_same_model():

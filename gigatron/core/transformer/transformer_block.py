@@ -124,6 +124,11 @@ class TransformerBlock(MegatronModule):
                 f"TransformerBlock.sharded_state_dict: sharded_offsets ({sharded_offsets}) must "
                 "be empty (the block prepends the layer axis itself)"
             )
+        if (metadata or {}).get("singleton_local_shards", False):
+            raise ValueError(
+                "sharded_state_dict: metadata singleton_local_shards=True (one checkpoint key "
+                "per expert / GLU half) is not supported by gigatron"
+            )
         per_layer = _non_homogeneous(self.config, metadata)
         layer_prefix = f"{prefix}layers."
         num_layers = self.config.num_layers
