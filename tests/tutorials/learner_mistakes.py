@@ -6,7 +6,8 @@
 Written against `megatron.core`, run by tests/tutorials/test_tutorial_errors.py. Each mistake
 below raises on every rank before anything is left half-done (or on the one rank that sees it,
 for `header`), so one process per rank runs them all in turn; a mistake that leaves a peer
-waiting (`pp_defaults`) is run alone with --only. Each result is one line on stdout:
+waiting (`pp_defaults`, `pp_pre_process`) is run alone with --only. With 4 ranks `pp_config` is
+the TP 2 x PP 2 case. Each result is one line on stdout:
 `[rank R] MISTAKE name: ExceptionType: message` (newlines shown as " | "), or `... no error`.
 """
 
@@ -145,7 +146,9 @@ def losses_divided(args):
 def replica_differs(args):
     """Each rank seeds its own way (as data-parallel tutorials do to vary the data) and skips
     model_parallel_cuda_manual_seed: TP ranks build different copies of the replicated weights
-    (position embeddings, norms), and the checkpoint would keep only one of them."""
+    (position embeddings), and the checkpoint would keep only one of them. A torchrun script
+    that seeds nothing gets the same error (different here only because earlier mistakes of this
+    process seeded the generators)."""
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     torch.manual_seed(1234 + torch.distributed.get_rank())
     model = gpt(TransformerConfig(**SMALL, tensor_model_parallel_size=2))
