@@ -1,6 +1,7 @@
 """TransformerLayer / TransformerBlock pieces: pipeline and virtual-pipeline layer offsets,
 cross attention, qk layernorm, Float16Module, spec building, norms."""
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -57,7 +58,21 @@ def test_layer_offsets_for_pipeline_and_virtual_stages(pp, vp, expected):
         for p in range(pp)
     ]
     assert got == expected
-    assert get_num_layers_to_build(cfg) == 8 // pp // (vp or 1)
+    with _fake_pipeline(pp, 0):
+        assert get_num_layers_to_build(cfg) == 8 // pp // (vp or 1)
+
+
+@contextlib.contextmanager
+def _fake_pipeline(pp_size: int, pp_rank: int):
+    """Megatron's fake-init setters stand for a pipeline group in this one process (the model
+    code checks the config's pipeline size against parallel_state's)."""
+    parallel_state.set_pipeline_model_parallel_world_size(pp_size)
+    parallel_state.set_pipeline_model_parallel_rank(pp_rank)
+    try:
+        yield
+    finally:
+        parallel_state.set_pipeline_model_parallel_rank(None)
+        parallel_state.set_pipeline_model_parallel_world_size(None)
 
 
 def test_block_builds_its_stage_layers_with_global_numbers():
@@ -66,11 +81,8 @@ def test_block_builds_its_stage_layers_with_global_numbers():
         virtual_pipeline_model_parallel_size=2,
         pipeline_dtype=torch.float32,
     )
-    parallel_state.set_pipeline_model_parallel_rank(1)
-    try:
+    with _fake_pipeline(2, 1):
         block = TransformerBlock(cfg, get_gpt_layer_local_spec(), vp_stage=1, post_process=False)
-    finally:
-        parallel_state.set_pipeline_model_parallel_rank(None)
     assert [layer.layer_number for layer in block.layers] == [7, 8]
     assert block.final_layernorm is None
     assert block.layers[1].self_attention.core_attention.layer_number == 8
