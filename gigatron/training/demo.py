@@ -76,7 +76,10 @@ def _model_flags(prefix: Path, tokenizer: Path, ckpt: Path, out: Path, iters: in
         f"--tokenizer-type HuggingFaceTokenizer --tokenizer-model {tokenizer} "
         "--make-vocab-size-divisible-by 64 --log-interval 20 --eval-interval 100 --eval-iters 4 "
         f"--save {ckpt} --load {ckpt} --save-interval 100 --num-workers 0 "
-        f"--data-cache-path {out / 'cache'}"
+        f"--data-cache-path {out / 'cache'} "
+        # a raised DEMO_ITERS continues on this run's schedule (Megatron refuses a schedule that
+        # differs from the checkpoint's unless told which one wins)
+        "--override-opt_param-scheduler"
     )
 
 
