@@ -85,8 +85,8 @@ def _first_line(e: BaseException) -> str:
 
 
 def _weights_only_reason(e: pickle.UnpicklingError) -> str:
-    """The line of torch's weights_only error that says what was refused, without its advice
-    to retry with weights_only=False (which would run the payload)."""
+    """The line of torch's weights-only error that says what was refused, without torch's
+    advice to retry with the unrestricted loader (which would run the payload)."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     for ln in lines:
         if ln.startswith(("Unsupported global", "Unsupported operand", "Unsupported class")):
