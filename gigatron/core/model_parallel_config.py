@@ -10,33 +10,18 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from gigatron.core import _megatron_only_fields
-
-# Megatron fields gigatron accepts only at their default value: name -> why.
-_UNSUPPORTED_FIELDS: dict[str, str] = {
-    "cpu_offloading": "activation CPU offloading is not implemented",
-    "use_ring_exchange_p2p": "ring-exchange p2p needs a custom PyTorch build",
-    "defer_embedding_wgrad_compute": "deferred embedding wgrad needs gradient_accumulation_fusion",
-    "hybrid_context_parallel": "hybrid (dynamic) context parallel is not implemented",
-}
+from gigatron.compat import megatron_only_fields
 
 CROSS_ENTROPY_FUSION_IMPLS = ("native", "native_grad_in_forward")
 
-# Megatron fields gigatron accepts with only some of Megatron's values: name -> which
-# (docs/compat.md lists them as partial).
-_RESTRICTED_FIELDS: dict[str, str] = {
-    "cross_entropy_fusion_impl": "'native' and gigatron's 'native_grad_in_forward'; 'te' "
-    "(Transformer Engine) raises",
-}
-
 
 @dataclass(kw_only=True)
-class ModelParallelConfig(_megatron_only_fields.MegatronOnlyParallelFields):
+class ModelParallelConfig(megatron_only_fields.MegatronOnlyParallelFields):
     """Parallel layout, initialisation, precision and pipeline hooks (Megatron's names).
 
     Megatron's fields for features gigatron lacks (userbuffer overlap knobs, CPU offloading, ...)
@@ -146,14 +131,7 @@ class ModelParallelConfig(_megatron_only_fields.MegatronOnlyParallelFields):
     """Barrier before timers record, for accurate timings."""
 
     def __post_init__(self) -> None:
-        _megatron_only_fields.check_at_default(self, _megatron_only_fields.PARALLEL)
-        for name, why in _UNSUPPORTED_FIELDS.items():
-            default = next(f.default for f in fields(ModelParallelConfig) if f.name == name)
-            if getattr(self, name) != default:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} is not supported by gigatron ({why}); "
-                    f"leave it at its default {default!r}"
-                )
+        megatron_only_fields.check_config(self, "parallel")
         if self.cross_entropy_fusion_impl not in CROSS_ENTROPY_FUSION_IMPLS:
             raise ValueError(
                 f"cross_entropy_fusion_impl={self.cross_entropy_fusion_impl!r} must be one of "

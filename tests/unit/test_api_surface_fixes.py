@@ -296,7 +296,7 @@ def test_async_calls_queue_megatron_keywords():
 
 
 def _megatron_only_cases():
-    from gigatron.core import _megatron_only_fields as mof
+    from gigatron.compat import megatron_only_fields as mof
 
     return [("mpc", n, d) for n, (d, _) in mof.PARALLEL.items()] + [
         ("tc", n, d) for n, (d, _) in mof.TRANSFORMER.items()
@@ -314,7 +314,7 @@ def test_megatron_only_fields_at_default_construct_like_megatron():
     values read back are Megatron's defaults (megatron-core's own dataclass fields)."""
     import dataclasses
 
-    from gigatron.core import _megatron_only_fields as mof
+    from gigatron.compat import megatron_only_fields as mof
     from gigatron.core.model_parallel_config import ModelParallelConfig
 
     with warnings.catch_warnings():
@@ -358,7 +358,7 @@ def test_megatron_only_field_off_default_raises(owner, name, default):
         )
     )
     build = _tiny if owner == "tc" else ModelParallelConfig
-    from gigatron.core import _megatron_only_fields as mof
+    from gigatron.compat import megatron_only_fields as mof
 
     if other in mof.OLDER_DEFAULTS.get(name, ()):  # 0.16's default: both bool values accepted
         build(**{name: other})
@@ -459,7 +459,7 @@ def test_every_megatron_core_config_field_at_its_default_constructs():
 def test_megatron_core_0_16_defaults_accepted():
     """Where megatron-core 0.19 changed a default (gigatron's now), 0.16's constructs as well;
     other values fail."""
-    from gigatron.core import _megatron_only_fields as mof
+    from gigatron.compat import megatron_only_fields as mof
 
     older = {n: d[0] for n, d in mof.OLDER_DEFAULTS.items()}
     assert _tiny().cuda_graph_scope is None and _tiny().moe_deepep_num_sms is None

@@ -162,7 +162,7 @@ _ALLOWED_0161_ONLY: dict[str, str] = {
     **{
         f"transformer.transformer_config:TransformerConfig.{name}: field default": (
             "0.19 changed this default (gigatron's now); 0.16.1's is accepted as well "
-            "(_megatron_only_fields.OLDER_DEFAULTS)"
+            "(megatron_only_fields.OLDER_DEFAULTS)"
         )
         for name in (
             "moe_deepep_num_sms",

@@ -1,7 +1,7 @@
 """Mistakes copied from third-party Megatron tutorials fail with errors that say what to use.
 
 Config fields Megatron never had, a TransformerLayer without its submodules spec, GradScaler on
-the schedule's list of loss reports (docs/compat_errors.md).
+the schedule's list of loss reports (docs/compat.md, "Tutorial mistakes").
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from gigatron.compat.missing_names import NOT_MEGATRON_FIELDS
 from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from gigatron.core.pipeline_parallel.schedules import get_forward_backward_func
-from gigatron.core.transformer import transformer_config as tc
 from gigatron.core.transformer.spec_utils import build_module
 from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.core.transformer.transformer_layer import TransformerLayer
@@ -55,7 +55,7 @@ def test_tutorial_config_fields_name_the_megatron_field(name, suggestion):
 
 def test_hint_table_suggests_only_real_fields_for_names_megatron_lacks():
     ours = {f.name for f in dataclasses.fields(TransformerConfig)}
-    for wrong, use in tc._NOT_MEGATRON_FIELDS.items():
+    for wrong, use in NOT_MEGATRON_FIELDS.items():
         assert wrong not in ours
         assert use.split(" ")[0].split("=")[0] in ours, (wrong, use)
 
@@ -63,7 +63,7 @@ def test_hint_table_suggests_only_real_fields_for_names_megatron_lacks():
 def test_hint_table_names_are_not_megatron_fields_either():
     mtc = pytest.importorskip("megatron.core.transformer.transformer_config")
     theirs = {f.name for f in dataclasses.fields(mtc.TransformerConfig)}
-    for wrong, use in tc._NOT_MEGATRON_FIELDS.items():
+    for wrong, use in NOT_MEGATRON_FIELDS.items():
         assert wrong not in theirs, wrong
         assert use.split(" ")[0].split("=")[0] in theirs, use
 

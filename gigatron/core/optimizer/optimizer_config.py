@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gigatron.core import _megatron_only_fields
+from gigatron.compat import megatron_only_fields
 
 _FILE = "gigatron/core/optimizer/optimizer_config.py"
 
@@ -74,9 +74,9 @@ class ParamKey:
 
 
 @dataclass
-class OptimizerConfig(_megatron_only_fields.MegatronOnlyOptimizerFields):
+class OptimizerConfig(megatron_only_fields.MegatronOnlyOptimizerFields):
     """Base optimizer configuration (Megatron's field names and defaults; FP8 / Muon fields
-    accepted only at their defaults, gigatron/core/_megatron_only_fields.py)."""
+    accepted only at their defaults, gigatron.compat.megatron_only_fields)."""
 
     # Learning rate (the OptimizerParamScheduler overwrites group lr every step).
     lr: float | None = None
@@ -175,7 +175,7 @@ class OptimizerConfig(_megatron_only_fields.MegatronOnlyOptimizerFields):
         def bad(name, value, rule):
             return ValueError(f"OptimizerConfig.{name} ({value!r}) {rule} ({_FILE})")
 
-        _megatron_only_fields.check_at_default(self, _megatron_only_fields.OPTIMIZER)
+        megatron_only_fields.check_config(self, "optimizer")
         if self.optimizer not in ("adam", "sgd"):
             raise bad("optimizer", self.optimizer, "must be 'adam' or 'sgd' in gigatron")
         if self.fp16 and self.bf16:

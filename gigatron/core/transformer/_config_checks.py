@@ -5,41 +5,7 @@ Each check raises ValueError naming the field, its value and the rule, before an
 
 from __future__ import annotations
 
-from dataclasses import fields
-
-# field -> why gigatron rejects a non-default value
-UNSUPPORTED = {
-    "fp8": "FP8 needs Transformer Engine",
-    "fp8_param": "FP8 parameters need Transformer Engine",
-    "fp4": "FP4 needs Transformer Engine",
-    "multi_latent_attention": "multi-latent attention is not implemented",
-    "mtp_num_layers": "multi-token prediction is not implemented",
-    "window_size": "sliding-window attention is not implemented",
-    "softmax_type": "only the 'vanilla' softmax is implemented",
-    "qk_l2_norm": "q/k L2 norm is not implemented",
-    "attention_output_gate": "gated attention output is not implemented",
-    "experimental_attention_variant": "experimental attention variants are not implemented",
-    "enable_cuda_graph": "CUDA graphs are not implemented",
-    "cuda_graph_impl": "CUDA graphs are not implemented",
-    "use_kitchen": "kitchen quantisation is not implemented",
-    "init_model_with_meta_device": "meta-device initialisation is not implemented",
-    "use_te_rng_tracker": "the Transformer Engine RNG tracker is not available",
-    "moe_latent_size": "latent MoE is not implemented",
-    "activation_func_clamp_value": "activation clamping is not implemented",
-    "pipeline_model_parallel_layout": "explicit pipeline layouts are not implemented",
-}
-
 SUPPORTED_RECOMPUTE_MODULES = ("core_attn", "mlp")
-
-
-def check_unsupported(cfg) -> None:
-    defaults = {f.name: f.default for f in fields(cfg)}
-    for name, why in UNSUPPORTED.items():
-        if getattr(cfg, name) != defaults[name]:
-            raise ValueError(
-                f"{name}={getattr(cfg, name)!r} is not supported by gigatron ({why}); "
-                f"leave it at its default {defaults[name]!r}"
-            )
 
 
 def check_architecture(cfg) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gigatron.compat import missing_names
 from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
@@ -154,8 +155,5 @@ def apply_swiglu_sharded_factory(
     )
 
 
-def __getattr__(name: str):
-    """`from ...transformer.mlp import MoEMLP` (tutorials' name) says what to use instead."""
-    from gigatron.core.transformer.moe._missing import missing_name_error
-
-    raise missing_name_error(__name__, name)
+# `from ...transformer.mlp import MoEMLP` (tutorials' name) says what to use instead
+__getattr__ = missing_names.module_getattr(__name__)

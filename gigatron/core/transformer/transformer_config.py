@@ -3,27 +3,28 @@
 Mirrors `megatron.core.transformer.transformer_config.TransformerConfig` (field names, defaults and
 post-init rules). Validation lives in `_config_checks.py`. Fields that exist in Megatron only for
 kernels gigatron lacks (FP8/FP4, CUDA graphs, MLA, ...) are accepted at their default and rejected
-otherwise; pure speed hints for fused kernels (`masked_softmax_fusion`, `bias_dropout_fusion`, ...)
-are accepted and run on the plain path, which computes the same numbers. Unknown keywords raise
-one `TypeError` naming each of them with the closest valid field.
+otherwise (`gigatron.compat.megatron_only_fields`); pure speed hints for fused kernels
+(`masked_softmax_fusion`, `bias_dropout_fusion`, ...) are accepted and run on the plain path, which
+computes the same numbers. Unknown keywords raise one `TypeError` naming each of them with the
+field to use (`gigatron.compat.missing_names`).
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch.nn.functional as F
 
-from gigatron.core import _megatron_only_fields
+from gigatron.compat import megatron_only_fields, missing_names
 from gigatron.core.model_parallel_config import ModelParallelConfig
 from gigatron.core.transformer import _config_checks
 from gigatron.core.transformer.enums import AttnBackend
 
 
+@missing_names.hint_unknown_fields
 @dataclass(kw_only=True)
-class TransformerConfig(ModelParallelConfig, _megatron_only_fields.MegatronOnlyTransformerFields):
+class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTransformerFields):
     """Transformer settings (Megatron's names and defaults; dropout is on by default).
 
     Megatron's fields for features gigatron lacks (FP8 recipes, CUDA-graph knobs, Mamba, DSA,
@@ -235,75 +236,9 @@ class TransformerConfig(ModelParallelConfig, _megatron_only_fields.MegatronOnlyT
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _megatron_only_fields.check_at_default(self, _megatron_only_fields.TRANSFORMER)
-        _config_checks.check_unsupported(self)
+        megatron_only_fields.check_config(self, "transformer")
         _config_checks.check_architecture(self)
         _config_checks.fill_defaults(self)
         _config_checks.check_recompute(self)
         _config_checks.check_pipeline(self)
         _config_checks.check_context_parallel(self)
-
-
-# Megatron fields accepted only at their default (gigatron/core/_megatron_only_fields.py), under
-# the name scripts/gen_compat.py reads, so docs/compat.md lists them as "default only".
-_UNSUPPORTED = {
-    name: why
-    for name, (_, why) in {
-        **_megatron_only_fields.PARALLEL,
-        **_megatron_only_fields.TRANSFORMER,
-    }.items()
-}
-
-# Names third-party Megatron tutorials use that Megatron never had -> what to use instead.
-# (Checked by tests/unit/test_compat_errors.py: every suggested field exists.)
-_NOT_MEGATRON_FIELDS = {
-    "moe_expert_parallel_size": "expert_model_parallel_size (a parallel_state / "
-    "ModelParallelConfig size, also passed to initialize_model_parallel)",
-    "expert_parallel_size": "expert_model_parallel_size",
-    "moe_router_use_second_place": "moe_router_topk=2 (top-k routing already keeps the 2nd choice)",
-    "moe_min_capacity": "moe_expert_capacity_factor (capacity = factor * tokens * topk / "
-    "num_moe_experts; with moe_pad_expert_input_to_capacity=True to pad up to it)",
-    "moe_capacity_factor": "moe_expert_capacity_factor",
-    "moe_num_experts": "num_moe_experts",
-    "num_experts": "num_moe_experts",
-    "moe_top_k": "moe_router_topk",
-    "moe_topk": "moe_router_topk",
-    "moe_aux_loss_weight": "moe_aux_loss_coeff",
-    "tensor_parallel_size": "tensor_model_parallel_size",
-    "pipeline_parallel_size": "pipeline_model_parallel_size",
-}
-
-
-def _unknown_field_line(cls_name: str, name: str, valid: set[str]) -> str:
-    if name in _NOT_MEGATRON_FIELDS:
-        return (
-            f"{cls_name} has no field {name!r} (it is not a Megatron field either); "
-            f"use {_NOT_MEGATRON_FIELDS[name]}"
-        )
-    close = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{cls_name} has no field {name!r}{hint}"
-
-
-def _add_unknown_name_hint(cls):
-    """Make unknown keywords raise TypeError naming the closest valid field (or, for names
-    tutorials invent, the field to use instead: `_NOT_MEGATRON_FIELDS`)."""
-    dataclass_init = cls.__init__
-
-    def __init__(self, *args, **kwargs):
-        valid = {f.name for f in fields(type(self)) if f.init}
-        unknown = [name for name in kwargs if name not in valid]
-        if unknown:  # all of them at once, not one per run
-            lines = [_unknown_field_line(type(self).__name__, name, valid) for name in unknown]
-            if len(lines) > 1:
-                lines = [f"{type(self).__name__} got {len(lines)} unknown fields:", *lines]
-            raise TypeError("\n  ".join(lines))
-        dataclass_init(self, *args, **kwargs)
-
-    __init__.__doc__ = dataclass_init.__doc__
-    __init__.__signature__ = __import__("inspect").signature(dataclass_init)
-    cls.__init__ = __init__
-    return cls
-
-
-TransformerConfig = _add_unknown_name_hint(TransformerConfig)

@@ -5,7 +5,9 @@ Submodules as in Megatron: `moe_layer` (MoELayer, MoESubmodules), `router` (TopK
 `shared_experts` (SharedExpertMLP) and `moe_utils` (losses, aux-loss tracking). See docs/moe.md.
 """
 
-from gigatron.core.transformer.moe._missing import missing_name_error
+import importlib
+
+from gigatron.compat import missing_names
 
 _EXPORTS = {
     "MoELayer": "moe_layer",
@@ -20,12 +22,14 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
+# tutorials' names (MoEMLP, Router, ...) say what to use (gigatron.compat.missing_names)
+_missing_name = missing_names.module_getattr(__name__)
 
+
+def __getattr__(name: str):
+    if name in _EXPORTS:  # imported on first use, as Megatron's package does not load them all
         return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise missing_name_error(__name__, name)
+    return _missing_name(name)
 
 
 def __dir__():

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
+from gigatron.compat import missing_names
 from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from gigatron.core.tensor_parallel._groups import group_rank, group_size
@@ -376,7 +377,5 @@ def sequential_weights_from_grouped(weight1: Tensor, weight2: Tensor, num_local_
     return [w.t().contiguous() for w in w1], [w.t().contiguous() for w in w2]
 
 
-def __getattr__(name: str):
-    from gigatron.core.transformer.moe._missing import missing_name_error
-
-    raise missing_name_error(__name__, name)
+# tutorials' names (MoEMLP, Router, ...) say what to use (gigatron.compat.missing_names)
+__getattr__ = missing_names.module_getattr(__name__)

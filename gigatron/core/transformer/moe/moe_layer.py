@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from gigatron.compat import missing_names
 from gigatron.core.tensor_parallel._groups import group_rank, group_size
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
@@ -131,7 +132,5 @@ class MoELayer(BaseMoELayer):
         return out, mlp_bias
 
 
-def __getattr__(name: str):
-    from gigatron.core.transformer.moe._missing import missing_name_error
-
-    raise missing_name_error(__name__, name)
+# tutorials' names (MoEMLP, Router, ...) say what to use (gigatron.compat.missing_names)
+__getattr__ = missing_names.module_getattr(__name__)

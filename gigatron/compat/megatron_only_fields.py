@@ -1,18 +1,23 @@
 """Megatron config fields for features gigatron does not implement, accepted only at the default.
 
-megatron-core's `ModelParallelConfig` and `TransformerConfig` carry fields for Transformer Engine
-(FP8 / FP4, userbuffer overlap), CUDA graphs, Mamba / hybrid models, attention variants, DeepEP,
-inference kernels and offloading. A Megatron script or config file that spells them out at their
-default values must construct unchanged, and any other value must fail loudly (a setting is never
-silently ignored). The mixins below declare them (names of megatron-core 0.16.1, then the fields
-megatron-core 0.19.2 added; defaults of 0.19.2) and `check_at_default` raises ValueError naming
-the field, its value and why. Where 0.19 changed a default, 0.16's is accepted as well
-(`OLDER_DEFAULTS`), so configs written for either construct.
+megatron-core's `ModelParallelConfig`, `TransformerConfig` and `OptimizerConfig` carry fields for
+Transformer Engine (FP8 / FP4, userbuffer overlap), CUDA graphs, Mamba / hybrid models, attention
+variants, DeepEP, inference kernels and offloading. A Megatron script or config file that spells
+them out at their default values must construct unchanged, and any other value must fail loudly (a
+setting is never silently ignored). Two kinds, one rule:
 
-`ModelParallelConfig` inherits `MegatronOnlyParallelFields`; `TransformerConfig` also inherits
-`MegatronOnlyTransformerFields`; `OptimizerConfig` inherits `MegatronOnlyOptimizerFields`. Fields
-gigatron declares in the configs themselves (with the same rule, e.g. `fp8`,
-`enable_cuda_graph`) live there, not here.
+- fields gigatron's configs do not otherwise need: declared here as mixins (`PARALLEL`,
+  `TRANSFORMER`, `OPTIMIZER`; names of megatron-core 0.16.1, then those 0.19.2 added; defaults of
+  0.19.2). Where 0.19 changed a default, 0.16's is accepted as well (`OLDER_DEFAULTS`);
+- fields the configs declare themselves, because code reads them (`fp8`, `enable_cuda_graph`,
+  ...): only the reason lives here (`DECLARED_PARALLEL`, `DECLARED_TRANSFORMER`), the default is
+  the config's.
+
+Each config's `__post_init__` makes one call, `check_config(self, "<kind>")`, which raises
+ValueError naming the field, its value and why. `RESTRICTED` lists fields accepted with only some
+of Megatron's values (the config checks them; docs/compat.md lists them as partial).
+
+Leaf module: imports nothing from gigatron (see `gigatron.compat`).
 """
 
 from __future__ import annotations
@@ -281,15 +286,72 @@ MegatronOnlyOptimizerFields = _mixin("MegatronOnlyOptimizerFields", OPTIMIZER)
 MegatronOnlyTransformerFields = _mixin("MegatronOnlyTransformerFields", TRANSFORMER)
 
 
-def check_at_default(cfg, table: dict[str, tuple[object, str]]) -> None:
-    """ValueError for the first field of `table` whose value on `cfg` is not the default."""
-    declared = {f.name for f in fields(cfg)}
+# Fields the configs declare themselves (code reads them), accepted only at the config's default:
+# name -> why gigatron refuses another value
+DECLARED_PARALLEL: dict[str, str] = {
+    "cpu_offloading": "activation CPU offloading is not implemented",
+    "use_ring_exchange_p2p": "ring-exchange p2p needs a custom PyTorch build",
+    "defer_embedding_wgrad_compute": "deferred embedding wgrad needs gradient_accumulation_fusion",
+    "hybrid_context_parallel": "hybrid (dynamic) context parallel is not implemented",
+}
+
+DECLARED_TRANSFORMER: dict[str, str] = {
+    "fp8": "FP8 needs Transformer Engine",
+    "fp8_param": "FP8 parameters need Transformer Engine",
+    "fp4": "FP4 needs Transformer Engine",
+    "multi_latent_attention": "multi-latent attention is not implemented",
+    "mtp_num_layers": "multi-token prediction is not implemented",
+    "window_size": "sliding-window attention is not implemented",
+    "softmax_type": "only the 'vanilla' softmax is implemented",
+    "qk_l2_norm": "q/k L2 norm is not implemented",
+    "attention_output_gate": "gated attention output is not implemented",
+    "experimental_attention_variant": "experimental attention variants are not implemented",
+    "enable_cuda_graph": "CUDA graphs are not implemented",
+    "cuda_graph_impl": "CUDA graphs are not implemented",
+    "use_kitchen": "kitchen quantisation is not implemented",
+    "init_model_with_meta_device": "meta-device initialisation is not implemented",
+    "use_te_rng_tracker": "the Transformer Engine RNG tracker is not available",
+    "moe_latent_size": "latent MoE is not implemented",
+    "activation_func_clamp_value": "activation clamping is not implemented",
+    "pipeline_model_parallel_layout": "explicit pipeline layouts are not implemented",
+}
+
+# Megatron fields accepted with only some of Megatron's values: name -> which
+RESTRICTED: dict[str, str] = {
+    "cross_entropy_fusion_impl": "'native' and gigatron's 'native_grad_in_forward'; 'te' "
+    "(Transformer Engine) raises",
+}
+
+# config kind -> (mixin table, declared table)
+TABLES: dict[str, tuple[dict[str, tuple[object, str]], dict[str, str]]] = {
+    "parallel": (PARALLEL, DECLARED_PARALLEL),
+    "transformer": (TRANSFORMER, DECLARED_TRANSFORMER),
+    "optimizer": (OPTIMIZER, {}),
+}
+
+
+def check_config(cfg, kind: str) -> None:
+    """ValueError for the first Megatron-only field of `cfg` not at its default.
+
+    kind: "parallel" (ModelParallelConfig), "transformer" (TransformerConfig) or "optimizer"
+    (OptimizerConfig); a subclass checks its own kind after its parent's.
+    """
+    table, declared = TABLES[kind]
+    defaults = {f.name: f.default for f in fields(cfg)}
     for name, (default, why) in table.items():
-        if name not in declared:
+        if name not in defaults:
             continue
         value = getattr(cfg, name, MISSING)
         if value != default and not any(value == d for d in OLDER_DEFAULTS.get(name, ())):
-            raise ValueError(
-                f"{name}={value!r} is not supported by gigatron ({why}); leave it at Megatron's "
-                f"default {default!r} (gigatron/core/_megatron_only_fields.py)"
-            )
+            raise _refused(name, value, default, why)
+    for name, why in declared.items():
+        value = getattr(cfg, name)
+        if value != defaults[name]:
+            raise _refused(name, value, defaults[name], why)
+
+
+def _refused(name: str, value: object, default: object, why: str) -> ValueError:
+    return ValueError(
+        f"{name}={value!r} is not supported by gigatron ({why}); leave it at Megatron's "
+        f"default {default!r} (docs/compat.md)"
+    )
