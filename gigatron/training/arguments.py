@@ -15,10 +15,10 @@ import sys
 
 import torch
 
+from gigatron.compat.training_args import add_compat_args, validate_compat_args
 from gigatron.training import _cli_errors
 from gigatron.training._cli_errors import known_flags as _known_flags  # noqa: F401
 from gigatron.training._cli_errors import reject_unknown, suggest_flag  # noqa: F401
-from gigatron.training._compat_args import add_compat_args, validate_compat_args
 from gigatron.training._yaml_cfg import apply_yaml
 
 _NONE = None

@@ -1,4 +1,4 @@
-"""Megatron example-script flags (gigatron/training/_compat_args.py): each parses to Megatron's
+"""Megatron example-script flags (gigatron.compat.training_args): each parses to Megatron's
 attribute, no-ops are documented, refused values raise a ValueError naming the flag, the
 weight-decay schedule equals megatron-core's scheduler, "did you mean" suggests related flags."""
 
@@ -7,8 +7,8 @@ import pathlib
 import pytest
 import torch
 
+from gigatron.compat.training_args import NO_OPS, moe_freq_type
 from gigatron.core.transformer.enums import AttnBackend
-from gigatron.training._compat_args import NO_OPS, moe_freq_type
 from gigatron.training.arguments import (
     _known_flags,
     build_parser,
@@ -327,7 +327,7 @@ def test_tokenizer_types_accepted_are_the_ones_built():
     """Every accepted --tokenizer-type has a branch in build_tokenizer (the list cannot drift)."""
     import inspect
 
-    from gigatron.training._compat_args import TOKENIZER_TYPES
+    from gigatron.compat.training_args import TOKENIZER_TYPES
     from gigatron.training.tokenizer import tokenizer
 
     source = inspect.getsource(tokenizer.build_tokenizer)

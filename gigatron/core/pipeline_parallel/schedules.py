@@ -7,7 +7,7 @@ Megatron's keyword-only signature, forward_step_func contract, loss scaling and 
 Each schedule validates its inputs, asks `_schedule_table` for this rank's order of steps and hands
 it to the one executor in `_executor`. Returns the per-microbatch loss reports on the last
 pipeline stage and [] elsewhere, as a `list` subclass whose tensor methods (`.backward()`, used by
-GradScaler tutorials) raise a helpful TypeError (`_loss_reports.py`).
+GradScaler tutorials) raise a helpful TypeError (`gigatron.compat.loss_reports`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from gigatron.compat.loss_reports import LossReports
 from gigatron.core import parallel_state
 from gigatron.core.pipeline_parallel import _schedule_table as table
 from gigatron.core.pipeline_parallel._executor import RunSpec, run_table
-from gigatron.core.pipeline_parallel._loss_reports import LossReports
 from gigatron.core.pipeline_parallel._steps import (  # noqa: F401  (Megatron's public names)
     backward_step,
     custom_backward,

@@ -7,6 +7,8 @@ already run. Third-party tutorials sometimes treat it as a loss tensor, e.g.
 "'list' object has no attribute 'backward'". `LossReports` is a `list` (equal to, and used
 exactly like, Megatron's) whose tensor-only methods raise a TypeError saying what to use instead.
 `GradScaler.scale(list)` rebuilds the same type, so the error also reaches that path.
+
+Leaf module: imports nothing from gigatron (see `gigatron.compat`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ _WHAT_TO_USE = (
     "OptimizerConfig(fp16=True, ...), model) and config.grad_scale_func = optimizer.scale_loss "
     "(the schedule scales each loss before its backward), then optimizer.step() unscales, "
     "skips overflow steps and updates the scale. Read losses as [d['lm loss'] for d in losses] "
-    "(gigatron/core/pipeline_parallel/_loss_reports.py, docs/compat_errors.md)"
+    "(docs/compat.md)"
 )
 
 
@@ -42,7 +44,7 @@ class LossReports(list):
             "num_microbatches=accumulation_steps, ...) runs them all and divides each loss by "
             "num_microbatches before its backward), and the list holds the reports loss_func "
             "returned, one per microbatch (e.g. {'lm loss': tensor}); average them with "
-            "sum(d['lm loss'] for d in losses) / len(losses) (docs/compat_errors.md)"
+            "sum(d['lm loss'] for d in losses) / len(losses) (docs/compat.md)"
         )
 
     __floordiv__ = __itruediv__ = __truediv__

@@ -1,6 +1,6 @@
 """Megatron-LM flags that its example scripts pass and that gigatron honours, accepts or refuses.
 
-Part of `gigatron.training.arguments` (mirrors parts of `megatron.training.arguments`:
+Used by `gigatron.training.arguments` (mirrors parts of `megatron.training.arguments`:
 `_add_regularization_args`, `_add_training_args`, `_add_logging_args`, `_add_checkpointing_args`,
 `_add_moe_args`). Three kinds of flag live here (docs/training.md lists them all):
 
@@ -12,6 +12,9 @@ Part of `gigatron.training.arguments` (mirrors parts of `megatron.training.argum
   numbers gigatron computes (each is listed in `NO_OPS` with the reason);
 - refused: values gigatron cannot honour (`--ckpt-format torch`, `--use-legacy-models`, ...),
   a ValueError naming the flag, raised by `validate_compat_args`.
+
+Imports `gigatron.core` (its enums): only `gigatron.training` may import this module (see
+`gigatron.compat`).
 """
 
 from __future__ import annotations
@@ -275,10 +278,6 @@ TOKENIZER_TYPES = (
 )
 
 
-def _where(msg: str) -> ValueError:
-    return ValueError(f"{msg} (gigatron/training/_compat_args.py)")
-
-
 def _weight_decay_schedule(args) -> None:
     """Megatron's rule: 'constant' takes --weight-decay and forbids --start/--end-weight-decay;
     'linear' / 'cosine' need both."""
@@ -286,13 +285,13 @@ def _weight_decay_schedule(args) -> None:
     start, end = args.start_weight_decay, args.end_weight_decay
     if style == "constant":
         if start is not None or end is not None:
-            raise _where(
+            raise ValueError(
                 f"--start-weight-decay ({start}) / --end-weight-decay ({end}) need "
                 "--weight-decay-incr-style linear or cosine (constant uses --weight-decay)"
             )
         args.start_weight_decay = args.end_weight_decay = args.weight_decay
     elif start is None or end is None:
-        raise _where(
+        raise ValueError(
             f"--weight-decay-incr-style {style} needs both --start-weight-decay ({start}) and "
             f"--end-weight-decay ({end})"
         )
@@ -308,13 +307,13 @@ def _deterministic_mode(args) -> None:
     if not args.deterministic_mode:
         return
     if getattr(args, "use_flash_attn", False):
-        raise _where("--deterministic-mode cannot be used with --use-flash-attn")
+        raise ValueError("--deterministic-mode cannot be used with --use-flash-attn")
     if args.cross_entropy_loss_fusion:
-        raise _where("--deterministic-mode cannot be used with --cross-entropy-loss-fusion")
+        raise ValueError("--deterministic-mode cannot be used with --cross-entropy-loss-fusion")
     nccl = (args.distributed_backend or ("nccl" if torch.cuda.is_available() else "gloo")) == "nccl"
     algo = os.environ.get("NCCL_ALGO")
     if nccl and algo not in _NCCL_DETERMINISTIC_ALGOS:
-        raise _where(
+        raise ValueError(
             f"--deterministic-mode on NCCL needs NCCL_ALGO set to one of "
             f"{list(_NCCL_DETERMINISTIC_ALGOS)} (got {algo!r})"
         )
@@ -325,39 +324,39 @@ def _legacy_spellings(args) -> None:
     if args.use_rotary_position_embeddings:
         args.position_embedding_type = "rope"
     if not args.add_position_embedding and args.position_embedding_type != "rope":
-        raise _where(
+        raise ValueError(
             "--no-position-embedding is deprecated: use --position-embedding-type none (Megatron "
             "allows it only with rope)"
         )
     if args.recompute_activations:
         args.recompute_granularity = "selective"
     if args.dataloader_type in ("cyclic", "external"):
-        raise _where(
+        raise ValueError(
             f"--dataloader-type {args.dataloader_type}: gigatron's loader is Megatron's "
             "'single' (one ordered pass, resumable by consumed samples)"
         )
     if not args.create_attention_mask_in_dataloader and args.reset_attention_mask:
-        raise _where(
+        raise ValueError(
             "--no-create-attention-mask-in-dataloader with --reset-attention-mask: the "
             "per-document mask lives in the dataloader's attention mask"
         )
     if args.squared_relu and (args.swiglu or args.openai_gelu):
-        raise _where("--squared-relu excludes --swiglu and --openai-gelu (one MLP activation)")
+        raise ValueError("--squared-relu excludes --swiglu and --openai-gelu (one MLP activation)")
 
 
 def validate_compat_args(args) -> None:
     """Derived values and refusals for the flags of this module (called by validate_args)."""
     if getattr(args, "use_legacy_models", False):
-        raise _where("--use-legacy-models: gigatron has only the Megatron Core models")
+        raise ValueError("--use-legacy-models: gigatron has only the Megatron Core models")
     fmt = args.ckpt_format
     if fmt in _REFUSED_CKPT_FORMATS:
-        raise _where(f"--ckpt-format {fmt} is not supported: {_REFUSED_CKPT_FORMATS[fmt]}")
+        raise ValueError(f"--ckpt-format {fmt} is not supported: {_REFUSED_CKPT_FORMATS[fmt]}")
     args.use_dist_ckpt = True  # Megatron: use_dist_ckpt = ckpt_format != 'torch'
     args.attention_backend = AttnBackend[args.attention_backend]
     _legacy_spellings(args)
     kind = args.tokenizer_type
     if kind is not None and kind not in TOKENIZER_TYPES:
-        raise _where(f"--tokenizer-type {kind} is not supported; use one of {TOKENIZER_TYPES}")
+        raise ValueError(f"--tokenizer-type {kind} is not supported; use one of {TOKENIZER_TYPES}")
     cp = args.context_parallel_size
     if cp > 1 and args.attention_dropout > 0:
         raise ValueError(
@@ -368,12 +367,12 @@ def validate_compat_args(args) -> None:
     _weight_decay_schedule(args)
     _deterministic_mode(args)
     if args.manual_gc_interval < 0:
-        raise _where(f"--manual-gc-interval ({args.manual_gc_interval}) must be >= 0")
+        raise ValueError(f"--manual-gc-interval ({args.manual_gc_interval}) must be >= 0")
     freq = args.moe_layer_freq
     if isinstance(freq, int) and freq < 1:
-        raise _where(f"--moe-layer-freq ({freq}) must be >= 1")
+        raise ValueError(f"--moe-layer-freq ({freq}) must be >= 1")
     if isinstance(freq, list) and len(freq) != args.num_layers:
-        raise _where(
+        raise ValueError(
             f"--moe-layer-freq pattern has {len(freq)} entries, --num-layers is {args.num_layers}"
         )
     _moe_rules(args)
@@ -413,21 +412,21 @@ def _moe_rules(args) -> None:
     ep, experts = args.expert_model_parallel_size, args.num_experts
     if not experts:
         if ep > 1:
-            raise _where(
+            raise ValueError(
                 f"--expert-model-parallel-size {ep} needs --num-experts (a multiple of {ep}): "
                 "without experts there is nothing to spread over expert-parallel ranks"
             )
         for name, default in _MOE_DEFAULTS.items():
             if getattr(args, name, default) != default:
-                raise _where(f"--{name.replace('_', '-')} needs --num-experts")
+                raise ValueError(f"--{name.replace('_', '-')} needs --num-experts")
         return
     if experts % ep:
-        raise _where(
+        raise ValueError(
             f"--num-experts ({experts}) must be divisible by --expert-model-parallel-size ({ep}): "
             "each expert-parallel rank holds the same number of experts"
         )
     if not 1 <= args.moe_router_topk <= experts:
-        raise _where(
+        raise ValueError(
             f"--moe-router-topk ({args.moe_router_topk}) must be between 1 and --num-experts "
             f"({experts}): each token goes to that many distinct experts"
         )
