@@ -1,7 +1,7 @@
 """SM clock and board power of this rank's GPU while the timed steps run (bench_gpt.py).
 
 Session 7 found that gpt-1.3b runs at the H200's 700 W limit, where the SM clock falls from
-1980 MHz to 1425-1740 MHz and depends on the values multiplied (bench/reports/2026-11-30-s7-gpu.md):
+1980 MHz to 1425-1740 MHz and depends on the values multiplied (bench/reports/gemm-power-cap.md):
 two runs compare kernels only at the same clock. `GpuSampler` polls `nvidia-smi` in a thread
 during the timed window (no Python dependency; the GPU is named by its UUID, so it is this process's
 device whatever CUDA_VISIBLE_DEVICES says) and summarises what it printed:

@@ -1,4 +1,4 @@
-"""Table and ratios from a results.jsonl written by bench/run_gpu.sh (one RESULT object a line).
+"""Table and ratios from a results.jsonl written by bench/run.sh (one RESULT object a line).
 
     python bench/compare.py results.jsonl [more.jsonl ...]
 

@@ -3,7 +3,7 @@
 The linears' backward starts the input-gradient reduce-scatter, then runs the weight-gradient
 matmul, then waits (tensor_parallel/_linear.py), so the transfer hides behind the matmul.
 Inductor's default peak-memory reordering moves that matmul after the wait (the collective
-then runs alone: bench/reports/2026-11-30-s3-gpu.md). With `reorder_for_peak_memory=False`
+then runs alone: bench/reports/gpt-tensor-parallel.md). With `reorder_for_peak_memory=False`
 (bench_gpt.py --no-memory-reorder) the generated backward keeps a matmul between every
 reduce-scatter and its wait; this checks that schedule in the generated code on CPU."""
 

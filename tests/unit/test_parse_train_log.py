@@ -1,4 +1,4 @@
-"""bench/parse_train_log.py: the device scripts' RESULT line from a pretrain_gpt log."""
+"""bench/parse_train_log.py: the runner's (bench/run.sh) RESULT line from a pretrain_gpt log."""
 
 import json
 import os
