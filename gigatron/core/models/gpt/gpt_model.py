@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gigatron.core.fusions.chunked_cross_entropy import chunked_linear_cross_entropy
 from gigatron.core.models.common.language_module.language_module import LanguageModule
 from gigatron.core.transformer.enums import ModelType
 from gigatron.core.transformer.transformer_block import TransformerBlock
@@ -110,7 +111,7 @@ class GPTModel(LanguageModule):
         compute_language_model_loss, scale_logits (identity: no muP) and config; its result is
         the model's output."""
         inference_context = inference_context if inference_context is not None else inference_params
-        if inference_context is not None:
+        if inference_context is not None:  # KV-cache decoding: positions continue the cache
             position_ids = _inference_position_ids(self, inference_context, input_ids, position_ids)
         if decoder_input is None and self.pre_process:
             decoder_input = self.embedding(input_ids=input_ids, position_ids=position_ids)
@@ -124,62 +125,67 @@ class GPTModel(LanguageModule):
         )  # [s(/tp), b, h]
         if not self.post_process:
             return hidden_states
-        if output_processor is not None:
-            return output_processor(
-                hidden_states=hidden_states,
-                output_layer=self.output_layer,
-                output_weight=self._tied_output_weight(),
-                labels=labels,
-                loss_mask=loss_mask,
-                input_ids=input_ids,
-                position_ids=position_ids,
-                attention_mask=attention_mask,
-                decoder_input=decoder_input,
-                inference_context=inference_context,
-                packed_seq_params=packed_seq_params,
-                runtime_gather_output=runtime_gather_output,
-                context=output_processor_context,
-                compute_language_model_loss=self.compute_language_model_loss,
-                scale_logits=_identity,
-                config=self.config,
-            )
-        if inference_context is not None and not self.training:
-            if inference_context.materialize_only_last_token_logits:
-                hidden_states = hidden_states[-1:]  # [1, b, h]: all a sampler needs
-        output_weight = self._tied_output_weight()
-        # The loss kernel follows cross_entropy_loss_fusion / cross_entropy_fusion_impl alone,
-        # whatever parallel_output is, as Megatron's compute_language_model_loss picks it: the
-        # chunked kernel reads the vocab-parallel weight and returns no logits to gather.
-        if labels is not None and self.config.cross_entropy_loss_fusion:
-            # Fast path: output layer + vocab-parallel cross entropy in token chunks, never the
-            # whole batch's fp32 logits (same numbers as the two steps below). The logits are
-            # recomputed chunk by chunk in backward: on H200 faster and smaller than keeping
-            # them (bench/reports/2026-11-30-gpu.md; under torch.compile AOT autograd merges the
-            # recompute with the forward matmul: bench/count_ce_matmuls.py).
-            from gigatron.core.fusions.chunked_cross_entropy import chunked_linear_cross_entropy
+        if output_processor is None:
+            if inference_context is not None and not self.training:
+                hidden_states = _last_token_only(hidden_states, inference_context)
+            return self._output_and_loss(hidden_states, labels, loss_mask, runtime_gather_output)
+        # Megatron 0.19 API: the caller's processor replaces the output layer and the loss
+        return output_processor(
+            hidden_states=hidden_states,
+            output_layer=self.output_layer,
+            output_weight=self._tied_output_weight(),
+            labels=labels,
+            loss_mask=loss_mask,
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            decoder_input=decoder_input,
+            inference_context=inference_context,
+            packed_seq_params=packed_seq_params,
+            runtime_gather_output=runtime_gather_output,
+            context=output_processor_context,
+            compute_language_model_loss=self.compute_language_model_loss,
+            scale_logits=_identity,
+            config=self.config,
+        )
 
-            # 'native_grad_in_forward' (gigatron-only): both gradients in forward, one logits
-            # matmul fewer; the loss gradient must be proportional to loss_mask.
-            grad_in_forward = self.config.cross_entropy_fusion_impl == "native_grad_in_forward"
-            return chunked_linear_cross_entropy(
-                hidden_states,
-                self.output_layer.weight if output_weight is None else output_weight,
-                labels,
-                sequence_parallel=self.config.sequence_parallel,
-                recompute=True,
-                grad_in_forward=grad_in_forward,
-                loss_mask=loss_mask if grad_in_forward else None,
-            )  # [b, s]
-        # With labels the loss is taken over the vocab-parallel logits, never gathered ones:
-        # vocab_parallel_cross_entropy would read gathered [s, b, V] logits as a V-wide shard
-        # per rank and return loss + log(tp) (Megatron does; gigatron differs on purpose).
-        gather = False if labels is not None else runtime_gather_output
-        logits, _ = self.output_layer(
-            hidden_states, weight=output_weight, runtime_gather_output=gather
-        )  # [s, b, V/tp]
-        if labels is None:
-            return logits.transpose(0, 1).contiguous()  # [b, s, V/tp]
-        return self.compute_language_model_loss(labels, logits)  # [b, s]
+    def _output_and_loss(self, hidden_states, labels, loss_mask, runtime_gather_output) -> Tensor:
+        """hidden_states [s(/tp), b, h] -> logits [b, s, V/tp], or with labels [b, s] the fp32
+        loss [b, s]. The loss kernel follows cross_entropy_loss_fusion / cross_entropy_fusion_impl
+        alone, whatever parallel_output is, as Megatron's compute_language_model_loss picks it."""
+        output_weight = self._tied_output_weight()
+        if labels is None or not self.config.cross_entropy_loss_fusion:
+            # With labels the loss is taken over the vocab-parallel logits, never gathered ones:
+            # vocab_parallel_cross_entropy would read gathered [s, b, V] logits as a V-wide shard
+            # per rank and return loss + log(tp) (Megatron does; gigatron differs on purpose).
+            gather = False if labels is not None else runtime_gather_output
+            logits, _ = self.output_layer(
+                hidden_states, weight=output_weight, runtime_gather_output=gather
+            )  # [s, b, V/tp]
+            if labels is None:
+                return logits.transpose(0, 1).contiguous()  # [b, s, V/tp]
+            return self.compute_language_model_loss(labels, logits)  # [b, s]
+        return self._fused_output_and_loss(hidden_states, output_weight, labels, loss_mask)
+
+    def _fused_output_and_loss(self, hidden_states, output_weight, labels, loss_mask) -> Tensor:
+        """Fast path of `_output_and_loss` with labels: output layer + vocab-parallel cross
+        entropy in token chunks, never the whole batch's fp32 logits (same numbers as the plain
+        path). The logits are recomputed chunk by chunk in backward: on H200 faster and smaller
+        than keeping them (bench/reports/2026-11-30-gpu.md; under torch.compile AOT autograd
+        merges the recompute with the forward matmul: bench/count_ce_matmuls.py); the chunked
+        kernel reads the vocab-parallel weight and returns no logits to gather."""
+        # 'native_grad_in_forward' (gigatron-only): both gradients in forward, one logits
+        # matmul fewer; the loss gradient must be proportional to loss_mask.
+        grad_in_forward = self.config.cross_entropy_fusion_impl == "native_grad_in_forward"
+        return chunked_linear_cross_entropy(
+            hidden_states,
+            self.output_layer.weight if output_weight is None else output_weight,
+            labels,
+            sequence_parallel=self.config.sequence_parallel,
+            recompute=True,
+            grad_in_forward=grad_in_forward,
+            loss_mask=loss_mask if grad_in_forward else None,
+        )  # [b, s]
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
         """megatron-core's: {state-dict key: ShardedTensor | ShardedTensorFactory |
@@ -202,6 +208,14 @@ def _inference_position_ids(model, inference_context, input_ids, position_ids):
     start = inference_context.sequence_len_offset
     positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
     return positions[None].expand(input_ids.shape[0], -1)  # [b, s]
+
+
+def _last_token_only(hidden_states: Tensor, inference_context) -> Tensor:
+    """[s, b, h] -> [1, b, h] when the cache asks for the last token's logits only (all a
+    sampler needs)."""
+    if inference_context.materialize_only_last_token_logits:
+        return hidden_states[-1:]
+    return hidden_states
 
 
 def _identity(logits: Tensor) -> Tensor:
