@@ -61,7 +61,7 @@ def compiled_flat(p, g) -> float:
 def megatron_step(shapes, device, use_distributed_optimizer: bool, flat: bool = False):
     """(step callable, ddp model) of gigatron's training optimizer over params of `shapes` (bf16,
     random, in a DDP model with fp32 grad buffers holding random grads, the same for either
-    optimizer kind). `flat`: the distributed optimizer with GIGATRON_FLAT_OPTIMIZER_STEP=1.
+    optimizer kind). `flat`: the distributed optimizer with flat_adam_step=True.
     Needs an initialized process group and parallel_state (one rank is enough)."""
     from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from gigatron.core.model_parallel_config import ModelParallelConfig
@@ -89,12 +89,9 @@ def megatron_step(shapes, device, use_distributed_optimizer: bool, flat: bool = 
         bf16=True,
         params_dtype=torch.bfloat16,
         use_distributed_optimizer=use_distributed_optimizer,
+        flat_adam_step=flat,
     )
-    os.environ["GIGATRON_FLAT_OPTIMIZER_STEP"] = "1" if flat else "0"
-    try:
-        opt = get_megatron_optimizer(config, [ddp])
-    finally:
-        os.environ.pop("GIGATRON_FLAT_OPTIMIZER_STEP")
+    opt = get_megatron_optimizer(config, [ddp])
     return opt.step, ddp
 
 

@@ -4,7 +4,7 @@ host gaps the GPU waits through after the loop's syncs (NaN check, grad norm).
 A GPT with gpt-1.3b's parameter count per layer structure (24 layers: 293 tensors) but tiny
 tensors (hidden 8), DDP with fp32 grad buffers, the distributed optimizer (bf16 params, fp32
 main params, clipping at 1.0), one gloo rank: the compute is negligible, what is timed is the
-per-tensor host work. `--flat` uses the flat Adam step (GIGATRON_FLAT_OPTIMIZER_STEP=1).
+per-tensor host work. `--flat` uses the flat Adam step (OptimizerConfig.flat_adam_step=True).
 
     python bench/bench_optimizer_host.py [--flat] [--layers 24] [--reps 50]
 """
@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--flat", action="store_true", help="GIGATRON_FLAT_OPTIMIZER_STEP=1")
+    ap.add_argument("--flat", action="store_true", help="OptimizerConfig.flat_adam_step=True")
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--reps", type=int, default=50)
     a = ap.parse_args(argv)
-    os.environ["GIGATRON_FLAT_OPTIMIZER_STEP"] = "1" if a.flat else "0"
     import torch
     import torch.distributed as dist
 
@@ -60,7 +58,12 @@ def main(argv=None) -> dict:
     )
     ddp = DistributedDataParallel(cfg, ddp_cfg, model)
     opt_cfg = OptimizerConfig(
-        lr=1e-4, bf16=True, params_dtype=bf16, use_distributed_optimizer=True, clip_grad=1.0
+        lr=1e-4,
+        bf16=True,
+        params_dtype=bf16,
+        use_distributed_optimizer=True,
+        clip_grad=1.0,
+        flat_adam_step=a.flat,
     )
     opt = get_megatron_optimizer(opt_cfg, [ddp])
     tok = torch.randint(0, 16, (1, 8))

@@ -87,6 +87,11 @@ class ModelParallelConfig(megatron_only_fields.MegatronOnlyParallelFields):
     # ---- kernels and overlap ----
     gradient_accumulation_fusion: bool = False
     """Accumulate weight grads straight into main_grad (plain torch here, apex in Megatron)."""
+    wgrad_gemm_accum_fp32: bool = True
+    """gigatron-only, with gradient_accumulation_fusion: an fp32 main_grad with bf16/fp16
+    activations takes dW from one cuBLAS GEMM accumulating into fp32 on CUDA (apex's
+    `wgrad_gemm_accum_fp32`); False: a bf16/fp16 GEMM and one fp32 add (the older path, for A/B
+    measurements; flag `--no-wgrad-gemm-accum-fp32`)."""
     async_tensor_model_parallel_allreduce: bool = True
     """Deprecated Megatron switch (Megatron's default True); accepted and unused."""
     tp_comm_overlap: bool = False

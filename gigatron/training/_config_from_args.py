@@ -82,6 +82,7 @@ def core_transformer_config_from_args(args, config_class=None):
         cross_entropy_fusion_impl=args.cross_entropy_fusion_impl,
         tp_comm_overlap=args.tp_comm_overlap,
         gradient_accumulation_fusion=getattr(args, "gradient_accumulation_fusion", True),
+        wgrad_gemm_accum_fp32=getattr(args, "wgrad_gemm_accum_fp32", True),
         deterministic_mode=getattr(args, "deterministic_mode", False),
     )
     if getattr(args, "attention_backend", None) is not None:
@@ -154,6 +155,8 @@ def optimizer_config_from_args(args):
         hysteresis=getattr(args, "hysteresis", 2),
         loss_scale_window=getattr(args, "loss_scale_window", 1000),
         min_loss_scale=getattr(args, "min_loss_scale", 1.0),
+        flat_adam_step=getattr(args, "flat_adam_step", None),
+        sync_free_step=getattr(args, "sync_free_step", False),
     )
 
 

@@ -14,7 +14,7 @@ dynamic loss scaling the scaler's overflow check is the check: such a step is sk
 counted, and the scale backs off, as Megatron (which turns its NaN check off there); a NaN /
 Inf under a constant loss scale (`--loss-scale`) is a non-finite gradient like any other.
 
-`GIGATRON_SYNC_FREE_STEP=1` (gigatron addition, opt-in): `optimizer.step_sync_free()` instead,
+`--sync-free-step` (gigatron addition, opt-in): `optimizer.step_sync_free()` instead,
 no host sync in the step at all; clipping and the skip of a NaN/Inf step happen on the GPU, and
 the norm and the skip flag stay device tensors until the loop logs (or saves), when
 `materialize_losses` reads them and raises NonFiniteGradientError for a skipped step unless
@@ -25,7 +25,6 @@ scheduler steps on such a skipped step too.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.distributed as dist
@@ -117,9 +116,9 @@ def _check_sync_free_skips(optimizer, args) -> None:
     opts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
     if args.skip_nan_steps and any(getattr(o, "_flat_step", None) is not None for o in opts):
         raise ValueError(
-            "GIGATRON_SYNC_FREE_STEP=1 with --skip-nan-steps needs torch's fused Adam: the flat "
+            "--sync-free-step with --skip-nan-steps needs torch's fused Adam: the flat "
             "Adam step (the CUDA default) would count each skipped step in Adam's bias "
-            "correction; set GIGATRON_FLAT_OPTIMIZER_STEP=0 or drop one of the two "
+            "correction; add --no-flat-adam-step or drop one of the two "
             "(gigatron/training/_train_step.py)"
         )
 
@@ -132,7 +131,7 @@ def _optimizer_step(optimizer, model, args):
     norm and the flags are reduced over all of them."""
     from gigatron.core.optimizer.grad_scaler import DynamicGradScaler
 
-    if os.environ.get("GIGATRON_SYNC_FREE_STEP", "0") == "1":
+    if optimizer.config.sync_free_step:
         _check_sync_free_skips(optimizer, args)
         grad_norm, nonfinite = optimizer.step_sync_free()  # applied unless nonfinite
         return True, grad_norm, None, nonfinite
@@ -217,7 +216,7 @@ def materialize_losses(entries: list[dict]) -> None:
     bad = [e["iteration"] for e in deferred if e["nan"]]
     if bad and not get_args().skip_nan_steps:
         raise NonFiniteGradientError(
-            f"non-finite gradient at iteration {bad[0]} (GIGATRON_SYNC_FREE_STEP=1: its update "
+            f"non-finite gradient at iteration {bad[0]} (--sync-free-step: its update "
             f"was skipped on the GPU, found when the loop read the norms at iteration "
             f"{entries[-1]['iteration']}; NaN/Inf steps: {bad}) (pass --skip-nan-steps to skip "
             "such steps)"

@@ -124,6 +124,14 @@ def _parallel_args(p):
         help="compute each weight gradient apart and let DDP add it to main_grad (default: "
         "the linears add it into main_grad with one addmm_, as Megatron's apex kernel does)",
     )
+    g.add_argument(
+        "--no-wgrad-gemm-accum-fp32",
+        dest="wgrad_gemm_accum_fp32",
+        action="store_false",
+        help="gigatron-only: with fp32 gradient buffers and bf16/fp16 activations, compute dW "
+        "in the activation dtype and add it to main_grad in fp32 (default on CUDA: one GEMM "
+        "accumulating into fp32, as apex's wgrad_gemm_accum_fp32); for A/B measurements",
+    )
     _add(
         g,
         "--distributed-backend",
@@ -222,6 +230,30 @@ def _training_args(p):
         "--skip-nan-steps",
         bool,
         help_="skip a step with a non-finite loss or grad (default: stop)",
+    )
+    g.add_argument(
+        "--flat-adam-step",
+        dest="flat_adam_step",
+        action="store_const",
+        const=True,
+        default=None,
+        help="gigatron-only: force the distributed optimizer's flat fused Adam step (default: "
+        "used where it applies: CUDA, Adam / AdamW, fp32 grad buffers, no loss scaler)",
+    )
+    g.add_argument(
+        "--no-flat-adam-step",
+        dest="flat_adam_step",
+        action="store_const",
+        const=False,
+        default=None,
+        help="gigatron-only: torch's fused Adam instead of the flat fused Adam step",
+    )
+    _add(
+        g,
+        "--sync-free-step",
+        bool,
+        help_="gigatron-only, experimental: an optimizer step with no host sync (clipping and "
+        "the skip of a NaN/Inf step on the GPU; a NaN/Inf step is reported at the next log line)",
     )
 
 

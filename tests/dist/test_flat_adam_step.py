@@ -1,11 +1,9 @@
-"""GIGATRON_FLAT_OPTIMIZER_STEP=1 (gigatron/core/optimizer/_flat_adam_step.py): the distributed
+"""OptimizerConfig.flat_adam_step=True (core/optimizer/_flat_adam_step.py): the distributed
 optimizer's flat fused Adam(W) step against its torch step on DP = 2 gloo ranks: a bf16 and an
 fp32 model, AdamW and Adam (coupled weight decay), two param groups (no weight decay on biases
 and norms), several buckets per rank, active clipping and an lr change; main params, Adam state
 and model params equal to fp32 rounding. A state dict saved from a flat run loads into a fresh
 flat optimizer and continues exactly; errors name the rule."""
-
-import os
 
 import pytest
 import torch
@@ -22,7 +20,6 @@ from gigatron.testing import run_distributed
 
 
 def _build(flat: bool, dtype, decoupled: bool = True, grad_fp32: bool = True):
-    os.environ["GIGATRON_FLAT_OPTIMIZER_STEP"] = "1" if flat else "0"
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)
@@ -45,9 +42,9 @@ def _build(flat: bool, dtype, decoupled: bool = True, grad_fp32: bool = True):
         params_dtype=dtype,
         use_distributed_optimizer=True,
         decoupled_weight_decay=decoupled,
+        flat_adam_step=flat,
     )
     opt = get_megatron_optimizer(config, [ddp])
-    os.environ.pop("GIGATRON_FLAT_OPTIMIZER_STEP")
     return model, ddp, opt
 
 

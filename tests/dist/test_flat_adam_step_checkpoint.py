@@ -1,4 +1,4 @@
-"""GIGATRON_FLAT_OPTIMIZER_STEP=1 (gigatron/core/optimizer/_flat_adam_step.py) through the
+"""OptimizerConfig.flat_adam_step=True (core/optimizer/_flat_adam_step.py) through the
 training checkpoint (gigatron.training.checkpointing -> dist_checkpointing's reshardable
 optimizer state): a bf16 GPTModel + distributed optimizer trained with the flat step at DP = 2,
 saved, loaded into a fresh flat optimizer at DP = 2 and at DP = 1: the re-saved checkpoint holds
@@ -6,7 +6,6 @@ the same tensors bitwise (fp32 main params, Adam moments), and the next steps co
 (bitwise at the same layout). A torch-step optimizer loads the flat run's checkpoint too."""
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
@@ -37,21 +36,18 @@ def _build(flat: bool):
         use_distributed_optimizer=True, grad_reduce_in_fp32=True, bucket_size=1000
     )
     ddp = DistributedDataParallel(cfg, ddp_config, model)
-    os.environ["GIGATRON_FLAT_OPTIMIZER_STEP"] = "1" if flat else "0"
-    try:
-        opt = get_megatron_optimizer(
-            OptimizerConfig(
-                lr=1e-2,
-                weight_decay=0.1,
-                clip_grad=1.0,
-                bf16=True,
-                params_dtype=torch.bfloat16,
-                use_distributed_optimizer=True,
-            ),  # fmt: skip
-            [ddp],
-        )
-    finally:
-        os.environ.pop("GIGATRON_FLAT_OPTIMIZER_STEP")
+    opt = get_megatron_optimizer(
+        OptimizerConfig(
+            lr=1e-2,
+            weight_decay=0.1,
+            clip_grad=1.0,
+            bf16=True,
+            params_dtype=torch.bfloat16,
+            use_distributed_optimizer=True,
+            flat_adam_step=flat,
+        ),  # fmt: skip
+        [ddp],
+    )
     assert (opt._flat_step is not None) == flat
     return ddp, opt
 

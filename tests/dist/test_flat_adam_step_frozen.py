@@ -1,10 +1,8 @@
-"""GIGATRON_FLAT_OPTIMIZER_STEP=1 (gigatron/core/optimizer/_flat_adam_step.py): a param that
+"""OptimizerConfig.flat_adam_step=True (core/optimizer/_flat_adam_step.py): a param that
 sits in DDP's buffers but not in the optimizer (frozen after DDP wrapped the model, so
 get_megatron_optimizer leaves it out) keeps its values through the flat step of a bf16 model,
 as with the torch step; the other params match the torch step (DP = 2 gloo ranks). Padding
 elements keep their values and zero Adam state whatever their grads."""
-
-import os
 
 import torch
 
@@ -31,13 +29,13 @@ def _run(flat: bool, dtype):
     ddp = DistributedDataParallel(ModelParallelConfig(), ddp_config, model)
     model[0].weight.requires_grad_(False)  # frozen after wrapping: in a buffer, not stepped
     config = OptimizerConfig(
-        lr=1e-2, bf16=dtype == torch.bfloat16, params_dtype=dtype, use_distributed_optimizer=True
+        lr=1e-2,
+        bf16=dtype == torch.bfloat16,
+        params_dtype=dtype,
+        use_distributed_optimizer=True,
+        flat_adam_step=flat,
     )
-    os.environ["GIGATRON_FLAT_OPTIMIZER_STEP"] = "1" if flat else "0"
-    try:
-        opt = get_megatron_optimizer(config, [ddp])
-    finally:
-        os.environ.pop("GIGATRON_FLAT_OPTIMIZER_STEP")
+    opt = get_megatron_optimizer(config, [ddp])
     assert (opt._flat_step is not None) == flat
     for step in range(2):
         g = torch.Generator().manual_seed(100 * step + torch.distributed.get_rank())

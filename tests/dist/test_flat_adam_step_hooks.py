@@ -1,4 +1,4 @@
-"""GIGATRON_FLAT_OPTIMIZER_STEP=1 runs the torch optimizer's step hooks as its torch step does
+"""OptimizerConfig.flat_adam_step=True runs the torch optimizer's step hooks as its torch step does
 (DP = 2 gloo ranks, bf16 model, AdamW): global and per-optimizer pre hooks before the update,
 post hooks after it, in torch's order, with the arguments torch passes (the optimizer, (opt,),
 {}); a pre hook's change of lr takes effect, and one that hands the step a closure gets it

@@ -1,12 +1,10 @@
-"""GIGATRON_FLAT_OPTIMIZER_STEP=1 (gigatron/core/optimizer/_flat_adam_step.py) on the layouts the
+"""OptimizerConfig.flat_adam_step=True (core/optimizer/_flat_adam_step.py) on the layouts the
 distributed optimizer shards: two model chunks (VPP-style per_model_buffers), a model with fp32
 and bf16 params (two buffers per chunk), expert params (allreduce=False: expert_parallel_buffers
 over the expert-DP group, EP = 1 and EP = 2 on 2 gloo ranks), tiny buckets (params that miss
 this rank's shard), and param groups with their own lr / betas / eps / weight decay
 (config_overrides). Main params, Adam state, steps and model params against the torch step;
 every flat view lies at the model param's own range of the shard."""
-
-import os
 
 import torch
 
@@ -38,7 +36,6 @@ class _Chunk(torch.nn.Module):
 
 
 def _build(flat: bool, decoupled: bool):
-    os.environ["GIGATRON_FLAT_OPTIMIZER_STEP"] = "1" if flat else "0"
     torch.manual_seed(0)
     chunks = [_Chunk(), _Chunk()]
     ddp_config = DistributedDataParallelConfig(
@@ -53,16 +50,14 @@ def _build(flat: bool, decoupled: bool):
         params_dtype=torch.bfloat16,
         use_distributed_optimizer=True,
         decoupled_weight_decay=decoupled,
+        flat_adam_step=flat,
     )
     overrides = {
         ParamKey(name="*.bias"): {"wd_mult": 0.0},
         ParamKey(name="*norm*"): {"lr": 3e-2, "betas": (0.8, 0.95), "eps": 1e-4},
         ParamKey(name="*fc1.weight"): {"lr": 2e-3, "wd_mult": 2.0, "betas": (0.5, 0.9)},
     }
-    try:
-        opt = get_megatron_optimizer(config, ddps, config_overrides=overrides)
-    finally:
-        os.environ.pop("GIGATRON_FLAT_OPTIMIZER_STEP")
+    opt = get_megatron_optimizer(config, ddps, config_overrides=overrides)
     return chunks, ddps, opt
 
 

@@ -502,13 +502,9 @@ def test_evaluation_reads_the_full_global_batch_during_rampup():
 
 
 def _train_sync_free(sync_free: bool, skip: bool, nan_iteration: int | None):
-    import os
-
     from gigatron.training import pretrain_gpt
     from gigatron.training.global_vars import get_args
     from gigatron.training.training import NonFiniteGradientError, pretrain
-
-    os.environ["GIGATRON_SYNC_FREE_STEP"] = "1" if sync_free else "0"
 
     def forward_step(data_iterator, model):
         output, loss_func = pretrain_gpt.forward_step(data_iterator, model)
@@ -519,6 +515,7 @@ def _train_sync_free(sync_free: bool, skip: bool, nan_iteration: int | None):
     argv = ARGS + ["--train-iters", "6", "--log-interval", "3", "--bf16"]
     argv += ["--use-distributed-optimizer", "--accumulate-allreduce-grads-in-fp32"]
     argv += ["--skip-nan-steps"] if skip else []
+    argv += ["--sync-free-step"] if sync_free else []
     _reset_globals()
     try:
         result = pretrain(
@@ -530,8 +527,6 @@ def _train_sync_free(sync_free: bool, skip: bool, nan_iteration: int | None):
         )
     except NonFiniteGradientError as e:
         return str(e)
-    finally:
-        os.environ.pop("GIGATRON_SYNC_FREE_STEP")
     history = result["history"]
     return (
         [h["losses"]["lm loss"] for h in history],
@@ -542,7 +537,7 @@ def _train_sync_free(sync_free: bool, skip: bool, nan_iteration: int | None):
 
 
 def test_sync_free_step_trains_like_the_host_checked_step():
-    """GIGATRON_SYNC_FREE_STEP=1 (DP = 2, bf16, distributed optimizer): the same losses and grad
+    """--sync-free-step (DP = 2, bf16, distributed optimizer): the same losses and grad
     norms as the default step to fp32 rounding (the fused kernel clips by dividing), all read as
     Python numbers by the time the loop returns."""
     host = run_distributed(_train_sync_free, 2, args=(False, False, None), timeout=240)
@@ -560,5 +555,5 @@ def test_sync_free_step_skips_a_nan_step_on_the_device_and_reports_it_when_loggi
     ]:
         assert skipped == nans == [0, 1, 0, 0, 0, 0]
     for message in run_distributed(_train_sync_free, 2, args=(True, False, 2), timeout=240):
-        assert "non-finite gradient at iteration 2 (GIGATRON_SYNC_FREE_STEP=1" in message
+        assert "non-finite gradient at iteration 2 (--sync-free-step" in message
         assert "at iteration 3" in message  # found at the first log line after it

@@ -62,12 +62,11 @@ def test_optimizer_step_with_clipping_on_cuda(nccl_group, precision):
 
 
 @pytest.mark.parametrize("layout", ["plain", "distributed", "flat"])
-def test_sync_free_step_makes_no_host_sync(nccl_group, layout, monkeypatch):
+def test_sync_free_step_makes_no_host_sync(nccl_group, layout):
     """step_sync_free on CUDA (fused AdamW, bf16, fp32 grads; the distributed optimizer; its
-    flat step, GIGATRON_FLAT_OPTIMIZER_STEP=1): not one host sync (torch's sync debug mode
+    flat step, flat_adam_step=True): not one host sync (torch's sync debug mode
     raises on any), a NaN grad skips the update, and the norm equals the host one."""
     distributed = layout != "plain"
-    monkeypatch.setenv("GIGATRON_FLAT_OPTIMIZER_STEP", "1" if layout == "flat" else "0")
     from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from gigatron.core.transformer.transformer_config import TransformerConfig
@@ -82,7 +81,8 @@ def test_sync_free_step_makes_no_host_sync(nccl_group, layout, monkeypatch):
     )
     ddp = DistributedDataParallel(cfg, ddp_cfg, net)
     opt_cfg = OptimizerConfig(lr=1e-3, clip_grad=1e-3, bf16=True, params_dtype=torch.bfloat16,
-                              use_distributed_optimizer=distributed)  # fmt: skip
+                              use_distributed_optimizer=distributed,
+                              flat_adam_step=layout == "flat")  # fmt: skip
     opt = get_megatron_optimizer(opt_cfg, [ddp])
     for step in range(3):
         ddp.zero_grad_buffer()
@@ -109,7 +109,7 @@ def test_sync_free_step_makes_no_host_sync(nccl_group, layout, monkeypatch):
             )
 
 
-def _distributed_run(precision: str, steps: int = 3):
+def _distributed_run(precision: str, steps: int = 3, flat_adam_step: bool | None = None):
     """A bf16 / fp16 model under the distributed optimizer (fp32 grad buffers): its optimizer and
     the params after `steps` clipped steps."""
     from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -127,7 +127,8 @@ def _distributed_run(precision: str, steps: int = 3):
     )
     ddp = DistributedDataParallel(cfg, ddp_cfg, net)
     opt_cfg = OptimizerConfig(lr=1e-3, clip_grad=1e-2, weight_decay=0.1, **{precision: True},
-                              params_dtype=dtype, use_distributed_optimizer=True)  # fmt: skip
+                              params_dtype=dtype, use_distributed_optimizer=True,
+                              flat_adam_step=flat_adam_step)  # fmt: skip
     opt = get_megatron_optimizer(opt_cfg, [ddp])
     gen = torch.Generator(device="cuda").manual_seed(1)
     for _ in range(steps):
@@ -140,17 +141,15 @@ def _distributed_run(precision: str, steps: int = 3):
     return opt, [p.detach().float().clone() for p in net.parameters()]
 
 
-def test_flat_step_is_the_default_on_cuda(nccl_group, monkeypatch):
-    """GIGATRON_FLAT_OPTIMIZER_STEP unset: a bf16 distributed optimizer on CUDA takes the flat
-    step, with the torch step's results (=0) up to fp32 rounding; fp16 (a loss scaler) keeps
+def test_flat_step_is_the_default_on_cuda(nccl_group):
+    """flat_adam_step=None (the default): a bf16 distributed optimizer on CUDA takes the flat
+    step, with the torch step's results (False) up to fp32 rounding; fp16 (a loss scaler) keeps
     the torch step."""
-    monkeypatch.delenv("GIGATRON_FLAT_OPTIMIZER_STEP", raising=False)
     flat_opt, flat_params = _distributed_run("bf16")
     assert flat_opt._flat_step is not None
     fp16_opt, _ = _distributed_run("fp16", steps=0)  # its first steps skip (loss-scale search)
     assert fp16_opt._flat_step is None
-    monkeypatch.setenv("GIGATRON_FLAT_OPTIMIZER_STEP", "0")
-    torch_opt, torch_params = _distributed_run("bf16")
+    torch_opt, torch_params = _distributed_run("bf16", flat_adam_step=False)
     assert torch_opt._flat_step is None
     for got, want in zip(flat_params, torch_params, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-2)  # bf16 params: one ulp

@@ -1,8 +1,9 @@
 """When the distributed optimizer takes the flat Adam step (gigatron/core/optimizer/
 _flat_adam_step.py `flat_step_wanted`): by default only with every main param on a GPU and an
 optimizer that qualifies (Adam / AdamW, fp32 grad buffers, no loss scaler), silently the torch
-step otherwise; GIGATRON_FLAT_OPTIMIZER_STEP=1 forces it (a non-qualifying optimizer is an error
-naming the rule), =0 turns it off, anything else is refused."""
+step otherwise; OptimizerConfig.flat_adam_step=True forces it (a non-qualifying optimizer is an
+error naming the rule), False turns it off, anything else is refused; the environment is not
+read."""
 
 from types import SimpleNamespace
 
@@ -12,15 +13,15 @@ import torch
 from gigatron.core.optimizer import _flat_adam_step as flat
 
 
-def _opt(cls=torch.optim.AdamW, grad_dtype=torch.float32, scaler=None):
+def _opt(cls=torch.optim.AdamW, grad_dtype=torch.float32, scaler=None, mode=None):
     inner = cls([torch.nn.Parameter(torch.zeros(4))], lr=1e-3)
     buffers = [SimpleNamespace(grad_dtype=grad_dtype)]
-    return SimpleNamespace(optimizer=inner, grad_scaler=scaler, buffers=buffers)
+    config = SimpleNamespace(flat_adam_step=mode)
+    return SimpleNamespace(optimizer=inner, grad_scaler=scaler, buffers=buffers, config=config)
 
 
 @pytest.fixture
 def on_gpu(monkeypatch):
-    monkeypatch.delenv("GIGATRON_FLAT_OPTIMIZER_STEP", raising=False)
     monkeypatch.setattr(flat, "_all_on_gpu", lambda dist_opt: True)
 
 
@@ -32,21 +33,21 @@ def test_default_on_gpu_when_the_optimizer_qualifies(on_gpu):
     assert not flat.flat_step_wanted(_opt(scaler=object()))  # fp16's loss scaler
 
 
-def test_default_off_on_cpu(monkeypatch):
-    monkeypatch.delenv("GIGATRON_FLAT_OPTIMIZER_STEP", raising=False)
+def test_default_off_on_cpu():
     assert not flat.flat_step_wanted(_opt())
 
 
-def test_environment_forces_or_disables(on_gpu, monkeypatch):
+def test_config_forces_or_disables(on_gpu, monkeypatch):
+    monkeypatch.setenv("GIGATRON_FLAT_OPTIMIZER_STEP", "1")  # the retired switch: not read
+    assert not flat.flat_step_wanted(_opt(mode=False))
     monkeypatch.setenv("GIGATRON_FLAT_OPTIMIZER_STEP", "0")
-    assert not flat.flat_step_wanted(_opt())
-    monkeypatch.setenv("GIGATRON_FLAT_OPTIMIZER_STEP", "1")
-    assert flat.flat_step_wanted(_opt(torch.optim.SGD))  # forced: FlatAdamStep then refuses it
+    assert flat.flat_step_wanted(_opt(torch.optim.SGD, mode=True))  # FlatAdamStep refuses it
     with pytest.raises(ValueError, match="needs torch.optim.Adam or AdamW"):
-        flat._check(_opt(torch.optim.SGD))
-    monkeypatch.setenv("GIGATRON_FLAT_OPTIMIZER_STEP", "yes")
-    with pytest.raises(ValueError, match="GIGATRON_FLAT_OPTIMIZER_STEP='yes': use 0, 1 or unset"):
-        flat.flat_step_wanted(_opt())
+        flat._check(_opt(torch.optim.SGD, mode=True))
+    from gigatron.core.optimizer import OptimizerConfig
+
+    with pytest.raises(ValueError, match=r"flat_adam_step \('yes'\) must be None, False or True"):
+        OptimizerConfig(lr=1e-3, flat_adam_step="yes")
 
 
 def test_compile_failure_falls_back_to_eager(monkeypatch):
@@ -74,7 +75,7 @@ def test_compile_failure_falls_back_to_eager(monkeypatch):
 
 def test_sync_free_skip_nan_steps_refuses_the_flat_step():
     """The flat step's host step counts advance on a skipped sync-free update: the loop refuses
-    GIGATRON_SYNC_FREE_STEP=1 + --skip-nan-steps with it (also inside a ChainedOptimizer), and
+    --sync-free-step + --skip-nan-steps with it (also inside a ChainedOptimizer), and
     lets torch's fused Adam (no flat step) or a stopping run through."""
     from gigatron.training._train_step import _check_sync_free_skips
 

@@ -5,7 +5,6 @@ params, Adam state), for the fp32, bf16, chained and distributed optimizers (tor
 step) on a one-process gloo world."""
 
 import math
-import os
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ gloo_world, single_rank = one_rank_fixtures()
 KINDS = ["fp32", "bf16", "chained", "distributed", "distributed-flat"]
 
 
-def _build(kind: str):
+def _build(kind: str, sync_free: bool = False):
     torch.manual_seed(0)
     dtype = torch.float32 if kind in ("fp32", "chained") else torch.bfloat16
     model = torch.nn.Sequential(
@@ -37,6 +36,8 @@ def _build(kind: str):
         bf16=dtype == torch.bfloat16,
         params_dtype=dtype,
         use_distributed_optimizer=distributed,
+        flat_adam_step=kind == "distributed-flat",
+        sync_free_step=sync_free,
     )
     chunk = model
     if distributed:
@@ -44,11 +45,7 @@ def _build(kind: str):
             use_distributed_optimizer=True, grad_reduce_in_fp32=True, bucket_size=64
         )
         chunk = DistributedDataParallel(ModelParallelConfig(), ddp_config, model)
-    os.environ["GIGATRON_FLAT_OPTIMIZER_STEP"] = "1" if kind == "distributed-flat" else "0"
-    try:
-        opt = get_megatron_optimizer(config, [chunk])
-    finally:
-        os.environ.pop("GIGATRON_FLAT_OPTIMIZER_STEP")
+    opt = get_megatron_optimizer(config, [chunk])
     if kind == "distributed-flat":
         assert opt._flat_step is not None
     return model, chunk, opt

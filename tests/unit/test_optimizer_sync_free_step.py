@@ -3,7 +3,7 @@ step done by torch's fused Adam(W) kernel (`grad_scale` / `found_inf`). Against
 `step_with_grad_norm_check()` with the same fused kernel: the same updates up to fp32 rounding
 (the clip coefficient applied as a divisor), the norm as a 0-dim tensor; a NaN / Inf / overflowing
 norm changes nothing (params, main params, Adam moments and step counts), for the fp32, bf16,
-chained and distributed optimizers and the flat Adam step (GIGATRON_FLAT_OPTIMIZER_STEP=1,
+chained and distributed optimizers and the flat Adam step (flat_adam_step=True,
 which takes the coefficient and the skip flag into its pass; its host-side step counts advance on
 a skipped step); what it cannot run with is refused by name. (On CPU gigatron
 builds the unfused kernel: the tests switch the param groups to `fused`, which CPU supports.)"""

@@ -9,7 +9,6 @@ params get separate optimizers (different DP groups), joined by a ChainedOptimiz
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -151,10 +150,9 @@ def _torch_optimizer(config: OptimizerConfig, groups: list[dict]) -> torch.optim
         cls = torch.optim.AdamW if config.decoupled_weight_decay else torch.optim.Adam
         params = [p for g in groups for p in g["params"]]
         # One fused kernel for the whole step when every parameter is on a GPU; on any device
-        # with GIGATRON_SYNC_FREE_STEP=1 (its kernel does the clipping and the NaN skip)
+        # with config.sync_free_step (its kernel does the clipping and the NaN skip)
         on_gpu = all(p.is_cuda for p in params)
-        sync_free = os.environ.get("GIGATRON_SYNC_FREE_STEP", "0") == "1"
-        fused = bool(params) and (on_gpu or sync_free)
+        fused = bool(params) and (on_gpu or config.sync_free_step)
         fused = fused and all(p.dtype.is_floating_point for p in params)
         return cls(
             groups,

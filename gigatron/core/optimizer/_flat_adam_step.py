@@ -1,7 +1,8 @@
 """A flat fused Adam / AdamW step for `DistributedOptimizer` (gigatron-only). Used by default when
 every main param is on a GPU and the optimizer qualifies (Adam / AdamW, fp32 grad buffers, no
-loss scaler: `flat_step_wanted`); the environment variable GIGATRON_FLAT_OPTIMIZER_STEP=0 turns it
-off, =1 forces it (any device; an optimizer that does not qualify is then an error).
+loss scaler: `flat_step_wanted`); `OptimizerConfig.flat_adam_step=False` (`--no-flat-adam-step`)
+turns it off, True (`--flat-adam-step`) forces it (any device; an optimizer that does not qualify
+is then an error).
 
 Under the distributed optimizer each bucket's shard of this rank, [s0, s1) in DDP's flat
 buffers, is contiguous in the grad buffer (fp32: the reduce-scatter's result) and in the param
@@ -29,7 +30,6 @@ Needs: torch.optim.Adam / AdamW without amsgrad / maximize, fp32 grad buffers
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 
@@ -108,8 +108,8 @@ def _compiled_or_eager(compiled):
 
             warnings.warn(
                 f"flat Adam step: torch.compile failed ({type(err).__name__}: {err}); using the "
-                f"eager update (slower). GIGATRON_FLAT_OPTIMIZER_STEP=0 selects torch's fused "
-                f"Adam instead ({_FILE})",
+                f"eager update (slower). OptimizerConfig.flat_adam_step=False selects torch's "
+                f"fused Adam instead ({_FILE})",
                 stacklevel=2,
             )
             _COMPILED["eager"] = True
@@ -126,13 +126,11 @@ def _all_on_gpu(dist_opt) -> bool:
 
 
 def flat_step_wanted(dist_opt) -> bool:
-    """Whether `dist_opt` steps through FlatAdamStep: GIGATRON_FLAT_OPTIMIZER_STEP=1 yes (its
-    errors raise when building), =0 no, unset: when its params are on CUDA and it qualifies."""
-    mode = os.environ.get("GIGATRON_FLAT_OPTIMIZER_STEP", "")
-    if mode not in ("", "0", "1"):
-        raise ValueError(f"GIGATRON_FLAT_OPTIMIZER_STEP={mode!r}: use 0, 1 or unset ({_FILE})")
-    if mode:
-        return mode == "1"
+    """Whether `dist_opt` steps through FlatAdamStep: `config.flat_adam_step` True yes (its
+    errors raise when building), False no, None: when its params are on CUDA and it qualifies."""
+    mode = dist_opt.config.flat_adam_step
+    if mode is not None:
+        return bool(mode)
     if not _all_on_gpu(dist_opt):
         return False
     try:
@@ -307,27 +305,23 @@ def _check(dist_opt) -> None:
     opt = dist_opt.optimizer
     if type(opt) not in (torch.optim.Adam, torch.optim.AdamW):
         raise ValueError(
-            f"GIGATRON_FLAT_OPTIMIZER_STEP=1 needs torch.optim.Adam or AdamW (got "
+            f"flat_adam_step=True needs torch.optim.Adam or AdamW (got "
             f"{type(opt).__name__}) ({_FILE})"
         )
     if len(opt.param_groups) >= 255:  # uint8 group ids, one row kept for the padding
         raise ValueError(
-            f"GIGATRON_FLAT_OPTIMIZER_STEP=1: {len(opt.param_groups)} param groups (at most "
-            f"254) ({_FILE})"
+            f"flat_adam_step=True: {len(opt.param_groups)} param groups (at most 254) ({_FILE})"
         )
     for group in opt.param_groups:
         if group.get("amsgrad") or group.get("maximize"):
-            raise ValueError(
-                f"GIGATRON_FLAT_OPTIMIZER_STEP=1: amsgrad / maximize are not supported ({_FILE})"
-            )
+            raise ValueError(f"flat_adam_step=True: amsgrad / maximize are not supported ({_FILE})")
     if dist_opt.grad_scaler is not None:
         raise ValueError(
-            "GIGATRON_FLAT_OPTIMIZER_STEP=1 needs no loss scaler (bf16 or fp32 models, not "
-            f"fp16) ({_FILE})"
+            f"flat_adam_step=True needs no loss scaler (bf16 or fp32 models, not fp16) ({_FILE})"
         )
     for buffer in dist_opt.buffers:
         if buffer.grad_dtype != torch.float32:
             raise ValueError(
-                f"GIGATRON_FLAT_OPTIMIZER_STEP=1 needs fp32 grad buffers (got {buffer.grad_dtype}"
+                f"flat_adam_step=True needs fp32 grad buffers (got {buffer.grad_dtype}"
                 f"): set DistributedDataParallelConfig(grad_reduce_in_fp32=True) ({_FILE})"
             )

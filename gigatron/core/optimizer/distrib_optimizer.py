@@ -85,7 +85,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             group["params"] = shard_params
             self.shard_groups.append(entries)
         # gigatron-only: one flat fused Adam pass per shard (_flat_adam_step.py); on CUDA by
-        # default where it applies, GIGATRON_FLAT_OPTIMIZER_STEP=0 / 1 turns it off / forces it
+        # default where it applies, config.flat_adam_step False / True turns it off / forces it
         self._flat_step = None
         from gigatron.core.optimizer._flat_adam_step import FlatAdamStep, flat_step_wanted
 

@@ -513,7 +513,7 @@ def _sync_free_problem(opt: MegatronOptimizer) -> str:
     if opt.config.log_num_zeros_in_grad:
         return "cannot count zeros (log_num_zeros_in_grad reads the count on the host)"
     if getattr(opt, "_flat_step", None) is not None:
-        return ""  # GIGATRON_FLAT_OPTIMIZER_STEP=1: its pass takes the clip and skip tensors
+        return ""  # the flat Adam step: its pass takes the clip and skip tensors
     if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
         return f"needs torch.optim.Adam or AdamW (got {type(inner).__name__})"
     if not all(group.get("fused") for group in inner.param_groups):

@@ -171,6 +171,16 @@ class OptimizerConfig(megatron_only_fields.MegatronOnlyOptimizerFields):
     config_logger_dir: str = ""
     """Config logging directory (no effect here)."""
 
+    # gigatron-only step options (docs/optimizer.md).
+    flat_adam_step: bool | None = None
+    """The distributed optimizer's flat fused Adam step (_flat_adam_step.py): None = where it
+    applies (CUDA params, Adam / AdamW, fp32 grad buffers, no loss scaler); True forces it (an
+    optimizer that does not qualify is an error); False = torch's fused Adam."""
+    sync_free_step: bool = False
+    """`step()` without a host sync: the norm stays on the device, clipping and the skip of a
+    NaN/Inf step happen in the fused Adam kernel; step() returns device tensors. Needs
+    clip_grad > 0, no loss scaler, Adam / AdamW (built fused on any device)."""
+
     def __post_init__(self) -> None:
         def bad(name, value, rule):
             return ValueError(f"OptimizerConfig.{name} ({value!r}) {rule} ({_FILE})")
@@ -194,6 +204,8 @@ class OptimizerConfig(megatron_only_fields.MegatronOnlyOptimizerFields):
             raise bad("overlap_param_gather", True, "requires use_distributed_optimizer=True")
         if self.loss_scale is not None and self.loss_scale <= 0:
             raise bad("loss_scale", self.loss_scale, "must be positive or None")
+        if self.flat_adam_step not in (None, False, True):
+            raise bad("flat_adam_step", self.flat_adam_step, "must be None, False or True")
 
 
 @dataclass

@@ -14,34 +14,42 @@ which the backward sets (Megatron's contract). A compiled backward cannot set at
 the parallel linears mark their own weight once at construction (`WGRAD_IN_MAIN_GRAD`) and
 gigatron's DDP hook reads that too; weights without the mark (e.g. a tied embedding passed to
 the output layer) get a plain `.grad` under compile, which DDP's hook adds.
+
+The fp32-accumulating GEMM is the default; `ModelParallelConfig.wgrad_gemm_accum_fp32=False`
+(`--no-wgrad-gemm-accum-fp32`) selects the bf16 GEMM + fp32 add, for A/B measurements. The
+layers copy that field onto their weight (`WGRAD_GEMM_ACCUM_FP32`) with the mark above; a weight
+they did not mark takes the default.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
 # Attribute the parallel linears set on their own weight when gradient_accumulation_fusion is
 # on: "while this weight has a main_grad, my backward adds dW into it" (gigatron only).
 WGRAD_IN_MAIN_GRAD = "wgrad_added_to_main_grad_by_layer"
+# ModelParallelConfig.wgrad_gemm_accum_fp32 of the layer that marked the weight (gigatron only).
+WGRAD_GEMM_ACCUM_FP32 = "wgrad_gemm_accum_fp32"
 
 
 @torch.library.custom_op("gigatron::wgrad_accumulate_", mutates_args=("main_grad",))
 def wgrad_accumulate_(
-    main_grad: torch.Tensor, grad_output_2d: torch.Tensor, input_2d: torch.Tensor
+    main_grad: torch.Tensor,
+    grad_output_2d: torch.Tensor,
+    input_2d: torch.Tensor,
+    fp32_gemm: bool = True,
 ) -> None:
-    """`main_grad [o, h] += grad_output_2d [n, o]^T @ input_2d [n, h]`, in place."""
+    """`main_grad [o, h] += grad_output_2d [n, o]^T @ input_2d [n, h]`, in place. `fp32_gemm`:
+    may a lower-precision product accumulate into an fp32 `main_grad` inside the GEMM."""
     if main_grad.dtype == grad_output_2d.dtype:
         main_grad.addmm_(grad_output_2d.t(), input_2d)
-    elif not _addmm_fp32_accumulate(main_grad, grad_output_2d.t(), input_2d):
+    elif not (fp32_gemm and _addmm_fp32_accumulate(main_grad, grad_output_2d.t(), input_2d)):
         # e.g. fp32 main_grad, bf16 activations on CPU: bf16 GEMM, then one fp32 add
         main_grad.add_(grad_output_2d.t().matmul(input_2d).to(main_grad.dtype))
 
 
-# None: not tried yet; False: this build refused it, or GIGATRON_WGRAD_FP32_GEMM=0 (set before
-# import; for A/B measurements): then the bf16 GEMM + fp32 add path
-_ADDMM_FP32 = {"ok": None if os.environ.get("GIGATRON_WGRAD_FP32_GEMM", "1") == "1" else False}
+# None: not tried yet; False: this build refused it (then the bf16 GEMM + fp32 add path)
+_ADDMM_FP32 = {"ok": None}
 
 
 def _addmm_fp32_accumulate(main_grad, a, b) -> bool:
@@ -71,7 +79,7 @@ def _addmm_fp32_accumulate(main_grad, a, b) -> bool:
 
 
 @wgrad_accumulate_.register_fake
-def _(main_grad, grad_output_2d, input_2d) -> None:
+def _(main_grad, grad_output_2d, input_2d, fp32_gemm=True) -> None:
     return None
 
 
@@ -86,7 +94,8 @@ def weight_grad(ctx, weight, grad_output_2d, total_input_2d):
         fuse = False  # cannot tell DDP's hook from a compiled backward: a plain .grad
     if not fuse:
         return grad_output_2d.t().matmul(total_input_2d)
-    wgrad_accumulate_(weight.main_grad, grad_output_2d, total_input_2d)
+    fp32_gemm = getattr(weight, WGRAD_GEMM_ACCUM_FP32, True)
+    wgrad_accumulate_(weight.main_grad, grad_output_2d, total_input_2d, fp32_gemm)
     if not tracked:
         return None
     if not compiling:

@@ -41,7 +41,7 @@ from gigatron.core.tensor_parallel._param_init import (
     set_defaults_if_not_set_tensor_model_parallel_attributes,
     set_tensor_model_parallel_attributes,
 )
-from gigatron.core.tensor_parallel._wgrad import WGRAD_IN_MAIN_GRAD
+from gigatron.core.tensor_parallel._wgrad import WGRAD_GEMM_ACCUM_FP32, WGRAD_IN_MAIN_GRAD
 from gigatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -84,9 +84,11 @@ def _per_rank(size: int, tp_size: int, field: str, cls: str) -> int:
 
 def _mark_wgrad_fusion(weight: Parameter, config: ModelParallelConfig) -> None:
     """gradient_accumulation_fusion: this layer's backward adds dW into `weight.main_grad`
-    whenever DDP gave it one; DDP's hook reads the mark (tensor_parallel/_wgrad.py)."""
+    whenever DDP gave it one; DDP's hook reads the mark (tensor_parallel/_wgrad.py), the
+    backward reads whether its GEMM may accumulate in fp32 (`wgrad_gemm_accum_fp32`)."""
     if config.gradient_accumulation_fusion:
         setattr(weight, WGRAD_IN_MAIN_GRAD, True)
+        setattr(weight, WGRAD_GEMM_ACCUM_FP32, config.wgrad_gemm_accum_fp32)
 
 
 def _param_device(config: ModelParallelConfig) -> torch.device:
