@@ -50,7 +50,7 @@ def param_shapes(cfg: dict) -> list[tuple[int, ...]]:
 def compiled_flat(p, g) -> float:
     """ms per step of gigatron's compiled flat AdamW update (FlatAdamW's; exp_avg / exp_avg_sq
     in p's dtype; the step's scalars as FlatAdamW passes them: a small fp32 tensor)."""
-    from gigatron.core.optimizer.flat_adamw import _update_fn
+    from gigatron.experimental.flat_adamw import _update_fn
 
     m, v = torch.zeros_like(p), torch.zeros_like(p)
     scalars = torch.tensor([1 - 1e-4 * 0.01, 1e-4 / (1 - 0.9), (1 - 0.999) ** 0.5], device=p.device)
@@ -148,7 +148,7 @@ def main(argv=None) -> None:
     compiled_step = torch.compile(opt.step)
     out["compiled_foreach_list_ms"] = cuda_ms(compiled_step)
     del opt, compiled_step, ps
-    from gigatron.core.optimizer.multi_tensor_adamw import MultiTensorAdamW
+    from gigatron.experimental.multi_tensor_adamw import MultiTensorAdamW
 
     ps = listed()
     opt = MultiTensorAdamW(ps, lr=1e-4)

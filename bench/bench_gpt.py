@@ -233,7 +233,7 @@ class _Step:
 
 def _optimizer(a, params):
     if a.optimizer == "multi-tensor":  # gigatron's one-launch Triton AdamW
-        from gigatron.core.optimizer.multi_tensor_adamw import MultiTensorAdamW
+        from gigatron.experimental.multi_tensor_adamw import MultiTensorAdamW
 
         return MultiTensorAdamW(params, lr=1e-4)
     kw = {"fused": True} if a.optimizer == "torch-fused" else {"foreach": True}
@@ -307,7 +307,7 @@ def _plain_step(a, shape, dp, batch, sdpa_ctx):
     if a.optimizer.startswith("flat"):
         if ddp is None:
             raise ValueError("--optimizer flat needs DDP: add --ddp on at DP = 1 (bench_gpt.py)")
-        from gigatron.core.optimizer.flat_adamw import FlatAdamW
+        from gigatron.experimental.flat_adamw import FlatAdamW
 
         opt = FlatAdamW(ddp, lr=1e-4)  # torch AdamW's defaults otherwise, as _optimizer's
     else:

@@ -24,9 +24,9 @@ def _train(flat: bool, dtype: torch.dtype, overlap: bool = False):
     from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from gigatron.core.models.gpt import GPTModel
     from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from gigatron.core.optimizer.flat_adamw import FlatAdamW
     from gigatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from gigatron.core.transformer.transformer_config import TransformerConfig
+    from gigatron.experimental.flat_adamw import FlatAdamW
 
     parallel_state.initialize_model_parallel()  # DP = 2
     cfg = TransformerConfig(
@@ -104,7 +104,7 @@ def test_overlapped_finish_and_step_equals_finish_then_step():
 def test_bf16_update_matches_torch_fused_adamw():
     """bf16 params and moments, the same grads fed to both for three steps: AdamW(fused=True)'s
     numbers (fp32 math, bf16 storage) to within one bf16 rounding."""
-    from gigatron.core.optimizer.flat_adamw import adamw_flat_update
+    from gigatron.experimental.flat_adamw import adamw_flat_update
 
     gen = torch.Generator().manual_seed(0)
     p0 = (torch.randn(4096, generator=gen) * 0.05).bfloat16()
@@ -128,7 +128,7 @@ def test_bf16_update_matches_torch_fused_adamw():
 def test_flat_adamw_refuses_the_distributed_optimizer():
     from types import SimpleNamespace
 
-    from gigatron.core.optimizer.flat_adamw import FlatAdamW
+    from gigatron.experimental.flat_adamw import FlatAdamW
 
     fake = SimpleNamespace(ddp_config=SimpleNamespace(use_distributed_optimizer=True))
     with pytest.raises(ValueError, match="use_distributed_optimizer"):
@@ -138,7 +138,7 @@ def test_flat_adamw_refuses_the_distributed_optimizer():
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="torch.compile on CPU needs a C++ compiler")  # fmt: skip
 def test_compiled_update_matches_eager():
-    from gigatron.core.optimizer.flat_adamw import _update_fn
+    from gigatron.experimental.flat_adamw import _update_fn
 
     g = torch.Generator().manual_seed(0)
     n = 1000
@@ -163,7 +163,7 @@ def test_compiled_bf16_update_matches_torch_fused_adamw_cuda():
     in order, e.g. torch's bias corrections are computed in fp32 on the device) and its moments
     within one rounding, for each of three steps (each step restarts from the reference's state,
     or the differences compound); rounding differences stay rare."""
-    from gigatron.core.optimizer.flat_adamw import _update_fn
+    from gigatron.experimental.flat_adamw import _update_fn
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     n = 1 << 20
@@ -241,7 +241,7 @@ def test_several_buffers_and_lr_changes_match_torch_adamw_per_param():
     """Dense + expert buffers, bf16 params with fp32 grads, lr changed every step: each param
     against torch AdamW on its own tensor (fp32: single-tensor AdamW, to fp32 rounding; bf16:
     AdamW(fused=True) on the same grads as bf16, one bf16 rounding)."""
-    from gigatron.core.optimizer.flat_adamw import FlatAdamW
+    from gigatron.experimental.flat_adamw import FlatAdamW
 
     fake, params = _flat_setup()
     refs = [[torch.nn.Parameter(p.detach().clone()) for p in ps] for ps in params]
@@ -272,7 +272,7 @@ def test_several_buffers_and_lr_changes_match_torch_adamw_per_param():
 def test_state_dict_round_trip_resumes_the_same_run():
     """Two steps, state_dict through torch.save / torch.load into a fresh model and FlatAdamW
     (params loaded in place), two more steps: bitwise the run that never stopped."""
-    from gigatron.core.optimizer.flat_adamw import FlatAdamW
+    from gigatron.experimental.flat_adamw import FlatAdamW
 
     fake, params = _flat_setup()
     opt = FlatAdamW(fake, weight_decay=0.1, compiled=False)
@@ -312,7 +312,7 @@ def test_compiled_step_compiles_once_per_buffer_as_lr_changes():
     though lr and step change (they reach it as a tensor); the eager step's numbers."""
     from torch._dynamo.utils import counters
 
-    from gigatron.core.optimizer.flat_adamw import FlatAdamW
+    from gigatron.experimental.flat_adamw import FlatAdamW
 
     fake, params = _flat_setup()
     fake_e, params_e = _flat_setup()

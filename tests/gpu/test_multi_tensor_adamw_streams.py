@@ -14,7 +14,7 @@ import importlib.util
 import pytest
 import torch
 
-from gigatron.core.optimizer.multi_tensor_adamw import MultiTensorAdamW
+from gigatron.experimental.multi_tensor_adamw import MultiTensorAdamW
 
 pytestmark = [
     pytest.mark.gpu,

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from gigatron.core.optimizer.multi_tensor_adamw import MultiTensorAdamW
+from gigatron.experimental.multi_tensor_adamw import MultiTensorAdamW
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -127,7 +127,7 @@ def test_bad_arguments():
 _INTERPRETED = """
 import torch
 from tests.unit.test_multi_tensor_adamw import _run
-from gigatron.core.optimizer.multi_tensor_adamw import MultiTensorAdamW
+from gigatron.experimental.multi_tensor_adamw import MultiTensorAdamW
 got, _ = _run(MultiTensorAdamW, use_triton=True, block=128)
 want, _ = _run(torch.optim.AdamW)
 err = max((a - b).abs().max().item() for a, b in zip(got, want))
@@ -169,7 +169,7 @@ _PTX = """
 import re, triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from gigatron.core.optimizer._triton_adamw import _adamw_blocks
+from gigatron.experimental._triton_adamw import _adamw_blocks
 sig = dict.fromkeys(["block_tensor"], "*i32") | dict.fromkeys(["block_offset", "numel"], "*i64")
 sig |= dict.fromkeys(["param_addr", "grad_addr", "exp_avg_addr", "exp_avg_sq_addr"], "*i64")
 sig |= dict.fromkeys(["decay", "step_size", "bias2_sqrt"], "*fp32")
@@ -218,10 +218,10 @@ def test_triton_path_host_logic_with_a_recording_launch(monkeypatch):
     def launch(tables, addrs, scalars, betas_eps, param_dtype, grad_dtype, block, aligned):
         calls.append([t.clone() for t in addrs] + [t.clone() for t in scalars] + [addrs[0]])
 
-    fake = types.ModuleType("gigatron.core.optimizer._triton_adamw")
+    fake = types.ModuleType("gigatron.experimental._triton_adamw")
     fake.launch = launch
-    monkeypatch.setitem(sys.modules, "gigatron.core.optimizer._triton_adamw", fake)
-    import gigatron.core.optimizer as pkg
+    monkeypatch.setitem(sys.modules, "gigatron.experimental._triton_adamw", fake)
+    import gigatron.experimental as pkg
 
     monkeypatch.setattr(pkg, "_triton_adamw", fake, raising=False)
     ps = _params()
@@ -275,13 +275,13 @@ def test_caches_stay_bounded_under_a_momentum_schedule_and_changing_grad_sets(mo
     table: only the most recent `_MAX_TABLES` stay. The recorded launches see each step's betas."""
     import types
 
-    from gigatron.core.optimizer import multi_tensor_adamw as mod
+    from gigatron.experimental import multi_tensor_adamw as mod
 
     calls = []
-    fake = types.ModuleType("gigatron.core.optimizer._triton_adamw")
+    fake = types.ModuleType("gigatron.experimental._triton_adamw")
     fake.launch = lambda tables, addrs, scalars, betas_eps, *rest: calls.append(betas_eps)
-    monkeypatch.setitem(sys.modules, "gigatron.core.optimizer._triton_adamw", fake)
-    import gigatron.core.optimizer as pkg
+    monkeypatch.setitem(sys.modules, "gigatron.experimental._triton_adamw", fake)
+    import gigatron.experimental as pkg
 
     monkeypatch.setattr(pkg, "_triton_adamw", fake, raising=False)
     ps = [torch.nn.Parameter(torch.zeros(10 + i)) for i in range(10)]

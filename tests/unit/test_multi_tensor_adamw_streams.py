@@ -10,16 +10,16 @@ import types
 
 import torch
 
-from gigatron.core.optimizer import multi_tensor_adamw as mod
-from gigatron.core.optimizer.multi_tensor_adamw import MultiTensorAdamW
+from gigatron.experimental import multi_tensor_adamw as mod
+from gigatron.experimental.multi_tensor_adamw import MultiTensorAdamW
 
 
 def test_address_arrays_follow_the_current_stream(monkeypatch):
     launches, kept = [], []
-    fake = types.ModuleType("gigatron.core.optimizer._triton_adamw")
+    fake = types.ModuleType("gigatron.experimental._triton_adamw")
     fake.launch = lambda tables, addrs, *rest: launches.append((tables, addrs))
-    monkeypatch.setitem(sys.modules, "gigatron.core.optimizer._triton_adamw", fake)
-    import gigatron.core.optimizer as pkg
+    monkeypatch.setitem(sys.modules, "gigatron.experimental._triton_adamw", fake)
+    import gigatron.experimental as pkg
 
     monkeypatch.setattr(pkg, "_triton_adamw", fake, raising=False)
     current = ["stream A"]

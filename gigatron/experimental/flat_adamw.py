@@ -24,7 +24,7 @@ import math
 
 import torch
 
-_FILE = "gigatron/core/optimizer/flat_adamw.py"
+_FILE = "gigatron/experimental/flat_adamw.py"
 
 
 def adamw_flat_update(param, grad, exp_avg, exp_avg_sq, scalars, beta1, beta2, eps):

@@ -26,9 +26,9 @@ import math
 
 import torch
 
-from gigatron.core.optimizer.flat_adamw import adamw_flat_update, check_adamw_hyperparameters
+from gigatron.experimental.flat_adamw import adamw_flat_update, check_adamw_hyperparameters
 
-_FILE = "gigatron/core/optimizer/multi_tensor_adamw.py"
+_FILE = "gigatron/experimental/multi_tensor_adamw.py"
 _MAX_TABLES = 8  # block tables kept (most recently used): grads of other subsets of the params
 
 
@@ -194,7 +194,7 @@ class MultiTensorAdamW(torch.optim.Optimizer):
         )
 
     def _triton_step(self, batch_key, entries, betas_eps) -> None:
-        from gigatron.core.optimizer import _triton_adamw
+        from gigatron.experimental import _triton_adamw
 
         device = entries[0][0].device
         stream = _current_stream(device)
