@@ -10,7 +10,7 @@
    optimizer (`OptimizerConfig(bf16=True)`) keeps an fp32 copy of every bf16 param, steps that
    copy with the fp32 grads (`grad_reduce_in_fp32=True`: DDP accumulates and all-reduces them in
    fp32) and copies the result back to the bf16 model. No loss scaling is
-   needed for bf16 (for fp16 use `fp16=True`: dynamic loss scaling, see docs/compat_errors.md).
+   needed for bf16 (for fp16 use `fp16=True`: dynamic loss scaling, see docs/compat.md).
 """
 
 import argparse

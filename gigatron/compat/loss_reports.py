@@ -25,6 +25,10 @@ _WHAT_TO_USE = (
 )
 
 
+# what a loss tensor has and a list does not: each raises the TypeError below
+TENSOR_METHODS = ("backward", "item", "detach", "float", "mean", "sum", "to", "cuda")
+
+
 class LossReports(list):
     """list of per-microbatch loss reports; `.backward()` / `.item()` etc. explain the mistake."""
 
@@ -50,6 +54,6 @@ class LossReports(list):
     __floordiv__ = __itruediv__ = __truediv__
 
     def __getattr__(self, name: str):
-        if name in ("backward", "item", "detach", "float", "mean", "sum", "to", "cuda"):
+        if name in TENSOR_METHODS:
             return self._misuse(name)
         raise AttributeError(f"{type(self).__name__!r} (a list) has no attribute {name!r}")

@@ -253,7 +253,7 @@ def add_compat_args(p) -> None:
     _flag(g, "--wandb-entity", type=str, default="")
 
 
-_REFUSED_CKPT_FORMATS = {
+REFUSED_CKPT_FORMATS = {
     "torch": "Megatron's legacy per-rank torch.save files (mp_rank_XX/model_optim_rng.pt); "
     "gigatron writes and reads torch_dist (torch.distributed.checkpoint) only",
     "torch_dcp": "gigatron's torch_dist is already written with torch.distributed.checkpoint; "
@@ -349,8 +349,8 @@ def validate_compat_args(args) -> None:
     if getattr(args, "use_legacy_models", False):
         raise ValueError("--use-legacy-models: gigatron has only the Megatron Core models")
     fmt = args.ckpt_format
-    if fmt in _REFUSED_CKPT_FORMATS:
-        raise ValueError(f"--ckpt-format {fmt} is not supported: {_REFUSED_CKPT_FORMATS[fmt]}")
+    if fmt in REFUSED_CKPT_FORMATS:
+        raise ValueError(f"--ckpt-format {fmt} is not supported: {REFUSED_CKPT_FORMATS[fmt]}")
     args.use_dist_ckpt = True  # Megatron: use_dist_ckpt = ckpt_format != 'torch'
     args.attention_backend = AttnBackend[args.attention_backend]
     _legacy_spellings(args)
