@@ -6,7 +6,7 @@ forward-only iterations. Re-exported by `gigatron.training.training`.
 
 The NaN/Inf check costs nothing extra when clipping is on: the global grad norm the optimizer
 computes for clipping is NaN/Inf exactly when some gradient is (or when its sum of squares
-overflows fp32), so `optimizer.step_with_grad_norm_check()` skips the update on such a norm and
+overflows fp32), so `optimizer.step(check_grad_norm=True)` skips the update on such a norm and
 only then are the grad buffers scanned to name the ranks. Grads left out of the norm (TP
 replicas on TP rank > 0, tied copies) still make it NaN (0 x their norm is added). Without
 clipping one min/max pass per grad buffer and one all-reduce run before the step. With fp16
@@ -14,8 +14,8 @@ dynamic loss scaling the scaler's overflow check is the check: such a step is sk
 counted, and the scale backs off, as Megatron (which turns its NaN check off there); a NaN /
 Inf under a constant loss scale (`--loss-scale`) is a non-finite gradient like any other.
 
-`--sync-free-step` (gigatron addition, opt-in): `optimizer.step_sync_free()` instead,
-no host sync in the step at all; clipping and the skip of a NaN/Inf step happen on the GPU, and
+`--sync-free-step` (gigatron addition, opt-in; `OptimizerConfig.sync_free_step`): `step()` makes
+no host sync at all; clipping and the skip of a NaN/Inf step happen on the GPU, and
 the norm and the skip flag stay device tensors until the loop logs (or saves), when
 `materialize_losses` reads them and raises NonFiniteGradientError for a skipped step unless
 `--skip-nan-steps`. Differences: the error comes at the next log line, without the ranks; the LR
@@ -31,6 +31,8 @@ import torch.distributed as dist
 
 from gigatron.core import parallel_state as ps
 from gigatron.core.num_microbatches_calculator import get_num_microbatches
+from gigatron.core.optimizer import MegatronOptimizer
+from gigatron.core.optimizer.grad_scaler import DynamicGradScaler
 from gigatron.training.global_vars import get_args
 from gigatron.training.utils import print_rank_0
 
@@ -123,49 +125,67 @@ def _check_sync_free_skips(optimizer, args) -> None:
         )
 
 
+def _nan_check(optimizer, args) -> str:
+    """How this step finds a NaN/Inf gradient (module docstring); the same on every rank:
+    "device": the sync-free step skips it on the device, read when the loop logs;
+    "off": no check (Megatron's --no-check-for-nan-in-loss-and-grad), or fp16's dynamic loss
+    scaler, whose overflow check is the check;
+    "norm": the clipping norm is the check (`optimizer.step(check_grad_norm=True)`);
+    "scan": no norm to read (no clipping): one min/max pass over the grads before the step."""
+    if optimizer.config.sync_free_step:
+        return "device"
+    opts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    dynamic = any(isinstance(getattr(o, "grad_scaler", None), DynamicGradScaler) for o in opts)
+    if dynamic or not getattr(args, "check_for_nan_in_loss_and_grad", True):
+        return "off"
+    if optimizer.config.clip_grad > 0.0 and isinstance(optimizer, MegatronOptimizer):
+        return "norm"
+    return "scan"
+
+
 def _optimizer_step(optimizer, model, args):
-    """optimizer.step() behind the NaN/Inf gradient check (module docstring).
+    """optimizer.step() behind the NaN/Inf gradient check (`_nan_check`).
 
     Returns (update_successful, grad_norm, num_zeros, nan_iter); raises NonFiniteGradientError
     on a non-finite gradient unless `--skip-nan-steps`. Every rank takes the same branch: the
     norm and the flags are reduced over all of them."""
-    from gigatron.core.optimizer.grad_scaler import DynamicGradScaler
-
-    if optimizer.config.sync_free_step:
+    check = _nan_check(optimizer, args)
+    it = args.iteration + 1
+    if check == "device":
         _check_sync_free_skips(optimizer, args)
-        grad_norm, nonfinite = optimizer.step_sync_free()  # applied unless nonfinite
-        return True, grad_norm, None, nonfinite
-    if not getattr(args, "check_for_nan_in_loss_and_grad", True):  # Megatron's --no-check-...
-        update_successful, grad_norm, num_zeros = optimizer.step()
-        return update_successful, grad_norm, num_zeros, 0
-    opts = getattr(optimizer, "chained_optimizers", None) or [optimizer]
-    scalers = [getattr(opt, "grad_scaler", None) for opt in opts]
-    if any(isinstance(scaler, DynamicGradScaler) for scaler in scalers):
-        update_successful, grad_norm, num_zeros = optimizer.step()
-        return update_successful, grad_norm, num_zeros, 0
-    if optimizer.config.clip_grad > 0.0 and hasattr(optimizer, "step_with_grad_norm_check"):
-        update_successful, grad_norm, num_zeros = optimizer.step_with_grad_norm_check()
-        if update_successful:
-            return update_successful, grad_norm, num_zeros, 0
-        # not updated: a NaN/Inf norm, or (constant loss scale) the scaler found NaN/Inf
-        bad_ranks = _nonfinite_grad_ranks(model)  # only now: to name the ranks
-        it = args.iteration + 1
-        if bad_ranks:
-            message = f"non-finite gradient at iteration {it} on ranks {bad_ranks}"
-            message += "" if grad_norm is None else f" (grad norm {grad_norm})"
-        elif grad_norm is None:
-            message = f"non-finite gradient at iteration {it} (found by the loss scaler's check)"
-        else:
-            message = (
-                f"non-finite grad norm {grad_norm} at iteration {it}: no NaN/Inf gradient "
-                "element, the sum of squares of the gradients overflowed fp32"
-            )
-    else:
+    elif check == "scan":
         bad_ranks = _nonfinite_grad_ranks(model)
-        if not bad_ranks:
-            update_successful, grad_norm, num_zeros = optimizer.step()
-            return update_successful, grad_norm, num_zeros, 0
-        message = f"non-finite gradient at iteration {args.iteration + 1} on ranks {bad_ranks}"
+        if bad_ranks:
+            return _nonfinite_step(
+                args, f"non-finite gradient at iteration {it} on ranks {bad_ranks}"
+            )
+    # Megatron's plain call unless the norm is the check (torch-like optimizers work too)
+    step_kwargs = {"check_grad_norm": True} if check == "norm" else {}
+    update_successful, grad_norm, num_zeros = optimizer.step(**step_kwargs)
+    if check == "device":  # applied unless NaN/Inf: known on the device only
+        return True, grad_norm, None, ~update_successful
+    if update_successful or check != "norm":
+        return update_successful, grad_norm, num_zeros, 0
+    # not updated: a NaN/Inf norm, or (constant loss scale) the scaler found NaN/Inf
+    return _nonfinite_step(args, _norm_check_message(model, it, grad_norm))
+
+
+def _norm_check_message(model, it: int, grad_norm) -> str:
+    """What the norm check found; the grads are scanned only now, to name the ranks."""
+    bad_ranks = _nonfinite_grad_ranks(model)
+    if bad_ranks:
+        message = f"non-finite gradient at iteration {it} on ranks {bad_ranks}"
+        return message + ("" if grad_norm is None else f" (grad norm {grad_norm})")
+    if grad_norm is None:
+        return f"non-finite gradient at iteration {it} (found by the loss scaler's check)"
+    return (
+        f"non-finite grad norm {grad_norm} at iteration {it}: no NaN/Inf gradient "
+        "element, the sum of squares of the gradients overflowed fp32"
+    )
+
+
+def _nonfinite_step(args, message: str):
+    """Stop the run on a non-finite gradient, or (--skip-nan-steps) report the skipped step."""
     if not args.skip_nan_steps:
         raise NonFiniteGradientError(message + " (pass --skip-nan-steps to skip such steps)")
     print_rank_0(f"WARNING: {message}; skipping the update on every rank")

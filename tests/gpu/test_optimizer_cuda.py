@@ -63,9 +63,10 @@ def test_optimizer_step_with_clipping_on_cuda(nccl_group, precision):
 
 @pytest.mark.parametrize("layout", ["plain", "distributed", "flat"])
 def test_sync_free_step_makes_no_host_sync(nccl_group, layout):
-    """step_sync_free on CUDA (fused AdamW, bf16, fp32 grads; the distributed optimizer; its
-    flat step, flat_adam_step=True): not one host sync (torch's sync debug mode
-    raises on any), a NaN grad skips the update, and the norm equals the host one."""
+    """The sync-free step() on CUDA (OptimizerConfig.sync_free_step; fused AdamW, bf16, fp32
+    grads; the distributed optimizer; its flat step, flat_adam_step=True): not one host sync
+    (torch's sync debug mode raises on any), a NaN grad skips the update, and the norm equals
+    the host one."""
     distributed = layout != "plain"
     from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -82,7 +83,7 @@ def test_sync_free_step_makes_no_host_sync(nccl_group, layout):
     ddp = DistributedDataParallel(cfg, ddp_cfg, net)
     opt_cfg = OptimizerConfig(lr=1e-3, clip_grad=1e-3, bf16=True, params_dtype=torch.bfloat16,
                               use_distributed_optimizer=distributed,
-                              flat_adam_step=layout == "flat")  # fmt: skip
+                              flat_adam_step=layout == "flat", sync_free_step=True)  # fmt: skip
     opt = get_megatron_optimizer(opt_cfg, [ddp])
     for step in range(3):
         ddp.zero_grad_buffer()
@@ -98,7 +99,8 @@ def test_sync_free_step_makes_no_host_sync(nccl_group, layout):
         # the flat step compiles its pass at the first step (compiling may sync): checked after
         torch.cuda.set_sync_debug_mode("error" if step > 0 or layout != "flat" else "default")
         try:
-            norm, nonfinite = opt.step_sync_free()
+            ok, norm, _ = opt.step()
+            nonfinite = ~ok
         finally:
             torch.cuda.set_sync_debug_mode("default")
         if step < 2:

@@ -1,4 +1,4 @@
-"""`step_with_grad_norm_check()`: `step()` whose clipping norm doubles as the NaN/Inf gradient
+"""`step(check_grad_norm=True)`: `step()` whose clipping norm doubles as the NaN/Inf gradient
 check. Finite grads: the very same update as `step()`; a NaN / Inf grad, or finite grads whose
 sum of squares overflows fp32: `(False, norm, None)` and nothing changes (model params, fp32 main
 params, Adam state), for the fp32, bf16, chained and distributed optimizers (torch and flat Adam
@@ -85,7 +85,7 @@ def test_finite_grads_step_exactly_as_step(kind):
         _backward(a, chunk_a, opt_a, step)
         _backward(b, chunk_b, opt_b, step)
         ok_a, norm_a, zeros_a = opt_a.step()
-        ok_b, norm_b, zeros_b = opt_b.step_with_grad_norm_check()
+        ok_b, norm_b, zeros_b = opt_b.step(check_grad_norm=True)
         assert ok_a and ok_b and norm_a == norm_b > 0.05 and zeros_a == zeros_b
     for x, y in zip(_state(a, opt_a), _state(b, opt_b), strict=True):
         assert torch.equal(x, y)
@@ -108,10 +108,10 @@ def _huge(grad):  # finite, but the sum of squares overflows fp32
 def test_nonfinite_norm_skips_the_update(kind, poison, want):
     model, chunk, opt = _build(kind)
     _backward(model, chunk, opt, 0)
-    assert opt.step_with_grad_norm_check()[0]  # a good step first: Adam state exists
+    assert opt.step(check_grad_norm=True)[0]  # a good step first: Adam state exists
     before = _state(model, opt)
     _backward(model, chunk, opt, 1, poison=poison)
-    ok, norm, zeros = opt.step_with_grad_norm_check()
+    ok, norm, zeros = opt.step(check_grad_norm=True)
     assert not ok and zeros is None
     assert math.isnan(norm) if want == "nan" else norm == math.inf, norm
     after = _state(model, opt)
@@ -119,7 +119,7 @@ def test_nonfinite_norm_skips_the_update(kind, poison, want):
     for x, y in zip(before, after):
         assert torch.equal(x, y)
     _backward(model, chunk, opt, 2)  # and the next good step runs
-    ok, norm, _ = opt.step_with_grad_norm_check()
+    ok, norm, _ = opt.step(check_grad_norm=True)
     assert ok and math.isfinite(norm)
 
 
@@ -127,4 +127,4 @@ def test_needs_clipping():
     model = torch.nn.Linear(4, 4)
     opt = get_megatron_optimizer(OptimizerConfig(lr=1e-3, clip_grad=0.0), [model])
     with pytest.raises(ValueError, match=r"needs clip_grad > 0 \(got 0.0\)"):
-        opt.step_with_grad_norm_check()
+        opt.step(check_grad_norm=True)

@@ -9,14 +9,15 @@
   norm is taken over all of them together.
 
 `step()` returns `(update_successful, grad_norm, num_zeros_in_grad)`; on overflow
-`(False, None, None)` and neither weights nor optimizer state change.
-`step_with_grad_norm_check()` (gigatron addition) is `step()` that also skips the update when
-the global grad norm it computes for clipping is NaN/Inf, returning `(False, grad_norm, None)`:
-the training loop's NaN/Inf gradient check without a pass over the grads or a host sync of its
-own. `step_sync_free()` (gigatron addition) is that step with no host sync at all: the norm
-stays on the device, clipping and the skip of a NaN/Inf step happen inside torch's fused
-Adam(W) kernel (its `grad_scale` / `found_inf` inputs), and it returns `(grad_norm, nonfinite)`
-as 0-dim device tensors for the caller to read later.
+`(False, None, None)` and neither weights nor optimizer state change. Two gigatron options:
+- `step(check_grad_norm=True)` also skips the update when the global grad norm it computes for
+  clipping is NaN/Inf, returning `(False, grad_norm, None)`: the training loop's NaN/Inf
+  gradient check without a pass over the grads or a host sync of its own.
+- `OptimizerConfig.sync_free_step`: that step with no host sync at all: the norm stays on the
+  device, clipping and the skip of a NaN/Inf step happen inside torch's fused Adam(W) kernel
+  (its `grad_scale` / `found_inf` inputs) or the flat Adam step's pass, and `update_successful`
+  and `grad_norm` come back as 0-dim device tensors for the caller to read later.
+`ChainedOptimizer` runs the same `step()`; its hooks combine the norms of its optimizers.
 """
 
 from __future__ import annotations
@@ -175,24 +176,22 @@ class MegatronOptimizer:
         pass
 
     def _empty_norm(self):
+        """The grad norm `step()` returns without clipping (none is computed)."""
         return 0.0
 
     @torch.no_grad()
-    def step(self):
-        """prepare grads -> (skip on overflow) -> clip -> count zeros -> step."""
-        return self._step(check_grad_norm=False)
+    def step(self, *, check_grad_norm: bool = False):
+        """prepare grads -> (skip on overflow) -> clip -> count zeros -> update. Returns
+        `(update_successful, grad_norm, num_zeros_in_grad)` (module docstring).
 
-    @torch.no_grad()
-    def step_with_grad_norm_check(self):
-        """`step()`, but a NaN/Inf global grad norm skips the update (nothing changes) and
-        returns `(False, grad_norm, None)`. Needs `clip_grad > 0` (the norm is computed for
-        clipping); gigatron addition."""
-        return self._step(check_grad_norm=True)
-
-    def _step(self, check_grad_norm: bool):
+        `check_grad_norm` (gigatron addition; needs clip_grad > 0): a NaN/Inf global grad norm
+        skips the update (nothing changes) and returns `(False, grad_norm, None)`. With
+        `config.sync_free_step` that check runs on the device (`_sync_free_step`)."""
+        if self.config.sync_free_step:
+            return self._sync_free_step()
         if check_grad_norm and not self.config.clip_grad > 0.0:
             raise ValueError(
-                f"step_with_grad_norm_check needs clip_grad > 0 (got {self.config.clip_grad}): "
+                f"step(check_grad_norm=True) needs clip_grad > 0 (got {self.config.clip_grad}): "
                 "without clipping no grad norm is computed (gigatron/core/optimizer/optimizer.py)"
             )
         if self.prepare_grads():
@@ -206,21 +205,20 @@ class MegatronOptimizer:
         num_zeros = self.count_zeros() if self.config.log_num_zeros_in_grad else self._zeros()
         return self.step_with_ready_grads(), grad_norm, num_zeros
 
-    @torch.no_grad()
-    def step_sync_free(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """`step_with_grad_norm_check()` without a host sync (gigatron addition): returns
-        (grad_norm, nonfinite), 0-dim tensors on the grads' device; when nonfinite the update
-        was skipped on the device (params and Adam moments unchanged; the step counts too,
-        except under the flat Adam step, whose host-side counts advance). Needs
-        clip_grad > 0, no loss scaler, torch's fused Adam / AdamW, no
-        zero counting (`check_sync_free`)."""
+    def _sync_free_step(self) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """`step(check_grad_norm=True)` without a host sync: `(update_successful, grad_norm,
+        None)` with the first two 0-dim tensors on the grads' device; a NaN/Inf norm skips the
+        update on the device (params and Adam moments unchanged; the step counts too, except
+        under the flat Adam step, whose host-side counts advance). Needs clip_grad > 0, no loss
+        scaler, torch's fused Adam / AdamW or the flat Adam step, no zero counting
+        (`check_sync_free`)."""
         self.check_sync_free()
         self.prepare_grads()
         grad_norm = self._grad_norm_tensor()
-        return grad_norm, self._step_on_device(grad_norm)
+        return ~self._step_on_device(grad_norm), grad_norm, None
 
     def check_sync_free(self) -> None:
-        """ValueError naming the rule when `step_sync_free()` cannot run."""
+        """ValueError naming the rule when the sync-free step cannot run."""
         rule = _sync_free_problem(self)
         if rule:
             raise ValueError(f"the sync-free step {rule} (gigatron/core/optimizer/optimizer.py)")
@@ -453,47 +451,33 @@ class ChainedOptimizer(MegatronOptimizer):
     def _checked_grad_norm(self) -> float:
         return sum(opt._checked_grad_norm() ** 2 for opt in self.chained_optimizers) ** 0.5
 
+    def _empty_norm(self):
+        return self.get_grad_norm()  # the global norm is reported even without clipping
+
+    def _clip_grads_by_norm(self, clip_grad: float, grad_norm: float) -> None:
+        """Each chained optimizer clips by the one global norm, with its own clip_grad."""
+        for opt in self.chained_optimizers:
+            if opt.config.clip_grad > 0.0:
+                opt._clip_grads_by_norm(opt.config.clip_grad, grad_norm)
+
     def count_zeros(self) -> float:
         return sum(opt.count_zeros() for opt in self.chained_optimizers)
 
     def step_with_ready_grads(self) -> bool:
         return all([opt.step_with_ready_grads() for opt in self.chained_optimizers])
 
-    @torch.no_grad()
-    def step(self):
-        return self._step(check_grad_norm=False)
-
-    @torch.no_grad()
-    def step_with_grad_norm_check(self):
-        """As MegatronOptimizer's: the norm is the one global norm of all chained optimizers."""
-        return self._step(check_grad_norm=True)
-
-    def _step(self, check_grad_norm: bool):
-        if self.prepare_grads():
-            return False, None, None
-        grad_norm = self._checked_grad_norm() if check_grad_norm else self.get_grad_norm()
-        if check_grad_norm and not math.isfinite(grad_norm):
-            return False, grad_norm, None
-        for opt in self.chained_optimizers:
-            if opt.config.clip_grad > 0.0:
-                opt._clip_grads_by_norm(opt.config.clip_grad, grad_norm)
-        num_zeros = self.count_zeros() if self.config.log_num_zeros_in_grad else 0
-        return self.step_with_ready_grads(), grad_norm, num_zeros
-
-    @torch.no_grad()
-    def step_sync_free(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """As MegatronOptimizer's, with the one global norm of all chained optimizers."""
-        for opt in self.chained_optimizers:
-            opt.check_sync_free()
-        self.prepare_grads()
-        norms = [opt._grad_norm_tensor() for opt in self.chained_optimizers]
-        grad_norm = torch.stack(norms).pow(2).sum().sqrt()
-        nonfinite = [opt._step_on_device(grad_norm) for opt in self.chained_optimizers]
-        return grad_norm, nonfinite[0]
-
+    # the sync-free step (MegatronOptimizer._sync_free_step) over the one global norm
     def check_sync_free(self) -> None:
         for opt in self.chained_optimizers:
             opt.check_sync_free()
+
+    def _grad_norm_tensor(self) -> torch.Tensor:
+        norms = [opt._grad_norm_tensor() for opt in self.chained_optimizers]
+        return torch.stack(norms).pow(2).sum().sqrt()
+
+    def _step_on_device(self, grad_norm: torch.Tensor) -> torch.Tensor:
+        nonfinite = [opt._step_on_device(grad_norm) for opt in self.chained_optimizers]
+        return nonfinite[0]
 
     def state_dict(self) -> list[dict]:
         return [opt.state_dict() for opt in self.chained_optimizers]
