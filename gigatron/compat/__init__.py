@@ -10,7 +10,7 @@ this package. docs/compat.md is generated from these modules (`scripts/gen_compa
     loss_reports           the schedule's list of loss reports, with misuse errors
                            (`.backward()`, GradScaler, `/ accumulation_steps`)
     training_args          Megatron-LM flags: aliases, accepted no-ops, refused values
-    legacy_moe_checkpoint  Megatron's legacy MoE checkpoint layout -> gigatron's
+    legacy_moe_checkpoint  gigatron's own pre-issue-29 MoE checkpoint layouts -> today's
     megatron               the `megatron.core` / `megatron.training` import alias and launcher
     _cuda_hint             the launcher's hint for CUDA calls on a machine without CUDA
 

@@ -6,7 +6,7 @@ same way (`param.data` becomes a view, values kept), so one optimizer step is on
 over four flat tensors per buffer (param, grad, exp_avg, exp_avg_sq) instead of a multi-tensor
 kernel over hundreds of tensors. On CUDA the pass is a torch.compile'd (Inductor/Triton) kernel:
 gpt-1.3b's 1.32 B bf16 params step in 4.34 ms against 6.91 ms for `torch.optim.AdamW(fused=True)`
-over the per-parameter tensors (H200, `bench/bench_adamw.py`, bench/reports/2026-11-30-s6-gpu.md).
+over the per-parameter tensors (H200, `bench/bench_adamw.py`, bench/reports/optimizer-step.md).
 
 Numerics are torch.optim.AdamW's (decoupled weight decay, bias-corrected moments, eps outside
 the square root) with the moments stored in the params' dtype and the math in fp32 registers, as

@@ -2,7 +2,7 @@
 
 `torch.optim.AdamW(fused=True)` steps gpt-1.3b's 1.32 B bf16 params in 6.91 ms on an H200
 (2.67 TB/s); one compiled pass over the same bytes as a flat tensor takes 4.34 ms
-(`bench/bench_adamw.py`, bench/reports/2026-11-30-s6-gpu.md). `MultiTensorAdamW` gets a flat
+(`bench/bench_adamw.py`, bench/reports/optimizer-step.md). `MultiTensorAdamW` gets a flat
 pass's memory access without flat storage: a block table built once from the tensor sizes
 (`_triton_adamw.py`) lets one launch per (param dtype, grad dtype) walk every tensor in large
 vectorised blocks, reading each tensor's address from small per-step address arrays, so the

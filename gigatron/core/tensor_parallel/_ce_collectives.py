@@ -1,7 +1,7 @@
 """Copy-engine all-gather and reduce-scatter along dim 0 for one NVLink node (CUDA only).
 
 NCCL's kernels take SMs: overlapped with a GEMM they slow it down by as much time as they hide
-(bench/reports/2026-11-30-s4-gpu.md). These collectives move data with the GPUs' copy engines
+(bench/reports/gpt-tensor-parallel.md). These collectives move data with the GPUs' copy engines
 instead (`cudaMemcpyAsync` between peer-mapped buffers of `torch.distributed._symmetric_memory`),
 on a side stream, signalled by the symmetric-memory barrier. gigatron's own; Megatron has no
 counterpart (its TP overlap uses Transformer Engine's userbuffers).

@@ -225,7 +225,7 @@ def enable_async_tensor_parallel(group) -> None:
     symmetric-memory op that moves the peers' rows over NVLink while the matmul of the rows
     already here runs. Same numbers, up to the order of the partial matmuls. CUDA + NCCL only;
     call it on every rank of `group` before the first compiled step. Experimental: on two H200
-    without NVLink multicast it halved TP=2 throughput (bench/reports/2026-11-30-s3-gpu.md), so
+    without NVLink multicast it halved TP=2 throughput (bench/reports/gpt-tensor-parallel.md), so
     nothing turns it on by default; `tests/dist/test_async_tp_patterns.py` checks the patterns.
     """
     import torch.distributed as dist

@@ -171,7 +171,7 @@ class GPTModel(LanguageModule):
         """Fast path of `_output_and_loss` with labels: output layer + vocab-parallel cross
         entropy in token chunks, never the whole batch's fp32 logits (same numbers as the plain
         path). The logits are recomputed chunk by chunk in backward: on H200 faster and smaller
-        than keeping them (bench/reports/2026-11-30-gpu.md; under torch.compile AOT autograd
+        than keeping them (bench/reports/gpt-1gpu-throughput.md; under torch.compile AOT autograd
         merges the recompute with the forward matmul: bench/count_ce_matmuls.py); the chunked
         kernel reads the vocab-parallel weight and returns no logits to gather."""
         # 'native_grad_in_forward' (gigatron-only): both gradients in forward, one logits
