@@ -22,6 +22,8 @@ from gigatron.convert.hf_config import (
     spec_from_hf_config,
     tokenizer_args,
 )
+from gigatron.core import dist_checkpointing
+from gigatron.training import checkpoint_files as ckpt_files
 
 
 def command_line_dests(parser: argparse.ArgumentParser, argv: list[str], yaml_cfg=None) -> set:
@@ -40,10 +42,7 @@ def command_line_dests(parser: argparse.ArgumentParser, argv: list[str], yaml_cf
 
 def saved_args(load: str):
     """The args Namespace saved in the checkpoint `load`'s tracker names (None: none)."""
-    from gigatron.core import dist_checkpointing
-    from gigatron.training import _checkpoint_commit as commit
-
-    ckpt_dir = commit.tracked_dir(load, warn=False)
+    ckpt_dir = ckpt_files.tracked_dir(load, warn=False)
     if ckpt_dir is None or not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
         return None
     return dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")

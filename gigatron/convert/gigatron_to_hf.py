@@ -18,24 +18,27 @@ import os
 import torch
 
 from gigatron.convert._ckpt_layout import entry_shape, load_entry, per_layer_entries
-from gigatron.convert._recipes import recipes_for_keys
+from gigatron.convert._recipes import _Every, gpt2_recipes, llama_recipes, recipes_for_keys
 from gigatron.convert.hf_config import spec_from_hf_config
 from gigatron.convert.hf_io import write_safetensors
 from gigatron.convert.hf_to_gigatron import copy_side_files
+from gigatron.core import dist_checkpointing
+from gigatron.core.dist_checkpointing import (
+    check_is_distributed_checkpoint,
+    load_common_state_dict,
+)
+from gigatron.training import checkpoint_files as ckpt_files
 
 
 def find_checkpoint_dir(load: str) -> str:
     """`load` itself if it is a torch_dist directory, else the one its tracker names."""
-    from gigatron.core.dist_checkpointing import check_is_distributed_checkpoint
-    from gigatron.training import _checkpoint_commit as commit
-    from gigatron.training import _checkpoint_state as cs
-
     if check_is_distributed_checkpoint(load):
         return load
-    found = commit.tracked_dir(load)
+    found = ckpt_files.tracked_dir(load)
     if found is None:
         raise ValueError(
-            f"{load}: neither a torch_dist checkpoint nor a directory with {cs.TRACKER_FNAME}"
+            f"{load}: neither a torch_dist checkpoint nor a directory with "
+            f"{ckpt_files.TRACKER_FNAME}"
         )
     return found
 
@@ -54,8 +57,6 @@ def _hf_config(load: str, ckpt_dir: str, hf_config) -> tuple[dict, str | None]:
         raise ValueError(
             f"hf_config ({hf_config!r}) is neither config.json nor a directory with one"
         )
-    from gigatron.core.dist_checkpointing import load_common_state_dict
-
     args = load_common_state_dict(ckpt_dir).get("args")
     if args is None or not getattr(args, "hf_config_json", None):
         raise ValueError(
@@ -82,8 +83,6 @@ def convert_gigatron_to_hf(
 
     load: a checkpoint root (with a tracker) or a torch_dist directory. Returns the weight files.
     """
-    from gigatron.core import dist_checkpointing
-
     ckpt_dir = find_checkpoint_dir(load)
     cfg, side_dir = _hf_config(load, ckpt_dir, hf_config)
     entries = per_layer_entries(dist_checkpointing.load_tensors_metadata(ckpt_dir))
@@ -116,8 +115,6 @@ def convert_gigatron_to_hf(
 
 def _check_complete(spec, recipes, entries) -> None:
     """Every model tensor of the checkpoint must be exported (none silently dropped)."""
-    from gigatron.convert._recipes import _Every, gpt2_recipes, llama_recipes
-
     fn = gpt2_recipes if spec.family == "gpt2" else llama_recipes
     possible = {r.key for r in fn(spec, _Every(), spec.padded_vocab_size)}
     model_keys = {k for k in entries if k.startswith(("embedding.", "decoder.", "output_layer."))}

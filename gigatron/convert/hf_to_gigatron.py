@@ -35,11 +35,14 @@ from gigatron.convert.hf_config import (
     TOKENIZER_PATH_ARGS,
     HFModelSpec,
     args_to_flags,
+    is_hf_dir,
     read_hf_config,
     spec_from_hf_config,
     tokenizer_args,
 )
 from gigatron.convert.hf_io import HFReader, iter_planned, write_safetensors
+from gigatron.core import dist_checkpointing
+from gigatron.training.checkpoint_files import CHECKPOINT_VERSION, TRACKER_FNAME
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -137,9 +140,6 @@ def convert_hf_to_gigatron(
     The layout sizes are checked against the model (divisibility) and recorded in the args; the
     checkpoint itself loads at any layout (dist_checkpointing reshards).
     """
-    from gigatron.core import dist_checkpointing
-    from gigatron.training._checkpoint_state import CHECKPOINT_VERSION, TRACKER_FNAME
-
     tp, pp, ep = (
         tensor_model_parallel_size,
         pipeline_model_parallel_size,
@@ -234,8 +234,6 @@ def load_hf_for_training(model_chunks, optimizer, load_dir: str | None) -> bool:
     """The training loop's hook: if `load_dir` is a HF directory, fill the model from it,
     refresh the optimizer's fp32 main copies, and return True (start at iteration 0, as
     --finetune); otherwise do nothing and return False (load a gigatron checkpoint instead)."""
-    from gigatron.convert.hf_config import is_hf_dir
-
     if not is_hf_dir(load_dir):
         return False
     load_hf_into_model(model_chunks, load_dir)

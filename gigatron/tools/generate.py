@@ -17,10 +17,26 @@ Sampling: `--greedy` (top-k 1), `--temperature`, `--top-k`, `--top-p`, `--seed`,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
+import torch.distributed as dist
+
+from gigatron.convert import is_hf_dir, load_hf_into_model
+from gigatron.convert.checkpoint_args import (
+    apply_checkpoint_model_args,
+    command_line_dests,
+    saved_args,
+)
 from gigatron.core.inference import GenerationResult, SamplingParams, generate
+from gigatron.training import checkpoint_files as ckpt_files
+from gigatron.training.arguments import build_parser, parse_args
+from gigatron.training.checkpointing import load_checkpoint
+from gigatron.training.global_vars import get_tokenizer
+from gigatron.training.initialize import destroy_distributed, initialize_megatron
+from gigatron.training.pretrain_gpt import model_provider
+from gigatron.training.training import get_model
 
 _FILE = "gigatron/tools/generate.py"
 # Checkpoint args taken over unless the command line sets them (besides the "model" group).
@@ -52,13 +68,9 @@ def add_text_generation_args(parser: argparse.ArgumentParser) -> argparse.Argume
 
 def _checkpoint_args(load: str):
     """The args Namespace saved in the tracked checkpoint under `load`."""
-    from gigatron.convert.checkpoint_args import saved_args
-    from gigatron.training import _checkpoint_commit as commit
-    from gigatron.training import _checkpoint_state as cs
-
-    if commit.tracked_dir(load) is None:
+    if ckpt_files.tracked_dir(load) is None:
         raise ValueError(
-            f"--load ({load}) has no {cs.TRACKER_FNAME} and is no Hugging Face directory "
+            f"--load ({load}) has no {ckpt_files.TRACKER_FNAME} and is no Hugging Face directory "
             "(config.json + *.safetensors): not a checkpoint"
         )
     return saved_args(load)
@@ -113,11 +125,6 @@ def _sampling_params(args) -> SamplingParams:
 
 
 def _load_model(args):
-    from gigatron.convert import is_hf_dir, load_hf_into_model
-    from gigatron.training.checkpointing import load_checkpoint
-    from gigatron.training.pretrain_gpt import model_provider
-    from gigatron.training.training import get_model
-
     model = get_model(model_provider, wrap_with_ddp=False)
     if is_hf_dir(args.load):
         load_hf_into_model(model, args.load)
@@ -132,13 +139,6 @@ def _load_model(args):
 def load_model(argv: list[str], *, need_prompt: bool = False):
     """Parse generation flags, take the model and tokenizer args from `--load`, set up TP and
     load the weights: (model in eval mode, args). Call it on every rank."""
-    import os
-
-    from gigatron.convert import is_hf_dir
-    from gigatron.convert.checkpoint_args import apply_checkpoint_model_args, command_line_dests
-    from gigatron.training.arguments import build_parser, parse_args
-    from gigatron.training.initialize import initialize_megatron
-
     parser = build_parser(add_text_generation_args)
     args = parse_args(add_text_generation_args, argv=argv)
     if need_prompt and not args.prompt:
@@ -164,8 +164,6 @@ def load_model(argv: list[str], *, need_prompt: bool = False):
 
 def run(argv: list[str] | None = None) -> list[GenerationResult]:
     """Parse flags, set up TP, load the checkpoint and generate; returns one result a prompt."""
-    from gigatron.training.global_vars import get_tokenizer
-
     argv = list(sys.argv[1:] if argv is None else argv)
     model, args = load_model(argv, need_prompt=True)
     start = time.perf_counter()
@@ -177,8 +175,6 @@ def run(argv: list[str] | None = None) -> list[GenerationResult]:
 
 
 def _report(results: list[GenerationResult], args, seconds: float) -> None:
-    import torch.distributed as dist
-
     if dist.is_initialized() and dist.get_rank() != 0:
         return
     for i, r in enumerate(results):
@@ -196,8 +192,6 @@ def _report(results: list[GenerationResult], args, seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gigatron.training.initialize import destroy_distributed
-
     run(argv)
     # a clean exit: the gloo group torn down at interpreter shutdown could abort a finished run
     # ("terminate called without an active exception": make train's demo, once in four)

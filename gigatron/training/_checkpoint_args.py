@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 from gigatron.core import dist_checkpointing
-from gigatron.training import _checkpoint_commit as commit
+from gigatron.training import checkpoint_files as commit
 from gigatron.training.global_vars import get_args
 from gigatron.training.utils import print_rank_0
 

@@ -1,7 +1,8 @@
 """Pieces of a training checkpoint: model/optimizer sharded dicts, RNG states, safe args.
 
 Helpers for `gigatron.training.checkpointing` (mirrors parts of `megatron.training.checkpointing`:
-`get_rng_state`, `generate_state_dict`, the tracker file). Layout of the saved state dict:
+`get_rng_state`, `generate_state_dict`; the tracker file is in `checkpoint_files`). Layout of the
+saved state dict:
 `args`, `checkpoint_version` (3.0), `iteration`, `num_floating_point_operations_so_far`,
 `model` (or `model0..N` for virtual pipeline chunks: each chunk's own `sharded_state_dict()`,
 megatron-core's stacked layout), `optimizer`, `opt_param_scheduler`, `rng_state`.
@@ -10,58 +11,20 @@ megatron-core's stacked layout), `optimizer`, `opt_param_scheduler`, `rng_state`
 from __future__ import annotations
 
 import argparse
-import os
 import random
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from gigatron.core.dist_checkpointing import CheckpointingException, ShardedObject
-
-TRACKER_FNAME = "latest_checkpointed_iteration.txt"
-CHECKPOINT_VERSION = 3.0
-
-
-def checkpoint_dir(root: str, iteration: int, release: bool = False) -> str:
-    """`<root>/iter_0000100` (or `<root>/release`)."""
-    return os.path.join(root, "release" if release else f"iter_{iteration:07d}")
-
-
-def write_tracker(root: str, iteration: int) -> None:
-    """Atomically replace the tracker: temp file, fsync, rename, fsync the directory."""
-    path = os.path.join(root, TRACKER_FNAME)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(str(iteration))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_tracker(root: str) -> tuple[int, bool] | None:
-    """(iteration, release) from the tracker, None when there is no tracker file."""
-    path = os.path.join(root, TRACKER_FNAME)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        text = f.read().strip()
-    if text == "release":
-        return 0, True
-    try:
-        iteration = int(text)
-    except ValueError:
-        raise CheckpointingException(
-            f"{path} is damaged: expected an iteration number or 'release', got {text[:40]!r}"
-        ) from None
-    if iteration < 0:
-        raise CheckpointingException(f"{path} is damaged: negative iteration {iteration}")
-    return iteration, False
+from gigatron.core.dist_checkpointing import ShardedObject
+from gigatron.training.checkpoint_files import (  # noqa: F401  (the checkpoint layout, used as cs.*)
+    CHECKPOINT_VERSION,
+    TRACKER_FNAME,
+    checkpoint_dir,
+    read_tracker,
+    write_tracker,
+)
 
 
 def _ranks() -> tuple[tuple[int, int, int], tuple[int, int, int]]:

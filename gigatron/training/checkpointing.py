@@ -2,7 +2,7 @@
 
 Mirrors `megatron.training.checkpointing` (save_checkpoint, load_checkpoint,
 maybe_finalize_async_save, get_checkpoint_tracker_filename, read_metadata). The order that makes
-a crash harmless (`_checkpoint_commit` has the details): every rank writes its part into a fresh
+a crash harmless (`checkpoint_files` has the details): every rank writes its part into a fresh
 `iter_N.tmp-<token>/`, DCP's `.metadata` and then `metadata.json` are written, all ranks meet at a
 barrier, and only then rank 0 fsyncs it, renames it to `iter_N/` (an existing `iter_N/` is first
 renamed aside, deleted after the tracker moved) and replaces the tracker file atomically (temp
@@ -40,8 +40,8 @@ from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQu
 from gigatron.core.optimizer_param_scheduler import ScheduleMismatchError
 from gigatron.core.transformer.utils import sharded_state_dict_default
 from gigatron.training import _checkpoint_args as ca
-from gigatron.training import _checkpoint_commit as commit
 from gigatron.training import _checkpoint_state as cs
+from gigatron.training import checkpoint_files as commit
 from gigatron.training._checkpoint_args import (  # noqa: F401  (Megatron's public names)
     check_checkpoint_args,
     load_args_from_checkpoint,

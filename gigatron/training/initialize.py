@@ -141,7 +141,7 @@ def _resumed_checkpoint_args(args):
     """The args saved in the checkpoint `--load` will restore (None: nothing to restore)."""
     from gigatron.convert.checkpoint_args import hf_dir_vocab
     from gigatron.core import dist_checkpointing
-    from gigatron.training import _checkpoint_commit as commit
+    from gigatron.training import checkpoint_files as commit
 
     hf_vocab = hf_dir_vocab(args)  # --load HF_DIR: its config's vocabulary, padded
     if hf_vocab is not None:

@@ -17,8 +17,7 @@ import torch
 
 from gigatron.core import dist_checkpointing as dc
 from gigatron.core.dist_checkpointing.strategies import torch as torch_strategy
-from gigatron.training import _checkpoint_commit as commit
-from gigatron.training import _checkpoint_state as cs
+from gigatron.training import checkpoint_files as commit
 from gigatron.training import checkpointing as ckpt
 from tests.unit.test_checkpointing import _args, _setup, _step
 
@@ -63,7 +62,7 @@ def _arm(point, crash, set_attr=setattr):
     else:
         owner, name = {
             "publish": (commit, "_fsync_tree"),
-            "tracker": (cs, "write_tracker"),
+            "tracker": (commit, "write_tracker"),
             "remove_aside": (commit, "_remove"),
         }[point]
         set_attr(owner, name, lambda *a, **k: crash())
@@ -219,7 +218,7 @@ def test_every_reader_of_a_save_root_finds_the_aside_copy(tmp_path, capsys):
 
     model, opt, sched = _setup()
     ckpt.save_checkpoint(6, model, opt, sched, args=_args(tmp_path, consumed_train_samples=64))
-    final = cs.checkpoint_dir(str(tmp_path), 6)
+    final = commit.checkpoint_dir(str(tmp_path), 6)
     aside = final + commit.ASIDE_TAG + "deadbeef"
     os.rename(final, aside)
     assert commit.tracked_dir(str(tmp_path)) == aside

@@ -1,4 +1,8 @@
-"""How a training save becomes visible: fresh directory, rename into place, tracker last.
+"""A training checkpoint's files: directory names, the tracker, and how a save becomes visible.
+
+Layout: `<root>/iter_0000100/` (or `release/`) and the tracker `latest_checkpointed_iteration.txt`
+naming the newest; `gigatron.convert` writes the same layout. A save becomes visible by a fresh
+directory, a rename into place, the tracker last.
 
 The protocol (`gigatron.training.checkpointing.save_checkpoint` drives it; docs/checkpoints.md
 states it for audit). Names under the save root, for iteration N and a token rank 0 draws and
@@ -29,8 +33,53 @@ import os
 import re
 import shutil
 
+from gigatron.core.dist_checkpointing import CheckpointingException
 from gigatron.core.dist_checkpointing.core import check_is_distributed_checkpoint
-from gigatron.training import _checkpoint_state as cs
+
+TRACKER_FNAME = "latest_checkpointed_iteration.txt"
+CHECKPOINT_VERSION = 3.0
+
+
+def checkpoint_dir(root: str, iteration: int, release: bool = False) -> str:
+    """`<root>/iter_0000100` (or `<root>/release`)."""
+    return os.path.join(root, "release" if release else f"iter_{iteration:07d}")
+
+
+def write_tracker(root: str, iteration: int) -> None:
+    """Atomically replace the tracker: temp file, fsync, rename, fsync the directory."""
+    path = os.path.join(root, TRACKER_FNAME)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(str(iteration))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_tracker(root: str) -> tuple[int, bool] | None:
+    """(iteration, release) from the tracker, None when there is no tracker file."""
+    path = os.path.join(root, TRACKER_FNAME)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        text = f.read().strip()
+    if text == "release":
+        return 0, True
+    try:
+        iteration = int(text)
+    except ValueError:
+        raise CheckpointingException(
+            f"{path} is damaged: expected an iteration number or 'release', got {text[:40]!r}"
+        ) from None
+    if iteration < 0:
+        raise CheckpointingException(f"{path} is damaged: negative iteration {iteration}")
+    return iteration, False
+
 
 STAGING_TAG = ".tmp-"
 ASIDE_TAG = ".old-"
@@ -41,11 +90,11 @@ __all__ = ["prepare", "publish", "repair_leftovers", "resolve", "staging_dir"]
 
 def staging_dir(root: str, iteration: int, token: str) -> str:
     """`<root>/iter_0000006.tmp-<token>`: where every rank writes a save of `iteration`."""
-    return cs.checkpoint_dir(root, iteration) + STAGING_TAG + token
+    return checkpoint_dir(root, iteration) + STAGING_TAG + token
 
 
 def _aside_dir(root: str, iteration: int, token: str) -> str:
-    return cs.checkpoint_dir(root, iteration) + ASIDE_TAG + token
+    return checkpoint_dir(root, iteration) + ASIDE_TAG + token
 
 
 def _fsync_dir(path: str) -> None:
@@ -105,7 +154,7 @@ def repair_leftovers(root: str) -> None:
     """
     changed = False
     for entry in os.scandir(root):  # a tracker temp file of a save killed while writing it
-        if entry.name.startswith(cs.TRACKER_FNAME + ".tmp.") and entry.is_file():
+        if entry.name.startswith(TRACKER_FNAME + ".tmp.") and entry.is_file():
             os.remove(entry.path)
     for name, kinds in sorted(_leftovers(root).items()):
         for path in kinds[STAGING_TAG]:
@@ -141,7 +190,7 @@ def prepare(root: str, iteration: int, token: str) -> str:
 def publish(root: str, iteration: int, token: str) -> None:
     """Rank 0, after every rank finished writing staging: rename it to `iter_N/`, tracker last."""
     staging = staging_dir(root, iteration, token)
-    final = cs.checkpoint_dir(root, iteration)
+    final = checkpoint_dir(root, iteration)
     _fsync_tree(staging)
     aside = None
     if os.path.lexists(final):
@@ -149,7 +198,7 @@ def publish(root: str, iteration: int, token: str) -> None:
         _rename(final, aside)
     _rename(staging, final)
     _fsync_dir(root)
-    cs.write_tracker(root, iteration)
+    write_tracker(root, iteration)
     if aside is not None:
         try:
             _remove(aside)
@@ -164,7 +213,7 @@ def resolve(root: str, iteration: int, release: bool = False, *, warn: bool = Tr
     died between its two renames), with a warning naming both; otherwise `iter_N/` (the caller
     reports it missing or incomplete).
     """
-    final = cs.checkpoint_dir(root, iteration, release)
+    final = checkpoint_dir(root, iteration, release)
     if release or check_is_distributed_checkpoint(final) or not os.path.isdir(root):
         return final
     asides = _leftovers(root).get(os.path.basename(final), {}).get(ASIDE_TAG, [])
@@ -185,5 +234,5 @@ def tracked_dir(root: str, *, warn: bool = True) -> str | None:
 
     Every reader of a save root (load_checkpoint, generate, convert, the early read of the
     saved args) goes through this, so all of them see the same checkpoint."""
-    found = cs.read_tracker(root)
+    found = read_tracker(root)
     return None if found is None else resolve(root, *found, warn=warn)
