@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gigatron.core.pipeline_parallel._layer_split import (
+from gigatron.core.transformer._layer_split import (
     get_num_layers_to_build,
     get_transformer_layer_offset,
     layer_split,

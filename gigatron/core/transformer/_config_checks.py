@@ -5,6 +5,8 @@ Each check raises ValueError naming the field, its value and the rule, before an
 
 from __future__ import annotations
 
+from gigatron.core.transformer._layer_split import layer_split
+
 SUPPORTED_RECOMPUTE_MODULES = ("core_attn", "mlp")
 
 
@@ -107,8 +109,6 @@ def check_recompute(cfg) -> None:
 def check_pipeline(cfg) -> None:
     """The layer split must exist: even (L divisible by PP, and by VPP per stage) or uneven with
     num_layers_in_first/last_pipeline_stage and the accounting flags (same rules as Megatron)."""
-    from gigatron.core.pipeline_parallel._layer_split import layer_split
-
     layer_split(
         cfg.num_layers,
         cfg.pipeline_model_parallel_size,

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from gigatron.core import parallel_state
 from gigatron.core.dist_checkpointing.utils import apply_prefix_mapping
+from gigatron.core.transformer import _layer_split
 from gigatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
@@ -38,9 +39,7 @@ def _vp_stage_or_default(config, vp_stage):
 
 def get_num_layers_to_build(config, vp_stage: int | None = None, pp_rank: int | None = None) -> int:
     """Layers held by one pipeline stage (one virtual chunk of it under VPP), including uneven
-    first/last stages and the embedding/loss accounting flags (pipeline_parallel._layer_split)."""
-    from gigatron.core.pipeline_parallel._layer_split import get_num_layers_to_build as split
-
+    first/last stages and the embedding/loss accounting flags (`_layer_split`)."""
     even = not (
         config.num_layers_in_first_pipeline_stage
         or config.num_layers_in_last_pipeline_stage
@@ -54,7 +53,9 @@ def get_num_layers_to_build(config, vp_stage: int | None = None, pp_rank: int | 
         and parallel_state.get_virtual_pipeline_model_parallel_rank() is None
     ):
         vp_stage = 0  # even split: every chunk holds the same number of layers
-    return split(config, _vp_stage_or_default(config, vp_stage), pp_rank)
+    return _layer_split.get_num_layers_to_build(
+        config, _vp_stage_or_default(config, vp_stage), pp_rank
+    )
 
 
 def get_transformer_layer_offset(config, vp_stage: int | None = None, pp_rank: int | None = None):
@@ -63,9 +64,9 @@ def get_transformer_layer_offset(config, vp_stage: int | None = None, pp_rank: i
     Interleaved (VPP) layout: chunk v of stage p holds layers
     v * (L / vp) + p * (L / pp / vp) ... so consecutive stages take consecutive chunks.
     """
-    from gigatron.core.pipeline_parallel._layer_split import get_transformer_layer_offset as off
-
-    return off(config, _vp_stage_or_default(config, vp_stage), pp_rank)
+    return _layer_split.get_transformer_layer_offset(
+        config, _vp_stage_or_default(config, vp_stage), pp_rank
+    )
 
 
 @dataclass

@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+from gigatron.training.tokenizer._common import _import_tokenizers
 
 PATTERN_TIKTOKEN = (
     r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"
@@ -106,8 +107,6 @@ class CustomTikTokenizer(MegatronLegacyTokenizer):
             num_special_tokens=num_special_tokens,
             special_tokens=special_tokens,
         )
-        from gigatron.training.tokenizer.tokenizer import _import_tokenizers
-
         tk = _import_tokenizers()
         self._vocab_size = vocab_size if vocab_size is not None else 2**17
         special = list(special_tokens) if special_tokens is not None else SPECIAL_TOKENS[:]

@@ -22,6 +22,11 @@ from gigatron.training.tokenizer._sentencepiece import (
     _Llama2Tokenizer,
     _SentencePieceTokenizer,
 )
+from gigatron.training.tokenizer._tiktoken import (
+    PATTERN_TIKTOKEN,
+    PATTERN_TIKTOKEN_V2,
+    CustomTikTokenizer,
+)
 
 __all__ = [
     "build_tokenizer",
@@ -81,12 +86,6 @@ def build_tokenizer(args: Any, **kwargs: Any) -> MegatronLegacyTokenizer:
             vocab_extra_ids=getattr(args, "vocab_extra_ids", 0) or 0,
         )
     elif kind == "TikTokenizer":
-        from gigatron.training.tokenizer._tiktoken import (
-            PATTERN_TIKTOKEN,
-            PATTERN_TIKTOKEN_V2,
-            CustomTikTokenizer,
-        )
-
         pattern = getattr(args, "tiktoken_pattern", None)
         if pattern not in ("v1", "v2"):
             raise ValueError(f"tiktoken_pattern ({pattern!r}) must be 'v1' or 'v2'")

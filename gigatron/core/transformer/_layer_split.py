@@ -20,7 +20,7 @@ from __future__ import annotations
 
 def _check(cond: bool, message: str) -> None:
     if not cond:
-        raise ValueError(message + " (gigatron/core/pipeline_parallel/_layer_split.py)")
+        raise ValueError(message)
 
 
 def _per_stage(num_layers, pp, first, last, account_embedding, account_loss) -> list[int]:
