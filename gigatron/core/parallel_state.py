@@ -86,6 +86,7 @@ _OVERRIDES: dict[str, int | None] = {}
 _VIRTUAL_PP_RANK: int | None = None
 _VIRTUAL_PP_SIZE: int | None = None
 _GLOBAL_MEMORY_BUFFER = None
+_ON_DESTROY: list = []
 
 
 def _new_group(ranks: list[int], timeout: timedelta, backend: str | None = None):
@@ -302,9 +303,14 @@ def destroy_model_parallel() -> None:
     _VIRTUAL_PP_RANK = None
     _VIRTUAL_PP_SIZE = None
     _GLOBAL_MEMORY_BUFFER = None
-    from gigatron.core.tensor_parallel._collectives import reset_copy_engine_collectives
+    for fn in _ON_DESTROY:  # state above keyed by group names, which the next init may reuse
+        fn()
 
-    reset_copy_engine_collectives()  # its routing is keyed by group names, which may be reused
+
+def _on_destroy(fn) -> None:
+    """Call `fn()` at every `destroy_model_parallel` (modules above that cache per-group state)."""
+    if fn not in _ON_DESTROY:
+        _ON_DESTROY.append(fn)
 
 
 def model_parallel_is_initialized() -> bool:

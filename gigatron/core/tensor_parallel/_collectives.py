@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from gigatron.core import parallel_state
 from gigatron.core.tensor_parallel._groups import group_rank, group_size
 
 _C10D = torch.ops._c10d_functional
@@ -63,6 +64,7 @@ def enable_copy_engine_collectives(group, enabled: bool = True) -> None:
     copy-engine collectives of `_ce_collectives.py` (CUDA tensors only), or back to NCCL."""
     from gigatron.core.tensor_parallel import _ce_collectives  # noqa: F401  (registers the ops)
 
+    parallel_state._on_destroy(reset_copy_engine_collectives)
     name = _group_name(group)
     if enabled:
         _COPY_ENGINE_GROUPS.add(name)
@@ -71,8 +73,8 @@ def enable_copy_engine_collectives(group, enabled: bool = True) -> None:
 
 
 def reset_copy_engine_collectives() -> None:
-    """Route every group back to NCCL and free the copy-engine workspaces (called by
-    `parallel_state.destroy_model_parallel`)."""
+    """Route every group back to NCCL and free the copy-engine workspaces (run by
+    `parallel_state.destroy_model_parallel` once routing was enabled)."""
     _COPY_ENGINE_GROUPS.clear()
     import sys
 

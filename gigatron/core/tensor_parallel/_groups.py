@@ -10,13 +10,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from gigatron.core import parallel_state
+
 
 def get_tensor_model_parallel_group_if_none(group, is_expert: bool = False):
     """`group` if given, else parallel_state's TP group (expert TP group when `is_expert`)."""
     if group is not None:
         return group
-    from gigatron.core import parallel_state
-
     if is_expert:
         return parallel_state.get_expert_tensor_parallel_group()
     return parallel_state.get_tensor_model_parallel_group()
