@@ -16,13 +16,10 @@ save a checkpoint before exiting on every rank.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
-import signal
 import time
 
 import torch
-import torch.distributed as dist
 
 from gigatron.core import parallel_state as ps
 from gigatron.core.num_microbatches_calculator import (
@@ -33,6 +30,7 @@ from gigatron.core.num_microbatches_calculator import (
 )
 from gigatron.training import _config_from_args as cfa
 from gigatron.training import _loop_extras as lx
+from gigatron.training import _train_loop_parts as parts
 from gigatron.training import _training_log as tlog
 from gigatron.training._profiler import StepProfiler
 from gigatron.training._startup_banner import print_startup_banner
@@ -213,47 +211,6 @@ def build_train_valid_test_data_iterators(train_valid_test_dataset_provider):
     return [iter(loader) if loader is not None else None for loader in loaders]
 
 
-def _chunk_iterators(iterator, model):
-    """Interleaved schedules take one iterator per virtual stage, each yielding the same
-    micro-batches (Megatron builds one loader per stage). `itertools.tee` gives each chunk its
-    own cursor over the one loader; sharing one iterator object made every chunk draw a
-    different micro-batch (the first stage's tokens and the last stage's labels disagreed).
-    Call once per loader: a list (already split) is returned as it is."""
-    if iterator is None or len(model) == 1 or isinstance(iterator, list):
-        return iterator
-    return list(itertools.tee(iterator, len(model)))
-
-
-# ---------------------------------------------------------------- exit conditions
-class _ExitSignal:
-    """Remembers the exit signal (SIGTERM, or `--exit-signal`) so the loop can save and stop at
-    a step boundary. DataLoader workers ignore it (`build_pretraining_data_loader`)."""
-
-    def __init__(self, enabled: bool, signum: int = signal.SIGTERM) -> None:
-        self.received = False
-        self.name = signal.Signals(signum).name
-        self._signum, self._previous = signum, None
-        if enabled:
-            self._previous = signal.signal(signum, self._handler)
-
-    def _handler(self, signum, frame) -> None:
-        self.received = True
-
-    def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(self._signum, self._previous)
-
-
-def _any_rank(*flags: bool) -> list[bool]:
-    """Each flag OR-ed over all ranks (one all-reduce)."""
-    t = torch.tensor(
-        [1.0 if f else 0.0 for f in flags],
-        device="cuda" if dist.get_backend() == "nccl" else "cpu",
-    )
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
-
-
 def _save(iteration, model, optimizer, scheduler, flops_so_far) -> None:
     from gigatron.training.checkpointing import save_checkpoint
 
@@ -263,6 +220,14 @@ def _save(iteration, model, optimizer, scheduler, flops_so_far) -> None:
     save_checkpoint(iteration, model, optimizer, scheduler, flops_so_far)
     args.last_saved_iteration = iteration
     print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
+
+
+def _finalize_async_save(blocking: bool) -> None:
+    """--async-save: move the tracker once a save is done (blocking: wait for it)."""
+    if get_args().async_save:
+        from gigatron.training.checkpointing import maybe_finalize_async_save
+
+        maybe_finalize_async_save(blocking=blocking)
 
 
 # ---------------------------------------------------------------- the loop
@@ -277,135 +242,58 @@ def train(
     start_iteration: int,
     flops_so_far: float,
 ):
-    """Run iterations until --train-iters (or an exit condition); returns the last iteration."""
+    """Run iterations until --train-iters (or an exit condition); returns the last iteration
+    and the floating-point operations so far. Each iteration: one step, its record in the log
+    window, an evaluation and a save where their intervals say, then the exit conditions."""
     args = get_args()
     for chunk in model:
         chunk.train()
-    exit_signal = _ExitSignal(args.exit_signal_handler, exit_signal_number(args))
+    exit_signal = parts.ExitSignal(args.exit_signal_handler, exit_signal_number(args))
     args.train_exit_reason = None  # set when an exit condition stops the loop
     bar = tlog.ProgressBar(args.train_iters, start_iteration, enabled=not args.no_progress_bar)
-    start_time = time.time()
-    iteration = start_iteration
-    window_start, window_iters = time.perf_counter(), 0
-    counts = {"skipped": 0, "nan": 0}
+    window = parts.LogWindow(args, bar)
     history = args.train_history = getattr(args, "train_history", [])
-    pending: list[dict] = []  # history entries whose losses are still device tensors
     profiler = StepProfiler(args, start_iteration)
     manual_gc = lx.ManualGC(args)  # --manual-gc: collector off, collections at set points
+    start_time, iteration = time.time(), start_iteration
     try:
         while iteration < args.train_iters:
             profiler.step(iteration)
             update_num_microbatches(args.consumed_train_samples, consistency_check=True)
             args.iteration = iteration
-            losses, skipped, grad_norm, num_zeros, nan_iter = train_step(
+            result = train_step(
                 forward_step_func,
-                _chunk_iterators(train_iter, model),
+                parts.chunk_iterators(train_iter, model),
                 model,
                 optimizer,
                 scheduler,
                 config,
             )
-            iteration += 1
-            args.iteration = iteration
+            iteration = args.iteration = iteration + 1
             lx.empty_unused_memory(args, level=1)
             manual_gc.after_step(iteration)
-            losses = {**losses, **_moe_losses(args, config, iteration)}
-            batch = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
-            args.consumed_train_samples += batch
-            flops_so_far += _step_flops(args, batch)
-            entry = {
-                "iteration": iteration,
-                "losses": losses,
-                "skipped": skipped,
-                "nan": nan_iter,
-                # a device tensor with the sync-free step: read when the loop logs
-                "grad_norm": grad_norm
-                if grad_norm is None or _is_tensor(grad_norm)
-                else float(grad_norm),
-            }
+            entry = parts.step_record(args, config, iteration, result)
             history.append(entry)
-            pending.append(entry)
-            counts["skipped"] += skipped
-            counts["nan"] += nan_iter
-            window_iters += 1
-            log_now = iteration % args.log_interval == 0
-            # --log-params-norm, on every rank: the norm is reduced over the model-parallel group
-            if log_now and getattr(args, "log_params_norm", False):
-                entry["params_norm"] = lx.calc_params_l2_norm(model, bf16=args.bf16)
-            window = pending
-            if log_now:  # the one host sync for the losses of the window
-                materialize_losses(pending)
-                pending = []
-            shown = next(iter(losses.values()), None)  # a bar shows losses already read
-            bar.update(shown if isinstance(shown, float) else None)
-            if log_now:
-                stats = {
-                    "lr": optimizer.param_groups[0]["lr"],
-                    "losses": _window_mean(window),
-                    "grad_norm": entry["grad_norm"],  # read by materialize_losses
-                    "num_zeros": num_zeros,
-                    "params_norm": entry.get("params_norm"),
-                    "loss_scale": optimizer.get_loss_scale().item() if args.fp16 else None,
-                    **{key: int(value) for key, value in counts.items()},
-                }
-                elapsed = time.perf_counter() - window_start
-                tlog.training_log(args, stats, iteration, elapsed, window_iters, bar)
-                lx.write_extra_scalars(args, _tb_writer(), iteration, stats)
-                window_start, window_iters = time.perf_counter(), 0
-                counts = {"skipped": 0, "nan": 0}
-            if (
-                valid_iter is not None
-                and args.eval_iters
-                and args.eval_interval
-                and iteration % args.eval_interval == 0
-            ):
-                manual_gc.around_evaluation()
-                losses_v = evaluate(
-                    forward_step_func, _chunk_iterators(valid_iter, model), model, config
-                )
-                manual_gc.around_evaluation()
-                lx.empty_unused_memory(args, level=1)
-                tlog.log_validation(args, f"iteration {iteration}", losses_v, iteration)
-                lx.write_validation_ppl(args, _tb_writer(), iteration, losses_v)
-            if args.async_save:
-                from gigatron.training.checkpointing import maybe_finalize_async_save
-
-                maybe_finalize_async_save(blocking=False)  # moves the tracker once a save is done
-            saved = False
-            if args.save and args.save_interval and iteration % args.save_interval == 0:
-                materialize_losses(pending)  # a NaN step the sync-free step skipped: raise first
+            flops_so_far += _consume_global_batch(args)
+            window.add(entry, model=model, optimizer=optimizer, num_zeros=result[3])
+            _evaluate_on_interval(forward_step_func, model, config, valid_iter, manual_gc)
+            _finalize_async_save(blocking=False)
+            saved = bool(args.save and args.save_interval and iteration % args.save_interval == 0)
+            if saved:
+                window.read()  # a NaN step the sync-free step skipped: raise first
                 _save(iteration, model, optimizer, scheduler, flops_so_far)
-                saved = True
-            out_of_time = (
-                args.exit_duration_in_mins is not None
-                and (time.time() - start_time) / 60.0 > args.exit_duration_in_mins
-            )
-            # Agreed over ranks only when an exit condition is armed (a collective and a host
-            # sync each iteration otherwise, as Megatron also skips them)
-            armed = args.exit_signal_handler or args.exit_duration_in_mins is not None
-            # the reason agreed too: a rank that was not signalled names the signal as well
-            signalled, out_of_time = (
-                _any_rank(exit_signal.received, out_of_time) if armed else (False, False)
-            )
-            if signalled or out_of_time:
-                reason = f"{exit_signal.name} received" if signalled else "exit duration reached"
+            reason = parts.exit_reason(args, exit_signal, start_time, iteration)
+            if reason is not None:
                 if args.save and not saved:
-                    materialize_losses(pending)
+                    window.read()
                     _save(iteration, model, optimizer, scheduler, flops_so_far)
                 print_rank_0(f"exiting at iteration {iteration}: {reason}")
                 args.train_exit_reason = reason
                 break
-            if args.exit_interval and iteration % args.exit_interval == 0:
-                if args.save and not saved:
-                    materialize_losses(pending)
-                    _save(iteration, model, optimizer, scheduler, flops_so_far)
-                print_rank_0(f"exiting at iteration {iteration}: --exit-interval")
-                args.train_exit_reason = "--exit-interval"
-                break
-        materialize_losses(pending)  # after the last iteration or an exit condition's break
+        window.read()  # after the last iteration or an exit condition's break
     except BaseException:
         with contextlib.suppress(Exception):  # the loop's own error is the one to report
-            materialize_losses(pending)
+            window.read()
         raise
     finally:
         manual_gc.close()
@@ -414,58 +302,32 @@ def train(
         finally:
             bar.close()
             exit_signal.restore()
-            if args.async_save:
-                from gigatron.training.checkpointing import maybe_finalize_async_save
-
-                maybe_finalize_async_save(blocking=True)
+            _finalize_async_save(blocking=True)
     return iteration, flops_so_far
 
 
-def _is_tensor(value) -> bool:
-    return isinstance(value, torch.Tensor)
+def _consume_global_batch(args) -> float:
+    """Add this iteration's global batch to consumed_train_samples; its floating-point ops."""
+    batch = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
+    args.consumed_train_samples += batch
+    return parts.step_flops(args, batch)
 
 
-def _tb_writer():
-    from gigatron.training import global_vars
-
-    return global_vars.get_tensorboard_writer()
-
-
-def _window_mean(entries: list[dict]) -> dict[str, float]:
-    """Each loss averaged over the log window's iterations that updated the weights, as
-    Megatron's log line reports it (a window of skipped steps only: its last losses)."""
-    kept = [e for e in entries if not e["skipped"]] or entries[-1:]
-    sums: dict[str, list[float]] = {}
-    for e in kept:
-        for key, value in e["losses"].items():
-            sums.setdefault(key, []).append(float(value))
-    return {key: sum(v) / len(v) for key, v in sums.items()}
-
-
-def _moe_losses(args, config, iteration: int) -> dict[str, torch.Tensor]:
-    """MoE aux / z losses of this iteration, averaged over MoE layers (every rank calls it:
-    the tracker reduces across ranks), also written to TensorBoard / W&B, per layer if asked.
-    Device tensors, read with the other losses when the loop logs (no host sync here unless a
-    writer is configured: it records every iteration, as Megatron's)."""
-    if not args.num_experts:
-        return {}
-    from gigatron.core.transformer.moe.moe_utils import track_moe_metrics
-    from gigatron.training import global_vars
-
-    totals: dict = {}
-    track_moe_metrics(
-        loss_scale=1.0 / get_num_microbatches(),
-        iteration=iteration,
-        writer=global_vars.get_tensorboard_writer(),
-        wandb_writer=global_vars.get_wandb_writer(),
-        total_loss_dict=totals,
-        per_layer_logging=config.moe_per_layer_logging,
-        num_layers=config.num_layers,
-        moe_layer_freq=config.moe_layer_freq,
-    )
-    return {
-        name: torch.as_tensor(value).detach().float().reshape(()) for name, value in totals.items()
-    }
+# ---------------------------------------------------------------- evaluation
+def _evaluate_on_interval(forward_step_func, model, config, valid_iter, manual_gc) -> None:
+    """--eval-interval: evaluate on the validation split after this iteration."""
+    args = get_args()
+    iteration = args.iteration
+    if valid_iter is None or not args.eval_iters or not args.eval_interval:
+        return
+    if iteration % args.eval_interval != 0:
+        return
+    manual_gc.around_evaluation()
+    losses = evaluate(forward_step_func, parts.chunk_iterators(valid_iter, model), model, config)
+    manual_gc.around_evaluation()
+    lx.empty_unused_memory(args, level=1)
+    tlog.log_validation(args, f"iteration {iteration}", losses, iteration)
+    lx.write_validation_ppl(args, parts.tb_writer(), iteration, losses)
 
 
 def _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, iteration) -> dict:
@@ -479,19 +341,15 @@ def _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, it
     for name, iterator in (("valid", valid_iter), ("test", test_iter)):
         if iterator is None or not args.eval_iters:
             continue
-        out[name] = evaluate(forward_step_func, _chunk_iterators(iterator, model), model, config)
+        out[name] = evaluate(
+            forward_step_func, parts.chunk_iterators(iterator, model), model, config
+        )
         lx.empty_unused_memory(args, level=1)
         split = "validation" if name == "valid" else "test"
         tlog.log_validation(args, f"iteration {iteration} on {split} set", out[name], iteration)
         if not getattr(args, "skip_train", False):  # Megatron writes no scalars under skip-train
-            lx.write_validation_ppl(args, _tb_writer(), iteration, out[name])
+            lx.write_validation_ppl(args, parts.tb_writer(), iteration, out[name])
     return out
-
-
-def _step_flops(args, batch: int) -> float:
-    from gigatron.training.flops import num_floating_point_operations
-
-    return num_floating_point_operations(args, batch)
 
 
 def pretrain(
@@ -553,8 +411,8 @@ def pretrain(
     train_iter, valid_iter, test_iter = build_train_valid_test_data_iterators(
         train_valid_test_dataset_provider
     )
-    train_iter = _chunk_iterators(train_iter, model)  # one cursor per virtual stage
-    valid_iter = _chunk_iterators(valid_iter, model)
+    train_iter = parts.chunk_iterators(train_iter, model)  # one cursor per virtual stage
+    valid_iter = parts.chunk_iterators(valid_iter, model)
     result = {"iteration": iteration}
     if getattr(args, "skip_train", False):  # Megatron's: no step; evaluate valid + test, exit
         print_rank_0("skipping training (--skip-train is on) ...")
@@ -581,10 +439,7 @@ def pretrain(
         result["iteration"] = iteration
         if args.save and iteration == args.train_iters:
             _save(iteration, model, optimizer, scheduler, flops_so_far)
-            if args.async_save:
-                from gigatron.training.checkpointing import maybe_finalize_async_save
-
-                maybe_finalize_async_save(blocking=True)
+            _finalize_async_save(blocking=True)
     # An exit condition ends Megatron's run inside train() (sys.exit): no final evaluation
     if getattr(args, "train_exit_reason", None) is None:
         result.update(

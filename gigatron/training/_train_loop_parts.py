@@ -1,0 +1,206 @@
+"""The pieces `training.train()` loops over: one iteration's record, the log window, the exit
+conditions.
+
+Each iteration appends one history entry (`args.train_history`): its losses, skipped / NaN
+flags and grad norm. Losses are device tensors (and under `--sync-free-step` so are the norm
+and the flags): reading them waits for the step, so `LogWindow` keeps the entries not yet read
+and reads them all with one host sync when the loop logs, saves or stops.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core.num_microbatches_calculator import get_num_microbatches
+from gigatron.training import _loop_extras as lx
+from gigatron.training import _training_log as tlog
+from gigatron.training._train_step import materialize_losses
+
+
+# ---------------------------------------------------------------- one iteration's record
+def step_record(args, config, iteration: int, step_result) -> dict:
+    """The history entry of `iteration` from train_step's (losses, skipped, grad_norm, _, nan),
+    with the MoE aux / z losses of the iteration joined to its losses."""
+    losses, skipped, grad_norm, _, nan_iter = step_result
+    if grad_norm is not None and not isinstance(grad_norm, torch.Tensor):
+        grad_norm = float(grad_norm)  # a device tensor with the sync-free step: read when logging
+    return {
+        "iteration": iteration,
+        "losses": {**losses, **moe_losses(args, config, iteration)},
+        "skipped": skipped,
+        "nan": nan_iter,
+        "grad_norm": grad_norm,
+    }
+
+
+def step_flops(args, batch: int) -> float:
+    from gigatron.training.flops import num_floating_point_operations
+
+    return num_floating_point_operations(args, batch)
+
+
+def moe_losses(args, config, iteration: int) -> dict[str, torch.Tensor]:
+    """MoE aux / z losses of this iteration, averaged over MoE layers (every rank calls it:
+    the tracker reduces across ranks), also written to TensorBoard / W&B, per layer if asked.
+    Device tensors, read with the other losses when the loop logs (no host sync here unless a
+    writer is configured: it records every iteration, as Megatron's)."""
+    if not args.num_experts:
+        return {}
+    from gigatron.core.transformer.moe.moe_utils import track_moe_metrics
+    from gigatron.training import global_vars
+
+    totals: dict = {}
+    track_moe_metrics(
+        loss_scale=1.0 / get_num_microbatches(),
+        iteration=iteration,
+        writer=global_vars.get_tensorboard_writer(),
+        wandb_writer=global_vars.get_wandb_writer(),
+        total_loss_dict=totals,
+        per_layer_logging=config.moe_per_layer_logging,
+        num_layers=config.num_layers,
+        moe_layer_freq=config.moe_layer_freq,
+    )
+    return {
+        name: torch.as_tensor(value).detach().float().reshape(()) for name, value in totals.items()
+    }
+
+
+def tb_writer():
+    from gigatron.training import global_vars
+
+    return global_vars.get_tensorboard_writer()
+
+
+# ---------------------------------------------------------------- the log window
+class LogWindow:
+    """The iterations since the last log line: their entries (`pending`: values maybe still on
+    the device), skipped / NaN counts and wall time; one log line per `--log-interval`."""
+
+    def __init__(self, args, bar: tlog.ProgressBar) -> None:
+        self.args, self.bar = args, bar
+        self.pending: list[dict] = []
+        self._restart()
+
+    def _restart(self) -> None:
+        self.pending, self.counts = [], {"skipped": 0, "nan": 0}
+        self.start, self.num_iters = time.perf_counter(), 0
+
+    def read(self) -> None:
+        """Read the pending device values (one host sync); raises NonFiniteGradientError for a
+        step the sync-free step skipped, unless `--skip-nan-steps`."""
+        materialize_losses(self.pending)
+
+    def add(self, entry: dict, *, model, optimizer, num_zeros) -> None:
+        """Record one iteration; on a log iteration read the window and write the log line."""
+        args = self.args
+        self.pending.append(entry)
+        self.counts["skipped"] += entry["skipped"]
+        self.counts["nan"] += entry["nan"]
+        self.num_iters += 1
+        log_now = entry["iteration"] % args.log_interval == 0
+        # --log-params-norm, on every rank: the norm is reduced over the model-parallel group
+        if log_now and getattr(args, "log_params_norm", False):
+            entry["params_norm"] = lx.calc_params_l2_norm(model, bf16=args.bf16)
+        if log_now:  # the one host sync for the losses of the window
+            self.read()
+        shown = next(iter(entry["losses"].values()), None)  # a bar shows losses already read
+        self.bar.update(shown if isinstance(shown, float) else None)
+        if log_now:
+            self._log(entry, optimizer, num_zeros)
+
+    def _log(self, entry: dict, optimizer, num_zeros) -> None:
+        args, iteration = self.args, entry["iteration"]
+        stats = {
+            "lr": optimizer.param_groups[0]["lr"],
+            "losses": window_mean(self.pending),
+            "grad_norm": entry["grad_norm"],  # read by materialize_losses
+            "num_zeros": num_zeros,
+            "params_norm": entry.get("params_norm"),
+            "loss_scale": optimizer.get_loss_scale().item() if args.fp16 else None,
+            **{key: int(value) for key, value in self.counts.items()},
+        }
+        elapsed = time.perf_counter() - self.start
+        tlog.training_log(args, stats, iteration, elapsed, self.num_iters, self.bar)
+        lx.write_extra_scalars(args, tb_writer(), iteration, stats)
+        self._restart()
+
+
+def window_mean(entries: list[dict]) -> dict[str, float]:
+    """Each loss averaged over the log window's iterations that updated the weights, as
+    Megatron's log line reports it (a window of skipped steps only: its last losses)."""
+    kept = [e for e in entries if not e["skipped"]] or entries[-1:]
+    sums: dict[str, list[float]] = {}
+    for e in kept:
+        for key, value in e["losses"].items():
+            sums.setdefault(key, []).append(float(value))
+    return {key: sum(v) / len(v) for key, v in sums.items()}
+
+
+# ---------------------------------------------------------------- exit conditions
+class ExitSignal:
+    """Remembers the exit signal (SIGTERM, or `--exit-signal`) so the loop can save and stop at
+    a step boundary. DataLoader workers ignore it (`build_pretraining_data_loader`)."""
+
+    def __init__(self, enabled: bool, signum: int = signal.SIGTERM) -> None:
+        self.received = False
+        self.name = signal.Signals(signum).name
+        self._signum, self._previous = signum, None
+        if enabled:
+            self._previous = signal.signal(signum, self._handler)
+
+    def _handler(self, signum, frame) -> None:
+        self.received = True
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(self._signum, self._previous)
+
+
+def any_rank(*flags: bool) -> list[bool]:
+    """Each flag OR-ed over all ranks (one all-reduce)."""
+    t = torch.tensor(
+        [1.0 if f else 0.0 for f in flags],
+        device="cuda" if dist.get_backend() == "nccl" else "cpu",
+    )
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]
+
+
+def exit_reason(args, exit_signal: ExitSignal, start_time: float, iteration: int) -> str | None:
+    """Why the loop stops after `iteration` (None: it goes on), the same on every rank: the
+    exit signal on any rank, `--exit-duration-in-mins` passed on any rank, `--exit-interval`."""
+    out_of_time = (
+        args.exit_duration_in_mins is not None
+        and (time.time() - start_time) / 60.0 > args.exit_duration_in_mins
+    )
+    # Agreed over ranks only when an exit condition is armed (a collective and a host sync
+    # each iteration otherwise, as Megatron also skips them); the reason agreed too: a rank
+    # that was not signalled names the signal as well
+    armed = args.exit_signal_handler or args.exit_duration_in_mins is not None
+    signalled, out_of_time = (
+        any_rank(exit_signal.received, out_of_time) if armed else (False, False)
+    )
+    if signalled:
+        return f"{exit_signal.name} received"
+    if out_of_time:
+        return "exit duration reached"
+    if args.exit_interval and iteration % args.exit_interval == 0:
+        return "--exit-interval"
+    return None
+
+
+# ---------------------------------------------------------------- data
+def chunk_iterators(iterator, model):
+    """Interleaved schedules take one iterator per virtual stage, each yielding the same
+    micro-batches (Megatron builds one loader per stage). `itertools.tee` gives each chunk its
+    own cursor over the one loader; sharing one iterator object made every chunk draw a
+    different micro-batch (the first stage's tokens and the last stage's labels disagreed).
+    Call once per loader: a list (already split) is returned as it is."""
+    if iterator is None or len(model) == 1 or isinstance(iterator, list):
+        return iterator
+    return list(itertools.tee(iterator, len(model)))
