@@ -175,16 +175,16 @@ t_optimizer_host() {  # [CPU] host time of the training optimizer's step pieces 
 t_train() {  # pretrain_gpt at gpt-1.3b's shape: no dropout, torch Adam step, sync-free step, dropout 0.1, CUDA graphs
   train_one 150 nodrop $NODROP
   # the torch fused Adam step instead of the flat one (the default on CUDA)
-  GIGATRON_FLAT_OPTIMIZER_STEP=0 train_one 130 nodrop-torch-step $NODROP
+  train_one 130 nodrop-torch-step $NODROP --no-flat-adam-step
   # no host sync in the step (opt-in)
-  GIGATRON_SYNC_FREE_STEP=1 train_one 130 nodrop-sync-free $NODROP
+  train_one 130 nodrop-sync-free $NODROP --sync-free-step
   train_one 130 dropout0.1 $DROP
   train_one 140 nodrop-cudagraphs $NODROP --torch-compile-mode reduce-overhead
 }
 
 t_train_profile() {  # pretrain_gpt profiled (light: no stacks) and its host syncs counted by call site
-  GIGATRON_PROFILE_STACKS=0 train_one 200 nodrop-light-profile $NODROP $PROF \
-    --tensorboard-dir /tmp/tb-profile
+  train_one 200 nodrop-light-profile $NODROP $PROF \
+    --tensorboard-dir /tmp/tb-profile --no-profile-stacks
   ENTRY="bench/sync_debug_run.py -m gigatron.training.pretrain_gpt" \
     train_one 200 nodrop-sync-debug $NODROP
 }

@@ -17,12 +17,10 @@ category (GEMM, attention, communication, compiled Triton, optimizer, other) and
 what Megatron users otherwise read off the trace by hand, and the GPU's idle time with its
 largest gaps. On CPU the summary lists operators by CPU self time instead. Recording shapes and
 Python stacks (as Megatron does) slows the host several-fold, which inflates the idle time;
-`GIGATRON_PROFILE_STACKS=0` in the environment records neither.
+`--no-profile-stacks` (gigatron only) records neither.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.distributed as dist
@@ -214,10 +212,9 @@ class StepProfiler:
             from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-            # GIGATRON_PROFILE_STACKS=0: no shapes / Python stacks (Megatron records both): far
-            # less host overhead, so the GPU idle time in the summary is the run's, not the
-            # profiler's
-            detail = os.environ.get("GIGATRON_PROFILE_STACKS", "1") != "0"
+            # --no-profile-stacks: no shapes / Python stacks (Megatron records both): far less
+            # host overhead, so the GPU idle time in the summary is the run's, not the profiler's
+            detail = not getattr(self.args, "no_profile_stacks", False)
             self.prof = profile(
                 activities=activities,
                 on_trace_ready=tensorboard_trace_handler(self.args.tensorboard_dir),

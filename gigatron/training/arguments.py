@@ -338,6 +338,7 @@ def _checkpoint_logging_args(p):
     _add(g, "--profile-step-start", int, 10, "first profiled iteration")
     _add(g, "--profile-step-end", int, 12, "iteration at which profiling stops")
     _add(g, "--profile-ranks", int, [0], "global ranks to profile", nargs="+")
+    _add(g, "--no-profile-stacks", bool, help_="gigatron: record no shapes/Python stacks (light)")
     g = p.add_argument_group("exit")
     _add(g, "--exit-signal-handler", bool, help_="save and exit on --exit-signal")
     _add(g, "--exit-signal", str, "SIGTERM", "the signal --exit-signal-handler saves and exits on",
