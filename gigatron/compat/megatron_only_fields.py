@@ -1,17 +1,18 @@
 """Megatron config fields for features gigatron does not implement, accepted only at the default.
 
 megatron-core's `ModelParallelConfig`, `TransformerConfig` and `OptimizerConfig` carry fields for
-Transformer Engine (FP8 / FP4, userbuffer overlap), CUDA graphs, Mamba / hybrid models, attention
-variants, DeepEP, inference kernels and offloading. A Megatron script or config file that spells
-them out at their default values must construct unchanged, and any other value must fail loudly (a
-setting is never silently ignored). Two kinds, one rule:
+Transformer Engine (FP4, FP8 attention / parameters / delayed scaling, userbuffer overlap), CUDA
+graphs, Mamba / hybrid models, attention variants, DeepEP, inference kernels and offloading. A
+Megatron script or config file that spells them out at their default values must construct
+unchanged, and any other value must fail loudly (a setting is never silently ignored).
+Two kinds, one rule:
 
 - fields gigatron's configs do not otherwise need: declared here as mixins (`PARALLEL`,
   `TRANSFORMER`, `OPTIMIZER`; names of megatron-core 0.16.1, then those 0.19.2 added; defaults of
   0.19.2). Where 0.19 changed a default, 0.16's is accepted as well (`OLDER_DEFAULTS`);
-- fields the configs declare themselves, because code reads them (`fp8`, `enable_cuda_graph`,
-  ...): only the reason lives here (`DECLARED_PARALLEL`, `DECLARED_TRANSFORMER`), the default is
-  the config's.
+- fields the configs declare themselves, because code reads them (`fp8_param`,
+  `enable_cuda_graph`, ...): only the reason lives here (`DECLARED_PARALLEL`,
+  `DECLARED_TRANSFORMER`), the default is the config's.
 
 Each config's `__post_init__` makes one call, `check_config(self, "<kind>")`, which raises
 ValueError naming the field, its value and why. `RESTRICTED` lists fields accepted with only some
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 from dataclasses import MISSING, field, fields, make_dataclass
 
-_TE = "needs Transformer Engine (FP8 / FP4 / userbuffers / TE modules)"
+_TE = "needs Transformer Engine (FP4 / FP8 attention / userbuffers / TE modules)"
+_DELAYED = "delayed FP8 scaling is not implemented (gigatron's recipes use current scaling)"
 _EP_OVERLAP = "EP all-to-all / weight-gradient overlap is not implemented"
 _OFFLOAD = "CPU / activation offloading is not implemented"
 _ATTN = (
@@ -106,19 +108,13 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "disable_bf16_reduced_precision_matmul": (False, _TE),
     "use_fused_weighted_squared_relu": (False, _TE),
     "fused_single_qkv_rope": (False, _TE),
-    "fp8_recipe": ("delayed", _TE),
     "fp8_quantizer_factory": (None, _TE),
-    "fp8_margin": (0, _TE),
-    "fp8_interval": (1, _TE),
-    "fp8_amax_history_len": (1, _TE),
-    "fp8_amax_compute_algo": ("most_recent", _TE),
-    "fp8_wgrad": (True, _TE),
+    "fp8_interval": (1, _DELAYED),
+    "fp8_amax_history_len": (1, _DELAYED),
+    "fp8_amax_compute_algo": ("most_recent", _DELAYED),
     "fp8_dot_product_attention": (False, _TE),
     "fp8_multi_head_attention": (False, _TE),
     "tp_only_amax_red": (False, _TE),
-    "first_last_layers_bf16": (False, _TE),
-    "num_layers_at_start_in_bf16": (1, _TE),
-    "num_layers_at_end_in_bf16": (1, _TE),
     "use_kitchen_attention": (False, "kitchen quantisation is not implemented"),
     "kitchen_attention_backend": ("sdpa", "kitchen quantisation is not implemented"),
     "fp4_recipe": ("nvfp4", _TE),
@@ -296,7 +292,6 @@ DECLARED_PARALLEL: dict[str, str] = {
 }
 
 DECLARED_TRANSFORMER: dict[str, str] = {
-    "fp8": "FP8 needs Transformer Engine",
     "fp8_param": "FP8 parameters need Transformer Engine",
     "fp4": "FP4 needs Transformer Engine",
     "multi_latent_attention": "multi-latent attention is not implemented",
@@ -318,6 +313,9 @@ DECLARED_TRANSFORMER: dict[str, str] = {
 
 # Megatron fields accepted with only some of Megatron's values: name -> which
 RESTRICTED: dict[str, str] = {
+    "fp8": "'e4m3' and 'hybrid', on gigatron's own linears through torchao (docs/fp8.md)",
+    "fp8_recipe": "'tensorwise' and torchao's 'rowwise' / 'rowwise_with_gw_hp'; 'delayed' "
+    "(Megatron's default), 'mxfp8', 'blockwise' and 'custom' raise when fp8 is set",
     "cross_entropy_fusion_impl": "'native' and gigatron's 'native_grad_in_forward'; 'te' "
     "(Transformer Engine) raises",
 }

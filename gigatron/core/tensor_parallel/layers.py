@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.nn.parameter import Parameter
 
 from gigatron.core.model_parallel_config import ModelParallelConfig
+from gigatron.core.tensor_parallel._fp8_linear import Fp8LinearFunction
 from gigatron.core.tensor_parallel._groups import (
     default_device,
     get_tensor_model_parallel_group_if_none,
@@ -234,6 +235,8 @@ class ColumnParallelLinear(_ExtraStateMixin, torch.nn.Module):
             tp_size > 1 and not self.sequence_parallel and not disable_grad_reduce
         )
         self.gradient_accumulation_fusion = config.gradient_accumulation_fusion
+        # gigatron.core.fp8_utils.Fp8Recipe: run the GEMMs in FP8 (set by the transformer block)
+        self.fp8_recipe = None
 
     def forward(
         self,
@@ -279,16 +282,26 @@ class ColumnParallelLinear(_ExtraStateMixin, torch.nn.Module):
         input_parallel = (
             input_ if plain_input else copy_to_tensor_model_parallel_region(input_, self.tp_group)
         )
-        output_parallel = linear_with_grad_accumulation_and_async_allreduce(
-            input=input_parallel,
-            weight=weight,
-            bias=bias,
-            gradient_accumulation_fusion=self.gradient_accumulation_fusion,
-            allreduce_dgrad=False if self.explicit_expert_comm else self.allreduce_dgrad,
-            sequence_parallel=False if self.explicit_expert_comm else self.sequence_parallel,
-            tp_group=self.tp_group,
-            tp_comm_overlap=bool(getattr(self.config, "tp_comm_overlap", False)),
-        )  # [s, b, o/tp]
+        allreduce_dgrad = False if self.explicit_expert_comm else self.allreduce_dgrad
+        sequence_parallel = False if self.explicit_expert_comm else self.sequence_parallel
+        if self.fp8_recipe is not None:
+            multi_rank = group_size(self.tp_group) > 1
+            output_parallel = Fp8LinearFunction.apply(
+                input_parallel, weight, bias, self.fp8_recipe, "column",
+                self.gradient_accumulation_fusion, allreduce_dgrad and multi_rank,
+                sequence_parallel and multi_rank, self.tp_group,
+            )  # fmt: skip
+        else:
+            output_parallel = linear_with_grad_accumulation_and_async_allreduce(
+                input=input_parallel,
+                weight=weight,
+                bias=bias,
+                gradient_accumulation_fusion=self.gradient_accumulation_fusion,
+                allreduce_dgrad=allreduce_dgrad,
+                sequence_parallel=sequence_parallel,
+                tp_group=self.tp_group,
+                tp_comm_overlap=bool(getattr(self.config, "tp_comm_overlap", False)),
+            )  # [s, b, o/tp]
 
         if gather_output:
             output = gather_from_tensor_model_parallel_region(output_parallel, self.tp_group)
@@ -392,6 +405,8 @@ class RowParallelLinear(_ExtraStateMixin, torch.nn.Module):
             self.bias.sequence_parallel = self.sequence_parallel
         else:
             self.register_parameter("bias", None)
+        # gigatron.core.fp8_utils.Fp8Recipe: run the GEMMs in FP8 (set by the transformer block)
+        self.fp8_recipe = None
 
     def forward(self, input_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`[s, b, h/tp]` (or `[s, b, h]`) -> `([s, b, o] or [s/tp, b, o] under SP, bias/None)`."""
@@ -404,7 +419,14 @@ class RowParallelLinear(_ExtraStateMixin, torch.nn.Module):
         gemm_bias = None
         if not self.skip_bias_add and not self.explicit_expert_comm:
             gemm_bias = self.bias if group_size(self.tp_group) == 1 else None
-        if self._overlaps_reduce_scatter():  # matmul and reduce-scatter pipelined
+        if self.fp8_recipe is not None:
+            output_ = self._reduce_output(
+                Fp8LinearFunction.apply(
+                    input_parallel, self.weight, gemm_bias, self.fp8_recipe, "row",
+                    self.gradient_accumulation_fusion, False, False, self.tp_group,
+                )  # [s, b, o] partial sums
+            )  # fmt: skip
+        elif self._overlaps_reduce_scatter():  # matmul and reduce-scatter pipelined
             output_ = LinearReduceScatterOverlapped.apply(
                 input_parallel, self.weight, self.gradient_accumulation_fusion, self.tp_group
             )  # [s/tp, b, o]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
+from gigatron.core.fp8_utils import get_fp8_recipe, is_first_last_bf16_layer, set_fp8
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe._checks import check_layer_spec_has_experts
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
@@ -102,6 +103,7 @@ class TransformerBlock(MegatronModule):
         from gigatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
         offset = get_transformer_layer_offset(self.config, vp_stage)
+        fp8_recipe = get_fp8_recipe(self.config)
         layers = []
         for i, spec in enumerate(self.submodules.layer_specs):
             # Seeded by the global layer number: the same layer gets the same weights whatever
@@ -110,6 +112,9 @@ class TransformerBlock(MegatronModule):
                 layers.append(
                     build_module(spec, config=self.config, layer_number=i + 1, vp_stage=vp_stage)
                 )
+            # FP8 GEMMs in the layer's linears, as Megatron's fp8 context around each layer
+            if fp8_recipe is not None and not is_first_last_bf16_layer(self.config, offset + i + 1):
+                set_fp8(layers[-1], fp8_recipe)
         return torch.nn.ModuleList(layers)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:

@@ -2,7 +2,7 @@
 
 Mirrors `megatron.core.transformer.transformer_config.TransformerConfig` (field names, defaults and
 post-init rules). Validation lives in `_config_checks.py`. Fields that exist in Megatron only for
-kernels gigatron lacks (FP8/FP4, CUDA graphs, MLA, ...) are accepted at their default and rejected
+kernels gigatron lacks (FP4, delayed FP8, CUDA graphs) are accepted at their default and rejected
 otherwise (`gigatron.compat.megatron_only_fields`); pure speed hints for fused kernels
 (`masked_softmax_fusion`, `bias_dropout_fusion`, ...) are accepted and run on the plain path, which
 computes the same numbers. Unknown keywords raise one `TypeError` naming each of them with the
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from gigatron.compat import megatron_only_fields, missing_names
+from gigatron.core.fp8_utils import check_fp8_config
 from gigatron.core.model_parallel_config import ModelParallelConfig
 from gigatron.core.transformer import _config_checks
 from gigatron.core.transformer.enums import AttnBackend
@@ -27,7 +28,7 @@ from gigatron.core.transformer.enums import AttnBackend
 class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTransformerFields):
     """Transformer settings (Megatron's names and defaults; dropout is on by default).
 
-    Megatron's fields for features gigatron lacks (FP8 recipes, CUDA-graph knobs, Mamba, DSA,
+    Megatron's fields for features gigatron lacks (delayed FP8, CUDA-graph knobs, Mamba, DSA,
     DeepEP, ...) come from `MegatronOnlyTransformerFields` and must stay at their defaults.
     """
 
@@ -193,9 +194,25 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     moe_per_layer_logging: bool = False
     """Log MoE statistics per layer."""
 
-    # ---- Megatron features gigatron does not implement (must stay at the default) ----
+    # ---- FP8 (gigatron's own linears through torchao; docs/fp8.md) ----
     fp8: str | None = None
-    """FP8 training recipe (Transformer Engine only)."""
+    """FP8 GEMMs in the transformer layers' linears: 'e4m3' (gradients too) or 'hybrid' (e5m2
+    gradients); None: off. Needs the `fp8` extra (torchao)."""
+    fp8_recipe: str = "delayed"
+    """Scaling recipe: 'tensorwise', 'rowwise' or 'rowwise_with_gw_hp' (current scaling);
+    Megatron's default 'delayed' and 'mxfp8' / 'blockwise' / 'custom' raise when fp8 is set."""
+    fp8_margin: int = 0
+    """Scales are divided by 2**fp8_margin (headroom above the current amax)."""
+    fp8_wgrad: bool = True
+    """Weight-gradient GEMM in FP8; False keeps it in the model dtype."""
+    first_last_layers_bf16: bool = False
+    """Keep the first / last transformer layers out of FP8 (counts below)."""
+    num_layers_at_start_in_bf16: int = 1
+    """Layers at the start kept in high precision under first_last_layers_bf16."""
+    num_layers_at_end_in_bf16: int = 1
+    """Layers at the end kept in high precision under first_last_layers_bf16."""
+
+    # ---- Megatron features gigatron does not implement (must stay at the default) ----
     fp8_param: bool = False
     """Keep parameters in FP8 (Transformer Engine only)."""
     fp4: str | None = None
@@ -242,3 +259,4 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
         _config_checks.check_recompute(self)
         _config_checks.check_pipeline(self)
         _config_checks.check_context_parallel(self)
+        check_fp8_config(self)

@@ -1,0 +1,172 @@
+"""FP8 training without Transformer Engine: the recipe, and which layers run in FP8.
+
+Mirrors `megatron.core.fp8_utils` where names overlap (`is_first_last_bf16_layer`). Megatron
+trains in FP8 only through Transformer Engine (`fp8_autocast` around each transformer layer);
+gigatron's own `ColumnParallelLinear` / `RowParallelLinear` run their three GEMMs (forward,
+input gradient, weight gradient) through `torch._scaled_mm` with the scales a `torchao.float8`
+recipe defines (`tensor_parallel/_fp8_linear.py`). As in Megatron, only the linears inside
+transformer layers run in FP8 (the output layer and embeddings stay in the model dtype), and
+`first_last_layers_bf16` keeps the first / last layers out.
+
+`torchao` is an optional extra (`pip install gigatron[fp8]`), imported only here and only when
+`TransformerConfig.fp8` is set: `Fp8Recipe` is the one adapter to it.
+
+Recipes (`fp8_recipe`), all *current* scaling (the scale comes from the tensor being cast,
+amax reduced over the TP group where the tensor is split, so TP never changes the numbers):
+- `tensorwise`: one scale per tensor (torchao's `tensorwise`, TE's `Float8CurrentScaling`);
+- `rowwise`: one scale per row of each GEMM operand, powers of two (torchao's `rowwise`);
+- `rowwise_with_gw_hp`: rowwise, weight gradient in high precision (torchao's).
+`fp8` ('e4m3' | 'hybrid') picks the gradient format: e4m3 everywhere, or e5m2 for gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+SUPPORTED_FP8_FORMATS = ("e4m3", "hybrid")
+SUPPORTED_FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+# Megatron's choices gigatron does not implement, and why
+UNSUPPORTED_FP8_RECIPES = {
+    "delayed": "delayed scaling keeps an amax history in Transformer Engine",
+    "mxfp8": "MXFP8 block scaling needs Blackwell GPUs and Transformer Engine",
+    "blockwise": "128x128 block scaling needs Transformer Engine",
+    "custom": "a custom quantizer factory needs Transformer Engine",
+}
+
+# GEMM operand roles, torchao's names: (cast-config attribute, gradient operand?)
+_ROLES = {
+    "input": ("cast_config_input", False),
+    "weight": ("cast_config_weight", False),
+    "grad_output": ("cast_config_grad_output", True),
+    "input_for_grad_weight": ("cast_config_input_for_grad_weight", False),
+    "weight_for_grad_input": ("cast_config_weight_for_grad_input", False),
+    "grad_output_for_grad_weight": ("cast_config_grad_output_for_grad_weight", True),
+}
+
+
+@dataclass(frozen=True)
+class Fp8Cast:
+    """How one GEMM operand is cast: FP8 `dtype` (None: kept in high precision), one scale per
+    tensor or per row of the operand (`rowwise`)."""
+
+    dtype: torch.dtype | None
+    rowwise: bool
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """What the FP8 linears need to know, resolved once from the config and torchao's recipe."""
+
+    name: str
+    """torchao recipe name (`fp8_recipe`)."""
+    casts: dict[str, Fp8Cast]
+    """role (`input`, `weight`, `grad_output`, `*_for_grad_*`) -> its cast."""
+    fast_accum: dict[str, bool]
+    """GEMM (`output`, `grad_input`, `grad_weight`) -> use_fast_accum (torchao's choice)."""
+    round_scales_to_power_of_2: bool
+    margin: int
+    """`fp8_margin`: scales are divided by 2**margin (headroom above the current amax)."""
+    ao: SimpleNamespace
+    """torchao functions: `amax_to_scale`, `to_fp8_saturated`, `addmm_float8_unwrapped`."""
+
+    def cast(self, role: str) -> Fp8Cast:
+        return self.casts[role]
+
+
+def _torchao():
+    """torchao's float8 modules, or one clear error naming the extra."""
+    try:
+        from torchao.float8 import config as ao_config
+        from torchao.float8 import float8_ops, float8_utils
+    except ImportError as e:
+        raise ImportError(
+            f"FP8 training needs torchao: pip install 'gigatron[fp8]' (import failed: {e})"
+        ) from None
+    return ao_config, float8_ops, float8_utils
+
+
+def get_fp8_recipe(config) -> Fp8Recipe | None:
+    """The recipe `config` (a TransformerConfig) asks for, or None when `config.fp8` is None."""
+    if getattr(config, "fp8", None) is None:
+        return None
+    ao_config, float8_ops, float8_utils = _torchao()
+    ao = ao_config.Float8LinearConfig.from_recipe_name(config.fp8_recipe)
+    grad_dtype = torch.float8_e5m2 if config.fp8 == "hybrid" else torch.float8_e4m3fn
+    casts = {}
+    for role, (attr, is_grad) in _ROLES.items():
+        cc = getattr(ao, attr)
+        if cc.scaling_type is ao_config.ScalingType.DISABLED:
+            casts[role] = Fp8Cast(None, False)
+            continue
+        dtype = grad_dtype if is_grad else torch.float8_e4m3fn
+        rowwise = cc.scaling_granularity is ao_config.ScalingGranularity.AXISWISE
+        casts[role] = Fp8Cast(dtype, rowwise)
+    if not config.fp8_wgrad:  # Megatron's fp8_wgrad=False: the weight gradient in high precision
+        for role in ("input_for_grad_weight", "grad_output_for_grad_weight"):
+            casts[role] = Fp8Cast(None, False)
+    return Fp8Recipe(
+        name=config.fp8_recipe,
+        casts=casts,
+        fast_accum={
+            "output": ao.gemm_config_output.use_fast_accum,
+            "grad_input": ao.gemm_config_grad_input.use_fast_accum,
+            "grad_weight": ao.gemm_config_grad_weight.use_fast_accum,
+        },
+        round_scales_to_power_of_2=ao.round_scales_to_power_of_2,
+        margin=int(config.fp8_margin),
+        ao=SimpleNamespace(
+            amax_to_scale=float8_utils.amax_to_scale,
+            to_fp8_saturated=float8_utils.to_fp8_saturated,
+            addmm_float8_unwrapped=float8_ops.addmm_float8_unwrapped,
+        ),
+    )
+
+
+def is_first_last_bf16_layer(config, layer_number: int) -> bool:
+    """Does global layer `layer_number` (1-based) stay in high precision under
+    `first_last_layers_bf16` (the first `num_layers_at_start_in_bf16` and the last
+    `num_layers_at_end_in_bf16` layers)? Megatron's function of the same name takes a 0-based
+    index; the rule is the same."""
+    if not getattr(config, "first_last_layers_bf16", False):
+        return False
+    start, end = config.num_layers_at_start_in_bf16, config.num_layers_at_end_in_bf16
+    return layer_number <= start or layer_number > config.num_layers - end
+
+
+def set_fp8(module: torch.nn.Module, recipe: Fp8Recipe | None) -> None:
+    """Run every `ColumnParallelLinear` / `RowParallelLinear` under `module` with `recipe`
+    (None: in the model dtype). The transformer block calls this on each layer it builds."""
+    for m in module.modules():
+        if hasattr(m, "fp8_recipe"):
+            m.fp8_recipe = recipe
+
+
+def check_fp8_config(config) -> None:
+    """ValueError for FP8 fields a TransformerConfig cannot run with (called by the config)."""
+    if config.fp8 is None:
+        return
+    if config.fp8 not in SUPPORTED_FP8_FORMATS:
+        raise ValueError(f"fp8 ({config.fp8!r}) must be one of {SUPPORTED_FP8_FORMATS} or None")
+    recipe = config.fp8_recipe
+    if recipe in UNSUPPORTED_FP8_RECIPES:
+        raise ValueError(
+            f"fp8_recipe={recipe!r} is not supported by gigatron "
+            f"({UNSUPPORTED_FP8_RECIPES[recipe]}); supported: {', '.join(SUPPORTED_FP8_RECIPES)} "
+            "(--fp8-recipe tensorwise is Transformer Engine's current scaling)"
+        )
+    if recipe not in SUPPORTED_FP8_RECIPES:
+        raise ValueError(
+            f"fp8_recipe ({recipe!r}) must be one of {', '.join(SUPPORTED_FP8_RECIPES)}"
+        )
+    if not isinstance(config.fp8_margin, int) or config.fp8_margin < 0:
+        raise ValueError(f"fp8_margin ({config.fp8_margin!r}) must be an int >= 0")
+    if config.first_last_layers_bf16:
+        start, end = config.num_layers_at_start_in_bf16, config.num_layers_at_end_in_bf16
+        if start < 0 or end < 0 or start + end > config.num_layers:
+            raise ValueError(
+                f"num_layers_at_start_in_bf16 ({start}) and num_layers_at_end_in_bf16 ({end}) "
+                f"must be >= 0 and add up to at most num_layers ({config.num_layers})"
+            )

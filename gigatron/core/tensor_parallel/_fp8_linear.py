@@ -1,0 +1,225 @@
+"""FP8 GEMMs of the parallel linear layers: forward, input gradient and weight gradient.
+
+gigatron's counterpart of Transformer Engine's FP8 linear: each GEMM operand is cast to FP8
+with a scale from its own amax (current scaling; `gigatron.core.fp8_utils.Fp8Recipe` says the
+dtype and whether one scale per tensor or per row) and multiplied by `torch._scaled_mm` (through
+torchao's `addmm_float8_unwrapped`). The casts and GEMMs follow torchao's
+`matmul_with_hp_or_float8_args` (`torchao/float8/float8_linear.py`); the TP communication and
+the `main_grad` fusion are those of `_linear.py`.
+
+TP: an amax over a dimension the TP group splits is all-reduced (MAX) over the group, so each
+rank casts with the scale the unsplit tensor would get and TP changes no number. Under
+sequence parallelism the local activation is cast once and its FP8 bytes are all-gathered (half
+the bytes of a bf16 gather); a per-tensor cast is kept for the weight gradient, so backward
+re-gathers FP8 bytes too. Master weights, gradients and optimizer state stay as they are.
+
+Shapes (2-D views): n: tokens (s*b), h: input features of this rank's weight, o: output features
+of this rank's weight, tp: TP group size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from gigatron.core.tensor_parallel._collectives import (
+    _C10D,
+    _finish,
+    _gather_along_first_dim,
+    _group_name,
+    _start_async,
+    _wait,
+)
+from gigatron.core.tensor_parallel._groups import group_size
+from gigatron.core.tensor_parallel._wgrad import (
+    WGRAD_IN_MAIN_GRAD,
+    hand_over_weight_grad,
+    weight_grad,
+)
+
+
+class _Fp8:
+    """FP8 `data` `[r, c]` and its scale (`data ~ hp * scale`): `[]`, `[r, 1]` or `[1, c]`."""
+
+    __slots__ = ("data", "scale")
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor):
+        self.data, self.scale = data, scale
+
+    def t(self) -> _Fp8:
+        return _Fp8(self.data.t(), self.scale.t() if self.scale.dim() else self.scale)
+
+
+def _all_reduce_max(x: torch.Tensor, group) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return _wait(_C10D.all_reduce(x, "max", _group_name(group)))
+    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=group)
+    return x
+
+
+def _quantize(recipe, x: torch.Tensor, cast, *, dim: int, split_dim: int | None, group) -> _Fp8:
+    """`x [r, c]` -> FP8. A row-wise cast takes one scale per slice along `dim` (1: per row,
+    scale `[r, 1]`; 0: per column, `[1, c]`). `split_dim`: the dimension TP splits `x` along
+    (None: whole on every rank); an amax over it is all-reduced so all ranks share the scale."""
+    with torch.no_grad():
+        if cast.rowwise:
+            amax = x.abs().amax(dim=dim, keepdim=True).float()
+        else:
+            amax = x.abs().max().float()
+        spans_split = split_dim is not None and (not cast.rowwise or split_dim == dim)
+        if spans_split and group_size(group) > 1:
+            amax = _all_reduce_max(amax, group)
+        if recipe.margin:
+            amax = amax * 2.0**recipe.margin  # fp8_margin: scale / 2**margin
+        scale = recipe.ao.amax_to_scale(amax, cast.dtype, recipe.round_scales_to_power_of_2)
+        data = recipe.ao.to_fp8_saturated(x.float() * scale, cast.dtype)
+    return _Fp8(data, scale)
+
+
+def _mm(recipe, a: _Fp8, b: _Fp8, out_dtype: torch.dtype, gemm: str) -> torch.Tensor:
+    """`a [m, k] @ b [k, n]` in FP8 -> `[m, n]` in `out_dtype` (`gemm`: output | grad_input |
+    grad_weight, for the recipe's fast-accumulation choice)."""
+    a_data = a.data if a.data.is_contiguous() else a.data.contiguous()  # _scaled_mm: row-major
+    b_data = b.data if b.data.t().is_contiguous() else b.data.t().contiguous().t()  # col-major
+    a_scale, b_scale = a.scale, b.scale
+    # _scaled_mm scales both operands per tensor or both per row / column: widen the other one
+    if a_scale.dim() == 0 and b_scale.dim() > 0:
+        a_scale = a_scale.repeat(a_data.size(0)).reshape(-1, 1)
+    elif b_scale.dim() == 0 and a_scale.dim() > 0:
+        b_scale = b_scale.repeat(b_data.size(1)).reshape(1, -1)
+    return recipe.ao.addmm_float8_unwrapped(
+        a_data, a_scale, b_data, b_scale, out_dtype, use_fast_accum=recipe.fast_accum[gemm]
+    )
+
+
+def _gather_fp8(q: _Fp8, group) -> _Fp8:
+    """`[n/tp, h]` FP8 -> `[n, h]`: the bytes all-gathered along dim 0 (and per-row scales)."""
+    data = _gather_along_first_dim(q.data.view(torch.uint8), group).view(q.data.dtype)
+    scale = q.scale if q.scale.dim() == 0 else _gather_along_first_dim(q.scale, group)
+    return _Fp8(data, scale)
+
+
+def _same_tensorwise(c1, c2) -> bool:
+    """Two casts of one tensor give the same FP8 bytes: reuse the first for the second."""
+    return c1 == c2 and c1.dtype is not None and not c1.rowwise
+
+
+class Fp8LinearFunction(torch.autograd.Function):
+    """`y = x W^T + b` with its three GEMMs in FP8 and the TP communication of `_linear.py`.
+
+    `parallel`: "column" (W `[o/tp, h]`, x whole or `[s/tp, b, h]` under SP) or "row"
+    (W `[o, h/tp]`, x `[s, b, h/tp]`; the caller reduces the partial output).
+    forward:  x -(SP: cast, all-gather FP8 dim 0)-> [s, b, h] @ W^T -> [s, b, o] (model dtype)
+    backward: dgrad = dY @ W in FP8 -> all-reduce (allreduce_dgrad) / reduce-scatter (SP),
+              overlapped with dW = dY^T @ X in FP8, added into `main_grad` under
+              gradient_accumulation_fusion.
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        input_,
+        weight,
+        bias,
+        recipe,
+        parallel,
+        gradient_accumulation_fusion,
+        allreduce_dgrad,
+        sequence_parallel,
+        tp_group,
+    ):
+        column = parallel == "column"
+        x = input_.reshape(-1, input_.size(-1))  # [n(/tp under SP), h]
+        c_in = recipe.cast("input")
+        if sequence_parallel:  # cast the local rows once, gather FP8 bytes
+            xq_local = _quantize(recipe, x, c_in, dim=1, split_dim=0, group=tp_group)
+            xq = _gather_fp8(xq_local, tp_group)  # [n, h]
+        else:
+            split = None if column else 1
+            xq = xq_local = _quantize(recipe, x, c_in, dim=1, split_dim=split, group=tp_group)
+        wq = _quantize(
+            recipe, weight, recipe.cast("weight"), dim=1, split_dim=0 if column else 1,
+            group=tp_group,
+        )  # fmt: skip
+        out = _mm(recipe, xq, wq.t(), input_.dtype, "output")  # [n, o]
+        if bias is not None:
+            out = out + bias
+
+        # Keep FP8 copies where backward casts the same tensor the same way (per-tensor scale).
+        ctx.keep_xq = _same_tensorwise(c_in, recipe.cast("input_for_grad_weight"))
+        ctx.keep_wq = _same_tensorwise(recipe.cast("weight"), recipe.cast("weight_for_grad_input"))
+        saved_x = (xq_local.data, xq_local.scale) if ctx.keep_xq else (input_, input_)
+        saved_w = (wq.data, wq.scale) if ctx.keep_wq else (weight, weight)
+        ctx.save_for_backward(*saved_x, *saved_w, weight)
+        ctx.recipe, ctx.column, ctx.tp_group = recipe, column, tp_group
+        ctx.use_bias = bias is not None
+        ctx.gradient_accumulation_fusion = gradient_accumulation_fusion
+        ctx.allreduce_dgrad, ctx.sequence_parallel = allreduce_dgrad, sequence_parallel
+        ctx.input_shape = input_.shape
+        rows = input_.size(0) * (group_size(tp_group) if sequence_parallel else 1)
+        return out.view(rows, *input_.shape[1:-1], weight.size(0))  # [s, b, o]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x_a, x_b, w_a, w_b, weight = ctx.saved_tensors
+        recipe, group, column = ctx.recipe, ctx.tp_group, ctx.column
+        need_dgrad, need_wgrad = ctx.needs_input_grad[:2]
+        gy = grad_output.reshape(-1, grad_output.size(-1))  # [n, o]
+        c_go = recipe.cast("grad_output")
+
+        # SP: the input re-gather runs during the input-gradient GEMM (as in _linear.py).
+        gather = None
+        if need_wgrad and ctx.sequence_parallel:
+            x_local = x_a.view(torch.uint8) if ctx.keep_xq else x_a
+            gather = _start_async("all_gather", x_local.reshape(-1, x_local.size(-1)), group)
+
+        gq = grad_input = dgrad_comm = None
+        if need_dgrad:
+            gq = _quantize(recipe, gy, c_go, dim=1, split_dim=1 if column else None, group=group)
+            if ctx.keep_wq:
+                wq = _Fp8(w_a, w_b)
+            else:
+                wq = _quantize(
+                    recipe, weight, recipe.cast("weight_for_grad_input"), dim=0,
+                    split_dim=0 if column else 1, group=group,
+                )  # fmt: skip
+            grad_input = _mm(recipe, gq, wq, grad_output.dtype, "grad_input")  # [n, h]
+            grad_input = grad_input.view(*grad_output.shape[:-1], weight.size(1))
+            if ctx.sequence_parallel or ctx.allreduce_dgrad:
+                kind = "reduce_scatter" if ctx.sequence_parallel else "all_reduce"
+                dgrad_comm = _start_async(kind, grad_input, group)
+
+        grad_weight = None
+        if need_wgrad:
+            x_total = x_a.reshape(-1, x_a.size(-1)) if gather is None else _finish(*gather)
+            if ctx.keep_xq:  # FP8 bytes, per-tensor scale shared by all ranks
+                xq = _Fp8(x_total.view(x_a.dtype), x_b)
+            else:
+                xq = x_total  # [n, h] model dtype
+            grad_weight = _weight_grad(ctx, weight, gy, gq, xq)
+        grad_bias = gy.sum(dim=0) if ctx.use_bias else None
+
+        if dgrad_comm is not None:
+            grad_input = _finish(*dgrad_comm)  # [s/tp, b, h] (SP) or [s, b, h]
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+def _weight_grad(ctx, weight, gy, gq, x):
+    """dW = dY^T X `[o, h]` from `gy [n, o]` (and its FP8 cast `gq` for the input gradient,
+    reused when the recipe casts it the same way) and `x` (`_Fp8` or model dtype `[n, h]`)."""
+    recipe, group, column = ctx.recipe, ctx.tp_group, ctx.column
+    c_go, c_in = recipe.cast("grad_output_for_grad_weight"), recipe.cast("input_for_grad_weight")
+    if c_go.dtype is None or c_in.dtype is None:  # high-precision weight gradient
+        return weight_grad(ctx, weight, gy, x)
+    if gq is None or not _same_tensorwise(recipe.cast("grad_output"), c_go):
+        gq = _quantize(recipe, gy, c_go, dim=0, split_dim=1 if column else None, group=group)
+    if not isinstance(x, _Fp8):
+        x = _quantize(recipe, x, c_in, dim=0, split_dim=None if column else 1, group=group)
+    fused = (
+        ctx.gradient_accumulation_fusion
+        and hasattr(weight, "main_grad")
+        and getattr(weight, WGRAD_IN_MAIN_GRAD, False)
+    )
+    out_dtype = weight.main_grad.dtype if fused else weight.dtype  # fp32 main_grad: no bf16 trip
+    grad_weight = _mm(recipe, gq.t(), x, out_dtype, "grad_weight")  # [o, h]
+    return hand_over_weight_grad(weight, grad_weight) if fused else grad_weight
