@@ -68,7 +68,8 @@ def parse_args(argv=None, doc: str | None = None):
         "--no-memory-reorder",
         action="store_true",
         help="Inductor reorder_for_peak_memory off: TP backward keeps the weight-grad GEMM "
-        "between the reduce-scatter and its wait (tests/dist/test_tp_compile_schedule.py)",
+        "between the reduce-scatter and its wait "
+        "(tests/core/tensor_parallel/test_compile_wait_placement.py)",
     )
     p.add_argument(
         "--comm-reorder",

@@ -18,7 +18,8 @@ every file before each load, untimed). One `RESULT {json}` line per implementati
 megatron-core's models and optimizers need CUDA; with `--device cpu` its side saves a same-bytes
 payload instead (one plain ShardedTensor per tensor of gigatron's payload) through its writer,
 with `torch.cuda.synchronize` / `current_device` stubbed as in
-tests/dist/test_dist_ckpt_megatron_interop.py; the JSON's `payload` field says which was used.
+tests/core/dist_checkpointing/test_megatron_interop.py; the JSON's `payload` field says which was
+used.
 megatron-core's writer starts helper processes on every save: a fixed cost of a few seconds.
 
 `--impls gigatron-training` (opt-in) times gigatron.training.checkpointing's save_checkpoint /

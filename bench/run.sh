@@ -215,8 +215,8 @@ t_data() {  # [CPU] index building and blending (gigatron NumPy vs megatron-core
   run data.log 500 python3 bench/bench_data.py --repeats 7
 }
 
-t_tests() {  # tests/gpu on this GPU (the CUDA resume test included)
-  run_tests 400 tests/gpu -rf --timeout 300
+t_tests() {  # the gpu-marked tests on this GPU (the CUDA resume test included)
+  run_tests 400 -m gpu tests -rf --timeout 300
 }
 
 t_dp2() {  # [2 GPUs] DP = 2 gpt-1.3b (flat-overlap AdamW, layer groups 2,22) against its one-GPU run
@@ -260,7 +260,7 @@ t_train_dp2() {  # [2 GPUs] pretrain_gpt on DP = 2 (global batch 8), with and wi
 }
 
 t_layouts() {  # [2 GPUs] PP / VPP / CP layouts of bench_gpt on two GPUs (the layouts test)
-  run_tests 420 -m gpu tests/dist/test_bench_gpt_layouts.py -k two_gpus
+  run_tests 420 -m gpu tests/bench/test_bench_gpt_layouts.py -k two_gpus
 }
 
 # ---- main --------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ Run under the megatron-core version to capture (its wheel needs only torch, nump
     python scripts/make_megatron_ckpt_fixtures.py OUT_DIR            # TP 1 and TP 2
 
 For each TP size it spawns that many gloo ranks on CPU (megatron-core's CUDA-only calls are
-stubbed, as in tests/dist/test_dist_ckpt_megatron_interop.py), builds megatron-core's GPTModel
-with its local layer spec, saves `model.sharded_state_dict()` with megatron-core's own
+stubbed, as in tests/core/dist_checkpointing/test_megatron_interop.py), builds megatron-core's
+GPTModel with its local layer spec, saves `model.sharded_state_dict()` with megatron-core's own
 `dist_checkpointing.save` into `OUT_DIR/mcore-<version>-tp<N>/`, and writes
 `OUT_DIR/mcore-<version>-tp<N>.logits.pt` holding the inputs and megatron-core's full logits
 (`{"version", "config", "ids", "logits" [b, s, vocab]}`), read back with weights_only=True.

@@ -1,9 +1,9 @@
 """Read public signatures from a megatron-core source tree without importing it; write a table.
 
-The API-surface audit (tests/unit/test_api_surface_vs_megatron.py) compares gigatron against the
+The API-surface audit (tests/api_surface/test_names_and_signatures.py) compares gigatron against the
 installed megatron-core (0.16.1, the `test` extra) and against a vendored table of a newer release
 that needs a newer Python (0.19.2 wants 3.12). This script makes that table with `ast` only: for
-each symbol of tests/unit/_api_surface_symbols.py it follows the imports of the source tree to the
+each symbol of tests/api_surface/_symbols.py it follows the imports of the source tree to the
 definition and records
 
 - callables (functions, methods, class constructors found through the bases): every parameter's
@@ -22,7 +22,7 @@ megatron-core). Regenerate the vendored table with:
     python scripts/megatron_signatures.py /tmp/mcore019/src \
         > tests/fixtures/megatron_core_0.19.2_signatures.json
 
-`tests/unit/test_api_surface_vs_megatron.py::test_source_table_matches_installed_megatron` runs
+`tests/api_surface/test_names_and_signatures.py::test_source_table_matches_installed_megatron` runs
 this reader over the installed megatron-core and checks it against `inspect`.
 """
 
@@ -455,7 +455,7 @@ def main(argv: list[str]) -> None:
     if len(argv) != 1:
         sys.exit(__doc__)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.unit._api_surface_symbols import SYMBOLS
+    from tests.api_surface._symbols import SYMBOLS
 
     out = table(argv[0], SYMBOLS)
     symbols = out.pop("symbols")

@@ -12,7 +12,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
-        # the marker, not `item.keywords` (which also holds the directory name: every test
-        # under tests/gpu, CPU cases included, would be skipped)
+        # the marker, not `item.keywords` (which also holds file and folder names): a CPU case
+        # in a CUDA test file runs
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)

@@ -26,6 +26,9 @@ from gigatron.training.pretrain_bert import MaskedLMTokenizer
 from gigatron.training.tokenizer import build_tokenizer
 from tests.tutorials.conftest import ROOT, launch, preprocess
 
+pytestmark = pytest.mark.multirank
+
+
 MISTAKES = "tests/tutorials/learner_mistakes.py"
 # one result; up to the next one even if another rank's output got onto the same line
 _LINE = re.compile(r"\[rank (\d)\] MISTAKE (\w+): (.*?)(?=\[rank \d\] MISTAKE |$)", re.M)

@@ -16,6 +16,9 @@ import pytest
 
 from tests.tutorials.conftest import TUTORIALS, launch
 
+pytestmark = pytest.mark.multirank
+
+
 GPT = f"{TUTORIALS}/gpt_train_loop.py"
 
 

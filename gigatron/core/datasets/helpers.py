@@ -117,7 +117,7 @@ def build_sample_idx(
 # exactly at zero); lanes that disagree are run again from their neighbour's final counts until
 # every lane agrees, so the result is the sequential rule's, step for step, in float64.
 # `_lane_choice`, `_guess_counts` and these constants are looked up in this module when called:
-# tests/unit/test_data_blend_indices.py replaces them here to force every repair path.
+# tests/core/datasets/test_blend_indices.py replaces them here to force every repair path.
 _LANE_MIN_SIZE = 1 << 14  # below this the Python loop is as fast
 _LANE_TARGET = 8192  # lanes per op: large enough that NumPy's per-call cost is amortised
 _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there are many of them

@@ -19,7 +19,8 @@ warmup forward, each steady forward+backward pair, each cooldown backward) and b
 batch carries the sends of the previous slot and every receive this slot needs - Megatron's
 pairings (send_forward_recv_backward, send_forward_backward_recv_forward_backward, ...). With that
 grouping the plan completes even when every batch waits for all of its sends and receives
-(NCCL's grouped p2p), not only when sends are asynchronous (tests/unit/test_schedule_table.py).
+(NCCL's grouped p2p), not only when sends are asynchronous
+(tests/core/pipeline_parallel/test_schedule_table.py).
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ def _reduce_scatter_into(
 def _contiguous(x: torch.Tensor) -> torch.Tensor:
     """`x.contiguous()` without the no-op call on a contiguous tensor: torch 2.11's tracing of an
     autograd.Function whose forward or backward ends in that no-op loses the input grad (zeros;
-    tests/dist/test_tp_compile.py under torch 2.11). torch >= 2.12 traces either form."""
+    tests/core/tensor_parallel/test_compile.py under torch 2.11). torch >= 2.12 traces either
+    form."""
     return x if x.is_contiguous() else x.contiguous()
 
 

@@ -3,7 +3,7 @@
 gigatron-specific (Megatron gets the same effect from Transformer Engine's fused kernels and
 `torch.jit`-scripted fusions). Everything here runs at run time on stock PyTorch (Inductor /
 Triton); nothing needs a compiled extension at install time. The plain (eager) path is the
-reference: `tests/gpu/test_fast_path.py` checks each piece against it.
+reference: `tests/core/transformer/test_fast_path_cuda.py` checks each piece against it.
 
 - `compile_transformer_layers(model)`: `torch.compile` each TransformerLayer in place (its
   forward and, through AOTAutograd, its backward): norms, bias + GELU/SwiGLU, RoPE, bias +
@@ -79,7 +79,8 @@ def compile_transformer_layers(
     if options is None and mode is None and _wants_comm_overlap(layers):
         # Inductor's peak-memory reordering would move the weight-gradient GEMM after the wait
         # of the input-gradient reduce-scatter it is meant to hide (see
-        # tests/dist/test_tp_compile_schedule.py); keep the order the linears issue.
+        # tests/core/tensor_parallel/test_compile_wait_placement.py); keep the order the linears
+        # issue.
         options = {"reorder_for_peak_memory": False}
     if fullgraph and _needs_tp_dropout_fork(layers):
         # TP > 1 without SP: attention dropout forks the model-parallel RNG (different masks per
@@ -226,7 +227,8 @@ def enable_async_tensor_parallel(group) -> None:
     already here runs. Same numbers, up to the order of the partial matmuls. CUDA + NCCL only;
     call it on every rank of `group` before the first compiled step. Experimental: on two H200
     without NVLink multicast it halved TP=2 throughput (bench/reports/gpt-tensor-parallel.md), so
-    nothing turns it on by default; `tests/dist/test_async_tp_patterns.py` checks the patterns.
+    nothing turns it on by default; `tests/core/transformer/test_compile_async_tp_patterns.py`
+    checks the patterns.
     """
     import torch.distributed as dist
 

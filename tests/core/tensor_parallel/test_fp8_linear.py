@@ -21,6 +21,8 @@ from gigatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from gigatron.core.tensor_parallel._fp8_linear import Fp8LinearFunction  # noqa: E402
 from gigatron.testing import run_distributed  # noqa: E402
 
+pytestmark = pytest.mark.multirank
+
 S, B, H, F_OUT = 8, 2, 32, 48  # sequence, batch, in features, out features
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 

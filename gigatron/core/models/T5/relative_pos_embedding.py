@@ -2,8 +2,9 @@
 attention scores of every self-attention layer of a stack.
 
 Mirrors `megatron.core.models.common.embeddings.relative_pos_embedding.RelativePositionEmbedding`
-(Megatron adapted the bucketing from Hugging Face's T5; tests/unit/test_t5_relative.py checks it
-against `transformers`' T5Attention.compute_bias). Buckets: half exact offsets, half log-spaced up
+(Megatron adapted the bucketing from Hugging Face's T5;
+tests/core/models/T5/test_relative_pos_embedding.py checks it against `transformers`'
+T5Attention.compute_bias). Buckets: half exact offsets, half log-spaced up
 to max_distance; bidirectional stacks (encoder) split the buckets by sign, causal ones (decoder)
 only see the past.
 
