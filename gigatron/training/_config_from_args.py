@@ -37,6 +37,17 @@ _MOE_ROUTER_FIELDS = (
 )
 
 
+_FP8_FIELDS = (
+    "fp8",
+    "fp8_recipe",
+    "fp8_margin",
+    "fp8_wgrad",
+    "first_last_layers_bf16",
+    "num_layers_at_start_in_bf16",
+    "num_layers_at_end_in_bf16",
+)
+
+
 def core_transformer_config_from_args(args, config_class=None):
     """`TransformerConfig` for the model the flags describe (Megatron's helper of the same name)."""
     from gigatron.core.transformer.transformer_config import TransformerConfig
@@ -115,6 +126,9 @@ def core_transformer_config_from_args(args, config_class=None):
                 kw[name] = getattr(args, name)
     if args.context_parallel_size > 1:
         kw["cp_comm_type"] = args.cp_comm_type
+    if getattr(args, "fp8", None) is not None:
+        for name in _FP8_FIELDS:
+            kw[name] = getattr(args, name)
     return config_class(**kw)
 
 

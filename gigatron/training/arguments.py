@@ -374,6 +374,31 @@ def _resume_args(p) -> None:
             g.add_argument(*names, action="store_true", help=help_)
 
 
+def _fp8_args(p):
+    """Megatron's FP8 flags (transformer_engine group); gigatron runs them on torchao."""
+    g = p.add_argument_group("fp8 (needs the fp8 extra: torchao)")
+    _add(
+        g, "--fp8-format", str, None,
+        "FP8 GEMMs in the transformer layers: e4m3 (gradients too) or hybrid (e5m2 gradients)",
+        choices=["e4m3", "hybrid"], dest="fp8",
+    )  # fmt: skip
+    _add(
+        g, "--fp8-recipe", str, "delayed",
+        "tensorwise | rowwise | rowwise_with_gw_hp (current scaling); Megatron's delayed "
+        "(its default), mxfp8, blockwise and custom are refused",
+        choices=["tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed", "mxfp8", "blockwise",
+                 "custom"],
+    )  # fmt: skip
+    _add(g, "--fp8-margin", int, 0, "scales are divided by 2**margin")
+    g.add_argument(
+        "--no-fp8-wgrad", dest="fp8_wgrad", action="store_false",
+        help="weight-gradient GEMM in the model dtype",
+    )  # fmt: skip
+    _add(g, "--first-last-layers-bf16", bool, help_="keep the first / last layers out of FP8")
+    _add(g, "--num-layers-at-start-in-bf16", int, 1, "with --first-last-layers-bf16")
+    _add(g, "--num-layers-at-end-in-bf16", int, 1, "with --first-last-layers-bf16")
+
+
 def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
     prog = _cli_errors.program()
     p = _cli_errors.ArgumentParser(
@@ -387,6 +412,7 @@ def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
     for adder in (
         _model_args,
         _parallel_args,
+        _fp8_args,
         _training_args,
         _data_args,
         _checkpoint_logging_args,

@@ -1,0 +1,70 @@
+"""FP8 through the training entry (issue 33): a tiny GPT trains under `--fp8-format hybrid
+--fp8-recipe tensorwise` on 2 gloo ranks (TP 2 with sequence parallelism), its losses within FP8
+noise of the same run without FP8, and checkpoints carry nothing FP8: a run resumes with FP8
+switched off, and a run saved without FP8 resumes with it on."""
+
+import math
+
+import pytest
+
+pytest.importorskip("torchao.float8")
+
+from gigatron.testing import run_distributed  # noqa: E402
+
+pytestmark = pytest.mark.multirank
+
+ARGS = [
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
+    "--lr", "1e-2", "--mock-data", "--vocab-size", "128", "--make-vocab-size-divisible-by", "64",
+    "--log-interval", "100", "--eval-iters", "0", "--no-progress-bar", "--num-workers", "0",
+    "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "5",
+    "--tensor-model-parallel-size", "2", "--sequence-parallel",
+]  # fmt: skip
+FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+
+
+def _runs(ckpt_dir):
+    """(losses, last iteration) of: FP8 3 steps saved, bf16 3 steps saved, then each checkpoint
+    resumed for a 4th step with FP8 toggled."""
+    from gigatron.core import parallel_state as ps
+    from gigatron.core.num_microbatches_calculator import unset_num_microbatches_calculator
+    from gigatron.training import global_vars, pretrain_gpt
+    from gigatron.training.training import pretrain
+
+    def run(extra):
+        unset_num_microbatches_calculator()
+        global_vars.destroy_global_vars()
+        ps.destroy_model_parallel()
+        result = pretrain(
+            pretrain_gpt.train_valid_test_datasets_provider,
+            pretrain_gpt.model_provider,
+            None,
+            pretrain_gpt.forward_step,
+            argv=ARGS + extra,
+        )
+        return [h["losses"]["lm loss"] for h in result["history"]], result["iteration"]
+
+    fp8_ckpt, ref_ckpt = f"{ckpt_dir}/fp8", f"{ckpt_dir}/ref"
+    three = ["--train-iters", "3"]
+    four = ["--train-iters", "4", "--override-opt-param-scheduler"]
+    return {
+        "fp8": run(FP8 + three + ["--save", fp8_ckpt]),
+        "ref": run(three + ["--save", ref_ckpt]),
+        "fp8_then_off": run(four + ["--load", fp8_ckpt]),
+        "off_then_fp8": run(FP8 + four + ["--load", ref_ckpt]),
+    }
+
+
+def test_gpt_trains_in_fp8_and_resumes_with_fp8_toggled(tmp_path):
+    out = run_distributed(_runs, 2, args=(str(tmp_path),), timeout=120)[0]
+    fp8, ref = out["fp8"][0], out["ref"][0]
+    assert out["fp8"][1] == 3 and len(fp8) == 3
+    assert all(math.isfinite(x) for x in fp8)
+    for step, (a, b) in enumerate(zip(fp8, ref, strict=True)):
+        assert a != b and abs(a - b) <= 0.02 * b, (step, a, b)  # FP8 ran, within its noise
+    assert fp8[-1] < fp8[0]
+    for key in ("fp8_then_off", "off_then_fp8"):
+        losses, iteration = out[key]
+        assert iteration == 4 and len(losses) == 1, (key, out[key])
+        assert math.isfinite(losses[0]) and abs(losses[0] - ref[-1]) <= 0.1 * ref[-1], key
