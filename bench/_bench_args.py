@@ -184,6 +184,11 @@ def parse_args(argv=None, doc: str | None = None):
     p.add_argument(
         "--sync-debug", action="store_true", help="report the host syncs of one step (source lines)"
     )
+    p.add_argument(
+        "--fp8", default=None, choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"],
+        help="FP8 GEMMs in the transformer layers with this recipe (TransformerConfig.fp8_recipe)",
+    )  # fmt: skip
+    p.add_argument("--fp8-format", default="hybrid", choices=["e4m3", "hybrid"], help="with --fp8")
     p.add_argument("--micro-batch-size", type=int, default=None)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--warmup", type=int, default=5)

@@ -77,6 +77,8 @@ def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=No
         layout["cross_entropy_loss_fusion"] = True  # GPTModel's chunked CE
     if a.ce == "chunked-grad-in-forward":  # the mean loss's gradient is uniform: no mask needed
         layout["cross_entropy_fusion_impl"] = "native_grad_in_forward"
+    if a.fp8:
+        layout.update(fp8=a.fp8_format, fp8_recipe=a.fp8)
     cfg = config or TransformerConfig(
         num_layers=shape["layers"],
         hidden_size=shape["hidden"],
@@ -449,6 +451,7 @@ def main(argv=None) -> dict:
             "compile_mode": a.compile_mode,
             "input_checks": not a.no_input_checks,
             "ce": a.ce,
+            "fp8": f"{a.fp8_format}/{a.fp8}" if a.fp8 else None,
             "sdpa": a.sdpa,
             "ddp": use_ddp,
             "overlap_grad_reduce": a.overlap_grad_reduce,
