@@ -1,0 +1,50 @@
+"""Which linears run in FP8 (gigatron.core.fp8_utils): the transformer layers' Column/Row
+parallel linears, minus the first / last layers under first_last_layers_bf16; never the output
+layer. A config with fp8 off imports no torchao."""
+
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torchao.float8")
+
+from gigatron.core.models.gpt import GPTModel  # noqa: E402
+from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: E402
+from gigatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear  # noqa: E402
+from gigatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+from tests._one_rank import one_rank_fixtures  # noqa: E402
+
+gloo_world, single_rank = one_rank_fixtures()
+
+
+def _fp8_layers(**kw):
+    config = TransformerConfig(
+        num_layers=4, hidden_size=32, num_attention_heads=4, use_cpu_initialization=True,
+        fp8="hybrid", fp8_recipe="tensorwise", **kw,
+    )  # fmt: skip
+    model = GPTModel(config, get_gpt_layer_local_spec(), 64, 16)
+    on = set()
+    for name, m in model.named_modules():
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and m.fp8_recipe is not None:
+            on.add(name.split(".")[2] if name.startswith("decoder.layers.") else name)
+    assert model.output_layer.fp8_recipe is None
+    return on
+
+
+def test_transformer_layers_run_in_fp8_except_the_first_and_last_when_asked():
+    assert _fp8_layers() == {"0", "1", "2", "3"}
+    assert _fp8_layers(first_last_layers_bf16=True) == {"1", "2"}
+    both = dict(num_layers_at_start_in_bf16=2, num_layers_at_end_in_bf16=0)
+    assert _fp8_layers(first_last_layers_bf16=True, **both) == {"2", "3"}
+
+
+def test_fp8_off_imports_no_torchao():
+    code = (
+        "import sys\n"
+        "from gigatron.core.transformer.transformer_config import TransformerConfig\n"
+        "from gigatron.core.tensor_parallel import ColumnParallelLinear\n"
+        "TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2)\n"
+        "assert not any(m.startswith('torchao') for m in sys.modules), 'torchao imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
