@@ -19,6 +19,7 @@ import torch
 from gigatron.core import dist_checkpointing as dc
 from gigatron.testing import run_distributed
 from gigatron.testing.distributed import DistributedTestError
+from tests.training._gpt_runs import run_pretrain_gpt
 
 pytestmark = pytest.mark.multirank
 
@@ -42,21 +43,9 @@ def _div(n):
 def _pretrain(extra):
     """(lm losses of this run, its padded vocabulary) of one pretrain_gpt run."""
     torch.set_num_threads(1)
-    from gigatron.core import parallel_state as ps
-    from gigatron.core.num_microbatches_calculator import unset_num_microbatches_calculator
-    from gigatron.training import global_vars, pretrain_gpt
-    from gigatron.training.training import pretrain
+    from gigatron.training import global_vars
 
-    unset_num_microbatches_calculator()
-    global_vars.destroy_global_vars()
-    ps.destroy_model_parallel()
-    result = pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        pretrain_gpt.forward_step,
-        argv=ARGS + extra,
-    )
+    result = run_pretrain_gpt(ARGS + extra)
     losses = [h["losses"].get("lm loss") for h in result["history"]]
     return losses, global_vars.get_args().padded_vocab_size
 

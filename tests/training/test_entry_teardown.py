@@ -10,7 +10,7 @@ import pytest
 
 from gigatron.testing import run_distributed
 from tests._paths import REPO
-from tests.training.test_training_loop import ARGS, _reset_globals
+from tests.training._gpt_runs import ARGS, reset_globals
 
 pytestmark = pytest.mark.multirank
 
@@ -45,11 +45,11 @@ def _main_keeps_the_callers_group():
 
     from gigatron.training import pretrain_gpt
 
-    _reset_globals()
+    reset_globals()
     assert pretrain_gpt.main(ARGS + ["--train-iters", "1"]) == 0
     still = dist.is_initialized()
     dist.barrier()  # the harness's group still works
-    _reset_globals()
+    reset_globals()
     return still
 
 

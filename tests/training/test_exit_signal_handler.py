@@ -21,7 +21,7 @@ import torch
 
 from gigatron.testing import run_distributed
 from tests._paths import REPO
-from tests.training.test_training_loop import ARGS, _reset_globals
+from tests.training._gpt_runs import ARGS, run_pretrain_gpt
 
 pytestmark = pytest.mark.multirank
 
@@ -247,22 +247,14 @@ def _signal_one_rank(signalled_rank: int, name: str):
 
     from gigatron.training import pretrain_gpt
     from gigatron.training.global_vars import get_args
-    from gigatron.training.training import pretrain
 
     def forward_step(data_iterator, model):
         if get_args().iteration + 1 == 2 and dist.get_rank() == signalled_rank:
             os.kill(os.getpid(), signal.Signals[name])  # the handler only records it
         return pretrain_gpt.forward_step(data_iterator, model)
 
-    _reset_globals()
     argv = ARGS + ["--train-iters", "6", "--exit-signal-handler", "--exit-signal", name]
-    result = pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        forward_step,
-        argv=argv,
-    )
+    result = run_pretrain_gpt(argv, forward_step)
     return result["iteration"], get_args().train_exit_reason
 
 

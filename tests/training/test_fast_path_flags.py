@@ -8,24 +8,15 @@ import shutil
 import pytest
 
 from gigatron.testing import run_distributed
-from tests.training.test_training_loop import ARGS, _reset_globals
+from tests.training._gpt_runs import ARGS, run_pretrain_gpt
 
 pytestmark = pytest.mark.multirank
 
 
 def _losses(extra):
     from gigatron.core.transformer.transformer_layer import TransformerLayer
-    from gigatron.training import pretrain_gpt
-    from gigatron.training.training import pretrain
 
-    _reset_globals()
-    result = pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        pretrain_gpt.forward_step,
-        argv=ARGS + ["--train-iters", "4", "--seed", "5"] + extra,
-    )
+    result = run_pretrain_gpt(ARGS + ["--train-iters", "4", "--seed", "5"] + extra)
     model = result["model"][0].module
     layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
     # (every layer compiled, the whole model compiled, layer groups of the decoder)

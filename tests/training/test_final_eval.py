@@ -8,6 +8,7 @@ rounds to no sequences under the default --split 969,30,1 stops with an error na
 import pytest
 
 from gigatron.testing import run_distributed
+from tests.training._gpt_runs import run_pretrain_gpt
 
 pytestmark = pytest.mark.multirank
 
@@ -27,23 +28,9 @@ def _pretrain(argv):
     import contextlib
     import io
 
-    from gigatron.core import parallel_state as ps
-    from gigatron.core.num_microbatches_calculator import unset_num_microbatches_calculator
-    from gigatron.training import global_vars, pretrain_gpt
-    from gigatron.training.training import pretrain
-
-    unset_num_microbatches_calculator()
-    global_vars.destroy_global_vars()
-    ps.destroy_model_parallel()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        result = pretrain(
-            pretrain_gpt.train_valid_test_datasets_provider,
-            pretrain_gpt.model_provider,
-            None,
-            pretrain_gpt.forward_step,
-            argv=argv,
-        )
+        result = run_pretrain_gpt(argv)
     return out.getvalue().splitlines(), result
 
 

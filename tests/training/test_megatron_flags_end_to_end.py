@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gigatron.testing import run_distributed
+from tests.training._gpt_runs import run_pretrain_gpt
 
 pytestmark = pytest.mark.multirank
 
@@ -28,21 +29,7 @@ ARGS = [
 
 
 def _pretrain(extra, forward_step=None):
-    from gigatron.core import parallel_state as ps
-    from gigatron.core.num_microbatches_calculator import unset_num_microbatches_calculator
-    from gigatron.training import global_vars, pretrain_gpt
-    from gigatron.training.training import pretrain
-
-    unset_num_microbatches_calculator()
-    global_vars.destroy_global_vars()
-    ps.destroy_model_parallel()
-    return pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        forward_step or pretrain_gpt.forward_step,
-        argv=ARGS + extra,
-    )
+    return run_pretrain_gpt(ARGS + extra, forward_step)
 
 
 def _norm_wd_gc_run(extra):
@@ -262,24 +249,11 @@ def _one_spec_provider(pre_process=True, post_process=True, vp_stage=None):
 
 
 def _moe_freq_run(extra, block_spec):
-    from gigatron.core import parallel_state as ps
-    from gigatron.core.num_microbatches_calculator import unset_num_microbatches_calculator
     from gigatron.core.transformer.moe.moe_layer import MoELayer
-    from gigatron.training import global_vars, pretrain_gpt
-    from gigatron.training.training import pretrain
 
-    unset_num_microbatches_calculator()
-    global_vars.destroy_global_vars()
-    ps.destroy_model_parallel()
-    provider = pretrain_gpt.model_provider if block_spec else _one_spec_provider
+    provider = None if block_spec else _one_spec_provider
     try:
-        result = pretrain(
-            pretrain_gpt.train_valid_test_datasets_provider,
-            provider,
-            None,
-            pretrain_gpt.forward_step,
-            argv=ARGS + extra,
-        )
+        result = run_pretrain_gpt(ARGS + extra, model_provider=provider)
     except ValueError as e:
         return str(e)
     layers = result["model"][0].module.decoder.layers

@@ -6,6 +6,7 @@ takes Megatron's --encoder-num-layers in place of --num-layers."""
 import pytest
 
 from gigatron.testing import run_distributed
+from tests.training._gpt_runs import run_pretrain_gpt
 
 pytestmark = pytest.mark.multirank
 
@@ -23,22 +24,9 @@ ARGS = [
 def _run(extra):
     """(per-iteration LM losses or None off the last stage, validation losses, iterations,
     consumed samples) of one pretrain_gpt run."""
-    from gigatron.core import parallel_state as ps
-    from gigatron.core.num_microbatches_calculator import unset_num_microbatches_calculator
-    from gigatron.training import global_vars, pretrain_gpt
     from gigatron.training.global_vars import get_args
-    from gigatron.training.training import pretrain
 
-    unset_num_microbatches_calculator()
-    global_vars.destroy_global_vars()
-    ps.destroy_model_parallel()
-    result = pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        pretrain_gpt.forward_step,
-        argv=ARGS + extra,
-    )
+    result = run_pretrain_gpt(ARGS + extra)
     losses = [h["losses"].get("lm loss") for h in result["history"]]
     valid = result.get("valid", {}).get("lm loss")
     return losses, valid, result["iteration"], get_args().consumed_train_samples

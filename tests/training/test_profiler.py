@@ -10,7 +10,7 @@ import pytest
 
 from gigatron.testing import run_distributed
 from gigatron.training._profiler import check_profile_args
-from tests.training.test_training_loop import ARGS, _reset_globals
+from tests.training._gpt_runs import ARGS, run_pretrain_gpt
 
 pytestmark = pytest.mark.multirank
 
@@ -21,20 +21,14 @@ def _profiled_run(tb_dir: str, extra: list[str]):
 
     import torch.distributed as dist
 
-    from gigatron.training import pretrain_gpt
-    from gigatron.training.training import pretrain
-
-    _reset_globals()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        pretrain(
-            pretrain_gpt.train_valid_test_datasets_provider,
-            pretrain_gpt.model_provider,
-            None,
-            pretrain_gpt.forward_step,
-            argv=ARGS + ["--train-iters", "6", "--tensorboard-dir", f"{tb_dir}/{dist.get_rank()}"]
-            + ["--profile", "--use-pytorch-profiler"] + extra,
-        )  # fmt: skip
+        run_pretrain_gpt(
+            ARGS
+            + ["--train-iters", "6", "--tensorboard-dir", f"{tb_dir}/{dist.get_rank()}"]
+            + ["--profile", "--use-pytorch-profiler"]
+            + extra
+        )
     return out.getvalue()
 
 

@@ -5,54 +5,9 @@ import torch
 import torch.distributed as dist
 
 from gigatron.testing import run_distributed
+from tests.training._gpt_runs import ARGS, run_pretrain_gpt
 
 pytestmark = pytest.mark.multirank
-
-
-ARGS = [
-    "--num-layers",
-    "2",
-    "--hidden-size",
-    "32",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "16",
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
-    "--lr",
-    "1e-3",
-    "--mock-data",
-    "--vocab-size",
-    "100",
-    "--make-vocab-size-divisible-by",
-    "64",
-    "--log-interval",
-    "100",
-    "--eval-interval",
-    "1000",
-    "--eval-iters",
-    "1",
-    "--no-progress-bar",
-    "--num-workers",
-    "0",
-    "--hidden-dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-]
-
-
-def _reset_globals():
-    from gigatron.core import parallel_state as ps
-    from gigatron.core.num_microbatches_calculator import unset_num_microbatches_calculator
-    from gigatron.training import global_vars
-
-    unset_num_microbatches_calculator()
-    global_vars.destroy_global_vars()
-    ps.destroy_model_parallel()
 
 
 def _train_with_nan(
@@ -60,7 +15,7 @@ def _train_with_nan(
 ):
     from gigatron.training import _train_step, pretrain_gpt
     from gigatron.training.global_vars import get_args
-    from gigatron.training.training import NonFiniteGradientError, pretrain
+    from gigatron.training.training import NonFiniteGradientError
 
     snapshots = {}
     scans = []  # calls of the grad-buffer scan: with clipping only on the bad step
@@ -80,15 +35,8 @@ def _train_with_nan(
 
     argv = ARGS + ["--train-iters", "5", "--clip-grad", clip, *extra]
     argv += ["--skip-nan-steps"] if skip else []
-    _reset_globals()
     try:
-        result = pretrain(
-            pretrain_gpt.train_valid_test_datasets_provider,
-            pretrain_gpt.model_provider,
-            None,
-            forward_step,
-            argv=argv,
-        )
+        result = run_pretrain_gpt(argv, forward_step)
     except NonFiniteGradientError as e:
         return str(e), len(scans)
     finally:
@@ -161,9 +109,9 @@ def test_nan_loss_under_dynamic_fp16_scaling_is_a_skipped_nan_iteration():
 def _train_with_replicated_grad_nan():
     """TP = 2, no sequence parallelism: a NaN put into a layernorm weight's grad (replicated over
     TP, never reduced over it) on TP rank 1 at iteration 2, after backward."""
-    from gigatron.training import _train_step, pretrain_gpt
+    from gigatron.training import _train_step
     from gigatron.training.global_vars import get_args
-    from gigatron.training.training import NonFiniteGradientError, pretrain
+    from gigatron.training.training import NonFiniteGradientError
 
     step = _train_step._optimizer_step
 
@@ -179,16 +127,9 @@ def _train_with_replicated_grad_nan():
         return step(optimizer, model, args)
 
     _train_step._optimizer_step = poisoned_step
-    _reset_globals()
     argv = ARGS + ["--train-iters", "4", "--tensor-model-parallel-size", "2", "--clip-grad", "1.0"]
     try:
-        pretrain(
-            pretrain_gpt.train_valid_test_datasets_provider,
-            pretrain_gpt.model_provider,
-            None,
-            pretrain_gpt.forward_step,
-            argv=argv,
-        )
+        run_pretrain_gpt(argv)
     except NonFiniteGradientError as e:
         return str(e), get_args().iteration
     finally:
@@ -204,16 +145,8 @@ def test_nan_in_a_tp_replicated_grad_is_caught_in_its_iteration():
 
 
 def _train_fp16():
-    from gigatron.training import pretrain_gpt
-    from gigatron.training.training import pretrain
-
-    _reset_globals()
-    result = pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        pretrain_gpt.forward_step,
-        argv=ARGS + ["--train-iters", "12", "--fp16", "--initial-loss-scale", "4194304"],
+    result = run_pretrain_gpt(
+        ARGS + ["--train-iters", "12", "--fp16", "--initial-loss-scale", "4194304"]
     )
     history = result["history"]
     return [h["skipped"] for h in history], [h["nan"] for h in history], result["iteration"]
@@ -231,17 +164,7 @@ def test_fp16_loss_scale_overflow_skips_the_step_and_backs_off():
 
 
 def _losses(extra):
-    from gigatron.training import pretrain_gpt
-    from gigatron.training.training import pretrain
-
-    _reset_globals()
-    result = pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        pretrain_gpt.forward_step,
-        argv=ARGS + ["--train-iters", "20", "--seed", "5"] + extra,
-    )
+    result = run_pretrain_gpt(ARGS + ["--train-iters", "20", "--seed", "5"] + extra)
     losses = [h["losses"].get("lm loss") for h in result["history"]]
     # the loop reads the device losses only when it logs (every 100 here) and once at the end
     assert all(isinstance(x, float) for x in losses if x is not None)
@@ -271,7 +194,6 @@ def _run_with_sigterm(ckpt_dir, kill_at, load, dropout=0.0):
 
     from gigatron.training import pretrain_gpt
     from gigatron.training.global_vars import get_args
-    from gigatron.training.training import pretrain
 
     def forward_step(data_iterator, model):
         args = get_args()
@@ -285,14 +207,7 @@ def _run_with_sigterm(ckpt_dir, kill_at, load, dropout=0.0):
         extra += ["--save", ckpt_dir, "--exit-signal-handler"]
     if load:
         extra += ["--load", ckpt_dir]
-    _reset_globals()
-    result = pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        forward_step,
-        argv=ARGS + extra,
-    )
+    result = run_pretrain_gpt(ARGS + extra, forward_step)
     weights = [p.detach().clone() for p in result["model"][0].parameters()]
     return result["iteration"], [h["losses"]["lm loss"] for h in result["history"]], weights
 
@@ -315,18 +230,10 @@ def test_sigterm_saves_and_resume_matches_uninterrupted(tmp_path, dropout):
 
 
 def _train_with_tensorboard(tb_dir):
-    from gigatron.training import pretrain_gpt
-    from gigatron.training.training import pretrain
-
-    _reset_globals()
-    pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        pretrain_gpt.forward_step,
-        argv=ARGS
+    run_pretrain_gpt(
+        ARGS
         + ["--train-iters", "4", "--log-interval", "2", "--eval-interval", "2"]
-        + ["--tensorboard-dir", tb_dir],
+        + ["--tensorboard-dir", tb_dir]
     )
 
 
@@ -343,16 +250,8 @@ def test_tensorboard_scalars(tmp_path):
 
 
 def _train_with_duration_limit(ckpt):
-    from gigatron.training import pretrain_gpt
-    from gigatron.training.training import pretrain
-
-    _reset_globals()
-    result = pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        pretrain_gpt.forward_step,
-        argv=ARGS + ["--train-iters", "50", "--exit-duration-in-mins", "0.00001", "--save", ckpt],
+    result = run_pretrain_gpt(
+        ARGS + ["--train-iters", "50", "--exit-duration-in-mins", "0.00001", "--save", ckpt]
     )
     return result["iteration"]
 
@@ -366,20 +265,12 @@ def test_exit_duration_saves_and_stops(tmp_path):
 def _train_with_wandb(save_dir):
     import os
 
-    from gigatron.training import pretrain_gpt
-    from gigatron.training.training import pretrain
-
     os.environ["WANDB_MODE"] = "offline"  # no network: W&B writes its run files locally
     os.environ["WANDB_SILENT"] = "true"
-    _reset_globals()
-    pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        pretrain_gpt.forward_step,
-        argv=ARGS
+    run_pretrain_gpt(
+        ARGS
         + ["--train-iters", "4", "--log-interval", "2"]
-        + ["--wandb-project", "gigatron-test", "--wandb-save-dir", save_dir],
+        + ["--wandb-project", "gigatron-test", "--wandb-save-dir", save_dir]
     )
     import wandb
 
@@ -402,21 +293,11 @@ def _log_lines_and_history():
     import contextlib
     import io
 
-    from gigatron.training import pretrain_gpt
-    from gigatron.training.training import pretrain
-
-    _reset_globals()
     argv = [a for a in ARGS]
     argv[argv.index("--log-interval") + 1] = "5"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        result = pretrain(
-            pretrain_gpt.train_valid_test_datasets_provider,
-            pretrain_gpt.model_provider,
-            None,
-            pretrain_gpt.forward_step,
-            argv=argv + ["--train-iters", "10", "--seed", "5"],
-        )
+        result = run_pretrain_gpt(argv + ["--train-iters", "10", "--seed", "5"])
     logged = [
         float(line.split("lm loss: ")[1].split(" |")[0])
         for line in out.getvalue().splitlines()
@@ -436,18 +317,8 @@ def test_log_line_reports_the_window_mean_loss():
 
 
 def _moe_run():
-    from gigatron.training import pretrain_gpt
-    from gigatron.training.training import pretrain
-
-    _reset_globals()
     moe = ["--num-experts", "2", "--moe-router-topk", "1", "--moe-aux-loss-coeff", "0.01"]
-    result = pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        pretrain_gpt.forward_step,
-        argv=ARGS + ["--train-iters", "4", "--seed", "5"] + moe,
-    )
+    result = run_pretrain_gpt(ARGS + ["--train-iters", "4", "--seed", "5"] + moe)
     return [h["losses"] for h in result["history"]]
 
 
@@ -465,7 +336,6 @@ def test_moe_aux_losses_reach_the_history_as_floats():
 def _eval_microbatches_during_rampup():
     from gigatron.training import pretrain_gpt
     from gigatron.training.global_vars import get_args
-    from gigatron.training.training import pretrain
 
     calls = []  # (iteration, training?) of every forward step
 
@@ -473,16 +343,9 @@ def _eval_microbatches_during_rampup():
         calls.append((get_args().iteration, model.training))
         return pretrain_gpt.forward_step(data_iterator, model)
 
-    _reset_globals()
     argv = ARGS + ["--train-iters", "2", "--eval-interval", "1", "--eval-iters", "2"]
     argv += ["--rampup-batch-size", "4", "4", "16"]  # global batch 8: ramp 4 -> 8
-    result = pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        forward_step,
-        argv=argv,
-    )
+    result = run_pretrain_gpt(argv, forward_step)
     evals = [it for it, training in calls if not training]
     trains = [it for it, training in calls if training]
     return evals, trains, get_args().consumed_valid_samples, result["iteration"]
@@ -507,7 +370,7 @@ def test_evaluation_reads_the_full_global_batch_during_rampup():
 def _train_sync_free(sync_free: bool, skip: bool, nan_iteration: int | None):
     from gigatron.training import pretrain_gpt
     from gigatron.training.global_vars import get_args
-    from gigatron.training.training import NonFiniteGradientError, pretrain
+    from gigatron.training.training import NonFiniteGradientError
 
     def forward_step(data_iterator, model):
         output, loss_func = pretrain_gpt.forward_step(data_iterator, model)
@@ -519,15 +382,8 @@ def _train_sync_free(sync_free: bool, skip: bool, nan_iteration: int | None):
     argv += ["--use-distributed-optimizer", "--accumulate-allreduce-grads-in-fp32"]
     argv += ["--skip-nan-steps"] if skip else []
     argv += ["--sync-free-step"] if sync_free else []
-    _reset_globals()
     try:
-        result = pretrain(
-            pretrain_gpt.train_valid_test_datasets_provider,
-            pretrain_gpt.model_provider,
-            None,
-            forward_step,
-            argv=argv,
-        )
+        result = run_pretrain_gpt(argv, forward_step)
     except NonFiniteGradientError as e:
         return str(e)
     history = result["history"]
