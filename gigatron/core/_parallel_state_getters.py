@@ -10,7 +10,7 @@ import warnings
 
 import torch.distributed as dist
 
-import gigatron.core.parallel_state as _ps
+from gigatron.core import _parallel_state_store as _store
 
 __all__: list[str] = []
 
@@ -21,50 +21,50 @@ def _public(fn):
 
 
 def _override(name: str):
-    return _ps._OVERRIDES.get(name)
+    return _store.OVERRIDES.get(name)
 
 
 # ---------------------------------------------------------------- groups
 @_public
 def get_tensor_model_parallel_group(check_initialized: bool = True):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.tp.group if s else None
 
 
 @_public
 def get_pipeline_model_parallel_group(check_initialized: bool = True):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.pp.group if s else None
 
 
 @_public
 def get_model_parallel_group(check_initialized: bool = True):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.mp.group if s else None
 
 
 @_public
 def get_context_parallel_group(check_initialized: bool = True):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.cp.group if s else None
 
 
 @_public
 def get_context_parallel_global_ranks(check_initialized: bool = True) -> list[int] | None:
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return list(s.cp.ranks) if s else None
 
 
 @_public
 def get_hierarchical_context_parallel_groups(check_initialized: bool = True):
     """Hierarchical CP groups are not built by gigatron (only flat CP)."""
-    _ps._state(check_initialized)
+    _store.state(check_initialized)
     return None
 
 
 @_public
 def get_embedding_group(check_initialized: bool = True):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     if s is None:
         return None
     if s.embd is None:
@@ -74,7 +74,7 @@ def get_embedding_group(check_initialized: bool = True):
 
 @_public
 def get_position_embedding_group(check_initialized: bool = True):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     if s is None:
         return None
     if s.pos_embd is None:
@@ -84,7 +84,7 @@ def get_position_embedding_group(check_initialized: bool = True):
 
 @_public
 def get_tensor_and_context_parallel_group(check_initialized: bool = True):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.tp_cp.group if s else None
 
 
@@ -92,7 +92,7 @@ def get_tensor_and_context_parallel_group(check_initialized: bool = True):
 def get_tensor_and_data_parallel_group(
     check_initialized: bool = True, with_context_parallel: bool = False
 ):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     if s is None:
         return None
     return (s.tp_dp_cp if with_context_parallel else s.tp_dp).group
@@ -115,7 +115,7 @@ def get_data_parallel_group(
             "all-gather group (initialize_model_parallel(create_all_gather_group=True) is "
             "refused) (gigatron/core/_parallel_state_getters.py)"
         )
-    s = _ps._state()
+    s = _store.state()
     return (s.dp_cp if with_context_parallel else s.dp).group
 
 
@@ -123,25 +123,25 @@ def get_data_parallel_group(
 def get_data_parallel_group_gloo(
     with_context_parallel: bool = False, partial_data_parallel: bool = False
 ):
-    s = _ps._state()
+    s = _store.state()
     return s.dp_cp_gloo if with_context_parallel else s.dp_gloo
 
 
 @_public
 def get_expert_model_parallel_group(check_initialized: bool = True):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.ep.group if s else None
 
 
 @_public
 def get_expert_tensor_parallel_group(check_initialized: bool = True):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.expt_tp.group if s else None
 
 
 @_public
 def get_expert_tensor_and_model_parallel_group(check_initialized: bool = True):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.tp_ep.group if s else None
 
 
@@ -151,21 +151,21 @@ def get_expert_tensor_model_pipeline_parallel_group(
 ):
     """`with_egtp_remat`: the group merged across expert-GTP peers, which is the plain
     tensor-expert-pipeline group at expert_gtp_remat_size 1 (the only size gigatron builds)."""
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.tp_ep_pp.group if s else None
 
 
 @_public
 def get_gtp_weight_remat_group(check_initialized: bool = True):
     """This rank's GTP weight-sharding group (a singleton: gtp_remat_size is 1)."""
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.gtp_remat.group if s else None
 
 
 @_public
 def get_expert_gtp_weight_remat_group(check_initialized: bool = True):
     """This rank's expert GTP weight-sharding group (a singleton: expert_gtp_remat_size is 1)."""
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.expt_gtp_remat.group if s else None
 
 
@@ -175,13 +175,13 @@ def get_expert_data_parallel_group(
     with_gtp_remat: bool = True,
     partial_expert_data_parallel: bool = False,
 ):
-    s = _ps._state(check_initialized)
+    s = _store.state(check_initialized)
     return s.expt_dp.group if s else None
 
 
 @_public
 def get_expert_data_parallel_group_gloo(partial_expert_data_parallel: bool = False):
-    return _ps._state().expt_dp_gloo
+    return _store.state().expt_dp_gloo
 
 
 # ---------------------------------------------------------------- sizes and ranks
@@ -189,18 +189,18 @@ def _size(axis_name: str, override: str | None = None) -> int:
     """Group size; 1 in a single process without torch.distributed (so modules can be built)."""
     if override is not None and _override(override) is not None:
         return _override(override)
-    if _ps._STATE is None and not dist.is_initialized():
+    if _store.STATE is None and not dist.is_initialized():
         return 1
-    return getattr(_ps._state(), axis_name).size
+    return getattr(_store.state(), axis_name).size
 
 
 def _rank(axis_name: str, override: str | None = None) -> int:
     """Rank inside the group; 0 in a single process without torch.distributed."""
     if override is not None and _override(override) is not None:
         return _override(override)
-    if _ps._STATE is None and not dist.is_initialized():
+    if _store.STATE is None and not dist.is_initialized():
         return 0
-    return getattr(_ps._state(), axis_name).rank_of(dist.get_rank())
+    return getattr(_store.state(), axis_name).rank_of(dist.get_rank())
 
 
 @_public
@@ -312,17 +312,17 @@ def get_expert_data_parallel_rank(
 # ---------------------------------------------------------------- virtual pipeline
 @_public
 def get_virtual_pipeline_model_parallel_world_size() -> int | None:
-    return _ps._VIRTUAL_PP_SIZE
+    return _store.VIRTUAL_PP_SIZE
 
 
 @_public
 def set_virtual_pipeline_model_parallel_world_size(world_size: int | None) -> None:
-    _ps._VIRTUAL_PP_SIZE = world_size
+    _store.VIRTUAL_PP_SIZE = world_size
 
 
 @_public
 def get_virtual_pipeline_model_parallel_rank() -> int | None:
-    return _ps._VIRTUAL_PP_RANK
+    return _store.VIRTUAL_PP_RANK
 
 
 @_public
@@ -332,7 +332,7 @@ def set_virtual_pipeline_model_parallel_rank(rank: int | None) -> None:
         DeprecationWarning,
         stacklevel=2,
     )
-    _ps._VIRTUAL_PP_RANK = rank
+    _store.VIRTUAL_PP_RANK = rank
 
 
 # ---------------------------------------------------------------- stages
@@ -360,7 +360,7 @@ def is_pipeline_last_stage(ignore_virtual: bool = True, vp_stage: int | None = N
 @_public
 def is_rank_in_embedding_group(ignore_virtual: bool = True, vp_stage: int | None = None) -> bool:
     rank = dist.get_rank()
-    ranks = _ps._state().embedding_ranks
+    ranks = _store.state().embedding_ranks
     if rank not in ranks:
         return False
     if ignore_virtual:
@@ -374,73 +374,73 @@ def is_rank_in_embedding_group(ignore_virtual: bool = True, vp_stage: int | None
 
 @_public
 def is_rank_in_position_embedding_group() -> bool:
-    return dist.get_rank() in _ps._state().position_embedding_ranks
+    return dist.get_rank() in _store.state().position_embedding_ranks
 
 
 # ---------------------------------------------------------------- source / neighbour ranks
 @_public
 def get_tensor_model_parallel_src_rank() -> int:
     """Global rank of TP-group member 0."""
-    return _ps._state().tp.ranks[0]
+    return _store.state().tp.ranks[0]
 
 
 @_public
 def get_model_parallel_src_rank() -> int:
-    return _ps._state().mp.ranks[0]
+    return _store.state().mp.ranks[0]
 
 
 @_public
 def get_data_parallel_src_rank(with_context_parallel: bool = False) -> int:
-    s = _ps._state()
+    s = _store.state()
     return (s.dp_cp if with_context_parallel else s.dp).ranks[0]
 
 
 @_public
 def get_expert_model_parallel_src_rank() -> int:
-    return _ps._state().ep.ranks[0]
+    return _store.state().ep.ranks[0]
 
 
 @_public
 def get_pipeline_model_parallel_first_rank() -> int:
-    return _ps._state().pp.ranks[0]
+    return _store.state().pp.ranks[0]
 
 
 @_public
 def get_pipeline_model_parallel_last_rank() -> int:
-    return _ps._state().pp.ranks[-1]
+    return _store.state().pp.ranks[-1]
 
 
 @_public
 def get_pipeline_model_parallel_next_rank() -> int:
-    ranks = _ps._state().pp.ranks
+    ranks = _store.state().pp.ranks
     return ranks[(get_pipeline_model_parallel_rank() + 1) % len(ranks)]
 
 
 @_public
 def get_pipeline_model_parallel_prev_rank() -> int:
-    ranks = _ps._state().pp.ranks
+    ranks = _store.state().pp.ranks
     return ranks[(get_pipeline_model_parallel_rank() - 1) % len(ranks)]
 
 
 @_public
 def get_tensor_model_parallel_global_ranks() -> list[int]:
-    return list(_ps._state().tp.ranks)
+    return list(_store.state().tp.ranks)
 
 
 @_public
 def get_pipeline_model_parallel_global_ranks() -> list[int]:
-    return list(_ps._state().pp.ranks)
+    return list(_store.state().pp.ranks)
 
 
 @_public
 def get_data_parallel_global_ranks(with_context_parallel: bool = False) -> list[int]:
-    s = _ps._state()
+    s = _store.state()
     return list((s.dp_cp if with_context_parallel else s.dp).ranks)
 
 
 @_public
 def get_embedding_global_ranks() -> list[int]:
-    return list(_ps._state().embedding_ranks)
+    return list(_store.state().embedding_ranks)
 
 
 # ---------------------------------------------------------------- fake initialisation
@@ -449,12 +449,12 @@ def _setter(key: str):
     if key.endswith("_rank"):
 
         def set_(rank: int | None) -> None:
-            _ps._OVERRIDES[key] = rank
+            _store.OVERRIDES[key] = rank
 
     else:
 
         def set_(world_size: int | None) -> None:
-            _ps._OVERRIDES[key] = world_size
+            _store.OVERRIDES[key] = world_size
 
     return set_
 

@@ -2,8 +2,9 @@
 
 Mirrors `megatron.core.parallel_state`: `initialize_model_parallel(...)` builds TP, PP, CP, DP,
 DP×CP, model-parallel, embedding, expert (EP, expert-TP, expert-DP), combined and (singleton)
-GTP weight-sharding groups from the pure layout in `_rank_grid`; the getters below read them.
-All state lives in one immutable `_ParallelState` (plus Megatron's "fake init" overrides and the
+GTP weight-sharding groups from the pure layout in `_rank_grid`; the getters (written in
+`_parallel_state_getters`, re-exported here) read them. All state lives in one immutable
+`_ParallelState` in `_parallel_state_store` (plus Megatron's "fake init" overrides and the
 virtual-pipeline rank, which Megatron lets callers set).
 
 Works with any torch.distributed backend: gloo on CPU, NCCL on GPU. The layout is validated
@@ -13,12 +14,16 @@ Works with any torch.distributed backend: gloo on CPU, NCCL on GPU. The layout i
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from gigatron.core import _parallel_state_store as _store
+from gigatron.core._parallel_state_getters import *  # noqa: F403
+from gigatron.core._parallel_state_getters import __all__ as _getters_all
+from gigatron.core._parallel_state_store import Axis as _Axis
+from gigatron.core._parallel_state_store import ParallelState as _ParallelState
 from gigatron.core._rank_grid import (
     RankGenerator,
     default_embedding_ranks,
@@ -30,61 +35,6 @@ from gigatron.core._rank_grid import (
 # Megatron's name for the pure rank-group function (same arguments and result).
 generate_masked_orthogonal_rank_groups = masked_orthogonal_rank_groups
 
-__all__ = [name for name in dir() if not name.startswith("_")]  # extended at the end
-
-
-@dataclass(frozen=True)
-class _Axis:
-    """One group this rank belongs to: the process group and its global ranks."""
-
-    group: object
-    ranks: tuple[int, ...]
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    def rank_of(self, global_rank: int) -> int:
-        return self.ranks.index(global_rank)
-
-
-@dataclass(frozen=True)
-class _ParallelState:
-    """Everything `initialize_model_parallel` decided, for this rank."""
-
-    tp: _Axis
-    pp: _Axis
-    cp: _Axis
-    dp: _Axis
-    dp_cp: _Axis
-    mp: _Axis
-    tp_cp: _Axis
-    tp_dp: _Axis
-    tp_dp_cp: _Axis
-    embd: _Axis | None
-    pos_embd: _Axis | None
-    embedding_ranks: tuple[int, ...]
-    position_embedding_ranks: tuple[int, ...]
-    ep: _Axis
-    expt_tp: _Axis
-    tp_ep: _Axis
-    tp_ep_pp: _Axis
-    expt_dp: _Axis
-    dp_gloo: object
-    dp_cp_gloo: object
-    expt_dp_gloo: object
-    gtp_remat: _Axis
-    expt_gtp_remat: _Axis
-    dense: RankGenerator = field(repr=False)
-    expert: RankGenerator = field(repr=False)
-
-
-_STATE: _ParallelState | None = None
-# Megatron's "fake initialisation" overrides, used by tests and tools that need sizes and ranks
-# without process groups.
-_OVERRIDES: dict[str, int | None] = {}
-_VIRTUAL_PP_RANK: int | None = None
-_VIRTUAL_PP_SIZE: int | None = None
 _GLOBAL_MEMORY_BUFFER = None
 _ON_DESTROY: list = []
 
@@ -160,13 +110,13 @@ def initialize_model_parallel(
     impossible; RuntimeError when already initialised. `create_all_gather_group` (megatron-core
     0.16's separate DP×CP all-gather group) is accepted only as False.
     """
-    global _STATE, _VIRTUAL_PP_RANK, _VIRTUAL_PP_SIZE, _GLOBAL_MEMORY_BUFFER
+    global _GLOBAL_MEMORY_BUFFER
     if not dist.is_initialized():
         raise RuntimeError(
             "torch.distributed must be initialized (init_process_group) before "
             "initialize_model_parallel"
         )
-    if _STATE is not None:
+    if _store.STATE is not None:
         raise RuntimeError(
             "model parallel groups are already initialized; call destroy_model_parallel() first"
         )
@@ -244,7 +194,7 @@ def initialize_model_parallel(
         dp_gloo = dp_cp_gloo = expt_dp_gloo = None
 
     pp_ranks = list(pp_axis.ranks)
-    _STATE = _ParallelState(
+    _store.STATE = _ParallelState(
         tp=tp_axis,
         pp=pp_axis,
         cp=cp_axis,
@@ -272,8 +222,8 @@ def initialize_model_parallel(
         expert=expert,
     )
     if virtual_pipeline_model_parallel_size is not None:
-        _VIRTUAL_PP_RANK = 0
-        _VIRTUAL_PP_SIZE = virtual_pipeline_model_parallel_size
+        _store.VIRTUAL_PP_RANK = 0
+        _store.VIRTUAL_PP_SIZE = virtual_pipeline_model_parallel_size
     _GLOBAL_MEMORY_BUFFER = GlobalMemoryBuffer()
 
 
@@ -297,11 +247,11 @@ def _reject_unsupported(**settings) -> None:
 
 def destroy_model_parallel() -> None:
     """Forget every group and override. Does not destroy torch.distributed itself."""
-    global _STATE, _VIRTUAL_PP_RANK, _VIRTUAL_PP_SIZE, _GLOBAL_MEMORY_BUFFER
-    _STATE = None
-    _OVERRIDES.clear()
-    _VIRTUAL_PP_RANK = None
-    _VIRTUAL_PP_SIZE = None
+    global _GLOBAL_MEMORY_BUFFER
+    _store.STATE = None
+    _store.OVERRIDES.clear()
+    _store.VIRTUAL_PP_RANK = None
+    _store.VIRTUAL_PP_SIZE = None
     _GLOBAL_MEMORY_BUFFER = None
     for fn in _ON_DESTROY:  # state above keyed by group names, which the next init may reuse
         fn()
@@ -315,30 +265,17 @@ def _on_destroy(fn) -> None:
 
 def model_parallel_is_initialized() -> bool:
     """True once TP, PP and DP groups exist."""
-    return _STATE is not None
+    return _store.STATE is not None
 
 
 def is_initialized() -> bool:
     """True once the data-parallel group exists (Megatron's definition)."""
-    return _STATE is not None
+    return _store.STATE is not None
 
 
 def is_unitialized() -> bool:
     """Megatron's (misspelled) inverse of `is_initialized`."""
-    return _STATE is None
-
-
-def _state(check_initialized: bool = True) -> _ParallelState | None:
-    if _STATE is None and check_initialized:
-        raise RuntimeError(
-            "model parallel groups are not initialized; call "
-            "parallel_state.initialize_model_parallel(...) first"
-        )
-    return _STATE
-
-
-from gigatron.core._parallel_state_getters import *  # noqa: E402,F403
-from gigatron.core._parallel_state_getters import __all__ as _getters_all  # noqa: E402
+    return _store.STATE is None
 
 
 class GlobalMemoryBuffer:
