@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from gigatron.core.tensor_parallel._rng_tracker import get_cuda_rng_tracker
 from gigatron.core.tensor_parallel.utils import (
     gather_split_1d_tensor,
     split_tensor_into_1d_equal_chunks,
@@ -17,20 +18,16 @@ from gigatron.core.tensor_parallel.utils import (
 
 
 def _get_all_rng_states():
-    from gigatron.core.tensor_parallel import random as tp_random
-
     cuda_state = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-    return torch.get_rng_state(), cuda_state, tp_random.get_cuda_rng_tracker().get_states()
+    return torch.get_rng_state(), cuda_state, get_cuda_rng_tracker().get_states()
 
 
 def _set_all_rng_states(states) -> None:
-    from gigatron.core.tensor_parallel import random as tp_random
-
     cpu_state, cuda_state, tracker_states = states
     torch.set_rng_state(cpu_state)
     if cuda_state is not None:
         torch.cuda.set_rng_state(cuda_state)
-    tp_random.get_cuda_rng_tracker().set_states(tracker_states)
+    get_cuda_rng_tracker().set_states(tracker_states)
 
 
 def _check_valid() -> None:
