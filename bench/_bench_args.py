@@ -24,6 +24,21 @@ CONFIGS = {
         rmsnorm=True,
         bias=False,
     ),
+    # Llama-3-8B's layer (hidden 4096, ffn 14336, 32 / 8 heads, seq 8192) cut to 8 of its 32 layers
+    "llama3-8b-8l": dict(
+        layers=8,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        ffn=14336,
+        seq=8192,
+        mbs=1,
+        vocab=128256,
+        swiglu=True,
+        rope=True,
+        rmsnorm=True,
+        bias=False,
+    ),
     "tiny": dict(layers=2, hidden=64, heads=4, seq=32, mbs=2, vocab=512),
     "tiny-llama": dict(
         layers=2,

@@ -197,6 +197,23 @@ t_moe() {  # MoE GPT step, SequentialMLP vs GroupedMLP (beside megatron-core's w
   fi
 }
 
+_torchao_wheel() {  # torchao (the fp8 extra) from the carried wheel in .whl/
+  if ls .whl/torchao-*.whl >/dev/null 2>&1 && ! python3 -c "import torchao" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --target /tmp/site-ao .whl/torchao-*.whl && export PYTHONPATH=/tmp/site-ao${PYTHONPATH:+:$PYTHONPATH}
+  fi
+}
+
+t_fp8() {  # FP8 (torchao tensorwise) vs bf16: gpt-1.3b beside the torchao-converted anchor, Llama-3-8B layers (reports/fp8.md)
+  _torchao_wheel
+  run anchors.log 120 python3 $A/torch_baseline_bench.py gpt-1.3b compile
+  run anchors.log 150 python3 $A/torch_baseline_bench.py gpt-1.3b compile tensorwise
+  run gpt.log 120 $B --config gpt-1.3b $BEST --label fast-compile-model-tanh
+  run gpt.log 150 $B --config gpt-1.3b $BEST --fp8 tensorwise --label fp8-tensorwise
+  run gpt.log 150 $B --config llama3-8b-8l --no-input-checks --compile model --ce chunked --label bf16
+  run gpt.log 180 $B --config llama3-8b-8l --no-input-checks --compile model --ce chunked --fp8 tensorwise --label fp8-tensorwise
+}
+
 t_ckpt() {  # checkpoint save / load GB/s of gpt-1.3b, gigatron vs megatron-core dist_checkpointing (needs .whl)
   _megatron_wheel
   run ckpt.log 230 python3 bench/bench_ckpt.py --config gpt-1.3b --device cuda --repeats 2 \
