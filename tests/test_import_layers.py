@@ -122,7 +122,6 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (
     ("private", "core.transformer.transformer_block", "core.transformer.moe._checks"),
     ("private", "training.initialize", "core._init_rng"),
     ("private", "training.training", "core.transformer._compile"),
-    ("upward", "core.tokenizers.megatron_tokenizer", "training.tokenizer.tokenizer"),
 )
 
 

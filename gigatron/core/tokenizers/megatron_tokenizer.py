@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from gigatron.training.tokenizer.tokenizer import _NullTokenizer
+from gigatron.core.tokenizers.null_tokenizer import NullTokenizer
 
 _NULL_LIBRARIES = ("null", "null-text")
 
@@ -33,7 +33,7 @@ class MegatronTokenizer:
         tokenizer_path: str | None = None,
         metadata_path: str | dict | None = None,
         **kwargs: Any,
-    ) -> _NullTokenizer:
+    ) -> NullTokenizer:
         """Build the tokenizer described by `metadata_path` (a dict or a metadata.json path).
 
         Args:
@@ -41,7 +41,7 @@ class MegatronTokenizer:
             metadata_path: `{"library": "null"}` / `{"library": "null-text"}` or a json file.
             **kwargs: `vocab_size` (required for the null library).
         Returns:
-            a `_NullTokenizer` with `vocab_size == kwargs["vocab_size"] + 1` and `eod` the last id.
+            a `NullTokenizer` with `vocab_size == kwargs["vocab_size"] + 1` and `eod` the last id.
         """
         if metadata_path is None and tokenizer_path is not None:
             metadata_path = os.path.join(tokenizer_path, "metadata.json")
@@ -64,4 +64,4 @@ class MegatronTokenizer:
             )
         if "vocab_size" not in kwargs:
             raise ValueError("the null tokenizer needs vocab_size=N (ids 0..N-1, EOD is id N)")
-        return _NullTokenizer(int(kwargs["vocab_size"]))
+        return NullTokenizer(int(kwargs["vocab_size"]))

@@ -15,8 +15,9 @@ import os
 from typing import Any
 
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+from gigatron.core.tokenizers.null_tokenizer import NullTokenizer
 from gigatron.training.tokenizer._bert_wordpiece import _BertWordPieceTokenizer
-from gigatron.training.tokenizer._common import _import_tokenizers, _WithoutBertSpecials
+from gigatron.training.tokenizer._common import _import_tokenizers
 from gigatron.training.tokenizer._sentencepiece import (
     _GPTSentencePieceTokenizer,
     _Llama2Tokenizer,
@@ -126,47 +127,11 @@ def _vocab_size_with_padding(orig_vocab_size: int, args: Any, logging_enabled: b
     return after
 
 
-class _NullTokenizer(_WithoutBertSpecials, MegatronLegacyTokenizer):
-    """Ids written as space-separated integers; EOD is the extra id `vocab_size` (so the
-    tokenizer's `vocab_size` is the argument + 1, and `eod == vocab_size - 1`)."""
+class _NullTokenizer(NullTokenizer):
+    """Megatron's training-side name for the null tokenizer (`--tokenizer-type NullTokenizer`).
 
-    def __init__(self, vocab_size: int) -> None:
-        super().__init__(None, vocab_size=vocab_size)
-        self._vocab_size_without_eod = int(vocab_size)
-        self._eod_id = self._vocab_size_without_eod
-
-    def tokenize(self, text: str) -> list[int]:
-        return [int(x) for x in text.split(" ")]
-
-    def detokenize(self, ids: list[int]) -> str:
-        return " ".join(str(x) for x in ids)
-
-    def offsets(self, ids: list[int], text: str) -> list[int]:
-        offsets, start = [], 0
-        for id_ in ids:
-            offsets.append(start)
-            start += 1 + len(str(id_))
-        return offsets
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size_without_eod + 1
-
-    @property
-    def vocab(self) -> dict:
-        raise NotImplementedError("_NullTokenizer has no vocab")
-
-    @property
-    def inv_vocab(self) -> dict:
-        raise NotImplementedError("_NullTokenizer has no inv_vocab")
-
-    @property
-    def eod(self) -> int:
-        return self._eod_id
-
-    @property
-    def eos(self) -> int:
-        return self._eod_id
+    A subclass, not an alias: the class name goes into `unique_identifiers`, hence into the md5
+    that names dataset cache files, which must stay Megatron's."""
 
 
 class _HFTokenizerBase(MegatronLegacyTokenizer):
