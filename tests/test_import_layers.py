@@ -110,15 +110,6 @@ LAYERS: list[list[str]] = [
 # Clear them; never add to them.
 ALLOWED: tuple[tuple[str, str, str], ...] = (
     ("private", "cli", "training._cli_errors"),
-    ("private", "core.distributed.distributed_data_parallel", "core.tensor_parallel._wgrad"),
-    ("private", "core.distributed.param_and_grad_buffer", "core.tensor_parallel._collectives"),
-    ("private", "core.fusions.chunked_cross_entropy", "core.tensor_parallel._wgrad"),
-    ("private", "core.transformer.moe.experts", "core.tensor_parallel._groups"),
-    ("private", "core.transformer.moe.experts", "core.tensor_parallel._param_init"),
-    ("private", "core.transformer.moe.moe_layer", "core.tensor_parallel._groups"),
-    ("private", "core.transformer.moe.router", "core.tensor_parallel._groups"),
-    ("private", "core.transformer.moe.token_dispatcher", "core.tensor_parallel._collectives"),
-    ("private", "core.transformer.moe.token_dispatcher", "core.tensor_parallel._groups"),
     ("private", "core.transformer.transformer_block", "core.transformer.moe._checks"),
     ("private", "training.initialize", "core._init_rng"),
     ("private", "training.training", "core.transformer._compile"),

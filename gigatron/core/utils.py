@@ -21,6 +21,66 @@ def divide(numerator: int, denominator: int) -> int:
     return numerator // denominator
 
 
+# ---------------------------------------------------------------- process groups
+# Public Megatron-style entry points accept `group=None` / `tp_group=None` and resolve it once,
+# at the edge, with `get_tensor_model_parallel_group_if_none`; everything below takes an explicit
+# group and reads its size and rank through these helpers (which also work in one process
+# without torch.distributed, so modules can be built and unit-tested there).
+
+
+def get_tensor_model_parallel_group_if_none(group, is_expert: bool = False):
+    """`group` if given, else parallel_state's TP group (expert TP group when `is_expert`)."""
+    if group is not None:
+        return group
+    if is_expert:
+        return parallel_state.get_expert_tensor_parallel_group()
+    return parallel_state.get_tensor_model_parallel_group()
+
+
+def group_size(group) -> int:
+    """Number of ranks in `group` (1 when torch.distributed is not initialised)."""
+    if not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group=group)
+
+
+def group_rank(group) -> int:
+    """This process's rank inside `group` (0 when torch.distributed is not initialised)."""
+    if not dist.is_initialized():
+        return 0
+    return dist.get_rank(group=group)
+
+
+def group_src_rank(group) -> int:
+    """Global rank of `group`'s rank 0 (the source of broadcasts inside the group)."""
+    if not dist.is_initialized():
+        return 0
+    return dist.get_global_rank(group, 0) if group is not None else 0
+
+
+def all_gather_into(out: torch.Tensor, inp: torch.Tensor, group, async_op: bool = False):
+    """All-gather `inp` along dim 0 into `out` (torch >= 2.12 name, else the older alias)."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(out, inp, group=group, async_op=async_op)
+
+
+def reduce_scatter_into(
+    out: torch.Tensor, inp: torch.Tensor, group, async_op: bool = False, op=dist.ReduceOp.SUM
+):
+    """Reduce `inp` over ranks (`op`, a sum by default) and keep this rank's dim-0 chunk in
+    `out` (torch >= 2.12 name, else the older alias)."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(out, inp, op=op, group=group, async_op=async_op)
+
+
+def default_device() -> torch.device:
+    """Where activations live: the current CUDA device if there is one, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------- models
 def get_attr_wrapped_model(
     model, attr: str, allow_none: bool = True, return_model_obj: bool = False
 ):

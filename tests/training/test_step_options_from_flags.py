@@ -15,7 +15,7 @@ import torch
 
 from gigatron.core.model_parallel_config import ModelParallelConfig
 from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from gigatron.core.tensor_parallel import _wgrad
+from gigatron.core.tensor_parallel import wgrad
 from gigatron.core.tensor_parallel.layers import _mark_wgrad_fusion
 from gigatron.training._config_from_args import (
     core_transformer_config_from_args,
@@ -72,14 +72,14 @@ def test_wgrad_field_reaches_the_gemm_choice(monkeypatch, fp32_gemm):
     fp32-accumulating GEMM only when it is True (the variable is not read)."""
     monkeypatch.setenv("GIGATRON_WGRAD_FP32_GEMM", "0" if fp32_gemm else "1")
     asked = []
-    monkeypatch.setattr(_wgrad, "_addmm_fp32_accumulate", lambda *a: asked.append(1) or False)
+    monkeypatch.setattr(wgrad, "_addmm_fp32_accumulate", lambda *a: asked.append(1) or False)
     weight = torch.nn.Parameter(torch.zeros(3, 2, dtype=torch.bfloat16))
     config = ModelParallelConfig(gradient_accumulation_fusion=True, wgrad_gemm_accum_fp32=fp32_gemm)
     _mark_wgrad_fusion(weight, config)
     weight.main_grad = torch.zeros(3, 2, dtype=torch.float32)
     dy, x = torch.ones(5, 3, dtype=torch.bfloat16), torch.ones(5, 2, dtype=torch.bfloat16)
     ctx = SimpleNamespace(gradient_accumulation_fusion=True)
-    assert _wgrad.weight_grad(ctx, weight, dy, x) is None  # no DDP flag: dW is in main_grad
+    assert wgrad.weight_grad(ctx, weight, dy, x) is None  # no DDP flag: dW is in main_grad
     assert bool(asked) is fp32_gemm
     torch.testing.assert_close(weight.main_grad, torch.full((3, 2), 5.0))
 

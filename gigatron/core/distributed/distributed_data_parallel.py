@@ -30,7 +30,7 @@ from gigatron.core.distributed.param_and_grad_buffer import (
     _ParamAndGradBuffer,
     partition_buckets,
 )
-from gigatron.core.tensor_parallel._wgrad import WGRAD_IN_MAIN_GRAD
+from gigatron.core.tensor_parallel.wgrad import WGRAD_IN_MAIN_GRAD
 
 
 def _groups(pg_collection):
@@ -139,7 +139,7 @@ class DistributedDataParallel(torch.nn.Module):
         ]
         for p in self.params_with_grad:
             if getattr(p, WGRAD_IN_MAIN_GRAD, False):
-                # A compiled backward updates this main_grad in place (_wgrad.py); its storage
+                # A compiled backward updates this main_grad in place (wgrad.py); its storage
                 # never moves, so CUDA graphs may keep it as a static input instead of copying
                 # it and skipping the graph for the mutation.
                 torch._dynamo.mark_static_address(p.main_grad, guard=False)
@@ -179,7 +179,7 @@ class DistributedDataParallel(torch.nn.Module):
         def hook(p: torch.Tensor) -> None:
             grad = p.grad
             # dW already in main_grad: set by the linear's eager backward (Megatron's flag) or,
-            # for a compiled backward, the layer's construction-time mark (_wgrad.py). A tied
+            # for a compiled backward, the layer's construction-time mark (wgrad.py). A tied
             # weight (`zero_out_wgrad`) got zeros from the linear: its .grad holds the other
             # uses' grads, added on top (Megatron's rule).
             fused = p.grad_added_to_main_grad or getattr(p, WGRAD_IN_MAIN_GRAD, False)

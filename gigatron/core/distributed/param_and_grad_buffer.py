@@ -25,7 +25,7 @@ import torch.distributed as dist
 from gigatron.core.distributed.distributed_data_parallel_config import (
     DistributedDataParallelConfig,
 )
-from gigatron.core.tensor_parallel._collectives import _all_gather_into, _reduce_scatter_into
+from gigatron.core.utils import all_gather_into, reduce_scatter_into
 
 
 def shard_buffer(buffer: torch.Tensor, data_parallel_world_size: int) -> list[torch.Tensor]:
@@ -130,7 +130,7 @@ class _ParamAndGradBucketGroup:
                 ]
                 out = torch.empty_like(shard)
                 handles.append(
-                    _reduce_scatter_into(
+                    reduce_scatter_into(
                         out, bucket.grad_data, op=op, group=group, async_op=async_op
                     )
                 )
@@ -197,7 +197,7 @@ class _ParamAndGradBucketGroup:
             rank = self.intra_distributed_optimizer_instance_rank
             local = shard_buffer(bucket.param_data, size)[rank].clone()  # input must not alias
             handles.append(
-                _all_gather_into(
+                all_gather_into(
                     bucket.param_data, local, group=self.data_parallel_group, async_op=async_op
                 )
             )

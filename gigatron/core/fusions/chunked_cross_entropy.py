@@ -129,7 +129,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         # a layer weight under gradient_accumulation_fusion takes dW in main_grad (DDP's hook
         # skips its .grad)
-        from gigatron.core.tensor_parallel._wgrad import hand_over_weight_grad
+        from gigatron.core.tensor_parallel.wgrad import hand_over_weight_grad
 
         x, weight, grad_logits, lse_all, local_target, owned = ctx.saved_tensors
         g = grad_loss.to(x.dtype).unsqueeze(-1)  # [N, 1]
@@ -193,7 +193,7 @@ class _ChunkedLinearCrossEntropyGradInForward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        from gigatron.core.tensor_parallel._wgrad import hand_over_weight_grad
+        from gigatron.core.tensor_parallel.wgrad import hand_over_weight_grad
 
         weight, grad_x, grad_weight, loss_weight = ctx.saved_tensors
         if not any(ctx.need):

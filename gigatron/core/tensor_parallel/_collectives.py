@@ -18,24 +18,9 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core import parallel_state
-from gigatron.core.tensor_parallel._groups import group_rank, group_size
+from gigatron.core.utils import all_gather_into, group_rank, group_size, reduce_scatter_into
 
 _C10D = torch.ops._c10d_functional
-
-
-def _all_gather_into(out: torch.Tensor, inp: torch.Tensor, group, async_op: bool = False):
-    """All-gather `inp` along dim 0 into `out` (torch >= 2.12 name, else the older alias)."""
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(out, inp, group=group, async_op=async_op)
-
-
-def _reduce_scatter_into(
-    out: torch.Tensor, inp: torch.Tensor, group, async_op: bool = False, op=dist.ReduceOp.SUM
-):
-    """Reduce `inp` over ranks (`op`, a sum by default) and keep this rank's dim-0 chunk in
-    `out` (torch >= 2.12 name, else the older alias)."""
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(out, inp, op=op, group=group, async_op=async_op)
 
 
 def _contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -130,9 +115,9 @@ def _start_async(kind: str, x: torch.Tensor, group) -> tuple[torch.Tensor, objec
         return x, dist.all_reduce(x, group=group, async_op=True)
     if kind == "all_gather":
         out = x.new_empty((x.size(0) * group_size(group), *x.shape[1:]))
-        return out, _all_gather_into(out, x, group, async_op=True)
+        return out, all_gather_into(out, x, group, async_op=True)
     out = x.new_empty((x.size(0) // group_size(group), *x.shape[1:]))
-    return out, _reduce_scatter_into(out, x, group, async_op=True)
+    return out, reduce_scatter_into(out, x, group, async_op=True)
 
 
 def _start_exchange(x: torch.Tensor, dst: int, src: int, group) -> tuple[torch.Tensor, object]:
@@ -165,7 +150,7 @@ def _gathered_dim0(inp: torch.Tensor, group) -> torch.Tensor:
     if torch.compiler.is_compiling() or _copy_engine(inp, group):
         return _wait(_start_all_gather(inp, group))
     out = inp.new_empty((inp.size(0) * group_size(group), *inp.shape[1:]))
-    _all_gather_into(out, inp, group)
+    all_gather_into(out, inp, group)
     return out
 
 
@@ -174,7 +159,7 @@ def _reduce_scattered_dim0(inp: torch.Tensor, group) -> torch.Tensor:
     if torch.compiler.is_compiling() or _copy_engine(inp, group):
         return _wait(_start_reduce_scatter(inp, group))
     out = inp.new_empty((inp.size(0) // group_size(group), *inp.shape[1:]))
-    _reduce_scatter_into(out, inp, group)
+    reduce_scatter_into(out, inp, group)
     return out
 
 

@@ -30,12 +30,12 @@ from gigatron.core.tensor_parallel._collectives import (
     _start_async,
     _wait,
 )
-from gigatron.core.tensor_parallel._groups import group_size
-from gigatron.core.tensor_parallel._wgrad import (
+from gigatron.core.tensor_parallel.wgrad import (
     WGRAD_IN_MAIN_GRAD,
     hand_over_weight_grad,
     weight_grad,
 )
+from gigatron.core.utils import group_size
 
 
 class _Fp8:

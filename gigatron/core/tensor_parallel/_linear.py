@@ -3,7 +3,7 @@
 Mirrors `LinearWithGradAccumulationAndAsyncCommunication` and
 `linear_with_grad_accumulation_and_async_allreduce` of `megatron.core.tensor_parallel.layers`,
 in plain PyTorch (no apex kernel; gradient-accumulation fusion is a cuBLAS `addmm_` into
-`main_grad`, `_wgrad.py`).
+`main_grad`, `wgrad.py`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from gigatron.core.tensor_parallel._collectives import (
     _start_async,
     _start_exchange,
 )
-from gigatron.core.tensor_parallel._groups import (
+from gigatron.core.tensor_parallel.wgrad import weight_grad
+from gigatron.core.utils import (
     get_tensor_model_parallel_group_if_none,
     group_rank,
     group_size,
 )
-from gigatron.core.tensor_parallel._wgrad import weight_grad
 
 
 class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):

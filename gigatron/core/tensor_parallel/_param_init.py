@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from gigatron.core.tensor_parallel._groups import get_tensor_model_parallel_group_if_none
-from gigatron.core.utils import divide
+from gigatron.core.utils import divide, get_tensor_model_parallel_group_if_none
 
 _MODEL_PARALLEL_ATTRIBUTE_DEFAULTS = {
     "tensor_model_parallel": False,

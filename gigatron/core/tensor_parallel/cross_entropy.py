@@ -21,12 +21,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gigatron.core.tensor_parallel._groups import (
+from gigatron.core.tensor_parallel.utils import VocabUtility
+from gigatron.core.utils import (
     get_tensor_model_parallel_group_if_none,
     group_rank,
     group_size,
 )
-from gigatron.core.tensor_parallel.utils import VocabUtility
 
 __all__ = ["vocab_parallel_cross_entropy"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gigatron.core.tensor_parallel._groups import (
+from gigatron.core.utils import (
     default_device,
     get_tensor_model_parallel_group_if_none,
     group_rank,

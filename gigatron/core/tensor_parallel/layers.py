@@ -23,12 +23,6 @@ from torch.nn.parameter import Parameter
 
 from gigatron.core.model_parallel_config import ModelParallelConfig
 from gigatron.core.tensor_parallel._fp8_linear import Fp8LinearFunction
-from gigatron.core.tensor_parallel._groups import (
-    default_device,
-    get_tensor_model_parallel_group_if_none,
-    group_rank,
-    group_size,
-)
 from gigatron.core.tensor_parallel._linear import (
     LinearReduceScatterOverlapped,
     LinearWithGradAccumulationAndAsyncCommunication,
@@ -42,7 +36,6 @@ from gigatron.core.tensor_parallel._param_init import (
     set_defaults_if_not_set_tensor_model_parallel_attributes,
     set_tensor_model_parallel_attributes,
 )
-from gigatron.core.tensor_parallel._wgrad import WGRAD_GEMM_ACCUM_FP32, WGRAD_IN_MAIN_GRAD
 from gigatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -51,7 +44,12 @@ from gigatron.core.tensor_parallel.mappings import (
     scatter_to_tensor_model_parallel_region,
 )
 from gigatron.core.tensor_parallel.utils import VocabUtility
+from gigatron.core.tensor_parallel.wgrad import WGRAD_GEMM_ACCUM_FP32, WGRAD_IN_MAIN_GRAD
 from gigatron.core.utils import (
+    default_device,
+    get_tensor_model_parallel_group_if_none,
+    group_rank,
+    group_size,
     make_sharded_tensors_for_checkpoint,
     make_tp_sharded_tensor_for_checkpoint,
 )
@@ -85,7 +83,7 @@ def _per_rank(size: int, tp_size: int, field: str, cls: str) -> int:
 
 def _mark_wgrad_fusion(weight: Parameter, config: ModelParallelConfig) -> None:
     """gradient_accumulation_fusion: this layer's backward adds dW into `weight.main_grad`
-    whenever DDP gave it one; DDP's hook reads the mark (tensor_parallel/_wgrad.py), the
+    whenever DDP gave it one; DDP's hook reads the mark (tensor_parallel/wgrad.py), the
     backward reads whether its GEMM may accumulate in fp32 (`wgrad_gemm_accum_fp32`)."""
     if config.gradient_accumulation_fusion:
         setattr(weight, WGRAD_IN_MAIN_GRAD, True)

@@ -32,7 +32,7 @@ from gigatron.core.tensor_parallel._collectives import (
     _split_along_first_dim,
     _split_along_last_dim,
 )
-from gigatron.core.tensor_parallel._groups import (
+from gigatron.core.utils import (
     get_tensor_model_parallel_group_if_none,
     group_size,
 )

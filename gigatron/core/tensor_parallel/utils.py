@@ -10,13 +10,13 @@ from collections.abc import Sequence
 
 import torch
 
-from gigatron.core.tensor_parallel._collectives import _all_gather_into
-from gigatron.core.tensor_parallel._groups import (
+from gigatron.core.utils import (
+    all_gather_into,
+    divide,
     get_tensor_model_parallel_group_if_none,
     group_rank,
     group_size,
 )
-from gigatron.core.utils import divide
 
 __all__ = [
     "divide",
@@ -78,7 +78,7 @@ def gather_split_1d_tensor(tensor: torch.Tensor, tp_group=None) -> torch.Tensor:
     if tp_size == 1:
         return flat
     out = torch.empty(flat.numel() * tp_size, dtype=tensor.dtype, device=tensor.device)
-    _all_gather_into(out, flat, tp_group)
+    all_gather_into(out, flat, tp_group)
     return out
 
 

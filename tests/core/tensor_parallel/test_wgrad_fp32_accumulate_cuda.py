@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gigatron.core.tensor_parallel import _wgrad
+from gigatron.core.tensor_parallel import wgrad
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,9 +26,9 @@ def test_fp32_main_grad_accumulates_in_one_gemm(dtype):
     for _ in range(3):  # three microbatches
         dy = torch.randn(n, o, device="cuda", generator=g).to(dtype)
         x = torch.randn(n, h, device="cuda", generator=g).to(dtype)
-        _wgrad.wgrad_accumulate_(main_grad, dy, x)
+        wgrad.wgrad_accumulate_(main_grad, dy, x)
         ref += dy.double().t() @ x.double()
-    assert _wgrad._ADDMM_FP32["ok"] is True, "addmm.dtype_out was not used on this build"
+    assert wgrad._ADDMM_FP32["ok"] is True, "addmm.dtype_out was not used on this build"
     err = (main_grad.double() - ref).abs().max().item()
     # the old path: dW rounded to the activation dtype before the fp32 add
     old = start.clone()
@@ -53,7 +53,7 @@ def test_linear_backward_with_fusion_matches_reference():
     ctx = SimpleNamespace(gradient_accumulation_fusion=True)
     dy = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(128, 32, device="cuda", dtype=torch.bfloat16)
-    placeholder = _wgrad.weight_grad(ctx, w, dy, x)
+    placeholder = wgrad.weight_grad(ctx, w, dy, x)
     assert placeholder.shape == w.shape and w.grad_added_to_main_grad
     want = dy.double().t() @ x.double()
     torch.testing.assert_close(w.main_grad.double(), want, rtol=0, atol=1e-4)

@@ -40,12 +40,16 @@ from torch.nn import Parameter
 from gigatron.compat import missing_names
 from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
-from gigatron.core.tensor_parallel._groups import group_rank, group_size
-from gigatron.core.tensor_parallel._param_init import _initialize_affine_weight_gpu
+from gigatron.core.tensor_parallel.layers import _initialize_affine_weight_gpu  # Megatron's path
 from gigatron.core.transformer.mlp import MLP, MLPSubmodules
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
-from gigatron.core.utils import make_sharded_object_for_checkpoint
+from gigatron.core.utils import (
+    default_device,
+    group_rank,
+    group_size,
+    make_sharded_object_for_checkpoint,
+)
 
 
 def _expert_config(config):
@@ -194,7 +198,7 @@ class GroupedMLP(MegatronModule):
                 f"({tp_size}) (experts.py)"
             )
         fc1_out, fc2_in = glu * f * num_local_experts, f * num_local_experts
-        device = torch.device("cpu") if cfg.use_cpu_initialization else _device()
+        device = torch.device("cpu") if cfg.use_cpu_initialization else default_device()
         self.weight1 = Parameter(
             torch.empty(h, fc1_out // tp_size, device=device, dtype=cfg.params_dtype)
         )
@@ -353,12 +357,6 @@ def _ignore_extra_states(module, incompatible_keys) -> None:
     """Load post-hook: `_extra_state` entries GroupedMLP has no module for are not errors."""
     unexpected = incompatible_keys.unexpected_keys
     unexpected[:] = [k for k in unexpected if "_extra_state" not in k]
-
-
-def _device() -> torch.device:
-    from gigatron.core.tensor_parallel._groups import default_device
-
-    return default_device()
 
 
 def grouped_weights_from_sequential(fc1_weights: list[Tensor], fc2_weights: list[Tensor]):

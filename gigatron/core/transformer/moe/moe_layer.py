@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from gigatron.compat import missing_names
-from gigatron.core.tensor_parallel._groups import group_rank, group_size
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
 from gigatron.core.transformer.moe._checks import check_moe_config
@@ -25,6 +24,7 @@ from gigatron.core.transformer.moe.token_dispatcher import (
     MoEAlltoAllTokenDispatcher,
 )
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
+from gigatron.core.utils import group_rank, group_size
 
 _DISPATCHERS = {"allgather": MoEAllGatherTokenDispatcher, "alltoall": MoEAlltoAllTokenDispatcher}
 

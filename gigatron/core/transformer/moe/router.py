@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gigatron.core.tensor_parallel._groups import default_device, group_size
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
 from gigatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+from gigatron.core.utils import default_device, group_size
 
 _ROUTER_DTYPES = {None: None, "fp32": torch.float32, "fp64": torch.float64}
 

@@ -23,9 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gigatron.core.tensor_parallel._collectives import _gather_along_first_dim
-from gigatron.core.tensor_parallel._groups import group_rank, group_size
 from gigatron.core.tensor_parallel.mappings import (
+    _gather_along_first_dim,  # Megatron's path to the raw gather
     all_to_all,
     gather_from_sequence_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
@@ -36,6 +35,7 @@ from gigatron.core.transformer.moe.moe_utils import (
     sort_chunks_by_idxs,
     unpermute,
 )
+from gigatron.core.utils import group_rank, group_size
 
 
 class MoETokenDispatcher:
