@@ -263,6 +263,6 @@ def _check_layout_args(a) -> None:
 
 
 def _layers_per_graph(text: str):
-    from gigatron.core.transformer._compile import parse_layers_per_graph
+    from gigatron.core.transformer.fast_path import parse_layers_per_graph
 
     return parse_layers_per_graph(text)

@@ -160,7 +160,7 @@ def _row_bias_in_gemm(model) -> None:
 def _seed(a) -> None:
     """Seed 1234 for the weights. `--init invariant`: every component draws from a CPU stream
     seeded by (1234, its name), so any TP x PP x VPP x CP layout starts from the one-rank model."""
-    from gigatron.core._init_rng import set_layout_invariant_init_seed
+    from gigatron.core.layout_invariant_init import set_layout_invariant_init_seed
     from gigatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     torch.manual_seed(1234)
@@ -278,7 +278,7 @@ def _ddp_config(a):
 
 
 def _compile_layers(a, chunks) -> None:
-    from gigatron.core.transformer._compile import compile_transformer_layers
+    from gigatron.core.transformer.fast_path import compile_transformer_layers
 
     if a.compile != "layers" and not (a.compile == "model" and a.layers_per_graph != 1):
         return  # --compile model --layers-per-graph N: the model's graphs break around groups
@@ -346,7 +346,7 @@ def main(argv=None) -> dict:
             f"--tp x --pp x --cp ({a.tp} x {a.pp} x {a.cp}) must divide the world size ({world})"
         )
     from gigatron.core import parallel_state
-    from gigatron.core.transformer._compile import sdpa_backends
+    from gigatron.core.transformer.fast_path import sdpa_backends
 
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=a.tp,
@@ -362,7 +362,7 @@ def main(argv=None) -> dict:
     if a.sm_carveout is not None:
         torch._C._set_sm_carveout_experimental(a.sm_carveout)
     if a.async_tp:
-        from gigatron.core.transformer._compile import enable_async_tensor_parallel
+        from gigatron.core.transformer.fast_path import enable_async_tensor_parallel
 
         enable_async_tensor_parallel(parallel_state.get_tensor_model_parallel_group())
     if a.tp_comm_ce:

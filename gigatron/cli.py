@@ -60,8 +60,8 @@ def _usage() -> str:
 
 def _generate_help() -> str:
     from gigatron.tools import generate
-    from gigatron.training._cli_errors import HelpFormatter
     from gigatron.training.arguments import build_parser
+    from gigatron.training.cli_errors import HelpFormatter
 
     full = build_parser(generate.add_text_generation_args)._option_string_actions
     p = argparse.ArgumentParser(
@@ -86,10 +86,10 @@ def _generate_help() -> str:
 
 def run(argv: list[str]) -> int:
     """Run `gigatron <argv[0]> <argv[1:]>`; exceptions propagate."""
-    from gigatron.training import _cli_errors
+    from gigatron.training import cli_errors
 
     name, rest = argv[0], argv[1:]
-    _cli_errors.set_program(f"gigatron {name}")
+    cli_errors.set_program(f"gigatron {name}")
     module = importlib.import_module(COMMANDS[name][0])
     result = module.main(rest)
     return result if isinstance(result, int) else 0

@@ -3,7 +3,7 @@
 Mirrors `megatron.training.arguments`: the same flag names, meanings and derived values
 (padded vocabulary, data-parallel size, default global batch, ffn/kv sizes). Differences: a flag
 mistake is one line naming the closest supported flag, without argparse's usage dump
-(`_cli_errors`); `--yaml-cfg FILE` holds flags as flat `key: value` lines read through the
+(`cli_errors`); `--yaml-cfg FILE` holds flags as flat `key: value` lines read through the
 same argparse actions (`_yaml_cfg`); `--help` shows the defaults.
 """
 
@@ -16,10 +16,10 @@ import sys
 import torch
 
 from gigatron.compat.training_args import add_compat_args, validate_compat_args
-from gigatron.training import _cli_errors
-from gigatron.training._cli_errors import known_flags as _known_flags  # noqa: F401
-from gigatron.training._cli_errors import reject_unknown, suggest_flag  # noqa: F401
+from gigatron.training import cli_errors
 from gigatron.training._yaml_cfg import apply_yaml
+from gigatron.training.cli_errors import known_flags as _known_flags  # noqa: F401
+from gigatron.training.cli_errors import reject_unknown, suggest_flag  # noqa: F401
 
 _NONE = None
 
@@ -400,13 +400,13 @@ def _fp8_args(p):
 
 
 def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
-    prog = _cli_errors.program()
-    p = _cli_errors.ArgumentParser(
+    prog = cli_errors.program()
+    p = cli_errors.ArgumentParser(
         prog=prog,
         usage="%(prog)s [--flag VALUE ...]",  # the flags are listed below, once
-        description=_cli_errors.description(prog),
-        epilog=_cli_errors.EPILOG,
-        formatter_class=_cli_errors.HelpFormatter,
+        description=cli_errors.description(prog),
+        epilog=cli_errors.EPILOG,
+        formatter_class=cli_errors.HelpFormatter,
         allow_abbrev=False,
     )
     for adder in (
@@ -544,7 +544,7 @@ def validate_args(args, world_size: int | None = None):
         raise ValueError(
             f"world size ({ws}) is not divisible by --tensor-model-parallel-size ({tp}) x "
             f"--pipeline-model-parallel-size ({pp}) x --context-parallel-size ({cp})"
-            + _cli_errors.launch_hint(ws, model_parallel)
+            + cli_errors.launch_hint(ws, model_parallel)
         )
     args.data_parallel_size = ws // model_parallel
     if args.global_batch_size is None:
@@ -622,7 +622,7 @@ def validate_args(args, world_size: int | None = None):
     if not args.mock_data and not args.data_path:
         raise ValueError("give --data-path PREFIX (or --mock-data for random tokens)")
     if not args.mock_data:
-        _cli_errors.check_data_prefixes(args.data_path)
+        cli_errors.check_data_prefixes(args.data_path)
     _check_resume_flags(args)
     validate_compat_args(args)
     from gigatron.training._profiler import check_profile_args

@@ -80,11 +80,12 @@ def destroy_distributed() -> None:
 
 def set_random_seed(seed: int, data_parallel_random_init: bool = False) -> None:
     """Megatron's seeding: base seed + 100·pp_rank (+ 10·dp_rank), then the TP RNG tracker."""
-    from gigatron.core._init_rng import set_layout_invariant_init_seed
+    from gigatron.core.layout_invariant_init import set_layout_invariant_init_seed
     from gigatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     # Weights built with use_cpu_initialization draw from (seed, component) streams, so every
-    # layout starts from the same full model (gigatron addition; see gigatron.core._init_rng).
+    # layout starts from the same full model (gigatron addition; see
+    # gigatron.core.layout_invariant_init).
     set_layout_invariant_init_seed(seed)
     seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
     if data_parallel_random_init:

@@ -95,7 +95,7 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
 def _compile_chunks(args, chunks) -> None:
     """`--torch-compile layers|model` [`--torch-compile-mode`, `--torch-compile-layers-per-graph`]
     (gigatron additions): torch.compile in place."""
-    from gigatron.core.transformer._compile import (
+    from gigatron.core.transformer.fast_path import (
         compile_transformer_layers,
         parse_layers_per_graph,
     )

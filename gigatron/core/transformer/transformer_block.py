@@ -18,8 +18,8 @@ from torch import Tensor
 
 from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from gigatron.core.fp8_utils import get_fp8_recipe, is_first_last_bf16_layer, set_fp8
+from gigatron.core.transformer.mlp import MLP
 from gigatron.core.transformer.module import MegatronModule
-from gigatron.core.transformer.moe._checks import check_layer_spec_has_experts
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
 from gigatron.core.transformer.torch_norm import WrappedTorchNorm
 from gigatron.core.transformer.transformer_layer import (
@@ -50,6 +50,22 @@ class TransformerBlockSubmodules:
     layer_norm: ModuleSpec | type | None = None
 
 
+def _check_layer_spec_has_experts(config, layer_spec) -> None:
+    """num_moe_experts with one layer spec for every layer whose MLP is dense would build a
+    dense model without a word (the spec from get_gpt_layer_local_spec() without num_experts)."""
+    if config.num_moe_experts is None:
+        return
+    mlp = getattr(getattr(layer_spec, "submodules", None), "mlp", None)
+    module = mlp.module if isinstance(mlp, ModuleSpec) else mlp
+    if isinstance(module, type) and issubclass(module, MLP):
+        raise ValueError(
+            f"num_moe_experts ({config.num_moe_experts}) is set but the layer spec builds a "
+            f"dense MLP ({module.__name__}) in every layer, so the model would have no experts: "
+            "pass the experts to the spec, e.g. get_gpt_layer_local_spec(num_experts="
+            "config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm)"
+        )
+
+
 def _get_block_submodules(config, spec, vp_stage) -> TransformerBlockSubmodules:
     if isinstance(spec, TransformerBlockSubmodules):
         return spec
@@ -57,7 +73,7 @@ def _get_block_submodules(config, spec, vp_stage) -> TransformerBlockSubmodules:
         if isinstance(spec.module, type) and issubclass(spec.module, TransformerBlock):
             return spec.submodules
         if isinstance(spec.module, type) and issubclass(spec.module, TransformerLayer):
-            check_layer_spec_has_experts(config, spec)
+            _check_layer_spec_has_experts(config, spec)
             num_layers = get_num_layers_to_build(config, vp_stage)
             return TransformerBlockSubmodules([spec] * num_layers, WrappedTorchNorm)
     raise ValueError(f"TransformerBlock spec must be a layer or block ModuleSpec, got {spec!r}")
@@ -99,7 +115,7 @@ class TransformerBlock(MegatronModule):
     def _build_layers(self, vp_stage):
         import torch
 
-        from gigatron.core._init_rng import init_rng_scope
+        from gigatron.core.layout_invariant_init import init_rng_scope
         from gigatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
         offset = get_transformer_layer_offset(self.config, vp_stage)
@@ -107,7 +123,7 @@ class TransformerBlock(MegatronModule):
         layers = []
         for i, spec in enumerate(self.submodules.layer_specs):
             # Seeded by the global layer number: the same layer gets the same weights whatever
-            # stage builds it (see gigatron.core._init_rng).
+            # stage builds it (see gigatron.core.layout_invariant_init).
             with init_rng_scope(self.config, f"layer.{offset + i + 1}"):
                 layers.append(
                     build_module(spec, config=self.config, layer_number=i + 1, vp_stage=vp_stage)

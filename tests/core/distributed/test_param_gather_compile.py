@@ -27,7 +27,7 @@ from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from gigatron.core.transformer import TransformerConfig
-from gigatron.core.transformer._compile import compile_transformer_layers
+from gigatron.core.transformer.fast_path import compile_transformer_layers
 from gigatron.testing import run_distributed
 
 pytestmark = pytest.mark.multirank

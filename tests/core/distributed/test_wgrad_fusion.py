@@ -28,8 +28,8 @@ def _grads(fusion: bool, compile_backend: str | None, tied: bool):
     from gigatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from gigatron.core.models.gpt import GPTModel
     from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from gigatron.core.tensor_parallel.wgrad import WGRAD_IN_MAIN_GRAD
     from gigatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from gigatron.core.tensor_parallel.wgrad import WGRAD_IN_MAIN_GRAD
     from gigatron.core.transformer.transformer_config import TransformerConfig
 
     cfg = TransformerConfig(

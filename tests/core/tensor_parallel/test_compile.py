@@ -18,9 +18,9 @@ from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.tensor_parallel import mappings as M
 from gigatron.core.tensor_parallel._linear import linear_with_grad_accumulation_and_async_allreduce
-from gigatron.core.tensor_parallel.wgrad import WGRAD_IN_MAIN_GRAD
 from gigatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from gigatron.core.transformer._compile import compile_transformer_layers
+from gigatron.core.tensor_parallel.wgrad import WGRAD_IN_MAIN_GRAD
+from gigatron.core.transformer.fast_path import compile_transformer_layers
 from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.testing import run_distributed
 from tests.core.tensor_parallel.test_mappings import count_collectives

@@ -36,7 +36,7 @@ def _codes(peak_memory_reorder: bool | None, tp_comm_overlap: bool = False) -> l
         layer(x, None)[0].sum().backward()
 
     if peak_memory_reorder is None:
-        from gigatron.core.transformer._compile import compile_transformer_layers
+        from gigatron.core.transformer.fast_path import compile_transformer_layers
 
         compile_transformer_layers(layer)
         _, codes = run_and_get_code(step)

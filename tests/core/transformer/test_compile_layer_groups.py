@@ -13,7 +13,7 @@ import torch
 from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
-from gigatron.core.transformer._compile import compile_transformer_layers, parse_layers_per_graph
+from gigatron.core.transformer.fast_path import compile_transformer_layers, parse_layers_per_graph
 from gigatron.testing import run_distributed
 from tests.core.tensor_parallel.test_compile import (
     TOL,

@@ -20,7 +20,7 @@ from gigatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
 )
 from gigatron.core.models.gpt.gpt_model import GPTModel
-from gigatron.core.transformer._compile import compile_transformer_layers, sdpa_backends
+from gigatron.core.transformer.fast_path import compile_transformer_layers, sdpa_backends
 from gigatron.core.transformer.transformer_config import TransformerConfig
 
 pytestmark = pytest.mark.gpu

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gigatron.core import _init_rng, parallel_state
-from gigatron.core._init_rng import init_rng_scope
+from gigatron.core import layout_invariant_init, parallel_state
+from gigatron.core.layout_invariant_init import init_rng_scope
 from gigatron.core.models.common.embeddings.language_model_embedding import (  # noqa: F401
     LanguageModelEmbedding,  # megatron-core's module exposes it here (docs/compat.md)
 )
@@ -402,15 +402,17 @@ def _whole_stack_config(config):
 def _stack_init_seed(name: str):
     """Under layout-invariant init, layers are seeded by global layer number; give the decoder
     its own base seed so decoder layer i does not start as a copy of encoder layer i."""
-    base = _init_rng.get_layout_invariant_init_seed()
+    base = layout_invariant_init.get_layout_invariant_init_seed()
     if base is None:
         yield
         return
-    _init_rng.set_layout_invariant_init_seed(zlib.crc32(f"{base}:{name}".encode()) & 0x7FFFFFFF)
+    layout_invariant_init.set_layout_invariant_init_seed(
+        zlib.crc32(f"{base}:{name}".encode()) & 0x7FFFFFFF
+    )
     try:
         yield
     finally:
-        _init_rng.set_layout_invariant_init_seed(base)
+        layout_invariant_init.set_layout_invariant_init_seed(base)
 
 
 def t5_extended_attention_mask(attention_mask_list: list) -> list:

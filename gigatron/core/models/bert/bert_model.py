@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gigatron.core._init_rng import init_rng_scope
+from gigatron.core.layout_invariant_init import init_rng_scope
 from gigatron.core.models.bert.bert_lm_head import BertLMHead
 from gigatron.core.models.bert.pooler import Pooler, get_linear_layer
 from gigatron.core.models.common.embeddings.language_model_embedding import (  # noqa: F401

@@ -7,9 +7,6 @@ expert overlap, MoE layer recompute) are rejected rather than ignored.
 
 from __future__ import annotations
 
-from gigatron.core.transformer.mlp import MLP
-from gigatron.core.transformer.spec_utils import ModuleSpec
-
 _BALANCING = ("aux_loss", "seq_aux_loss", "none")
 _UNSUPPORTED_BALANCING = ("sinkhorn", "global_aux_loss", "quantile_balancing")
 
@@ -137,19 +134,3 @@ def _check_dispatch(config, etp_size: int) -> None:
         )
     if config.moe_layer_recompute:
         raise ValueError(_where("moe_layer_recompute=True is not supported by gigatron"))
-
-
-def check_layer_spec_has_experts(config, layer_spec) -> None:
-    """num_moe_experts with one layer spec for every layer whose MLP is dense would build a
-    dense model without a word (the spec from get_gpt_layer_local_spec() without num_experts)."""
-    if config.num_moe_experts is None:
-        return
-    mlp = getattr(getattr(layer_spec, "submodules", None), "mlp", None)
-    module = mlp.module if isinstance(mlp, ModuleSpec) else mlp
-    if isinstance(module, type) and issubclass(module, MLP):
-        raise ValueError(
-            f"num_moe_experts ({config.num_moe_experts}) is set but the layer spec builds a "
-            f"dense MLP ({module.__name__}) in every layer, so the model would have no experts: "
-            "pass the experts to the spec, e.g. get_gpt_layer_local_spec(num_experts="
-            "config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm)"
-        )

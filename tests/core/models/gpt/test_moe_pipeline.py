@@ -1,10 +1,11 @@
 """MoE GPT through the pipeline schedule: PP = 2 x EP = 2 x DP = 2 (4 ranks) gives the losses and
 main grads of one rank running all 4 micro-batches unsplit (aux and z losses on).
 
-Both sides build the model with the layout-invariant CPU initialisation (gigatron._init_rng), so
-no weights are copied: each component is seeded by name and the experts are drawn in global
-order. The schedule sets the aux-loss scale to 1 / num_microbatches on every stage; with DDP's
-1 / dp over 2 DP ranks of 2 micro-batches each, that matches the reference's 1 / 4.
+Both sides build the model with the layout-invariant CPU initialisation
+(gigatron.core.layout_invariant_init), so no weights are copied: each component is seeded by
+name and the experts are drawn in global order. The schedule sets the aux-loss scale to
+1 / num_microbatches on every stage; with DDP's 1 / dp over 2 DP ranks of 2 micro-batches each,
+that matches the reference's 1 / 4.
 """
 
 import pytest
@@ -12,12 +13,12 @@ import torch
 
 from gigatron.core import parallel_state as ps
 from gigatron.core import tensor_parallel
-from gigatron.core._init_rng import set_layout_invariant_init_seed
 from gigatron.core.distributed import (
     DistributedDataParallel,
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
+from gigatron.core.layout_invariant_init import set_layout_invariant_init_seed
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.pipeline_parallel import get_forward_backward_func

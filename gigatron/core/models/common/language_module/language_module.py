@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gigatron.core import parallel_state
-from gigatron.core._init_rng import init_rng_scope
+from gigatron.core.layout_invariant_init import init_rng_scope
 from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from gigatron.core.transformer.module import MegatronModule

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-_FILE = "gigatron/core/transformer/_compile.py"
+_FILE = "gigatron/core/transformer/fast_path.py"
 
 _BACKENDS = ("cudnn", "flash", "efficient", "math")
 
