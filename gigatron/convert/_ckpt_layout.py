@@ -20,6 +20,10 @@ import tempfile
 
 import torch
 
+from gigatron.core import dist_checkpointing
+from gigatron.core import parallel_state as ps
+from gigatron.core.dist_checkpointing import ShardedObject, ShardedTensor
+
 _LAYERS, _EXPERTS = "decoder.layers.", ".experts.experts."
 
 
@@ -27,8 +31,6 @@ _LAYERS, _EXPERTS = "decoder.layers.", ".experts.experts."
 def one_rank_world():
     """A one-process gloo group and TP = PP = 1 model parallel state, if none exists yet."""
     import torch.distributed as dist
-
-    from gigatron.core import parallel_state as ps
 
     made_pg = not dist.is_initialized()
     if made_pg:
@@ -86,7 +88,6 @@ def tensor_slices(sh):
 
 def _pieces(entry) -> list:
     """The ShardedTensors of a request entry (a factory's built pieces)."""
-    from gigatron.core.dist_checkpointing import ShardedTensor
 
     if isinstance(entry, ShardedTensor):
         return [entry]
@@ -97,7 +98,6 @@ def _pieces(entry) -> list:
 def fill_from_full(sharded_sd: dict, full_tensor) -> None:
     """Copy into a model's `sharded_state_dict()` tensors their part of the full per-layer
     tensors `full_tensor(name)` gives (TP / EP pieces by each entry's global offsets)."""
-    from gigatron.core.dist_checkpointing import ShardedObject
 
     with torch.no_grad():
         for entry in sharded_sd.values():
@@ -122,7 +122,6 @@ def model_request(spec) -> dict:
 def fill_request(request: dict, tensors: dict[str, torch.Tensor]) -> dict:
     """`model_request`'s dict with every tensor replaced by `tensors[per-layer name]` (whole
     tensors at TP = EP = 1; a GLU fc1 factory takes its [gate; up] tensor)."""
-    from gigatron.core.dist_checkpointing import ShardedObject
 
     out, used = {}, set()
     for key, entry in request.items():
@@ -173,9 +172,6 @@ def entry_shape(entry) -> tuple[int, ...]:
 def load_entry(entry, ckpt_dir: str) -> torch.Tensor:
     """One per-layer tensor: slice `index` of a stacked tensor, or a whole tensor."""
     import warnings
-
-    from gigatron.core import dist_checkpointing
-    from gigatron.core.dist_checkpointing import ShardedTensor
 
     key, index, sh = entry
     target = torch.empty(entry_shape(entry), dtype=sh.dtype)

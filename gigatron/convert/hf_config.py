@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 import torch.nn.functional as F
 
 from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
+from gigatron.core.models.gpt import GPTModel
+from gigatron.core.models.gpt import gpt_layer_specs as specs
+from gigatron.core.transformer.transformer_config import TransformerConfig
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
 _GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
@@ -48,12 +51,10 @@ class HFModelSpec:
         return bool(self.model_kwargs["share_embeddings_and_output_weights"])
 
     def transformer_config(self, **overrides):
-        from gigatron.core.transformer.transformer_config import TransformerConfig
 
         return TransformerConfig(**{**self.config_kwargs, **overrides})
 
     def layer_spec(self, fast: bool = False):
-        from gigatron.core.models.gpt import gpt_layer_specs as specs
 
         fn = specs.get_gpt_layer_fast_spec if fast else specs.get_gpt_layer_local_spec
         return fn(**self.spec_kwargs)
@@ -62,7 +63,6 @@ class HFModelSpec:
         self, *, fast=False, pre_process=True, post_process=True, vp_stage=None, **config_overrides
     ):
         """A GPTModel for this HF model (parallel sizes go in `config_overrides`)."""
-        from gigatron.core.models.gpt import GPTModel
 
         config = self.transformer_config(**{"use_cpu_initialization": True, **config_overrides})
         return GPTModel(

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core import parallel_state
+from gigatron.core import parallel_state as ps
 from gigatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 
 
@@ -150,8 +151,6 @@ def get_batch_on_this_cp_rank(
             "implemented)"
         )
     import torch.distributed as dist
-
-    from gigatron.core import parallel_state as ps
 
     cp = ps.get_context_parallel_world_size() if cp_group is None else dist.get_world_size(cp_group)
     if cp <= 1:

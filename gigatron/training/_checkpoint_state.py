@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gigatron.core import parallel_state as ps
 from gigatron.core.dist_checkpointing import ShardedObject
 from gigatron.training.checkpoint_files import (  # noqa: F401  (the checkpoint layout, used as cs.*)
     CHECKPOINT_VERSION,
@@ -29,7 +30,6 @@ from gigatron.training.checkpoint_files import (  # noqa: F401  (the checkpoint 
 
 def _ranks() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """((pp_rank, tp_rank, dp_rank), (pp, tp, dp)) with dp over DP x CP."""
-    from gigatron.core import parallel_state as ps
 
     if not ps.model_parallel_is_initialized():
         rank = dist.get_rank() if dist.is_initialized() else 0

@@ -5,6 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from gigatron.core.distributed import DistributedDataParallelConfig
+from gigatron.core.optimizer import OptimizerConfig
+from gigatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from gigatron.core.transformer.transformer_config import TransformerConfig
+
 
 def openai_gelu(x: torch.Tensor) -> torch.Tensor:
     """GELU with the tanh approximation (GPT-2's), Megatron's `--openai-gelu`."""
@@ -50,7 +55,6 @@ _FP8_FIELDS = (
 
 def core_transformer_config_from_args(args, config_class=None):
     """`TransformerConfig` for the model the flags describe (Megatron's helper of the same name)."""
-    from gigatron.core.transformer.transformer_config import TransformerConfig
 
     config_class = config_class or TransformerConfig
     kw = dict(
@@ -133,7 +137,6 @@ def core_transformer_config_from_args(args, config_class=None):
 
 
 def ddp_config_from_args(args):
-    from gigatron.core.distributed import DistributedDataParallelConfig
 
     kw = dict(
         grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32 or args.bf16,
@@ -147,7 +150,6 @@ def ddp_config_from_args(args):
 
 
 def optimizer_config_from_args(args):
-    from gigatron.core.optimizer import OptimizerConfig
 
     return OptimizerConfig(
         optimizer=args.optimizer,
@@ -178,7 +180,6 @@ def scheduler_from_args(args, optimizer):
     """Megatron's get_optimizer_param_scheduler: steps count samples; the weight decay goes from
     --start- to --end-weight-decay over the whole run (train iters x global batch, or
     --train-samples), independent of the learning-rate decay length."""
-    from gigatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     if args.train_iters is not None:
         decay_steps = (args.lr_decay_iters or args.train_iters) * args.global_batch_size

@@ -17,6 +17,8 @@ import torch.distributed as dist
 from gigatron.core import parallel_state as ps
 from gigatron.core.optimizer.clip_grads import param_is_not_shared
 from gigatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from gigatron.core.transformer.moe.moe_layer import MoELayer
+from gigatron.core.transformer.transformer_layer import TransformerLayer
 
 
 def _param_data(param, bf16: bool) -> torch.Tensor:
@@ -147,9 +149,7 @@ def check_moe_layer_pattern(chunks, config) -> None:
     every layer under --moe-layer-freq 2, a silently different model)."""
     if config is None or not config.num_moe_experts or config.moe_layer_freq == 1:
         return
-    from gigatron.core.transformer.moe.moe_layer import MoELayer
     from gigatron.core.transformer.moe.moe_utils import get_moe_layer_pattern
-    from gigatron.core.transformer.transformer_layer import TransformerLayer
 
     pattern = get_moe_layer_pattern(config)
     for chunk in chunks:

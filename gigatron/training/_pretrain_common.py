@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from gigatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from gigatron.training.utils import print_rank_0
 
 
@@ -107,9 +108,6 @@ def masking_config_kwargs(args, *, max_ngram: int, geometric: bool) -> dict:
 
 def build_datasets(cls, train_val_test_num_samples, config, name: str):
     """(train, valid, test) of `cls` through BlendedMegatronDatasetBuilder, built on every rank."""
-    from gigatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
 
     print_rank_0(f"> building {name} train, validation and test datasets ...")
     return BlendedMegatronDatasetBuilder(

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from gigatron.core.num_microbatches_calculator import get_num_microbatches
 from gigatron.training import _loop_extras as lx
 from gigatron.training import _training_log as tlog
+from gigatron.training import global_vars
 from gigatron.training._train_step import materialize_losses
 
 
@@ -52,7 +53,6 @@ def moe_losses(args, config, iteration: int) -> dict[str, torch.Tensor]:
     if not args.num_experts:
         return {}
     from gigatron.core.transformer.moe.moe_utils import track_moe_metrics
-    from gigatron.training import global_vars
 
     totals: dict = {}
     track_moe_metrics(
@@ -71,7 +71,6 @@ def moe_losses(args, config, iteration: int) -> dict[str, torch.Tensor]:
 
 
 def tb_writer():
-    from gigatron.training import global_vars
 
     return global_vars.get_tensorboard_writer()
 

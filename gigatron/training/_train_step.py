@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core import parallel_state as ps
+from gigatron.core.distributed import DistributedDataParallel
 from gigatron.core.num_microbatches_calculator import get_num_microbatches
 from gigatron.core.optimizer import MegatronOptimizer
 from gigatron.core.optimizer.grad_scaler import DynamicGradScaler
@@ -45,7 +46,6 @@ class NonFiniteGradientError(RuntimeError):
 def _grad_tensors(model) -> list[torch.Tensor]:
     """Every grad of the model chunks: DDP's flat grad buffers (one tensor per buffer) and any
     `.grad` left outside them where a chunk is wrapped, else each param's main_grad / grad."""
-    from gigatron.core.distributed import DistributedDataParallel
 
     out = []
     for chunk in model:

@@ -18,6 +18,8 @@ import signal
 import torch
 from torch.utils.data import DataLoader
 
+from gigatron.core import parallel_state as ps
+
 
 class MegatronPretrainingSampler:
     def __init__(
@@ -96,7 +98,6 @@ def build_pretraining_data_loader(
     """
     if dataset is None:
         return None
-    from gigatron.core import parallel_state as ps
 
     sampler = MegatronPretrainingSampler(
         total_samples=len(dataset),

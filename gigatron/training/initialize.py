@@ -16,8 +16,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gigatron.core import dist_checkpointing, parallel_state
 from gigatron.core import parallel_state as ps
 from gigatron.core.timers import Timers
+from gigatron.training import checkpoint_files as commit
 from gigatron.training import global_vars
 from gigatron.training.arguments import build_parser, parse_args, validate_args
 
@@ -69,7 +71,6 @@ def destroy_distributed() -> None:
     global _OWNS_PROCESS_GROUP
     if not (_OWNS_PROCESS_GROUP and dist.is_initialized()):
         return
-    from gigatron.core import parallel_state
 
     dist.barrier()
     if parallel_state.model_parallel_is_initialized():
@@ -141,8 +142,6 @@ def _keep_saved_vocab_padding(args, orig_vocab_size: int, saved) -> None:
 def _resumed_checkpoint_args(args):
     """The args saved in the checkpoint `--load` will restore (None: nothing to restore)."""
     from gigatron.convert.checkpoint_args import hf_dir_vocab
-    from gigatron.core import dist_checkpointing
-    from gigatron.training import checkpoint_files as commit
 
     hf_vocab = hf_dir_vocab(args)  # --load HF_DIR: its config's vocabulary, padded
     if hf_vocab is not None:

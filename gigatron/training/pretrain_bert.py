@@ -16,6 +16,11 @@ from functools import partial
 
 import torch.nn.functional as F
 
+from gigatron.core.datasets.bert_dataset import (
+    BERTMaskedWordPieceDataset,
+    BERTMaskedWordPieceDatasetConfig,
+)
+from gigatron.core.models.bert import BertModel
 from gigatron.core.transformer.enums import ModelType
 from gigatron.training import _pretrain_common as common
 from gigatron.training.global_vars import get_args, get_tokenizer
@@ -99,7 +104,6 @@ def add_bert_args(parser):
 
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None):
     """BertModel from the flags (Megatron's local BERT layer)."""
-    from gigatron.core.models.bert import BertModel
     from gigatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
     from gigatron.training._config_from_args import core_transformer_config_from_args
 
@@ -146,10 +150,6 @@ def forward_step(data_iterator, model):
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
     """BERTMaskedWordPieceDataset splits from --data-path / --split (Megatron's settings)."""
-    from gigatron.core.datasets.bert_dataset import (
-        BERTMaskedWordPieceDataset,
-        BERTMaskedWordPieceDatasetConfig,
-    )
 
     args = get_args()
     common.require_corpus(args, "pretrain_bert")

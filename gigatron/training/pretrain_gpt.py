@@ -12,6 +12,8 @@ from functools import partial
 
 import torch
 
+from gigatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+from gigatron.core.models.gpt import GPTModel
 from gigatron.core.transformer.enums import ModelType
 from gigatron.core.utils import get_batch_on_this_cp_rank
 from gigatron.training import _pretrain_common as common
@@ -24,7 +26,6 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     """GPTModel from the flags (fast spec: same numbers as the local spec, faster kernels).
     With `--num-experts` the decoder comes from `get_gpt_decoder_block_spec`, as Megatron's
     pretrain_gpt builds it: MoE layers where `--moe-layer-freq` says, dense ones elsewhere."""
-    from gigatron.core.models.gpt import GPTModel
     from gigatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_decoder_block_spec,
         get_gpt_layer_fast_spec,
@@ -85,7 +86,6 @@ def forward_step(data_iterator, model):
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
     """GPT datasets (or mock ones) from --data-path / --split through the blended builder."""
-    from gigatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
     args = get_args()
     config = GPTDatasetConfig(

@@ -20,6 +20,12 @@ import copy
 import sys
 from functools import partial
 
+from gigatron.core import parallel_state
+from gigatron.core.datasets.t5_dataset import (
+    T5MaskedWordPieceDataset,
+    T5MaskedWordPieceDatasetConfig,
+)
+from gigatron.core.models.T5 import T5Model
 from gigatron.core.transformer.enums import ModelType
 from gigatron.training import _pretrain_common as common
 from gigatron.training.global_vars import get_args, get_tokenizer
@@ -79,8 +85,6 @@ def t5_position_embedding_ranks(pp_ranks: list[int]) -> list[int]:
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None):
     """T5Model from the flags: encoder of --encoder-num-layers, decoder of
     --decoder-num-layers (both default --num-layers)."""
-    from gigatron.core import parallel_state
-    from gigatron.core.models.T5 import T5Model
     from gigatron.core.models.T5.t5_spec import (
         get_t5_decoder_with_local_block_spec,
         get_t5_encoder_with_local_block_spec,
@@ -115,7 +119,6 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 def get_batch(data_iterator):
     """(tokens_enc, tokens_dec, labels, loss_mask, enc_mask, dec_mask, enc_dec_mask): ids
     [b, s], masks bool [b, 1, sq, sk] for the local layers (True = masked)."""
-    from gigatron.core.datasets.t5_dataset import T5MaskedWordPieceDataset
 
     keys = ("text_enc", "text_dec", "labels", "loss_mask", "enc_mask", "dec_mask")
     batch = common.batch_to_device(next(data_iterator), keys, long=True)
@@ -144,10 +147,6 @@ def forward_step(data_iterator, model):
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
     """T5MaskedWordPieceDataset splits (Megatron's pretrain_t5 masking settings)."""
-    from gigatron.core.datasets.t5_dataset import (
-        T5MaskedWordPieceDataset,
-        T5MaskedWordPieceDatasetConfig,
-    )
 
     args = get_args()
     common.require_corpus(args, "pretrain_t5")

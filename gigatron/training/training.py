@@ -22,6 +22,7 @@ import time
 import torch
 
 from gigatron.core import parallel_state as ps
+from gigatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from gigatron.core.num_microbatches_calculator import (
     get_num_microbatches,
     init_num_microbatches_calculator,
@@ -50,7 +51,6 @@ from gigatron.training.utils import print_rank_0
 # ---------------------------------------------------------------- model and optimizer
 def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
     """Build this rank's model chunk(s) (one per virtual stage), wrapped in DDP. Returns a list."""
-    from gigatron.core.distributed import DistributedDataParallel
 
     args = get_args()
     vp = ps.get_virtual_pipeline_model_parallel_world_size()
@@ -140,7 +140,6 @@ def setup_model_and_optimizer(model_provider_func, model_type=None):
 
 def _wire_config_hooks(model, optimizer) -> None:
     """Give the schedules the DDP / optimizer hooks, as Megatron's train() does."""
-    from gigatron.core.distributed import finalize_model_grads
     from gigatron.core.utils import get_model_config
 
     args = get_args()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from gigatron.core import parallel_state as ps
+
 
 def is_last_rank() -> bool:
     return not dist.is_initialized() or dist.get_rank() == dist.get_world_size() - 1
@@ -24,7 +26,6 @@ def print_rank_last(message) -> None:
 
 def average_losses_across_data_parallel_group(losses: list[torch.Tensor]) -> torch.Tensor:
     """Mean of each loss over the data-parallel group."""
-    from gigatron.core import parallel_state as ps
 
     averaged = torch.cat([loss.clone().detach().view(1) for loss in losses])
     dist.all_reduce(averaged, group=ps.get_data_parallel_group())

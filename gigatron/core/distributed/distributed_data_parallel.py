@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from gigatron.core import parallel_state as ps
 from gigatron.core.distributed.distributed_data_parallel_config import (
     DistributedDataParallelConfig,
 )
@@ -31,13 +32,13 @@ from gigatron.core.distributed.param_and_grad_buffer import (
     partition_buckets,
 )
 from gigatron.core.tensor_parallel.wgrad import WGRAD_IN_MAIN_GRAD
+from gigatron.core.transformer.transformer_layer import TransformerLayer
 
 
 def _groups(pg_collection):
     """(dp_cp, expt_dp, pp) groups: from `pg_collection` if given, else parallel_state."""
     if pg_collection is not None:
         return pg_collection.dp_cp, pg_collection.expt_dp, getattr(pg_collection, "pp", None)
-    from gigatron.core import parallel_state as ps
 
     if not ps.model_parallel_is_initialized():
         raise RuntimeError(
@@ -208,7 +209,6 @@ class DistributedDataParallel(torch.nn.Module):
         graph guarded on the identity of every param it looked up, so each layer recompiled
         until dynamo's recompile limit and the remaining layers ran eagerly
         (`--overlap-param-gather --torch-compile`, DP = 2 on GPUs)."""
-        from gigatron.core.transformer.transformer_layer import TransformerLayer
 
         order = {id(g): i for i, g in enumerate(self._all_bucket_groups())}
         units: dict = {}

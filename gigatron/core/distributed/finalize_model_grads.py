@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from gigatron.core import parallel_state as ps
 from gigatron.core.utils import get_attr_wrapped_model, get_model_config
 
 
@@ -166,7 +167,6 @@ def finalize_model_grads(
     `model`: list of DDP-wrapped model chunks (one per virtual PP stage).
     `num_tokens`: 0-dim/1-element tensor with this rank's token count, or None.
     """
-    from gigatron.core import parallel_state as ps
 
     if pg_collection is not None:
         tp_group = pg_collection.tp

@@ -33,6 +33,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from gigatron.core import parallel_state
+from gigatron.core.tensor_parallel import mappings
+
 _FILE = "gigatron/core/fusions/chunked_cross_entropy.py"
 
 
@@ -245,8 +248,6 @@ def chunked_linear_cross_entropy(
     module docstring). Same result as GPTModel's output_layer + vocab_parallel_cross_entropy
     (no label smoothing).
     """
-    from gigatron.core import parallel_state
-    from gigatron.core.tensor_parallel import mappings
 
     if chunk_size <= 0:
         raise ValueError(f"chunk_size ({chunk_size}) must be positive ({_FILE})")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from gigatron.core import parallel_state
+from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.inference.contexts import StaticInferenceContext
 from gigatron.core.inference.sampling import sample
 from gigatron.core.inference.sampling_params import SamplingParams
@@ -101,7 +101,6 @@ def _tokenize(tokenizer, prompts, params: SamplingParams) -> list[list[int]]:
 
 def _last_logits(core, logits, tp_group, tp_size):
     """This step's last-position logits [b, V], gathered over TP when the model keeps V/tp."""
-    from gigatron.core import tensor_parallel
 
     last = logits[:, -1, :]  # [b, V/tp]
     if tp_size > 1 and core.parallel_output:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from gigatron.core import parallel_state as ps
 from gigatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from gigatron.core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
 from gigatron.core.optimizer.optimizer import (
@@ -191,7 +192,6 @@ def _groups_from_state(expert: bool, pg_collection=None):
         if expert:
             return pg.expt_dp, pg.tp_ep_pp, intra, pg.expt_tp
         return pg.dp_cp, pg.mp, intra, pg.tp
-    from gigatron.core import parallel_state as ps
 
     if not ps.model_parallel_is_initialized():
         return None, None, None, None

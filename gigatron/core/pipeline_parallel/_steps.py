@@ -19,6 +19,7 @@ import contextlib
 
 import torch
 
+from gigatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 from gigatron.core.utils import get_attr_wrapped_model
 
 
@@ -125,7 +126,6 @@ def _set_moe_aux_loss_scale(config, model, cp_group_size, num_microbatches) -> N
     already. Same value (the loss scale changes only at the optimizer step)."""
     if getattr(config, "num_moe_experts", None) is None:
         return
-    from gigatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
     param = next(iter(model.parameters()), None)
     if param is None:

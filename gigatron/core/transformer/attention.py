@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gigatron.core import parallel_state
+from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
@@ -121,7 +121,6 @@ class Attention(MegatronModule):
             return self.core_attention(
                 query, key, value, attention_mask, attn_mask_type=attn_mask_type, **extra
             )
-        from gigatron.core import tensor_parallel
 
         def run(q, k, v):
             return self.core_attention(

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from gigatron.core import parallel_state
+from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.utils import attention_mask_func, get_default_causal_mask
@@ -81,7 +81,6 @@ class DotProductAttention(MegatronModule):
             return contextlib.nullcontext()
         if self.config.tensor_model_parallel_size == 1 and torch.compiler.is_compiling():
             return contextlib.nullcontext()
-        from gigatron.core import tensor_parallel
 
         return tensor_parallel.get_cuda_rng_tracker().fork()
 

@@ -24,6 +24,9 @@ from collections.abc import Sequence
 
 import torch
 
+from gigatron.core.transformer.transformer_block import TransformerBlock
+from gigatron.core.transformer.transformer_layer import TransformerLayer
+
 _FILE = "gigatron/core/transformer/fast_path.py"
 
 _BACKENDS = ("cudnn", "flash", "efficient", "math")
@@ -67,7 +70,6 @@ def compile_transformer_layers(
     model using `tp_comm_overlap` under SP compiles with `reorder_for_peak_memory=False` so the
     backward keeps its collectives under the weight-gradient GEMMs.
     """
-    from gigatron.core.transformer.transformer_layer import TransformerLayer
 
     sizes = _group_sizes(layers_per_graph)
     layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
@@ -143,7 +145,6 @@ def _group_sizes(layers_per_graph) -> list[int]:
 def _compile_layer_groups(model: torch.nn.Module, sizes: list[int], compile_kw: dict) -> int:
     """Give every TransformerBlock in `model` one compiled function per group of layers:
     groups of `sizes[0]` layers (one size), or of the listed sizes in order."""
-    from gigatron.core.transformer.transformer_block import TransformerBlock
 
     count = 0
     for block in (m for m in model.modules() if isinstance(m, TransformerBlock)):

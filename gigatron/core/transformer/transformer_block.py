@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
+from gigatron.core import tensor_parallel
 from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from gigatron.core.fp8_utils import get_fp8_recipe, is_first_last_bf16_layer, set_fp8
 from gigatron.core.transformer.mlp import MLP
@@ -192,7 +193,6 @@ class TransformerBlock(MegatronModule):
         return hidden_states, context
 
     def _checkpointed_forward(self, hidden_states, context, **kw):
-        from gigatron.core import tensor_parallel
 
         cfg, n = self.config, len(self.layers)
 

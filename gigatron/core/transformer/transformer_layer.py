@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from gigatron.core import parallel_state
+from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.dist_checkpointing.utils import apply_prefix_mapping
 from gigatron.core.transformer import _layer_split
 from gigatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
@@ -169,7 +169,6 @@ class TransformerLayer(MegatronModule):
     def _mlp(self, x: Tensor):
         if not (self.recompute_mlp and self.training):
             return self.mlp(x)
-        from gigatron.core import tensor_parallel
 
         def run(inp):
             out, bias = self.mlp(inp)

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gigatron.core import layout_invariant_init, parallel_state
+from gigatron.core import layout_invariant_init, parallel_state, tensor_parallel
 from gigatron.core.layout_invariant_init import init_rng_scope
 from gigatron.core.models.common.embeddings.language_model_embedding import (  # noqa: F401
     LanguageModelEmbedding,  # megatron-core's module exposes it here (docs/compat.md)
@@ -65,7 +65,6 @@ class T5LMHead(MegatronModule):
         tp_group=None,
     ):
         super().__init__(config)
-        from gigatron.core import tensor_parallel
 
         self.parallel_output = parallel_output
         self.output_layer = tensor_parallel.ColumnParallelLinear(
@@ -250,7 +249,6 @@ class T5Model(LanguageModule):
         """This TP rank's heads of the relative position bias [1, np/tp, s, s] (or None)."""
         if self.position_embedding_type != "relative":
             return None
-        from gigatron.core import tensor_parallel
 
         emb = getattr(self, f"{which}_relative_pos_emb")
         bias = emb(ids.size(1), ids.size(1)).permute(0, 2, 3, 1)  # [1, s, s, np]

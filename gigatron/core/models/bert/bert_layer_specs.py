@@ -11,6 +11,7 @@ from __future__ import annotations
 from gigatron.core.models.gpt.gpt_layer_specs import _layer_spec
 from gigatron.core.transformer.dot_product_attention import DotProductAttention
 from gigatron.core.transformer.enums import AttnMaskType
+from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
 from gigatron.core.transformer.spec_utils import ModuleSpec
 
 
@@ -24,6 +25,5 @@ bert_layer_local_spec = _bert_layer_spec(DotProductAttention)
 
 def get_bert_layer_with_transformer_engine_spec() -> ModuleSpec:
     """Megatron's TE BERT spec, served by the local layer with SDPA core attention."""
-    from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
 
     return _bert_layer_spec(SDPADotProductAttention)

@@ -10,6 +10,7 @@ With `num_experts` the MLP slot holds an MoELayer (`moe_module_specs.get_moe_mod
 
 from __future__ import annotations
 
+from gigatron.core import tensor_parallel
 from gigatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from gigatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from gigatron.core.transformer.dot_product_attention import DotProductAttention
@@ -19,6 +20,7 @@ from gigatron.core.transformer.mlp import MLP, MLPSubmodules
 from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
 from gigatron.core.transformer.spec_utils import ModuleSpec
 from gigatron.core.transformer.torch_norm import WrappedTorchNorm
+from gigatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from gigatron.core.transformer.transformer_layer import (
     TransformerLayer,
     TransformerLayerSubmodules,
@@ -61,7 +63,6 @@ def _layer_spec(
 ) -> ModuleSpec:
     """One layer of the local or fast spec (per `core_attention`); BertModel's layer is this
     one with attn_mask_type=AttnMaskType.padding (bert_layer_specs.py)."""
-    from gigatron.core import tensor_parallel
 
     return ModuleSpec(
         module=TransformerLayer,
@@ -101,7 +102,6 @@ def get_mlp_module_spec(
     numbers are those of Megatron's local MLP. Parameter order of megatron-core 0.19, which
     dropped 0.16's `moe_use_legacy_grouped_gemm` (here last, by keyword, only False).
     """
-    from gigatron.core import tensor_parallel
 
     _check(num_experts, moe_grouped_gemm, False, None)
     _refuse(fp8=(fp8, None), moe_use_legacy_grouped_gemm=(moe_use_legacy_grouped_gemm, False))
@@ -177,7 +177,6 @@ def get_gpt_decoder_block_spec(
     `use_transformer_engine=True` picks gigatron's fast spec (SDPA), the stand-in for Megatron's
     Transformer Engine spec.
     """
-    from gigatron.core.transformer.transformer_block import TransformerBlockSubmodules
     from gigatron.core.transformer.transformer_layer import get_num_layers_to_build
 
     spec_fn = get_gpt_layer_fast_spec if use_transformer_engine else get_gpt_layer_local_spec

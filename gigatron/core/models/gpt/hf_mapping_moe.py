@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gigatron.core import parallel_state as ps
 from gigatron.core.models.gpt import hf_mapping
 from gigatron.core.transformer.moe.experts import (
     grouped_weights_from_sequential,
@@ -168,7 +169,6 @@ def load_full_moe_state_dict(model, full_sd: dict[str, Tensor]) -> None:
     `mixtral_to_megatron`): experts are cut to this EP rank's and split over expert TP, the rest
     over TP. With `state_dict()` of an EP = 1 model it reshards to any EP size (strict keys).
     """
-    from gigatron.core import parallel_state as ps
     from gigatron.core.models.common.tp_state_dict import shard_for_rank
 
     config = model.config

@@ -9,7 +9,11 @@ SequentialMLP experts (column/row-parallel fc1/fc2, `is_expert=True` inside) or,
 
 from __future__ import annotations
 
+from gigatron.core import tensor_parallel
 from gigatron.core.transformer.mlp import MLPSubmodules
+from gigatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP
+from gigatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+from gigatron.core.transformer.moe.shared_experts import SharedExpertMLP
 from gigatron.core.transformer.spec_utils import ModuleSpec
 
 
@@ -20,10 +24,6 @@ def get_moe_module_spec(
     moe_use_legacy_grouped_gemm: bool | None = False,
 ) -> ModuleSpec:
     """ModuleSpec of an MoE layer (see module docstring)."""
-    from gigatron.core import tensor_parallel
-    from gigatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP
-    from gigatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
-    from gigatron.core.transformer.moe.shared_experts import SharedExpertMLP
 
     if num_experts is None:
         raise ValueError("get_moe_module_spec: num_experts must be set (got None)")

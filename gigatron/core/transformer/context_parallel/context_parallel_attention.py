@@ -25,8 +25,10 @@ from gigatron.core.transformer.context_parallel import _kernels, _layout
 from gigatron.core.transformer.context_parallel.a2a_attention import a2a_attention
 from gigatron.core.transformer.context_parallel.all_gather_attention import all_gather_attention
 from gigatron.core.transformer.context_parallel.ring_attention import ring_attention
+from gigatron.core.transformer.dot_product_attention import DotProductAttention
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.spec_utils import ModuleSpec
 
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
 
@@ -63,8 +65,6 @@ def get_cp_core_attention(core_attention, config):
     if config.context_parallel_size <= 1:
         _check_no_cp_group(config)
         return core_attention
-    from gigatron.core.transformer.dot_product_attention import DotProductAttention
-    from gigatron.core.transformer.spec_utils import ModuleSpec
 
     module = core_attention.module if isinstance(core_attention, ModuleSpec) else core_attention
     if isinstance(module, type) and issubclass(module, DotProductAttention):

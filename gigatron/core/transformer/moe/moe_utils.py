@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from gigatron.core.process_groups_config import ProcessGroupCollection
 from gigatron.core.transformer.moe._tracker import (  # noqa: F401  (public re-exports)
     clear_aux_losses_tracker,
     get_moe_layer_wise_logging_tracker,
@@ -348,7 +349,6 @@ def get_moe_layer_pattern(config) -> list[int]:
 
 def get_default_pg_collection():
     """parallel_state's groups used by MoE layers, as a ProcessGroupCollection."""
-    from gigatron.core.process_groups_config import ProcessGroupCollection
 
     return ProcessGroupCollection.use_mpu_process_groups(
         ["tp", "cp", "tp_cp", "ep", "expt_tp", "tp_ep", "expt_dp", "tp_dp_cp", "dp", "pp"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gigatron.core import tensor_parallel
 from gigatron.core.transformer.module import MegatronModule
 
 CHECK_INPUT_IDS = True  # module switch: False skips the one host sync of check_token_ids
@@ -64,7 +65,6 @@ class LanguageModelEmbedding(MegatronModule):
         tp_group=None,
     ):
         super().__init__(config)
-        from gigatron.core import tensor_parallel
 
         self.vocab_size = vocab_size
         self.max_sequence_length = max_sequence_length
@@ -106,7 +106,6 @@ class LanguageModelEmbedding(MegatronModule):
     def forward(self, input_ids: Tensor, position_ids: Tensor | None, tokentype_ids=None) -> Tensor:
         """input_ids [b, s], position_ids [b, s] (None = 0..s-1), tokentype_ids [b, s] (only
         with num_tokentypes > 0) -> [s(/tp), b, h]."""
-        from gigatron.core import tensor_parallel
 
         checked_positions = position_ids if self.add_position_embedding else None
         check_token_ids(input_ids, self.vocab_size, checked_positions, self.max_sequence_length)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gigatron.core import parallel_state
+from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.layout_invariant_init import init_rng_scope
 from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
@@ -98,7 +98,6 @@ class LanguageModule(MegatronModule):
     def _build_output_layer(self, *, bias: bool) -> None:
         """`self.output_layer`: [s, b, h] -> [s, b, V/tp] (V with parallel_output=False); no
         weight of its own where it borrows the word embedding's (tied, on the first stage)."""
-        from gigatron.core import tensor_parallel
 
         with init_rng_scope(self.config, "output_layer"):
             self.output_layer = tensor_parallel.ColumnParallelLinear(
@@ -145,7 +144,6 @@ class LanguageModule(MegatronModule):
 
     def compute_language_model_loss(self, labels: Tensor, logits: Tensor) -> Tensor:
         """labels [b, s], logits [s, b, V/tp] -> per-token fp32 loss [b, s] (no mask, no mean)."""
-        from gigatron.core import tensor_parallel
 
         labels = labels.transpose(0, 1).contiguous()  # [s, b]
         # vocab_parallel_cross_entropy overwrites fp32 logits in place, as in Megatron: safe, the
