@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from gigatron.core.fusions import chunked_cross_entropy
+from gigatron.core.models.gpt import gpt_model
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from gigatron.core.models.gpt.gpt_model import GPTModel
 from gigatron.core.transformer.transformer_config import TransformerConfig
@@ -56,7 +57,7 @@ def test_fused_path_runs_with_parallel_output_false(impl, monkeypatch):
         calls.append(kwargs["grad_in_forward"])
         return fused(*args, **kwargs)
 
-    monkeypatch.setattr(chunked_cross_entropy, "chunked_linear_cross_entropy", spy)
+    monkeypatch.setattr(gpt_model, "chunked_linear_cross_entropy", spy)  # the name forward calls
     ids, labels, mask = _batch()
     loss, grads = _loss_and_grads(_model(False, impl), ids, labels, mask)
     assert calls == [impl == "native_grad_in_forward"]
