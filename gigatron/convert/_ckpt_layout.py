@@ -132,9 +132,7 @@ def fill_request(request: dict, tensors: dict[str, torch.Tensor]) -> dict:
         if any(n != name for n, _, _ in more):
             raise ValueError(f"{key}: one request entry for several HF tensors (not TP = EP = 1?)")
         if name not in tensors:
-            raise ValueError(
-                f"model tensor {name} has no HF source (gigatron/convert/_ckpt_layout.py)"
-            )
+            raise ValueError(f"model tensor {name} has no HF source")
         t = tensors[name]
         if tuple(t.shape) != tuple(entry.data.shape):
             raise ValueError(
@@ -146,10 +144,7 @@ def fill_request(request: dict, tensors: dict[str, torch.Tensor]) -> dict:
         used.add(name)
     unused = sorted(set(tensors) - used)
     if unused:
-        raise ValueError(
-            f"HF-derived tensors the model does not have: {unused[:8]} "
-            "(gigatron/convert/_ckpt_layout.py)"
-        )
+        raise ValueError(f"HF-derived tensors the model does not have: {unused[:8]}")
     return out
 
 

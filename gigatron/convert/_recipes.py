@@ -187,8 +187,7 @@ def recipes_for(spec, names, padded: int | None = None) -> list[Recipe]:
     unused = sorted(names - used - ({"lm_head.weight"} if spec.tied else set()))
     if missing or unused:
         raise ValueError(
-            f"{spec.family}: HF tensors missing {missing[:8]} / not mapped {unused[:8]} "
-            "(gigatron/convert/_recipes.py)"
+            f"{spec.family}: HF tensors missing {missing[:8]} / not mapped {unused[:8]}"
         )
     return recipes
 

@@ -26,9 +26,7 @@ _GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tan
 
 
 def _err(family: str, key: str, value, rule: str) -> ValueError:
-    return ValueError(
-        f"{family} config.json: {key} ({value!r}) {rule} (gigatron/convert/hf_config.py)"
-    )
+    return ValueError(f"{family} config.json: {key} ({value!r}) {rule}")
 
 
 @dataclass

@@ -113,7 +113,7 @@ def get_data_parallel_group(
         raise ValueError(
             "get_data_parallel_group(independent_all_gather=True): gigatron creates no separate "
             "all-gather group (initialize_model_parallel(create_all_gather_group=True) is "
-            "refused) (gigatron/core/_parallel_state_getters.py)"
+            "refused)"
         )
     s = _store.state()
     return (s.dp_cp if with_context_parallel else s.dp).group

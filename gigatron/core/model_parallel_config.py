@@ -140,8 +140,7 @@ class ModelParallelConfig(megatron_only_fields.MegatronOnlyParallelFields):
         if self.cross_entropy_fusion_impl not in CROSS_ENTROPY_FUSION_IMPLS:
             raise ValueError(
                 f"cross_entropy_fusion_impl={self.cross_entropy_fusion_impl!r} must be one of "
-                f"{CROSS_ENTROPY_FUSION_IMPLS} in gigatron ('te' needs Transformer Engine) "
-                "(gigatron/core/model_parallel_config.py)"
+                f"{CROSS_ENTROPY_FUSION_IMPLS} in gigatron ('te' needs Transformer Engine)"
             )
         if self.cross_entropy_fusion_impl == "native_grad_in_forward" and not (
             self.cross_entropy_loss_fusion
@@ -149,8 +148,7 @@ class ModelParallelConfig(megatron_only_fields.MegatronOnlyParallelFields):
             raise ValueError(
                 "cross_entropy_fusion_impl='native_grad_in_forward' needs "
                 "cross_entropy_loss_fusion=True (training flag --cross-entropy-loss-fusion): "
-                "without it the plain cross entropy runs and the impl would be ignored "
-                "(gigatron/core/model_parallel_config.py)"
+                "without it the plain cross entropy runs and the impl would be ignored"
             )
         for name in (
             "tensor_model_parallel_size",

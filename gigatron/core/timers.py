@@ -137,7 +137,7 @@ class Timers:
         seconds / normalizer, for timers some rank ran. Collective (every rank calls it); a
         `writer` of None (ranks that do not log) only takes part in the reduction."""
         if normalizer <= 0.0:
-            raise ValueError(f"normalizer ({normalizer}) must be > 0 (gigatron/core/timers.py)")
+            raise ValueError(f"normalizer ({normalizer}) must be > 0")
         values = self._max_seconds(list(names), reset, barrier)
         if writer is None:
             return

@@ -162,5 +162,5 @@ def check_moe_layer_pattern(chunks, config) -> None:
                     f"--moe-layer-freq {config.moe_layer_freq}: layer {i} was built "
                     f"{'with' if pattern[i] == 0 else 'without'} experts against the pattern "
                     f"{pattern}; the model provider must build the decoder from "
-                    "get_gpt_decoder_block_spec(config, ...) (gigatron/training/_loop_extras.py)"
+                    "get_gpt_decoder_block_spec(config, ...)"
                 )

@@ -123,5 +123,5 @@ def require_corpus(args, name: str) -> None:
         raise ValueError(
             f"--mock-data: {name} has no mock dataset; give --data-path PREFIX (a corpus "
             "written by `gigatron preprocess`) and a tokenizer with the mask / pad / special "
-            "tokens (gigatron/training/_pretrain_common.py)"
+            "tokens"
         )

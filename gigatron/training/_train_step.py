@@ -120,8 +120,7 @@ def _check_sync_free_skips(optimizer, args) -> None:
         raise ValueError(
             "--sync-free-step with --skip-nan-steps needs torch's fused Adam: the flat "
             "Adam step (the CUDA default) would count each skipped step in Adam's bias "
-            "correction; add --no-flat-adam-step or drop one of the two "
-            "(gigatron/training/_train_step.py)"
+            "correction; add --no-flat-adam-step or drop one of the two"
         )
 
 

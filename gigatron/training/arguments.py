@@ -450,7 +450,7 @@ def _check_schedule_units(args) -> None:
         if value:  # None, or the warmup's default 0
             raise ValueError(
                 f"--{name}-{other} ({value}) does not apply to --train-{unit} training: give "
-                f"--{name}-{unit} (Megatron's rule) (gigatron/training/arguments.py)"
+                f"--{name}-{unit} (Megatron's rule)"
             )
 
 
@@ -479,18 +479,12 @@ def _check_ranges(args) -> None:
     for name, lowest in _LOWEST.items():
         value = getattr(args, name, None)
         if value is not None and value < lowest:
-            raise ValueError(
-                f"--{name.replace('_', '-')} ({value}) must be >= {lowest} "
-                "(gigatron/training/arguments.py)"
-            )
+            raise ValueError(f"--{name.replace('_', '-')} ({value}) must be >= {lowest}")
     if args.rampup_batch_size is None:
         return
     for part, value in zip(("start", "increment", "samples"), args.rampup_batch_size):
         if not str(value).isdigit() or int(value) < 1:
-            raise ValueError(
-                f"--rampup-batch-size {part} ({value}) must be an integer >= 1 "
-                "(gigatron/training/arguments.py)"
-            )
+            raise ValueError(f"--rampup-batch-size {part} ({value}) must be an integer >= 1")
 
 
 def _check_virtual_pipeline(args, pp: int) -> None:
@@ -499,8 +493,7 @@ def _check_virtual_pipeline(args, pp: int) -> None:
         if getattr(args, name) is not None and pp == 1:
             raise ValueError(
                 f"--{name.replace('_', '-')} needs --pipeline-model-parallel-size > 1 (the "
-                "interleaved schedule spreads virtual stages over pipeline ranks; got 1) "
-                "(gigatron/training/arguments.py)"
+                "interleaved schedule spreads virtual stages over pipeline ranks; got 1)"
             )
 
 
@@ -568,7 +561,7 @@ def validate_args(args, world_size: int | None = None):
         raise ValueError(
             f"--reset-attention-mask with --context-parallel-size {cp}: context-parallel "
             "attention is causal over the whole sequence and would ignore the per-document "
-            "mask (gigatron/training/arguments.py)"
+            "mask"
         )
     if args.sequence_parallel and tp == 1:
         args.sequence_parallel = False  # Megatron silently disables SP at TP=1

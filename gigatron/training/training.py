@@ -105,13 +105,11 @@ def _compile_chunks(args, chunks) -> None:
     per_graph = parse_layers_per_graph(getattr(args, "torch_compile_layers_per_graph", "1"))
     if per_graph != 1 and mode == "none":
         raise ValueError(
-            f"--torch-compile-layers-per-graph {per_graph} needs --torch-compile layers or "
-            "model (gigatron/training/training.py)"
+            f"--torch-compile-layers-per-graph {per_graph} needs --torch-compile layers or model"
         )
     if compile_mode is not None and mode == "none":
         raise ValueError(
-            f"--torch-compile-mode {compile_mode} needs --torch-compile layers or model "
-            "(gigatron/training/training.py)"
+            f"--torch-compile-mode {compile_mode} needs --torch-compile layers or model"
         )
     if mode == "layers":
         for chunk in chunks:
@@ -120,8 +118,7 @@ def _compile_chunks(args, chunks) -> None:
         if len(chunks) > 1 or ps.get_pipeline_model_parallel_world_size() > 1:
             raise ValueError(
                 "--torch-compile model needs --pipeline-model-parallel-size 1 (a stage's "
-                "input tensor changes per microbatch); use --torch-compile layers "
-                "(gigatron/training/training.py)"
+                "input tensor changes per microbatch); use --torch-compile layers"
             )
         if per_graph != 1:  # the model's graphs stop around the layer groups
             compile_transformer_layers(chunks[0], mode=compile_mode, layers_per_graph=per_graph)

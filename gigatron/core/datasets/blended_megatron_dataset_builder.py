@@ -295,8 +295,7 @@ def _empty_split_message(config, dataset_path, split: Split, num_elements: int, 
     return (
         f"empty corpus: the {split.name} split of {dataset_path} has 0 of its {num_elements} "
         f"sequences{share} but {size} samples were requested; use {fix}, or request none "
-        "(--eval-iters 0 for the valid and test splits) "
-        "(gigatron/core/datasets/blended_megatron_dataset_builder.py)"
+        "(--eval-iters 0 for the valid and test splits)"
     )
 
 
@@ -317,8 +316,7 @@ def _no_tokens_message(low_level: IndexedDataset, split: Split, size: int) -> st
     return (
         f"empty corpus: {get_bin_path(low_level.path_prefix)} holds no tokens ({what}) but "
         f"{size} {split.name} samples were requested; a corpus needs documents with tokens "
-        "(write it again with `gigatron preprocess` from non-empty text) "
-        "(gigatron/core/datasets/blended_megatron_dataset_builder.py)"
+        "(write it again with `gigatron preprocess` from non-empty text)"
     )
 
 

@@ -197,8 +197,7 @@ def save(
     _check_strategy(common_strategy, "common_strategy")
     if async_strategy not in ("nvrx", "mcore"):
         raise CheckpointingException(
-            f"async_strategy {async_strategy!r} is not one of Megatron's 'nvrx' / 'mcore' "
-            "(gigatron/core/dist_checkpointing/serialization.py)"
+            f"async_strategy {async_strategy!r} is not one of Megatron's 'nvrx' / 'mcore'"
         )
     del preprocess_common_before_consistancy_check  # common state is taken from rank 0 only
     checkpoint_dir = str(checkpoint_dir)

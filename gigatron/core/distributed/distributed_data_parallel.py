@@ -73,8 +73,7 @@ class DistributedDataParallel(torch.nn.Module):
             raise ValueError(
                 "DistributedDataParallel: full_param_layout (a layout precomputed by Megatron's "
                 "DistributedOptimizer.compute_full_param_layout) is not supported by gigatron; "
-                "leave it None: the buffers are laid out here "
-                "(gigatron/core/distributed/distributed_data_parallel.py)"
+                "leave it None: the buffers are laid out here"
             )
         self.config = config
         self.module = module

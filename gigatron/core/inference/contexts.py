@@ -59,7 +59,7 @@ class StaticInferenceContext(BaseInferenceContext):
         if max_batch_size < 1 or max_sequence_length < 1:
             raise ValueError(
                 f"max_batch_size ({max_batch_size}) and max_sequence_length "
-                f"({max_sequence_length}) must be >= 1 (gigatron/core/inference/contexts.py)"
+                f"({max_sequence_length}) must be >= 1"
             )
         if use_flashinfer_fused_rope:
             raise ValueError("use_flashinfer_fused_rope (True) is not supported by gigatron")
@@ -109,7 +109,7 @@ class StaticInferenceContext(BaseInferenceContext):
             raise ValueError(
                 f"KV cache overflow: positions {start}+{s} > max_sequence_length "
                 f"({self.max_sequence_length}) or rows {row}+{b} > max_batch_size "
-                f"({self.max_batch_size}) (gigatron/core/inference/contexts.py)"
+                f"({self.max_batch_size})"
             )
         if layer_number not in self.key_value_memory_dict:
             shape = (self.max_sequence_length, self.max_batch_size, *key.shape[2:])

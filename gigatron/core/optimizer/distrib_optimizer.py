@@ -51,8 +51,7 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
             if not buffer.ddp_config.use_distributed_optimizer:
                 raise ValueError(
                     "DistributedOptimizer needs DDP built with "
-                    "DistributedDataParallelConfig(use_distributed_optimizer=True) "
-                    "(gigatron/core/optimizer/distrib_optimizer.py)"
+                    "DistributedDataParallelConfig(use_distributed_optimizer=True)"
                 )
         self.ddp_config = self.buffers[0].ddp_config if self.buffers else None
         # The bucket groups over this optimizer's buffers (dense or expert): the only ones whose

@@ -192,7 +192,7 @@ class MegatronOptimizer:
         if check_grad_norm and not self.config.clip_grad > 0.0:
             raise ValueError(
                 f"step(check_grad_norm=True) needs clip_grad > 0 (got {self.config.clip_grad}): "
-                "without clipping no grad norm is computed (gigatron/core/optimizer/optimizer.py)"
+                "without clipping no grad norm is computed"
             )
         if self.prepare_grads():
             return False, None, None
@@ -221,7 +221,7 @@ class MegatronOptimizer:
         """ValueError naming the rule when the sync-free step cannot run."""
         rule = _sync_free_problem(self)
         if rule:
-            raise ValueError(f"the sync-free step {rule} (gigatron/core/optimizer/optimizer.py)")
+            raise ValueError(f"the sync-free step {rule}")
 
     def _grad_norm_tensor(self) -> torch.Tensor:
         counted, left_out = self._grads_for_norm()
@@ -291,8 +291,7 @@ class MixedPrecisionOptimizer(MegatronOptimizer):
         self.grad_scaler = grad_scaler
         if grad_scaler is None and config.fp16:
             raise ValueError(
-                "fp16 (True) needs a grad scaler (set loss_scale or use dynamic scaling) "
-                "(gigatron/core/optimizer/optimizer.py)"
+                "fp16 (True) needs a grad scaler (set loss_scale or use dynamic scaling)"
             )
 
     def get_loss_scale(self) -> torch.Tensor:
@@ -350,8 +349,7 @@ class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
                     f32.append(param)
                 else:
                     raise ValueError(
-                        f"param dtype {param.dtype} must be float16, bfloat16 or float32 "
-                        "(gigatron/core/optimizer/optimizer.py)"
+                        f"param dtype {param.dtype} must be float16, bfloat16 or float32"
                     )
             self.float16_groups.append(f16)
             self.fp32_from_float16_groups.append(main)

@@ -45,7 +45,7 @@ def get_forward_backward_func(
     if type(schedule_pg_collection).__name__ == "MultiModuleProcessGroupCollection":
         raise ValueError(
             "get_forward_backward_func: multi-module (cross-grid) pipeline schedules are not "
-            "implemented by gigatron (gigatron/core/pipeline_parallel/schedules.py)"
+            "implemented by gigatron"
         )
     if pp_size is None and vp_size is None:
         pp_size = parallel_state.get_pipeline_model_parallel_world_size()
@@ -119,14 +119,13 @@ def _table(kind, config, pp_size, pp_rank, num_microbatches, num_chunks, forward
             raise ValueError(
                 f"microbatch_group_size_per_vp_stage ({group}) other than "
                 f"pipeline_model_parallel_size ({pp_size}) is only supported on gloo: its batches "
-                "would wait on each other over NCCL (gigatron/core/pipeline_parallel/schedules.py)"
+                "would wait on each other over NCCL"
             )
         if nccl and config.variable_seq_lengths and num_microbatches == pp_size > 2:
             raise ValueError(
                 f"variable_seq_lengths with interleaving over NCCL needs num_microbatches "
                 f"({num_microbatches}) != pipeline_model_parallel_size ({pp_size}) when it is "
-                "> 2: the shapes-first exchange would wait in a circle "
-                "(gigatron/core/pipeline_parallel/schedules.py)"
+                "> 2: the shapes-first exchange would wait in a circle"
             )
         steps = table.interleaved_table(
             pp_size, pp_rank, num_microbatches, num_chunks,

@@ -52,8 +52,7 @@ class MegatronTokenizer:
             metadata = metadata_path
         else:
             raise ValueError(
-                f"metadata_path ({metadata_path!r}) must be a dict or a path to metadata.json "
-                "(gigatron/core/tokenizers/megatron_tokenizer.py)"
+                f"metadata_path ({metadata_path!r}) must be a dict or a path to metadata.json"
             )
         library = metadata.get("library")
         if library not in _NULL_LIBRARIES:

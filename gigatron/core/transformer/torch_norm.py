@@ -65,6 +65,5 @@ class WrappedTorchNorm:
         if config.normalization == "RMSNorm":
             return RMSNorm(config, hidden_size, eps)
         raise ValueError(
-            f"normalization ({config.normalization!r}) must be 'LayerNorm' or 'RMSNorm' "
-            "(gigatron/core/transformer/torch_norm.py)"
+            f"normalization ({config.normalization!r}) must be 'LayerNorm' or 'RMSNorm'"
         )

@@ -49,8 +49,7 @@ def _refuse(**settings) -> None:
     if bad:
         raise ValueError(
             f"{', '.join(bad)}: not supported by gigatron's layer specs (Transformer Engine / "
-            "kitchen / the legacy grouped_gemm package); leave at the default "
-            "(gigatron/core/models/gpt/gpt_layer_specs.py)"
+            "kitchen / the legacy grouped_gemm package); leave at the default"
         )
 
 

@@ -201,7 +201,7 @@ def _inference_position_ids(model, inference_context, input_ids, position_ids):
     if model.config.sequence_parallel:
         raise ValueError(
             "inference_context needs sequence_parallel (True) off: one decoded token cannot be "
-            "split over TP ranks (gigatron/core/models/gpt/gpt_model.py)"
+            "split over TP ranks"
         )
     if position_ids is not None or input_ids is None:
         return position_ids

@@ -40,14 +40,12 @@ def check_token_ids(
         bad = lo if lo < 0 else hi
         pos = (input_ids == bad).nonzero()[0].tolist()
         raise ValueError(
-            f"token id {bad} at input_ids{pos} is outside the vocabulary [0, {vocab_size}) "
-            "(gigatron/core/models/common/embeddings/language_model_embedding.py)"
+            f"token id {bad} at input_ids{pos} is outside the vocabulary [0, {vocab_size})"
         )
     if pos_range and (pos_range[0] < 0 or pos_range[1] >= max_sequence_length):
         bad = pos_range[0] if pos_range[0] < 0 else pos_range[1]
         raise ValueError(
-            f"position id {bad} is outside [0, max_sequence_length={max_sequence_length}) "
-            "(gigatron/core/models/common/embeddings/language_model_embedding.py)"
+            f"position id {bad} is outside [0, max_sequence_length={max_sequence_length})"
         )
 
 
