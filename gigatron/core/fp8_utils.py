@@ -21,7 +21,7 @@ amax reduced over the TP group where the tensor is split, so TP never changes th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
@@ -71,9 +71,39 @@ class Fp8Recipe:
     """`fp8_margin`: scales are divided by 2**margin (headroom above the current amax)."""
     ao: SimpleNamespace
     """torchao functions: `amax_to_scale`, `to_fp8_saturated`, `addmm_float8_unwrapped`."""
+    keep_input: bool = field(init=False)
+    """forward's FP8 input serves the weight gradient (same per-tensor cast): saved instead of
+    the input."""
+    keep_weight: bool = field(init=False)
+    """forward's FP8 weight serves the input gradient (same per-tensor cast)."""
+    reuse_grad_output: bool = field(init=False)
+    """the input gradient's FP8 dY serves the weight gradient (same per-tensor cast)."""
+    hp_grad_weight: bool = field(init=False)
+    """the weight gradient runs in the model dtype (one of its operands is not cast)."""
+
+    def __post_init__(self):
+        # Decided once here, not per call: the FP8 linear's Python stays plain attribute reads
+        # (cheap for torch.compile to trace, one per linear and layer under a whole-model graph).
+        c = self.casts
+        flags = {
+            "keep_input": _same_tensorwise(c["input"], c["input_for_grad_weight"]),
+            "keep_weight": _same_tensorwise(c["weight"], c["weight_for_grad_input"]),
+            "reuse_grad_output": _same_tensorwise(
+                c["grad_output"], c["grad_output_for_grad_weight"]
+            ),
+            "hp_grad_weight": c["input_for_grad_weight"].dtype is None
+            or c["grad_output_for_grad_weight"].dtype is None,
+        }
+        for name, value in flags.items():
+            object.__setattr__(self, name, value)
 
     def cast(self, role: str) -> Fp8Cast:
         return self.casts[role]
+
+
+def _same_tensorwise(c1: Fp8Cast, c2: Fp8Cast) -> bool:
+    """Two casts of one tensor give the same FP8 bytes: the first serves for the second."""
+    return c1 == c2 and c1.dtype is not None and not c1.rowwise
 
 
 def _torchao():

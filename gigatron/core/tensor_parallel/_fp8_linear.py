@@ -37,17 +37,14 @@ from gigatron.core.tensor_parallel.wgrad import (
 )
 from gigatron.core.utils import group_size
 
+# An FP8 operand is a pair `(data, scale)`: FP8 `data` `[r, c]` (`data ~ hp * scale`) and its
+# scale `[]`, `[r, 1]` or `[1, c]`. Plain tuples (no class of gigatron's) keep the traced Python
+# of each linear small under a whole-model torch.compile.
 
-class _Fp8:
-    """FP8 `data` `[r, c]` and its scale (`data ~ hp * scale`): `[]`, `[r, 1]` or `[1, c]`."""
 
-    __slots__ = ("data", "scale")
-
-    def __init__(self, data: torch.Tensor, scale: torch.Tensor):
-        self.data, self.scale = data, scale
-
-    def t(self) -> _Fp8:
-        return _Fp8(self.data.t(), self.scale.t() if self.scale.dim() else self.scale)
+def _t(q: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    data, scale = q
+    return data.t(), (scale.t() if scale.dim() else scale)
 
 
 def _all_reduce_max(x: torch.Tensor, group) -> torch.Tensor:
@@ -57,31 +54,31 @@ def _all_reduce_max(x: torch.Tensor, group) -> torch.Tensor:
     return x
 
 
-def _quantize(recipe, x: torch.Tensor, cast, *, dim: int, split_dim: int | None, group) -> _Fp8:
-    """`x [r, c]` -> FP8. A row-wise cast takes one scale per slice along `dim` (1: per row,
-    scale `[r, 1]`; 0: per column, `[1, c]`). `split_dim`: the dimension TP splits `x` along
-    (None: whole on every rank); an amax over it is all-reduced so all ranks share the scale."""
-    with torch.no_grad():
-        if cast.rowwise:
-            amax = x.abs().amax(dim=dim, keepdim=True).float()
-        else:
-            amax = x.abs().max().float()
-        spans_split = split_dim is not None and (not cast.rowwise or split_dim == dim)
-        if spans_split and group_size(group) > 1:
-            amax = _all_reduce_max(amax, group)
-        if recipe.margin:
-            amax = amax * 2.0**recipe.margin  # fp8_margin: scale / 2**margin
-        scale = recipe.ao.amax_to_scale(amax, cast.dtype, recipe.round_scales_to_power_of_2)
-        data = recipe.ao.to_fp8_saturated(x.float() * scale, cast.dtype)
-    return _Fp8(data, scale)
+def _quantize(recipe, x: torch.Tensor, cast, *, dim: int, split_dim: int | None, group):
+    """`x [r, c]` -> FP8 `(data, scale)`. A row-wise cast takes one scale per slice along `dim`
+    (1: per row, scale `[r, 1]`; 0: per column, `[1, c]`). `split_dim`: the dimension TP splits
+    `x` along (None: whole on every rank); an amax over it is all-reduced so all ranks share the
+    scale. Runs under no_grad already (autograd.Function forward / backward)."""
+    if cast.rowwise:
+        amax = x.abs().amax(dim=dim, keepdim=True).float()
+    else:
+        amax = x.abs().max().float()
+    spans_split = split_dim is not None and (not cast.rowwise or split_dim == dim)
+    if spans_split and group_size(group) > 1:
+        amax = _all_reduce_max(amax, group)
+    if recipe.margin:
+        amax = amax * 2.0**recipe.margin  # fp8_margin: scale / 2**margin
+    scale = recipe.ao.amax_to_scale(amax, cast.dtype, recipe.round_scales_to_power_of_2)
+    return recipe.ao.to_fp8_saturated(x.float() * scale, cast.dtype), scale
 
 
-def _mm(recipe, a: _Fp8, b: _Fp8, out_dtype: torch.dtype, gemm: str) -> torch.Tensor:
-    """`a [m, k] @ b [k, n]` in FP8 -> `[m, n]` in `out_dtype` (`gemm`: output | grad_input |
-    grad_weight, for the recipe's fast-accumulation choice)."""
-    a_data = a.data if a.data.is_contiguous() else a.data.contiguous()  # _scaled_mm: row-major
-    b_data = b.data if b.data.t().is_contiguous() else b.data.t().contiguous().t()  # col-major
-    a_scale, b_scale = a.scale, b.scale
+def _mm(recipe, a, b, out_dtype: torch.dtype, gemm: str) -> torch.Tensor:
+    """`a [m, k] @ b [k, n]` (FP8 pairs) -> `[m, n]` in `out_dtype` (`gemm`: output |
+    grad_input | grad_weight, for the recipe's fast-accumulation choice)."""
+    a_data, a_scale = a
+    b_data, b_scale = b
+    a_data = a_data if a_data.is_contiguous() else a_data.contiguous()  # _scaled_mm: row-major
+    b_data = b_data if b_data.t().is_contiguous() else b_data.t().contiguous().t()  # col-major
     # _scaled_mm scales both operands per tensor or both per row / column: widen the other one
     if a_scale.dim() == 0 and b_scale.dim() > 0:
         a_scale = a_scale.repeat(a_data.size(0)).reshape(-1, 1)
@@ -92,16 +89,12 @@ def _mm(recipe, a: _Fp8, b: _Fp8, out_dtype: torch.dtype, gemm: str) -> torch.Te
     )
 
 
-def _gather_fp8(q: _Fp8, group) -> _Fp8:
+def _gather_fp8(q, group):
     """`[n/tp, h]` FP8 -> `[n, h]`: the bytes all-gathered along dim 0 (and per-row scales)."""
-    data = _gather_along_first_dim(q.data.view(torch.uint8), group).view(q.data.dtype)
-    scale = q.scale if q.scale.dim() == 0 else _gather_along_first_dim(q.scale, group)
-    return _Fp8(data, scale)
-
-
-def _same_tensorwise(c1, c2) -> bool:
-    """Two casts of one tensor give the same FP8 bytes: reuse the first for the second."""
-    return c1 == c2 and c1.dtype is not None and not c1.rowwise
+    data, scale = q
+    data = _gather_along_first_dim(data.view(torch.uint8), group).view(data.dtype)
+    scale = scale if scale.dim() == 0 else _gather_along_first_dim(scale, group)
+    return data, scale
 
 
 class Fp8LinearFunction(torch.autograd.Function):
@@ -129,33 +122,31 @@ class Fp8LinearFunction(torch.autograd.Function):
         tp_group,
     ):
         column = parallel == "column"
+        casts = recipe.casts
         x = input_.reshape(-1, input_.size(-1))  # [n(/tp under SP), h]
-        c_in = recipe.cast("input")
         if sequence_parallel:  # cast the local rows once, gather FP8 bytes
-            xq_local = _quantize(recipe, x, c_in, dim=1, split_dim=0, group=tp_group)
+            xq_local = _quantize(recipe, x, casts["input"], dim=1, split_dim=0, group=tp_group)
             xq = _gather_fp8(xq_local, tp_group)  # [n, h]
         else:
             split = None if column else 1
-            xq = xq_local = _quantize(recipe, x, c_in, dim=1, split_dim=split, group=tp_group)
+            xq = xq_local = _quantize(
+                recipe, x, casts["input"], dim=1, split_dim=split, group=tp_group
+            )
         wq = _quantize(
-            recipe, weight, recipe.cast("weight"), dim=1, split_dim=0 if column else 1,
-            group=tp_group,
-        )  # fmt: skip
-        out = _mm(recipe, xq, wq.t(), input_.dtype, "output")  # [n, o]
+            recipe, weight, casts["weight"], dim=1, split_dim=0 if column else 1, group=tp_group
+        )
+        out = _mm(recipe, xq, _t(wq), input_.dtype, "output")  # [n, o]
         if bias is not None:
             out = out + bias
 
         # Keep FP8 copies where backward casts the same tensor the same way (per-tensor scale).
-        ctx.keep_xq = _same_tensorwise(c_in, recipe.cast("input_for_grad_weight"))
-        ctx.keep_wq = _same_tensorwise(recipe.cast("weight"), recipe.cast("weight_for_grad_input"))
-        saved_x = (xq_local.data, xq_local.scale) if ctx.keep_xq else (input_, input_)
-        saved_w = (wq.data, wq.scale) if ctx.keep_wq else (weight, weight)
+        saved_x = xq_local if recipe.keep_input else (input_, input_)
+        saved_w = wq if recipe.keep_weight else (weight, weight)
         ctx.save_for_backward(*saved_x, *saved_w, weight)
         ctx.recipe, ctx.column, ctx.tp_group = recipe, column, tp_group
         ctx.use_bias = bias is not None
         ctx.gradient_accumulation_fusion = gradient_accumulation_fusion
         ctx.allreduce_dgrad, ctx.sequence_parallel = allreduce_dgrad, sequence_parallel
-        ctx.input_shape = input_.shape
         rows = input_.size(0) * (group_size(tp_group) if sequence_parallel else 1)
         return out.view(rows, *input_.shape[1:-1], weight.size(0))  # [s, b, o]
 
@@ -163,24 +154,25 @@ class Fp8LinearFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         x_a, x_b, w_a, w_b, weight = ctx.saved_tensors
         recipe, group, column = ctx.recipe, ctx.tp_group, ctx.column
+        casts = recipe.casts
         need_dgrad, need_wgrad = ctx.needs_input_grad[:2]
         gy = grad_output.reshape(-1, grad_output.size(-1))  # [n, o]
-        c_go = recipe.cast("grad_output")
 
         # SP: the input re-gather runs during the input-gradient GEMM (as in _linear.py).
         gather = None
         if need_wgrad and ctx.sequence_parallel:
-            x_local = x_a.view(torch.uint8) if ctx.keep_xq else x_a
+            x_local = x_a.view(torch.uint8) if recipe.keep_input else x_a
             gather = _start_async("all_gather", x_local.reshape(-1, x_local.size(-1)), group)
 
         gq = grad_input = dgrad_comm = None
         if need_dgrad:
-            gq = _quantize(recipe, gy, c_go, dim=1, split_dim=1 if column else None, group=group)
-            if ctx.keep_wq:
-                wq = _Fp8(w_a, w_b)
+            split = 1 if column else None
+            gq = _quantize(recipe, gy, casts["grad_output"], dim=1, split_dim=split, group=group)
+            if recipe.keep_weight:
+                wq = (w_a, w_b)
             else:
                 wq = _quantize(
-                    recipe, weight, recipe.cast("weight_for_grad_input"), dim=0,
+                    recipe, weight, casts["weight_for_grad_input"], dim=0,
                     split_dim=0 if column else 1, group=group,
                 )  # fmt: skip
             grad_input = _mm(recipe, gq, wq, grad_output.dtype, "grad_input")  # [n, h]
@@ -192,11 +184,10 @@ class Fp8LinearFunction(torch.autograd.Function):
         grad_weight = None
         if need_wgrad:
             x_total = x_a.reshape(-1, x_a.size(-1)) if gather is None else _finish(*gather)
-            if ctx.keep_xq:  # FP8 bytes, per-tensor scale shared by all ranks
-                xq = _Fp8(x_total.view(x_a.dtype), x_b)
-            else:
-                xq = x_total  # [n, h] model dtype
-            grad_weight = _weight_grad(ctx, weight, gy, gq, xq)
+            if recipe.keep_input:  # FP8 bytes, per-tensor scale shared by all ranks
+                grad_weight = _weight_grad(ctx, weight, gy, gq, (x_total.view(x_a.dtype), x_b))
+            else:  # [n, h] model dtype
+                grad_weight = _weight_grad(ctx, weight, gy, gq, x_total)
         grad_bias = gy.sum(dim=0) if ctx.use_bias else None
 
         if dgrad_comm is not None:
@@ -206,14 +197,17 @@ class Fp8LinearFunction(torch.autograd.Function):
 
 def _weight_grad(ctx, weight, gy, gq, x):
     """dW = dY^T X `[o, h]` from `gy [n, o]` (and its FP8 cast `gq` for the input gradient,
-    reused when the recipe casts it the same way) and `x` (`_Fp8` or model dtype `[n, h]`)."""
+    reused when the recipe casts it the same way) and `x` (an FP8 pair, or `[n, h]` in the model
+    dtype)."""
     recipe, group, column = ctx.recipe, ctx.tp_group, ctx.column
-    c_go, c_in = recipe.cast("grad_output_for_grad_weight"), recipe.cast("input_for_grad_weight")
-    if c_go.dtype is None or c_in.dtype is None:  # high-precision weight gradient
+    if recipe.hp_grad_weight:  # high-precision weight gradient
         return weight_grad(ctx, weight, gy, x)
-    if gq is None or not _same_tensorwise(recipe.cast("grad_output"), c_go):
+    casts = recipe.casts
+    if gq is None or not recipe.reuse_grad_output:
+        c_go = casts["grad_output_for_grad_weight"]
         gq = _quantize(recipe, gy, c_go, dim=0, split_dim=1 if column else None, group=group)
-    if not isinstance(x, _Fp8):
+    if isinstance(x, torch.Tensor):
+        c_in = casts["input_for_grad_weight"]
         x = _quantize(recipe, x, c_in, dim=0, split_dim=None if column else 1, group=group)
     fused = (
         ctx.gradient_accumulation_fusion
@@ -221,5 +215,5 @@ def _weight_grad(ctx, weight, gy, gq, x):
         and getattr(weight, WGRAD_IN_MAIN_GRAD, False)
     )
     out_dtype = weight.main_grad.dtype if fused else weight.dtype  # fp32 main_grad: no bf16 trip
-    grad_weight = _mm(recipe, gq.t(), x, out_dtype, "grad_weight")  # [o, h]
+    grad_weight = _mm(recipe, _t(gq), x, out_dtype, "grad_weight")  # [o, h]
     return hand_over_weight_grad(weight, grad_weight) if fused else grad_weight

@@ -1,6 +1,7 @@
 """FP8 linears on CUDA (issue 33): bf16 GEMMs on torch._scaled_mm equal torchao's Float8Linear
-for each recipe and format, the weight gradient lands in an fp32 main_grad, and a compiled
-(Inductor) FP8 GPT step matches the eager one within FP8 noise."""
+for each recipe and format, the weight gradient lands in an fp32 main_grad, a whole FP8 GPT is
+one Dynamo graph on CUDA (no break, no recompile), and a compiled (Inductor) FP8 GPT step matches
+the eager one within FP8 noise."""
 
 from __future__ import annotations
 
@@ -64,42 +65,78 @@ def test_bf16_gemms_equal_torchao(name, fmt):
     assert (wa.grad.float() - dy.float().t() @ x.float()).norm() / ref < 0.1
 
 
-def test_compiled_fp8_gpt_step_matches_eager():
+@pytest.fixture
+def single_rank():
+    """One gloo rank with parallel state and the model-parallel RNG seeded (as the other CUDA
+    tests, e.g. tests/core/transformer/test_fast_path_cuda.py)."""
     import tempfile
 
     import torch.distributed as dist
 
-    from gigatron.core import parallel_state
-    from gigatron.core.models.gpt import GPTModel
-    from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from gigatron.core.transformer.transformer_config import TransformerConfig
+    from gigatron.core import parallel_state, tensor_parallel
 
     if not dist.is_initialized():
         dist.init_process_group(
             "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
         )
-    parallel_state.initialize_model_parallel()
-    try:
-        torch.manual_seed(0)
-        cfg = TransformerConfig(
-            num_layers=2, hidden_size=128, num_attention_heads=4, bf16=True,
-            params_dtype=torch.bfloat16, fp8="hybrid", fp8_recipe="tensorwise",
-            hidden_dropout=0.0, attention_dropout=0.0,
-        )  # fmt: skip
-        model = GPTModel(cfg, get_gpt_layer_local_spec(), 256, 64).cuda()
-        ids = torch.randint(0, 256, (2, 64), device="cuda")
-        pos = torch.arange(64, device="cuda").expand(2, 64)
+    parallel_state.initialize_model_parallel(1, 1)
+    torch.manual_seed(0)
+    tensor_parallel.model_parallel_cuda_manual_seed(0)  # the tracker's model-parallel-rng
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    parallel_state.destroy_model_parallel()
 
-        def step(m):
-            m.zero_grad(set_to_none=True)
-            loss = m(ids, pos, None, labels=ids).float().mean()
-            loss.backward()
-            return loss.detach(), [p.grad.float().clone() for p in m.parameters()]
 
-        loss, grads = step(model)
-        loss_c, grads_c = step(torch.compile(model))
-        assert abs(loss.item() - loss_c.item()) < 1e-2 * abs(loss.item())
-        for g, gc in zip(grads, grads_c, strict=True):
-            assert (g - gc).norm() <= 0.1 * g.norm() + 1e-6
-    finally:
-        parallel_state.destroy_model_parallel()
+def _gpt(spec="local", num_layers=2):
+    from gigatron.core.models.gpt import GPTModel
+    from gigatron.core.models.gpt import gpt_layer_specs as specs
+    from gigatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(
+        num_layers=num_layers, hidden_size=128, num_attention_heads=4, bf16=True,
+        params_dtype=torch.bfloat16, fp8="hybrid", fp8_recipe="tensorwise",
+        hidden_dropout=0.0, attention_dropout=0.0,
+    )  # fmt: skip
+    layer_spec = getattr(specs, f"get_gpt_layer_{spec}_spec")()
+    with torch.device("cuda"):
+        model = GPTModel(cfg, layer_spec, 256, 64)
+    return model.cuda()
+
+
+def test_fp8_gpt_traces_as_one_graph(single_rank):
+    """Dynamo alone (backend "eager"), this torch's tracing of the FP8 autograd function on CUDA:
+    a whole 4-layer FP8 GPT (the benchmark's fast spec) is one graph, no break, no recompile."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = _gpt("fast", num_layers=4)
+    ids = torch.randint(0, 256, (2, 64), device="cuda")
+    pos = torch.arange(64, device="cuda").expand(2, 64)
+
+    def loss_fn(m):
+        return m(ids, pos, None, labels=ids).float().mean()
+
+    compiled = torch.compile(loss_fn, backend="eager", fullgraph=True)
+    for _ in range(2):
+        compiled(model).backward()
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"] and not counters["recompiles"]
+
+
+def test_compiled_fp8_gpt_step_matches_eager(single_rank):
+    model = _gpt()
+    ids = torch.randint(0, 256, (2, 64), device="cuda")
+    pos = torch.arange(64, device="cuda").expand(2, 64)
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        loss = m(ids, pos, None, labels=ids).float().mean()
+        loss.backward()
+        return loss.detach(), [p.grad.float().clone() for p in m.parameters()]
+
+    loss, grads = step(model)
+    loss_c, grads_c = step(torch.compile(model))
+    assert abs(loss.item() - loss_c.item()) < 1e-2 * abs(loss.item())
+    for g, gc in zip(grads, grads_c, strict=True):
+        assert (g - gc).norm() <= 0.1 * g.norm() + 1e-6

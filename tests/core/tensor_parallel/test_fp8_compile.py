@@ -1,0 +1,93 @@
+"""FP8 linears under torch.compile (issue 33), on CPU with Dynamo only (backend "eager"): a whole
+FP8 GPT traces as one graph (no graph break in the FP8 autograd function), and compiled layers
+share one graph (no per-layer guard: one recipe object, its choices fixed when it is built), for
+every recipe. The compiled step gives the eager step's loss."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytest.importorskip("torchao.float8")
+
+from gigatron.core import parallel_state, tensor_parallel  # noqa: E402
+from gigatron.core.models.gpt import GPTModel  # noqa: E402
+from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec  # noqa: E402
+from gigatron.core.transformer.fast_path import compile_transformer_layers  # noqa: E402
+from gigatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+
+RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+VOCAB, SEQ = 128, 16
+
+
+@pytest.fixture(autouse=True)
+def single_rank():
+    if not dist.is_initialized():
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
+        )
+    parallel_state.initialize_model_parallel(1, 1)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    parallel_state.destroy_model_parallel()
+
+
+def _model(recipe, layers=3):
+    torch.manual_seed(0)
+    tensor_parallel.model_parallel_cuda_manual_seed(0)
+    cfg = TransformerConfig(
+        num_layers=layers, hidden_size=32, num_attention_heads=4, hidden_dropout=0.0,
+        attention_dropout=0.0, fp8="hybrid", fp8_recipe=recipe,
+    )  # fmt: skip
+    return GPTModel(cfg, get_gpt_layer_fast_spec(), VOCAB, SEQ)
+
+
+def _loss(model, ids, pos):
+    return model(ids, pos, None, labels=ids).float().mean()
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, VOCAB, (2, SEQ), generator=g), torch.arange(SEQ).expand(2, SEQ)
+
+
+def _step(fn, model):
+    model.zero_grad(set_to_none=True)
+    loss = fn(model, *_batch())
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_whole_fp8_model_is_one_graph(recipe):
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = _model(recipe)
+    loss, grads = _step(_loss, model)
+    compiled = torch.compile(_loss, backend="eager", fullgraph=True)  # a break raises
+    loss_c, grads_c = _step(compiled, model)
+    _step(compiled, model)  # a second step reuses the graph
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
+    torch.testing.assert_close(loss_c, loss, rtol=0, atol=0)
+    for g, gc in zip(grads, grads_c, strict=True):
+        torch.testing.assert_close(gc, g, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_compiled_fp8_layers_share_one_graph(recipe):
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    model = _model(recipe, layers=4)
+    loss, _ = _step(_loss, model)
+    assert compile_transformer_layers(model, backend="eager") == 4  # fullgraph=True
+    loss_c, _ = _step(_loss, model)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["recompiles"]
+    torch.testing.assert_close(loss_c, loss, rtol=0, atol=0)
