@@ -21,6 +21,7 @@ amax reduced over the TP group where the tensor is split, so TP never changes th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -118,6 +119,18 @@ def _torchao():
     return ao_config, float8_ops, float8_utils
 
 
+@functools.cache
+def cpu_takes_rowwise_scales() -> bool:
+    """Whether this torch's CPU `torch._scaled_mm` takes per-row / per-column scales (torch 2.13
+    does; 2.11 takes per-tensor scales only), which the row-wise recipes need on CPU."""
+    a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), torch.ones(16, 1), torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
 def get_fp8_recipe(config) -> Fp8Recipe | None:
     """The recipe `config` (a TransformerConfig) asks for, or None when `config.fp8` is None."""
     if getattr(config, "fp8", None) is None:
@@ -134,6 +147,12 @@ def get_fp8_recipe(config) -> Fp8Recipe | None:
         dtype = grad_dtype if is_grad else torch.float8_e4m3fn
         rowwise = cc.scaling_granularity is ao_config.ScalingGranularity.AXISWISE
         casts[role] = Fp8Cast(dtype, rowwise)
+    rowwise = any(c.rowwise for c in casts.values())
+    if rowwise and not torch.cuda.is_available() and not cpu_takes_rowwise_scales():
+        raise ValueError(
+            f"--fp8-recipe {config.fp8_recipe} on CPU needs per-row scales in torch._scaled_mm, "
+            f"which torch {torch.__version__} has on CUDA only: use --fp8-recipe tensorwise here"
+        )
     if not config.fp8_wgrad:  # Megatron's fp8_wgrad=False: the weight gradient in high precision
         for role in ("input_for_grad_weight", "grad_output_for_grad_weight"):
             casts[role] = Fp8Cast(None, False)

@@ -48,3 +48,21 @@ def test_fp8_off_imports_no_torchao():
         "assert not any(m.startswith('torchao') for m in sys.modules), 'torchao imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rowwise_recipe_on_a_torch_without_cpu_row_scales_is_refused_by_name(monkeypatch):
+    """torch 2.11's CPU _scaled_mm takes per-tensor scales only: a row-wise recipe on a machine
+    without CUDA stops at once, naming the recipe and what works there."""
+    from types import SimpleNamespace
+
+    from gigatron.core import fp8_utils
+
+    monkeypatch.setattr(fp8_utils, "cpu_takes_rowwise_scales", lambda: False)
+    monkeypatch.setattr(fp8_utils.torch.cuda, "is_available", lambda: False)
+    cfg = SimpleNamespace(fp8="e4m3", fp8_recipe="rowwise", fp8_margin=0, fp8_wgrad=True)
+    with pytest.raises(
+        ValueError, match="--fp8-recipe rowwise on CPU .* use --fp8-recipe tensorwise"
+    ):
+        fp8_utils.get_fp8_recipe(cfg)
+    cfg.fp8_recipe = "tensorwise"
+    assert fp8_utils.get_fp8_recipe(cfg).name == "tensorwise"

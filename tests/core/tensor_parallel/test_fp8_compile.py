@@ -14,12 +14,21 @@ import torch.distributed as dist
 pytest.importorskip("torchao.float8")
 
 from gigatron.core import parallel_state, tensor_parallel  # noqa: E402
+from gigatron.core.fp8_utils import cpu_takes_rowwise_scales  # noqa: E402
 from gigatron.core.models.gpt import GPTModel  # noqa: E402
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec  # noqa: E402
 from gigatron.core.transformer.fast_path import compile_transformer_layers  # noqa: E402
 from gigatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
-RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+# the row-wise recipes run on CPU where this torch's CPU _scaled_mm takes per-row scales (2.13)
+ROWWISE_ON_CPU = pytest.mark.skipif(
+    not cpu_takes_rowwise_scales(), reason="this torch's CPU _scaled_mm takes per-tensor scales"
+)
+RECIPES = (
+    "tensorwise",
+    pytest.param("rowwise", marks=ROWWISE_ON_CPU),
+    pytest.param("rowwise_with_gw_hp", marks=ROWWISE_ON_CPU),
+)
 VOCAB, SEQ = 128, 16
 
 
@@ -40,9 +49,15 @@ def _model(recipe, layers=3):
     torch.manual_seed(0)
     tensor_parallel.model_parallel_cuda_manual_seed(0)
     cfg = TransformerConfig(
-        num_layers=layers, hidden_size=32, num_attention_heads=4, hidden_dropout=0.0,
-        attention_dropout=0.0, fp8="hybrid", fp8_recipe=recipe,
-    )  # fmt: skip
+        num_layers=layers,
+        hidden_size=32,
+        num_attention_heads=4,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        fp8="hybrid",
+        fp8_recipe=recipe,
+        use_cpu_initialization=True,
+    )  # on CPU also where CUDA exists: the batch is on CPU
     return GPTModel(cfg, get_gpt_layer_fast_spec(), VOCAB, SEQ)
 
 
