@@ -206,12 +206,13 @@ _torchao_wheel() {  # torchao (the fp8 extra) from the carried wheel in .whl/
 
 t_fp8() {  # FP8 (torchao tensorwise) vs bf16: gpt-1.3b beside the torchao-converted anchor, Llama-3-8B layers (reports/fp8.md)
   _torchao_wheel
+  local L="--no-input-checks --compile layers --ce chunked"  # FP8 compiles per layer (report)
   run anchors.log 120 python3 $A/torch_baseline_bench.py gpt-1.3b compile
   run anchors.log 150 python3 $A/torch_baseline_bench.py gpt-1.3b compile tensorwise
-  run gpt.log 120 $B --config gpt-1.3b $BEST --label fast-compile-model-tanh
-  run gpt.log 150 $B --config gpt-1.3b $BEST --fp8 tensorwise --label fp8-tensorwise
-  run gpt.log 150 $B --config llama3-8b-8l --no-input-checks --compile model --ce chunked --label bf16
-  run gpt.log 180 $B --config llama3-8b-8l --no-input-checks --compile model --ce chunked --fp8 tensorwise --label fp8-tensorwise
+  run gpt.log 120 $B --config gpt-1.3b $L --gelu tanh --label bf16-layers
+  run gpt.log 150 $B --config gpt-1.3b $L --gelu tanh --fp8 tensorwise --label fp8-tensorwise-layers
+  run gpt.log 150 $B --config llama3-8b-8l $L --label bf16-layers
+  run gpt.log 180 $B --config llama3-8b-8l $L --fp8 tensorwise --label fp8-tensorwise-layers
 }
 
 t_ckpt() {  # checkpoint save / load GB/s of gpt-1.3b, gigatron vs megatron-core dist_checkpointing (needs .whl)
