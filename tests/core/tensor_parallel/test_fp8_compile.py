@@ -5,20 +5,18 @@ every recipe. The compiled step gives the eager step's loss."""
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
 
 pytest.importorskip("torchao.float8")
 
-from gigatron.core import parallel_state, tensor_parallel  # noqa: E402
+from gigatron.core import tensor_parallel  # noqa: E402
 from gigatron.core.fp8_utils import cpu_takes_rowwise_scales  # noqa: E402
 from gigatron.core.models.gpt import GPTModel  # noqa: E402
 from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_fast_spec  # noqa: E402
 from gigatron.core.transformer.fast_path import compile_transformer_layers  # noqa: E402
 from gigatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+from tests._one_rank import one_rank_fixtures  # noqa: E402
 
 # the row-wise recipes run on CPU where this torch's CPU _scaled_mm takes per-row scales (2.13)
 ROWWISE_ON_CPU = pytest.mark.skipif(
@@ -32,17 +30,14 @@ RECIPES = (
 VOCAB, SEQ = 128, 16
 
 
+gloo_world, single_rank = one_rank_fixtures(cuda_seed=None)  # a one-rank world, torn down
+
+
 @pytest.fixture(autouse=True)
-def single_rank():
-    if not dist.is_initialized():
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1
-        )
-    parallel_state.initialize_model_parallel(1, 1)
+def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
-    parallel_state.destroy_model_parallel()
 
 
 def _model(recipe, layers=3):
