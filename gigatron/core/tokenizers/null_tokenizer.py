@@ -10,10 +10,31 @@ from __future__ import annotations
 
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
 
-__all__ = ["NullTokenizer"]
+__all__ = ["NullTokenizer", "WithoutBertSpecials"]
 
 
-class NullTokenizer(MegatronLegacyTokenizer):
+class WithoutBertSpecials:
+    """Mixin (list it before the tokenizer base class): no <CLS>/<SEP>/<MASK>, no sentinels, as
+    Megatron's null and GPT SentencePiece tokenizers."""
+
+    @property
+    def cls(self) -> int:
+        return -1
+
+    @property
+    def sep(self) -> int:
+        return -1
+
+    @property
+    def mask(self) -> int:
+        return -1
+
+    @property
+    def additional_special_tokens_ids(self) -> None:
+        return None
+
+
+class NullTokenizer(WithoutBertSpecials, MegatronLegacyTokenizer):
     """Ids written as space-separated integers; EOD is the extra id `vocab_size` (so the
     tokenizer's `vocab_size` is the argument + 1, and `eod == vocab_size - 1`). No BERT special
     tokens: `cls`, `sep` and `mask` are -1 and `additional_special_tokens_ids` is None."""
@@ -55,19 +76,3 @@ class NullTokenizer(MegatronLegacyTokenizer):
     @property
     def eos(self) -> int:
         return self._eod_id
-
-    @property
-    def cls(self) -> int:
-        return -1
-
-    @property
-    def sep(self) -> int:
-        return -1
-
-    @property
-    def mask(self) -> int:
-        return -1
-
-    @property
-    def additional_special_tokens_ids(self) -> None:
-        return None

@@ -8,25 +8,9 @@ BERT special tokens: `cls`, `sep` and `mask` are -1 and `additional_special_toke
 
 from __future__ import annotations
 
+from gigatron.core.tokenizers.null_tokenizer import WithoutBertSpecials
 
-class _WithoutBertSpecials:
-    """Mixin (list it before the tokenizer base class): no <CLS>/<SEP>/<MASK>, no sentinels."""
-
-    @property
-    def cls(self) -> int:
-        return -1
-
-    @property
-    def sep(self) -> int:
-        return -1
-
-    @property
-    def mask(self) -> int:
-        return -1
-
-    @property
-    def additional_special_tokens_ids(self) -> None:
-        return None
+_WithoutBertSpecials = WithoutBertSpecials  # the mixin lives in core (NullTokenizer uses it)
 
 
 def _import_tokenizers():
