@@ -215,6 +215,48 @@ t_fp8() {  # FP8 (torchao tensorwise) vs bf16: gpt-1.3b beside the torchao-conve
   run gpt.log 180 $B --config llama3-8b-8l $L --fp8 tensorwise --label fp8-tensorwise-layers
 }
 
+t_fp8_model() {  # FP8 with the whole model compiled: gpt-1.3b beside the torchao-converted anchor and gigatron bf16 (reports/fp8.md)
+  _torchao_wheel
+  run anchors.log 150 python3 $A/torch_baseline_bench.py gpt-1.3b compile tensorwise
+  run gpt.log 120 $B --config gpt-1.3b $BEST --label bf16-model
+  run gpt.log 320 $B --config gpt-1.3b $BEST --fp8 tensorwise --label fp8-tensorwise-model
+}
+
+t_fp8_llama_model() {  # FP8 vs bf16 with the whole model compiled: Llama-3-8B layers (reports/fp8.md)
+  _torchao_wheel
+  local L="--no-input-checks --compile model --ce chunked"
+  run gpt.log 150 $B --config llama3-8b-8l $L --label bf16-model
+  run gpt.log 240 $B --config llama3-8b-8l $L --fp8 tensorwise --label fp8-tensorwise-model
+}
+
+t_fp8_convergence() {  # gpt-125m, 1,000 steps on a real corpus (.data, carried): bf16 vs FP8 tensorwise (reports/fp8-convergence.md)
+  _torchao_wheel
+  if [ ! -f .data/code_text_document.idx ]; then  # bench/make_code_corpus.py, then preprocess
+    echo '{"skipped": "fp8-convergence: no .data/code_text_document (bench/make_code_corpus.py)"}' >>"$RES"
+    return
+  fi
+  local S="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024
+    --max-position-embeddings 1024 --micro-batch-size 16 --global-batch-size 16 --train-iters 1000
+    --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters 100 --weight-decay 0.1
+    --clip-grad 1.0 --seed 1234 --data-path .data/code_text_document --split 98,2,0
+    --tokenizer-type HuggingFaceTokenizer --tokenizer-model .data/tok --log-interval 10
+    --eval-interval 100 --eval-iters 20 --bf16 --use-distributed-optimizer
+    --accumulate-allreduce-grads-in-fp32 --hidden-dropout 0 --attention-dropout 0
+    --torch-compile model --cross-entropy-loss-fusion --no-progress-bar
+    --data-cache-path /tmp/fp8c-cache"
+  local mode lim
+  for mode in bf16 fp8; do
+    local extra=""
+    [ "$mode" = fp8 ] && extra="--fp8-format hybrid --fp8-recipe tensorwise"
+    lim=$(_left)
+    [ "$lim" -gt 200 ] && lim=200
+    # shellcheck disable=SC2086  (S and extra are lists of words)
+    timeout "$lim" torchrun --nproc-per-node 1 --master-port 29931 -m gigatron.training.pretrain_gpt \
+      $S $extra >"$OUT/conv-$mode.log" 2>&1
+  done
+  python3 bench/fp8_convergence.py "$OUT/conv-bf16.log" "$OUT/conv-fp8.log" | sed -n 's/^RESULT //p' >>"$RES"
+}
+
 t_ckpt() {  # checkpoint save / load GB/s of gpt-1.3b, gigatron vs megatron-core dist_checkpointing (needs .whl)
   _megatron_wheel
   run ckpt.log 230 python3 bench/bench_ckpt.py --config gpt-1.3b --device cuda --repeats 2 \

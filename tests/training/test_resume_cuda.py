@@ -31,25 +31,46 @@ ARGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
 # fmt: on
 
 
-def _losses(flat: list[str], extra: list[str], port: int) -> dict[int, float]:
+def _launch(flat: list[str], extra: list[str], port: int) -> subprocess.Popen:
     env = dict(os.environ, NCCL_ALGO="Ring")  # --deterministic-mode on NCCL asks for it
-    extra = [*flat, *extra]
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1"]
-    cmd = [*run, "--master-port", str(port), "-m", "gigatron.training.pretrain_gpt", *ARGS, *extra]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    found = re.findall(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.E+-]+)", out.stdout)
+    cmd = [*run, "--master-port", str(port), "-m", "gigatron.training.pretrain_gpt", *ARGS]
+    return subprocess.Popen(
+        [*cmd, *flat, *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _losses(proc: subprocess.Popen) -> dict[int, float]:
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    found = re.findall(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.E+-]+)", stdout)
     return {int(i): float(x) for i, x in found}
 
 
-@pytest.mark.parametrize("flat", [[], ["--no-flat-adam-step"]])
-def test_resume_on_cuda_matches_the_uninterrupted_run(tmp_path, flat):
-    full = _losses(flat, [], 29811)
-    ckpt = str(tmp_path / "ckpt")
-    first = _losses(flat, ["--save", ckpt, "--save-interval", "100", "--exit-interval", "6"], 29812)
-    second = _losses(flat, ["--load", ckpt, "--save", ckpt, "--save-interval", "100"], 29813)
-    assert sorted(first) == list(range(1, 7)) and sorted(second) == list(range(7, 13))
-    assert full[12] < full[1]
-    for it in range(1, 13):
-        got = first.get(it, second.get(it))
-        assert got == pytest.approx(full[it], rel=1e-4), (it, got, full[it])
+VARIANTS = {"flat-adam-step": [], "torch-fused-adam": ["--no-flat-adam-step"]}
+
+
+def test_resume_on_cuda_matches_the_uninterrupted_run(tmp_path):
+    """Both optimizer variants at once (the GPU has room for four tiny runs side by side): the
+    uninterrupted and the interrupted runs together, then the two resumes."""
+    ckpt = {name: str(tmp_path / name) for name in VARIANTS}
+    stop = ["--save-interval", "100", "--exit-interval", "6"]
+    full, first = {}, {}
+    for i, (name, flat) in enumerate(VARIANTS.items()):
+        full[name] = _launch(flat, [], 29811 + 4 * i)
+        first[name] = _launch(flat, ["--save", ckpt[name], *stop], 29812 + 4 * i)
+    full = {name: _losses(proc) for name, proc in full.items()}
+    first = {name: _losses(proc) for name, proc in first.items()}
+    resume = ["--save-interval", "100"]
+    second = {
+        name: _launch(flat, ["--load", ckpt[name], "--save", ckpt[name], *resume], 29813 + 4 * i)
+        for i, (name, flat) in enumerate(VARIANTS.items())
+    }
+    second = {name: _losses(proc) for name, proc in second.items()}
+    for name in VARIANTS:
+        assert sorted(first[name]) == list(range(1, 7)), name
+        assert sorted(second[name]) == list(range(7, 13)), name
+        assert full[name][12] < full[name][1], name
+        for it in range(1, 13):
+            got = first[name].get(it, second[name].get(it))
+            assert got == pytest.approx(full[name][it], rel=1e-4), (name, it, got, full[name][it])
