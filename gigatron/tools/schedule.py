@@ -38,14 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def phases(steps) -> list[str]:
-    """warmup / steady / cooldown of each step of a rank's order (forwards before the first
-    backward; backwards after the last forward; the rest)."""
-    kinds = [s.kind for s in steps]
-    first_b = kinds.index(BACKWARD) if BACKWARD in kinds else len(kinds)
-    last_f = len(kinds) - 1 - kinds[::-1].index(FORWARD) if FORWARD in kinds else -1
-    return ["warmup" if i < first_b else "cooldown" if i > last_f else "steady"
-            for i in range(len(kinds))]  # fmt: skip
+def phases(steps, warmup: int) -> list[str]:
+    """warmup / steady / cooldown of each step of a rank's order: the first `warmup` forwards,
+    the forward-backward pairs, the last `warmup` backwards."""
+    n = len(steps)
+    return ["warmup" if i < warmup else "cooldown" if i >= n - warmup else "steady"
+            for i in range(n)]  # fmt: skip
 
 
 def planned(args) -> int:
@@ -79,7 +77,7 @@ def planned(args) -> int:
     if args.out:
         for rank in range(plan.pp_size):
             mine = [r for r in rows if r["rank"] == rank]
-            for r, phase in zip(mine, phases(plan.steps[rank])):
+            for r, phase in zip(mine, phases(plan.steps[rank], plan.warmup[rank])):
                 r["phase"] = phase
         title = (f"{plan.kind} pp={plan.pp_size} M={plan.num_microbatches} V={v}: "
                  f"bubble {sum(bubble) / len(bubble):.3f} (formula {formula:.3f})")  # fmt: skip
