@@ -16,6 +16,7 @@ def pyplot():
             "drawing pictures needs matplotlib: pip install 'gigatron[plot]' (or matplotlib)"
         ) from None
     matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "gigatron"  # the same picture gives the same file
     import matplotlib.pyplot as plt
 
     return plt
