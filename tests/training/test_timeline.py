@@ -55,3 +55,12 @@ def test_measured_timeline_follows_the_planned_order(tmp_path, capsys):
     for row in range(4):  # one row per rank: M forwards and M backwards each
         assert len(re.findall(rf'id="F-s{row}-m\d+-c0"', text)) == NUM_MICROBATCHES
         assert len(re.findall(rf'id="B-s{row}-m\d+-c0"', text)) == NUM_MICROBATCHES
+
+
+def test_negative_timeline_iteration_is_refused_by_name():
+    from types import SimpleNamespace
+
+    from gigatron.training._timeline import check_timeline_args
+
+    with pytest.raises(ValueError, match=r"--timeline-iters \(\[-1\]\) must be iteration numbers"):
+        check_timeline_args(SimpleNamespace(timeline="t.json", timeline_iters=[2, -1]))
