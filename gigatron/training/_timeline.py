@@ -10,6 +10,8 @@ draws it and measures the bubble). Off, nothing is set and nothing runs.
 
 from __future__ import annotations
 
+import os
+
 import torch.distributed as dist
 
 from gigatron.core import parallel_state as ps
@@ -65,6 +67,7 @@ class TrainingTimeline:
             ranks = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
             dist.gather_object(mine, ranks, dst=0)
         if not dist.is_initialized() or dist.get_rank() == 0:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             write_chrome_trace(self.path, ranks)
             n = sum(len(r["events"]) for r in ranks)
             print_rank_0(f"timeline: {n} events of iterations {sorted(self.iters)} -> {self.path}")
