@@ -29,6 +29,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-tokenizer": ("gigatron.tools.train_tokenizer", "train a BPE tokenizer on a corpus"),
     "generate": ("gigatron.tools.generate", "generate text from a checkpoint"),
     "convert": ("gigatron.tools.convert", "convert Hugging Face <-> gigatron checkpoints"),
+    "layout": (
+        "gigatron.tools.layout",
+        "print and draw which rank holds which TP/PP/DP/CP/EP piece",
+    ),
+    "schedule": ("gigatron.tools.schedule", "draw a pipeline schedule: planned or a --timeline"),
+    "plot": ("gigatron.tools.plot", "plot loss, learning rate, grad norm, throughput of a run"),
 }
 
 # `gigatron generate --help`: its own flags and the few training flags it reads (its parser is

@@ -201,3 +201,112 @@ def dense_and_expert_generators(
             "grid; put 'pp' last or make the expert layout match"
         )
     return dense, expert
+
+
+# The groups `initialize_model_parallel` creates, in its creation order: (name, grid, axes).
+# "dense" is the tp-cp-dp-pp grid, "expert" the etp-ep-edp-pp grid.
+GROUP_TOKENS: tuple[tuple[str, str, str], ...] = (
+    ("dp-cp", "dense", "dp-cp"),
+    ("dp", "dense", "dp"),
+    ("cp", "dense", "cp"),
+    ("mp", "dense", "tp-pp"),
+    ("tp", "dense", "tp"),
+    ("pp", "dense", "pp"),
+    ("tp-dp-cp", "dense", "tp-dp-cp"),
+    ("tp-dp", "dense", "tp-dp"),
+    ("tp-cp", "dense", "tp-cp"),
+    ("ep", "expert", "ep"),
+    ("expt-tp", "expert", "tp"),
+    ("tp-ep", "expert", "tp-ep"),
+    ("tp-ep-pp", "expert", "tp-ep-pp"),
+    ("expt-dp", "expert", "dp"),
+)
+
+
+class RankLayout:
+    """Every process group of a layout as lists of global ranks, before any group exists.
+
+    `groups[name]` lists the groups of one kind (names of `GROUP_TOKENS`, plus "embd" and
+    "pos-embd"); `coordinates(rank)` gives the rank's index inside its group of each axis.
+    """
+
+    def __init__(self, dense: RankGenerator, expert: RankGenerator, embedding_of, pos_of) -> None:
+        self.dense, self.expert = dense, expert
+        self.world_size = dense.world_size
+        self.rank_offset = dense.rank_offset
+        self.order = dense.order
+        grids = {"dense": dense, "expert": expert}
+        self.groups: dict[str, list[list[int]]] = {
+            name: grids[grid].get_ranks(token) for name, grid, token in GROUP_TOKENS
+        }
+        pp_groups = self.groups["pp"]
+        self.groups["embd"] = _unique([embedding_of(list(g)) for g in pp_groups])
+        self.groups["pos-embd"] = _unique([pos_of(list(g)) for g in pp_groups])
+        self.sizes = {
+            "tp": dense.tp, "cp": dense.cp, "dp": dense.dp, "pp": dense.pp,
+            "ep": expert.ep, "etp": expert.tp, "expt-dp": expert.dp,
+        }  # fmt: skip
+        self._where: dict[str, dict[int, tuple[int, int]]] = {}
+
+    def group_of(self, name: str, rank: int) -> tuple[int, list[int]]:
+        """(index of the group, its ranks) of kind `name` that holds `rank`."""
+        where = self._where.get(name)
+        if where is None:
+            where = {r: (gi, i) for gi, g in enumerate(self.groups[name]) for i, r in enumerate(g)}
+            self._where[name] = where
+        gi, _ = where[rank]
+        return gi, self.groups[name][gi]
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """{"tp": ..., "cp": ..., "ep": ..., "dp": ..., "pp": ...}: `rank`'s place on each axis."""
+        out = {}
+        for axis in ("tp", "cp", "ep", "dp", "pp"):
+            _, ranks = self.group_of(axis, rank)
+            out[axis] = ranks.index(rank)
+        return out
+
+
+def _unique(groups: list[list[int]]) -> list[list[int]]:
+    seen, out = set(), []
+    for g in groups:
+        if tuple(g) not in seen:
+            seen.add(tuple(g))
+            out.append(g)
+    return out
+
+
+def rank_layout(
+    world_size: int,
+    *,
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    context_parallel_size: int = 1,
+    expert_model_parallel_size: int = 1,
+    expert_tensor_parallel_size: int | None = None,
+    order: str = "tp-cp-ep-dp-pp",
+    rank_offset: int = 0,
+    get_embedding_ranks=None,
+    get_position_embedding_ranks=None,
+) -> RankLayout:
+    """The groups `initialize_model_parallel` builds for this layout (it builds from this).
+
+    Raises ValueError naming the sizes or the order string when the layout is impossible.
+    """
+    tp = tensor_model_parallel_size
+    etp = tp if expert_tensor_parallel_size is None else expert_tensor_parallel_size
+    dense, expert = dense_and_expert_generators(
+        world_size,
+        tp=tp,
+        pp=pipeline_model_parallel_size,
+        cp=context_parallel_size,
+        ep=expert_model_parallel_size,
+        etp=etp,
+        order=order,
+        rank_offset=rank_offset,
+    )
+    return RankLayout(
+        dense,
+        expert,
+        get_embedding_ranks or default_embedding_ranks,
+        get_position_embedding_ranks or default_position_embedding_ranks,
+    )

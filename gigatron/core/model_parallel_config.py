@@ -130,6 +130,9 @@ class ModelParallelConfig(megatron_only_fields.MegatronOnlyParallelFields):
     """Microbatches whose embedding wgrad may be deferred."""
     microbatch_group_size_per_vp_stage: int | None = None
     """Microbatches run on one virtual stage before switching (None = PP size)."""
+    pipeline_timeline: Any = None
+    """gigatron: a `pipeline_parallel.timeline.PipelineTimeline` that the schedules stamp each
+    forward, backward and p2p exchange on while it is recording (None = off)."""
     cpu_offloading: bool = False
     """Offload activations to CPU (not supported)."""
     barrier_with_L1_time: bool = True

@@ -3,9 +3,10 @@
 Mirrors `megatron.core.parallel_state`: `initialize_model_parallel(...)` builds TP, PP, CP, DP,
 DP×CP, model-parallel, embedding, expert (EP, expert-TP, expert-DP), combined and (singleton)
 GTP weight-sharding groups from the pure layout in `_rank_grid`; the getters (written in
-`_parallel_state_getters`, re-exported here) read them. All state lives in one immutable
-`_ParallelState` in `_parallel_state_store` (plus Megatron's "fake init" overrides and the
-virtual-pipeline rank, which Megatron lets callers set).
+`_parallel_state_getters`, re-exported here) read them. `rank_layout(...)` (gigatron) returns
+the same groups as rank lists without creating any (what `gigatron layout` prints and draws).
+All state lives in one immutable `_ParallelState` in `_parallel_state_store` (plus Megatron's
+"fake init" overrides and the virtual-pipeline rank, which Megatron lets callers set).
 
 Works with any torch.distributed backend: gloo on CPU, NCCL on GPU. The layout is validated
 (ValueError with the numbers) before any group is created.
@@ -26,10 +27,11 @@ from gigatron.core._parallel_state_store import Axis as _Axis
 from gigatron.core._parallel_state_store import ParallelState as _ParallelState
 from gigatron.core._rank_grid import (
     RankGenerator,
+    RankLayout,
     default_embedding_ranks,
     default_position_embedding_ranks,
-    dense_and_expert_generators,
     masked_orthogonal_rank_groups,
+    rank_layout,
 )
 
 # Megatron's name for the pure rank-group function (same arguments and result).
@@ -43,14 +45,14 @@ def _new_group(ranks: list[int], timeout: timedelta, backend: str | None = None)
     return dist.new_group(ranks, timeout=timeout, backend=backend)
 
 
-def _build(generator: RankGenerator, token: str, rank: int, timeout: timedelta) -> _Axis:
-    """Create every group of `token` (all ranks must call this) and keep the one holding `rank`."""
+def _build(layout: RankLayout, name: str, rank: int, timeout: timedelta) -> _Axis:
+    """Create every group of kind `name` (all ranks must call this); keep the one holding `rank`."""
     mine = None
-    for ranks in generator.get_ranks(token):
+    for ranks in layout.groups[name]:
         group = _new_group(ranks, timeout)
         if rank in ranks:
             mine = _Axis(group, tuple(ranks))
-    assert mine is not None, f"rank {rank} is in no {token} group"
+    assert mine is not None, f"rank {rank} is in no {name} group"
     return mine
 
 
@@ -150,9 +152,19 @@ def initialize_model_parallel(
                 "virtual_pipeline_model_parallel_size "
                 f"({virtual_pipeline_model_parallel_size}) must be >= 1"
             )
-    dense, expert = dense_and_expert_generators(
-        world_size, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, order=order, rank_offset=rank_offset
+    layout = rank_layout(
+        world_size,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp,
+        order=order,
+        rank_offset=rank_offset,
+        get_embedding_ranks=get_embedding_ranks,
+        get_position_embedding_ranks=get_position_embedding_ranks,
     )
+    dense, expert = layout.dense, layout.expert
     if nccl_communicator_config_path is not None and dist.get_backend() == "nccl":
         warnings.warn(
             "nccl_communicator_config_path is not applied by gigatron; groups use NCCL defaults",
@@ -161,26 +173,17 @@ def initialize_model_parallel(
 
     rank = dist.get_rank()
     timeout = timedelta(minutes=distributed_timeout_minutes)
-    # Same creation order on every rank (a torch.distributed requirement).
-    dp_cp = _build(dense, "dp-cp", rank, timeout)
-    dp = _build(dense, "dp", rank, timeout)
-    cp_axis = _build(dense, "cp", rank, timeout)
-    mp = _build(dense, "tp-pp", rank, timeout)
-    tp_axis = _build(dense, "tp", rank, timeout)
-    pp_axis = _build(dense, "pp", rank, timeout)
-    pp_groups = dense.get_ranks("pp")
-    embedding_of = get_embedding_ranks or default_embedding_ranks
-    pos_embedding_of = get_position_embedding_ranks or default_position_embedding_ranks
-    embd = _build_subset([embedding_of(list(g)) for g in pp_groups], rank, timeout)
-    pos_embd = _build_subset([pos_embedding_of(list(g)) for g in pp_groups], rank, timeout)
-    tp_dp_cp = _build(dense, "tp-dp-cp", rank, timeout)
-    tp_dp = _build(dense, "tp-dp", rank, timeout)
-    tp_cp = _build(dense, "tp-cp", rank, timeout)
-    ep_axis = _build(expert, "ep", rank, timeout)
-    expt_tp = _build(expert, "tp", rank, timeout)
-    tp_ep = _build(expert, "tp-ep", rank, timeout)
-    tp_ep_pp = _build(expert, "tp-ep-pp", rank, timeout)
-    expt_dp = _build(expert, "dp", rank, timeout)
+    # Same creation order on every rank (a torch.distributed requirement): GROUP_TOKENS' order,
+    # the embedding groups after "pp".
+    dp_cp, dp, cp_axis, mp, tp_axis, pp_axis = (
+        _build(layout, name, rank, timeout) for name in ("dp-cp", "dp", "cp", "mp", "tp", "pp")
+    )
+    embd = _build_subset(layout.groups["embd"], rank, timeout)
+    pos_embd = _build_subset(layout.groups["pos-embd"], rank, timeout)
+    tp_dp_cp, tp_dp, tp_cp, ep_axis, expt_tp, tp_ep, tp_ep_pp, expt_dp = (
+        _build(layout, name, rank, timeout)
+        for name in ("tp-dp-cp", "tp-dp", "tp-cp", "ep", "expt-tp", "tp-ep", "tp-ep-pp", "expt-dp")
+    )
     gtp_remat = _build_gtp_singleton(dense, rank, timeout)
     expt_gtp_remat = _build_gtp_singleton(expert, rank, timeout)
 
@@ -194,6 +197,8 @@ def initialize_model_parallel(
         dp_gloo = dp_cp_gloo = expt_dp_gloo = None
 
     pp_ranks = list(pp_axis.ranks)
+    embedding_of = get_embedding_ranks or default_embedding_ranks
+    pos_embedding_of = get_position_embedding_ranks or default_position_embedding_ranks
     _store.STATE = _ParallelState(
         tp=tp_axis,
         pp=pp_axis,
@@ -306,6 +311,8 @@ def get_global_memory_buffer() -> GlobalMemoryBuffer:
 
 __all__ = [
     "RankGenerator",
+    "RankLayout",
+    "rank_layout",
     "initialize_model_parallel",
     "destroy_model_parallel",
     "model_parallel_is_initialized",

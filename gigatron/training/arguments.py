@@ -339,6 +339,10 @@ def _checkpoint_logging_args(p):
     _add(g, "--profile-step-end", int, 12, "iteration at which profiling stops")
     _add(g, "--profile-ranks", int, [0], "global ranks to profile", nargs="+")
     _add(g, "--no-profile-stacks", bool, help_="gigatron: record no shapes/Python stacks (light)")
+    _add(g, "--timeline", str, None,
+         "gigatron: write the pipeline timeline (each forward, backward, send, receive per rank) "
+         "of the --timeline-iters iterations to this Chrome trace JSON file")  # fmt: skip
+    _add(g, "--timeline-iters", int, [1], "gigatron: iterations --timeline records", nargs="+")
     g = p.add_argument_group("exit")
     _add(g, "--exit-signal-handler", bool, help_="save and exit on --exit-signal")
     _add(g, "--exit-signal", str, "SIGTERM", "the signal --exit-signal-handler saves and exits on",
@@ -619,8 +623,10 @@ def validate_args(args, world_size: int | None = None):
     _check_resume_flags(args)
     validate_compat_args(args)
     from gigatron.training._profiler import check_profile_args
+    from gigatron.training._timeline import check_timeline_args
 
     check_profile_args(args)
+    check_timeline_args(args)
     args.consumed_train_samples = 0
     args.consumed_valid_samples = 0
     return args

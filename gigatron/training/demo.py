@@ -6,6 +6,8 @@
 4. Training: a small GPT with TP = 2 over 2 ranks (`torchrun`; gloo on CPU, NCCL on GPUs), with
    validation every few dozen steps and a checkpoint at the end.
 5. A sample generated from the checkpoint.
+6. The run's curves (`gigatron plot`: loss, learning rate, grad norm, throughput) in
+   DEMO_DIR/curves.png, when tensorboard and matplotlib are installed (`make setup` installs both).
 
 Every step is skipped when its output already exists, so a second `make train` resumes training
 from the checkpoint instead of starting over. Settings: environment variables DEMO_ITERS,
@@ -83,6 +85,12 @@ def _model_flags(prefix: Path, tokenizer: Path, ckpt: Path, out: Path, iters: in
     )
 
 
+def _can_plot() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("tensorboard", "matplotlib"))
+
+
 def main(argv: list[str] | None = None) -> int:
     out = Path(os.environ.get("DEMO_DIR", "runs/demo"))
     out.mkdir(parents=True, exist_ok=True)
@@ -106,12 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = out / "checkpoints"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     flags = _model_flags(prefix, tokenizer, ckpt, out, iters, nproc)
+    curves = _can_plot()
+    if curves:
+        flags += ["--tensorboard-dir", str(out / "tensorboard")]
     _run(torchrun + ["-m", "gigatron.training.pretrain_gpt", *flags], env=env)
     prompt = "def read_config(path):\n"
     _run(torchrun + ["-m", "gigatron.cli", "generate", "--load", str(ckpt),
                      "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
                      str(tokenizer), "--prompt", prompt, "--max-new-tokens", "80",
                      "--top-k", "20", "--temperature", "0.8", "--seed", "7"], env=env)  # fmt: skip
+    if curves:
+        _run(cli + ["plot", str(out / "tensorboard"), "--out", str(out / "curves.png")])
     _log(f"done: checkpoint in {ckpt}; `make train` again continues from it (raise DEMO_ITERS)")
     return 0
 

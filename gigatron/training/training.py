@@ -35,6 +35,7 @@ from gigatron.training import _train_loop_parts as parts
 from gigatron.training import _training_log as tlog
 from gigatron.training._profiler import StepProfiler
 from gigatron.training._startup_banner import print_startup_banner
+from gigatron.training._timeline import TrainingTimeline
 from gigatron.training._train_step import (  # noqa: F401  (Megatron's public names live here)
     NonFiniteGradientError,
     evaluate,
@@ -250,11 +251,13 @@ def train(
     window = parts.LogWindow(args, bar)
     history = args.train_history = getattr(args, "train_history", [])
     profiler = StepProfiler(args, start_iteration)
+    timeline = TrainingTimeline(args, config)  # --timeline: nothing when off
     manual_gc = lx.ManualGC(args)  # --manual-gc: collector off, collections at set points
     start_time, iteration = time.time(), start_iteration
     try:
         while iteration < args.train_iters:
             profiler.step(iteration)
+            timeline.step(iteration)
             update_num_microbatches(args.consumed_train_samples, consistency_check=True)
             args.iteration = iteration
             result = train_step(
@@ -265,6 +268,7 @@ def train(
                 scheduler,
                 config,
             )
+            timeline.after_step()
             iteration = args.iteration = iteration + 1
             lx.empty_unused_memory(args, level=1)
             manual_gc.after_step(iteration)
@@ -287,6 +291,7 @@ def train(
                 args.train_exit_reason = reason
                 break
         window.read()  # after the last iteration or an exit condition's break
+        timeline.close()  # gathers on every rank: only on the loop's normal end
     except BaseException:
         with contextlib.suppress(Exception):  # the loop's own error is the one to report
             window.read()

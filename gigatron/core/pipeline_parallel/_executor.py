@@ -7,7 +7,8 @@ virtual stage c * pp + r of the whole model: forward inputs come from the previo
 Communication follows `_schedule_table.slot_plan`: before each slot one batch carries the sends of
 the previous slot and the receives of this one (Megatron's pairing). Only the receives are waited
 for on gloo (sends finish in the background, waited at the end); NCCL's grouped p2p waits for the
-whole batch, which the slot grouping also survives. Each message carries a tag naming the
+whole batch, which the slot grouping also survives. With `config.pipeline_timeline` recording
+(`timeline.py`) each step and each exchange is stamped. Each message carries a tag naming the
 receiving (microbatch, chunk) and the direction, so gloo can never pair the wrong tensors.
 
 Gradient sync (Megatron's rules): backward passes run under `config.no_sync_func()`; sync is
@@ -205,27 +206,52 @@ class _Runner:
 
     def run(self, plan: list[Slot]) -> None:
         comm = self.spec.comm
+        timeline = getattr(self.spec.config, "pipeline_timeline", None)
+        clock = timeline if timeline is not None and timeline.recording else None
         self.sync.disable()
         pending: list[Message] = []
+        sent: list[Transfer] = []  # what `pending` carries, for the timeline
         for slot in plan:
             if slot.separate and pending:
-                comm.exchange(pending, [])
-                pending = []
+                self._exchange(clock, pending, sent, [])
+                pending, sent = [], []
             if slot.recvs or pending:
-                got = comm.exchange(pending, [self.message(t) for t in slot.recvs])
+                got = self._exchange(clock, pending, sent, slot.recvs)
                 self.received.update(zip(slot.recvs, got))
             for step in slot.steps:
+                start = clock.now() if clock is not None else 0.0
                 (self.forward if step.kind == FORWARD else self.backward)(step)
+                if clock is not None:
+                    clock.add(step.kind, f"{step!r}", start, clock.now(),
+                              microbatch=step.microbatch, chunk=step.chunk)  # fmt: skip
             pending = [self.message(t, self.produced.pop(t)) for t in slot.sends]
+            sent = slot.sends
         if pending:
-            comm.exchange(pending, [])
+            self._exchange(clock, pending, sent, [])
         if comm is not None:
+            start = clock.now() if clock is not None else 0.0
             comm.wait_all()
+            if clock is not None and sent:
+                clock.add("send", "wait sends", start, clock.now())
         self.sync.enable()
         if self.sync.grad_sync is not None:
             for chunk in range(self.num_chunks):
                 if chunk not in self.sync.synced:
                     self.sync.grad_sync[chunk](self.spec.models[chunk].parameters())
+
+    def _exchange(self, clock, sends: list[Message], sent: list[Transfer], recvs: list[Transfer]):
+        """Post `sends`, wait for `recvs`; on the timeline a "recv" span (or "send" without
+        receives) named after the transfers (F: activation, B: gradient, of microbatch.stage)."""
+        start = clock.now() if clock is not None else 0.0
+        got = self.spec.comm.exchange(sends, [self.message(t) for t in recvs])
+        if clock is not None:
+            names = [f"{t.kind[0].upper()}{t.microbatch}@{t.stage}" for t in sent]
+            names_in = [f"{t.kind[0].upper()}{t.microbatch}@{t.stage}" for t in recvs]
+            label = " ".join([f"send {' '.join(names)}"] * bool(names)
+                             + [f"recv {' '.join(names_in)}"] * bool(names_in))  # fmt: skip
+            clock.add("recv" if recvs else "send", label, start, clock.now(),
+                      sends=names, recvs=names_in)  # fmt: skip
+        return got
 
 
 def _check_activation(output, stage: int, spec: RunSpec) -> None:

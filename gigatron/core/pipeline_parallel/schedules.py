@@ -4,10 +4,11 @@ Mirrors `megatron.core.pipeline_parallel.schedules`: `get_forward_backward_func`
 `forward_backward_no_pipelining`, `forward_backward_pipelining_without_interleaving` (1F1B) or
 `forward_backward_pipelining_with_interleaving` (interleaved 1F1B over virtual stages), all with
 Megatron's keyword-only signature, forward_step_func contract, loss scaling and config hooks.
-Each schedule validates its inputs, asks `_schedule_table` for this rank's order of steps and hands
-it to the one executor in `_executor`. Returns the per-microbatch loss reports on the last
-pipeline stage and [] elsewhere, as a `list` subclass whose tensor methods (`.backward()`, used by
-GradScaler tutorials) raise a helpful TypeError (`gigatron.compat.loss_reports`).
+Each schedule validates its inputs, asks `schedule_plan.rank_schedule` for this rank's order of
+steps and hands it to the one executor in `_executor`. Returns the per-microbatch loss reports on
+the last pipeline stage and [] elsewhere, as a `list` subclass whose tensor methods
+(`.backward()`, used by GradScaler tutorials) raise a helpful TypeError
+(`gigatron.compat.loss_reports`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import torch
 
 from gigatron.compat.loss_reports import LossReports
 from gigatron.core import parallel_state
-from gigatron.core.pipeline_parallel import _schedule_table as table
 from gigatron.core.pipeline_parallel._executor import RunSpec, run_table
 from gigatron.core.pipeline_parallel._steps import (  # noqa: F401  (Megatron's public names)
     backward_step,
@@ -29,6 +29,7 @@ from gigatron.core.pipeline_parallel._steps import (  # noqa: F401  (Megatron's 
     set_current_microbatch,
 )
 from gigatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+from gigatron.core.pipeline_parallel.schedule_plan import rank_schedule
 from gigatron.core.utils import get_model_config
 
 
@@ -127,25 +128,13 @@ def _table(kind, config, pp_size, pp_rank, num_microbatches, num_chunks, forward
                 f"({num_microbatches}) != pipeline_model_parallel_size ({pp_size}) when it is "
                 "> 2: the shapes-first exchange would wait in a circle"
             )
-        steps = table.interleaved_table(
-            pp_size, pp_rank, num_microbatches, num_chunks,
-            microbatch_group_size_per_vp_stage=group, forward_only=forward_only,
-        )  # fmt: skip
-        warmup = table.num_warmup_microbatches(
-            pp_size=pp_size, pp_rank=pp_rank, num_microbatches=num_microbatches,
-            num_model_chunks=num_chunks, microbatch_group_size_per_vp_stage=group,
-            interleaved=True,
-        )  # fmt: skip
-        return steps, warmup
-    if kind == "1f1b":
-        steps = table.one_f_one_b_table(
-            pp_size, pp_rank, num_microbatches, forward_only=forward_only
-        )
-        warmup = table.num_warmup_microbatches(
-            pp_size=pp_size, pp_rank=pp_rank, num_microbatches=num_microbatches
-        )
-        return steps, warmup
-    return table.no_pipelining_table(num_microbatches, forward_only=forward_only), 0
+    else:
+        group = None
+    return rank_schedule(
+        kind, pp_size=pp_size, pp_rank=pp_rank, num_microbatches=num_microbatches,
+        num_model_chunks=num_chunks, microbatch_group_size_per_vp_stage=group,
+        forward_only=forward_only,
+    )  # fmt: skip
 
 
 def _run(

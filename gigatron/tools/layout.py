@@ -1,0 +1,175 @@
+"""`gigatron layout`: which rank holds which piece of the model, as a table and a picture.
+
+    gigatron layout --world-size 16 --tp 2 --pp 2 --gpus-per-node 8 --out layout.svg
+
+The groups come from `parallel_state.rank_layout`, the function `initialize_model_parallel`
+builds its process groups from, so the table is what a run with these sizes creates. `--order`
+is `initialize_model_parallel`'s `order` (Megatron's string, first axis = adjacent ranks, e.g.
+"tp-cp-ep-dp-pp", its default). The picture has one panel per axis of size > 1: every rank a box
+inside its node, colored by its group on that axis; groups spanning several nodes are hatched.
+In SVG each box has the element id `rank-<axis>-g<group>-r<rank>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gigatron.core.parallel_state import RankLayout, rank_layout
+from gigatron.tools import _plotting
+
+AXES = ("tp", "cp", "ep", "dp", "pp")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gigatron layout", description=__doc__.split("\n\n")[0])
+    p.add_argument("--world-size", type=int, required=True, help="number of ranks (GPUs)")
+    p.add_argument("--tp", type=int, default=1, help="tensor model parallel size")
+    p.add_argument("--pp", type=int, default=1, help="pipeline model parallel size")
+    p.add_argument("--cp", type=int, default=1, help="context parallel size")
+    p.add_argument("--ep", type=int, default=1, help="expert model parallel size")
+    p.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (= tp)")
+    p.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per rank")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default 8)")
+    p.add_argument("--order", default="tp-cp-ep-dp-pp", help="rank order, fastest axis first")
+    p.add_argument("--out", default=None, help="picture file (.svg, .png or .pdf)")
+    p.add_argument("--no-table", action="store_true", help="print only the groups, not each rank")
+    return p
+
+
+def describe(layout: RankLayout, gpus_per_node: int) -> dict:
+    """The data behind the table and the picture.
+
+    {"rows": [{"rank", "node", "tp", "cp", "ep", "dp", "pp"}], "axes": {axis: {"groups":
+    [[ranks]], "crossing": [group indices spanning > 1 node]}}} over the axes of size > 1 (pp
+    when every size is 1).
+    """
+    if gpus_per_node < 1:
+        raise ValueError(f"--gpus-per-node ({gpus_per_node}) must be >= 1")
+    rows = []
+    for rank in range(layout.world_size):
+        rows.append({"rank": rank, "node": rank // gpus_per_node, **layout.coordinates(rank)})
+    shown = [a for a in AXES if layout.sizes[a] > 1] or ["pp"]
+    axes = {}
+    for axis in shown:
+        groups = layout.groups[axis]
+        crossing = [i for i, g in enumerate(groups) if len({r // gpus_per_node for r in g}) > 1]
+        axes[axis] = {"groups": groups, "crossing": crossing}
+    return {"rows": rows, "axes": axes, "gpus_per_node": gpus_per_node}
+
+
+def format_text(layout: RankLayout, data: dict, *, table: bool = True, vpp: int | None) -> str:
+    s = layout.sizes
+    num_nodes = -(-layout.world_size // data["gpus_per_node"])
+    lines = [
+        f"layout: world {layout.world_size} = tp {s['tp']} x cp {s['cp']} x dp {s['dp']} x "
+        f"pp {s['pp']} (experts: ep {s['ep']} x expert-tp {s['etp']} x expert-dp "
+        f"{s['expt-dp']} x pp {s['pp']}); order {layout.order.replace('-gtp_remat', '')}; "
+        f"{data['gpus_per_node']} ranks per node, {num_nodes} node(s)"
+    ]
+    if vpp is not None:
+        stages = ", ".join(
+            f"pp {r}: {[c * s['pp'] + r for c in range(vpp)]}" for r in range(s["pp"])
+        )
+        lines.append(f"virtual stages (vpp {vpp}, stage = chunk * pp + pp rank): {stages}")
+    if table:
+        lines.append("rank  node    tp    cp    ep    dp    pp")
+        for row in data["rows"]:
+            lines.append("".join(f"{row[k]:>4}  " for k in ("rank", "node", *AXES)).rstrip())
+    for axis, info in data["axes"].items():
+        groups, crossing = info["groups"], info["crossing"]
+        lines.append(
+            f"{axis} groups: {len(groups)} of {len(groups[0])} ranks, "
+            f"{len(crossing)} spanning several nodes"
+        )
+        marks = set(crossing)
+        lines.append(
+            "  " + " ".join(f"{g}{'*' if i in marks else ''}" for i, g in enumerate(groups))
+        )
+    if any(info["crossing"] for info in data["axes"].values()):
+        lines.append("(* = the group spans several nodes: its traffic crosses the network)")
+    return "\n".join(lines)
+
+
+def draw(data: dict, out: str) -> None:
+    """One panel per shown axis; nodes side by side (up to 8 per row), ranks in 8-wide rows."""
+    plt = _plotting.pyplot()
+    from matplotlib.patches import Rectangle
+
+    rows, gpn = data["rows"], data["gpus_per_node"]
+    num_nodes = -(-len(rows) // gpn)
+    per_row_in_node = min(gpn, 8)
+    node_w, node_h = per_row_in_node, -(-gpn // per_row_in_node)
+    nodes_per_line = min(num_nodes, 8)
+    lines_of_nodes = -(-num_nodes // nodes_per_line)
+    width, height = nodes_per_line * (node_w + 1), lines_of_nodes * (node_h + 1)
+    axes_info = data["axes"]
+    scale = min(1.0, 24 / max(width, 1))
+    fig, axs = plt.subplots(
+        len(axes_info), 1, squeeze=False,
+        figsize=(max(4.0, width * 0.55 * scale + 1), len(axes_info) * (height * 0.55 * scale + 1)),
+    )  # fmt: skip
+    label = len(rows) <= 128
+    for ax, (axis, info) in zip(axs[:, 0], axes_info.items()):
+        colors = _plotting.group_colors(len(info["groups"]))
+        crossing = set(info["crossing"])
+        for n in range(num_nodes):
+            x0, y0 = _node_origin(n, nodes_per_line, node_w, node_h)
+            box = (x0 - 0.15, y0 - 0.15), node_w + 0.3, node_h + 0.3
+            ax.add_patch(Rectangle(*box, fill=False, lw=1.2, ec="0.3", gid=f"node-{axis}-{n}"))
+            if num_nodes <= 32:
+                ax.text(x0, y0 - 0.25, f"node {n}", fontsize=7, va="bottom", color="0.3")
+        for gi, group in enumerate(info["groups"]):
+            for rank in group:
+                n, local = divmod(rank, gpn)
+                x0, y0 = _node_origin(n, nodes_per_line, node_w, node_h)
+                x, y = x0 + local % per_row_in_node, y0 + local // per_row_in_node
+                ax.add_patch(Rectangle(
+                    (x + 0.05, y + 0.05), 0.9, 0.9, fc=colors[gi], ec="0.2", lw=0.4,
+                    hatch="//" if gi in crossing else None, gid=f"rank-{axis}-g{gi}-r{rank}",
+                ))  # fmt: skip
+                if label:
+                    ax.text(x + 0.5, y + 0.5, str(rank), ha="center", va="center", fontsize=6)
+        ax.set_xlim(-0.5, width)
+        ax.set_ylim(height, -0.8)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        size = len(info["groups"][0])
+        ax.set_title(
+            f"{axis} groups: {len(info['groups'])} x {size} ranks (color = group; "
+            f"hatched: spans nodes, {len(crossing)})", fontsize=9,
+        )  # fmt: skip
+    _plotting.save(fig, out)
+
+
+def _node_origin(n: int, nodes_per_line: int, node_w: int, node_h: int) -> tuple[int, int]:
+    return (n % nodes_per_line) * (node_w + 1), (n // nodes_per_line) * (node_h + 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    _plotting.check_out(args.out)
+    if args.vpp is not None and (args.pp <= 1 or args.vpp < 1):
+        raise ValueError(
+            f"--vpp ({args.vpp}) needs --pp > 1 (got {args.pp}) and must be >= 1, as "
+            "virtual_pipeline_model_parallel_size does"
+        )
+    layout = rank_layout(
+        args.world_size,
+        tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
+        context_parallel_size=args.cp,
+        expert_model_parallel_size=args.ep,
+        expert_tensor_parallel_size=args.etp,
+        order=args.order,
+    )
+    data = describe(layout, args.gpus_per_node)
+    print(format_text(layout, data, table=not args.no_table, vpp=args.vpp))
+    if args.out:
+        draw(data, args.out)
+        print(f"picture: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
