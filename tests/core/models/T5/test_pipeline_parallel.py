@@ -1,8 +1,7 @@
-"""T5Model on gloo ranks equals the one-rank model built from the same full weights (fp32):
-TP = 2 with learned or relative positions (logits, loss, every gradient) and PP = 2 with
-Megatron's encoder/decoder split (encoder on stage 0, decoder + LM head on stage 1) run through
-the 1F1B schedule (loss, every gradient; the word/position embeddings live on both stages and
-their grads are summed)."""
+"""T5Model at PP = 2 with Megatron's encoder/decoder split (encoder on stage 0, decoder + LM head
+on stage 1) through the 1F1B schedule equals the one-rank model built from the same full weights
+(fp32): loss and every gradient (the word/position embeddings live on both stages and their
+grads are summed). The TP twin is shared with BERT: `../test_tensor_parallel_twins.py`."""
 
 import dataclasses
 
@@ -12,7 +11,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gigatron.core import parallel_state, tensor_parallel
-from gigatron.core.models.common.tp_state_dict import shard_for_rank
 from gigatron.core.models.T5 import T5Model
 from gigatron.core.models.T5.t5_spec import (
     get_t5_decoder_with_local_block_spec,
@@ -99,43 +97,6 @@ def _reference(num_microbatches=1, position=None):
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     parallel_state.destroy_model_parallel()
     return full, logits, loss.detach(), grads
-
-
-def _tp_body(tp, position):
-    torch.set_num_threads(1)
-    full, ref_logits, ref_loss, ref_grads = _reference(position=position)
-    parallel_state.initialize_model_parallel(tp)
-    tensor_parallel.model_parallel_cuda_manual_seed(1)
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    model = _build(tp=tp, position=position)
-    params = dict(model.named_parameters())
-    assert set(params) == set(full)
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(shard_for_rank(full[name], p, tp_rank, tp))
-    batch = _inputs()
-    with torch.no_grad():
-        logits = model(**{k: v for k, v in batch.items() if k != "lm_labels"})
-    loss = model(**batch)
-    loss.sum().backward()
-    errors = {
-        "logits": (logits - ref_logits.chunk(tp, dim=-1)[tp_rank]).abs().max().item(),
-        "loss": (loss - ref_loss).abs().max().item(),
-        "grads": 0.0,
-    }
-    for name, p in params.items():
-        expected = shard_for_rank(ref_grads[name], p, tp_rank, tp)
-        torch.testing.assert_close(p.grad, expected, rtol=0, atol=1e-5, msg=name)
-        errors["grads"] = max(errors["grads"], (p.grad - expected).abs().max().item())
-    return errors
-
-
-@pytest.mark.parametrize("position", ["learned_absolute", "relative"])
-def test_t5_tensor_parallel_matches_one_rank(position):
-    errors = run_distributed(_tp_body, 2, args=(2, position), timeout=240)
-    print(errors)
-    for errs in errors:
-        assert max(errs.values()) <= 1e-5, errs
 
 
 def _pp_forward_step(data_iterator, model):

@@ -1,8 +1,6 @@
-"""BertModel with TP = 2 (with and without sequence parallelism) equals the one-rank model built
-from the same full weights (fp32): masked-LM logits and loss, binary-head logits, every gradient
-(SP-marked weights summed over TP, finalize_model_grads' rule). PP = 2 through the 1F1B
-schedule: per-microbatch losses and every gradient (tied embedding/output grads summed over the
-embedding group)."""
+"""BertModel at PP = 2 through the 1F1B schedule equals the one-rank model built from the same
+full weights (fp32): per-microbatch losses and every gradient (tied embedding/output grads summed
+over the embedding group). The TP twin is shared with T5: `../test_tensor_parallel_twins.py`."""
 
 import pytest
 import torch
@@ -12,7 +10,6 @@ import torch.nn.functional as F
 from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.bert import BertModel
 from gigatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
-from gigatron.core.models.common.tp_state_dict import shard_for_rank
 from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.testing import run_distributed
 
@@ -62,56 +59,6 @@ def _run(model):
     (loss * mask).sum().backward(retain_graph=True)
     F.cross_entropy(binary, torch.tensor([0, 1])).backward()
     return logits, loss.detach(), binary.detach()
-
-
-def _body(tp):
-    torch.set_num_threads(1)
-    parallel_state.initialize_model_parallel(1)
-    tensor_parallel.model_parallel_cuda_manual_seed(1)
-    torch.manual_seed(0)
-    ref_model = _build(1, False)
-    ref_logits, ref_loss, ref_binary = _run(ref_model)
-    full = {n: p.detach().clone() for n, p in ref_model.named_parameters()}
-    ref_grads = {n: p.grad.clone() for n, p in ref_model.named_parameters()}
-    parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tp)
-    tensor_parallel.model_parallel_cuda_manual_seed(1)
-    tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    errors = {}
-    for sp in (False, True):
-        model = _build(tp, sp)
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, p in params.items():
-                p.copy_(shard_for_rank(full[name], p, tp_rank, tp))
-        logits, loss, binary = _run(model)
-        torch.testing.assert_close(logits, ref_logits.chunk(tp, -1)[tp_rank], rtol=0, atol=1e-5)
-        torch.testing.assert_close(loss, ref_loss, rtol=0, atol=1e-5)
-        torch.testing.assert_close(binary, ref_binary, rtol=0, atol=1e-5)
-        grad_err = 0.0
-        for name, p in params.items():
-            grad = p.grad
-            if getattr(p, "sequence_parallel", False):
-                grad = grad.clone()
-                dist.all_reduce(grad, group=parallel_state.get_tensor_model_parallel_group())
-            expected = shard_for_rank(ref_grads[name], p, tp_rank, tp)
-            torch.testing.assert_close(grad, expected, rtol=0, atol=1e-5, msg=f"sp={sp} {name}")
-            grad_err = max(grad_err, (grad - expected).abs().max().item())
-        errors[sp] = {
-            "logits": (logits - ref_logits.chunk(tp, -1)[tp_rank]).abs().max().item(),
-            "loss": (loss - ref_loss).abs().max().item(),
-            "binary": (binary - ref_binary).abs().max().item(),
-            "grads": grad_err,
-        }
-    return errors
-
-
-def test_bert_tensor_parallel_matches_one_rank():
-    results = run_distributed(_body, 2, args=(2,), timeout=240)
-    print(results)
-    for errors in results:
-        for errs in errors.values():
-            assert max(errs.values()) <= 1e-5, errs
 
 
 def _pp_inputs(i):
