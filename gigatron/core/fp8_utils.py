@@ -4,7 +4,7 @@ Mirrors `megatron.core.fp8_utils` where names overlap (`is_first_last_bf16_layer
 trains in FP8 only through Transformer Engine (`fp8_autocast` around each transformer layer);
 gigatron's own `ColumnParallelLinear` / `RowParallelLinear` run their three GEMMs (forward,
 input gradient, weight gradient) through `torch._scaled_mm` with the scales a `torchao.float8`
-recipe defines (`tensor_parallel/_fp8_linear.py`). As in Megatron, only the linears inside
+recipe defines (`tensor_parallel/fp8_linear.py`). As in Megatron, only the linears inside
 transformer layers run in FP8 (the output layer and embeddings stay in the model dtype), and
 `first_last_layers_bf16` keeps the first / last layers out.
 

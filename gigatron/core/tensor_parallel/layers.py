@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.parameter import Parameter
 
 from gigatron.core.model_parallel_config import ModelParallelConfig
-from gigatron.core.tensor_parallel._fp8_linear import Fp8LinearFunction
+from gigatron.core.tensor_parallel.fp8_linear import Fp8LinearFunction
 from gigatron.core.tensor_parallel._linear import (
     LinearReduceScatterOverlapped,
     LinearWithGradAccumulationAndAsyncCommunication,

@@ -1,5 +1,5 @@
 """FP8 ColumnParallelLinear / RowParallelLinear (gigatron.core.fp8_utils, tensor_parallel/
-_fp8_linear.py): the one-rank GEMMs equal torchao's Float8Linear bitwise and sit within FP8's
+fp8_linear.py): the one-rank GEMMs equal torchao's Float8Linear bitwise and sit within FP8's
 error of fp32; at TP 2 (with and without SP, with the weight gradient fused into main_grad) every
 output and gradient equals the one-rank FP8 result (amax reduced over TP: same scales), to 1e-6
 per tensor and to bf16 rounding of the TP partial sums per row."""
@@ -18,7 +18,7 @@ from gigatron.core import parallel_state  # noqa: E402
 from gigatron.core.fp8_utils import cpu_takes_rowwise_scales, get_fp8_recipe  # noqa: E402
 from gigatron.core.model_parallel_config import ModelParallelConfig  # noqa: E402
 from gigatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear  # noqa: E402
-from gigatron.core.tensor_parallel._fp8_linear import Fp8LinearFunction  # noqa: E402
+from gigatron.core.tensor_parallel.fp8_linear import Fp8LinearFunction  # noqa: E402
 from gigatron.testing import run_distributed  # noqa: E402
 
 pytestmark = pytest.mark.multirank

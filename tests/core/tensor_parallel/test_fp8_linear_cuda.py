@@ -17,7 +17,7 @@ pytestmark = [
 pytest.importorskip("torchao.float8")
 
 from gigatron.core.fp8_utils import get_fp8_recipe  # noqa: E402
-from gigatron.core.tensor_parallel._fp8_linear import Fp8LinearFunction  # noqa: E402
+from gigatron.core.tensor_parallel.fp8_linear import Fp8LinearFunction  # noqa: E402
 
 N, H, F_OUT = 256, 128, 192
 

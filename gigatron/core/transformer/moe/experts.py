@@ -44,6 +44,7 @@ from gigatron.core.tensor_parallel.layers import _initialize_affine_weight_gpu  
 from gigatron.core.transformer.mlp import MLP, MLPSubmodules
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
+from gigatron.core.transformer.moe.fp8_experts import fp8_grouped_mlp
 from gigatron.core.utils import (
     default_device,
     group_rank,
@@ -216,6 +217,8 @@ class GroupedMLP(MegatronModule):
         for w, dim in ((self.weight1, 1), (self.weight2, 0)):
             w.allreduce = not self.expert_parallel
             w.tensor_model_parallel, w.partition_dim, w.partition_stride = True, dim, 1
+        # gigatron.core.fp8_utils.Fp8Recipe: the expert GEMMs in FP8 (set by the transformer block)
+        self.fp8_recipe = None
         # `sharded_state_dict` adds SequentialMLP's per-expert `_extra_state` objects (so either
         # module loads the other's checkpoint); a load through `load_state_dict` ignores them.
         self.register_load_state_dict_post_hook(_ignore_extra_states)
@@ -254,6 +257,8 @@ class GroupedMLP(MegatronModule):
         x = permuted_local_hidden_states
         w1 = self.weight1.view(n, h, -1)  # [n, h, glu*f/etp]
         w2 = self.weight2.view(n, -1, h)  # [n, f/etp, h]
+        if self.fp8_recipe is not None:
+            return fp8_grouped_mlp(self, x, w1, w2, tokens_per_expert, permuted_probs), None
         fc1 = grouped_gemm(x, w1, tokens_per_expert)  # [N, glu*f/etp]
         if self.config.gated_linear_unit:
             gate, up = torch.chunk(fc1, 2, dim=-1)

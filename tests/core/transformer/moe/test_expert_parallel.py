@@ -285,3 +285,57 @@ def test_expert_parallel_matches_ep1(world, tp, ep, etp):
     worst = max(max(r[2], r[3]) for rank in reports for r in rank)
     print(f"{world} ranks tp={tp} ep={ep} etp={etp}: worst abs err {worst:.2e}")
     assert worst <= 1e-5
+
+
+def _fp8_experts_under_expert_tp():
+    """TP = ETP = 2 (SP), alltoall: FP8 GroupedMLP equals FP8 SequentialMLP built from the same
+    expert shards (amaxes over the split ffn dim all-reduced in the expert-TP group)."""
+    from gigatron.core.fp8_utils import get_fp8_recipe, set_fp8
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=2, expert_tensor_parallel_size=2)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    tp_rank, h, f = ps.get_tensor_model_parallel_rank(), 32, 32
+    g = torch.Generator().manual_seed(3)
+    router = torch.randn(E, h, generator=g) * 0.5
+    fc1 = [torch.randn(2 * f, h, generator=g) * 0.3 for _ in range(E)]
+    fc2 = [torch.randn(h, f, generator=g) * 0.3 for _ in range(E)]
+    x = torch.randn(S, B_LOCAL, h, generator=g)[tp_rank * S // 2 : (tp_rank + 1) * S // 2]
+    results = []
+    for grouped in (False, True):
+        cfg = dataclasses.replace(
+            _config(2, 1, 2, "alltoall", grouped), hidden_size=h, moe_ffn_hidden_size=f,
+            fp8="hybrid", fp8_recipe="tensorwise",
+        )  # fmt: skip
+        layer = _layer(cfg, grouped)
+        set_fp8(layer, get_fp8_recipe(cfg))
+        shards = []
+        for e in range(E):  # [gate; up] rows and fc2 columns of this expert-TP rank
+            gate, up = fc1[e].chunk(2, dim=0)
+            sl = slice(tp_rank * f // 2, (tp_rank + 1) * f // 2)
+            shards.append((torch.cat([gate[sl], up[sl]]), fc2[e][:, sl]))
+        with torch.no_grad():
+            layer.router.weight.copy_(router)
+            if grouped:
+                w1, w2 = grouped_weights_from_sequential(*map(list, zip(*shards)))
+                layer.experts.weight1.copy_(w1)
+                layer.experts.weight2.copy_(w2)
+            else:
+                for expert, (a, b) in zip(layer.experts.local_experts, shards):
+                    expert.linear_fc1.weight.copy_(a)
+                    expert.linear_fc2.weight.copy_(b)
+        xi = x.clone().requires_grad_()
+        out, _ = layer(xi)
+        out.square().sum().backward()
+        results.append((out.detach(), xi.grad, _expert_grads(layer)))
+    (out_s, dx_s, grads_s), (out_g, dx_g, grads_g) = results
+    torch.testing.assert_close(out_g, out_s, rtol=0, atol=1e-6)
+    torch.testing.assert_close(dx_g, dx_s, rtol=0, atol=1e-6)
+    for (a1, a2), (b1, b2) in zip(grads_g, grads_s):
+        torch.testing.assert_close(a1, b1, rtol=0, atol=1e-6)
+        torch.testing.assert_close(a2, b2, rtol=0, atol=1e-6)
+    return (out_g - out_s).abs().max().item()
+
+
+def test_fp8_grouped_experts_equal_sequential_under_expert_tp():
+    pytest.importorskip("torchao.float8")
+    assert max(run_distributed(_fp8_experts_under_expert_tp, 2, timeout=120)) <= 1e-6

@@ -59,7 +59,10 @@ def _quantize(recipe, x: torch.Tensor, cast, *, dim: int, split_dim: int | None,
     (1: per row, scale `[r, 1]`; 0: per column, `[1, c]`). `split_dim`: the dimension TP splits
     `x` along (None: whole on every rank); an amax over it is all-reduced so all ranks share the
     scale. Runs under no_grad already (autograd.Function forward / backward)."""
-    if cast.rowwise:
+    if x.numel() == 0:  # an expert that got no tokens: nothing to scale (peers may reduce it)
+        shape = [1 if d == dim else n for d, n in enumerate(x.shape)] if cast.rowwise else []
+        amax = torch.zeros(shape, dtype=torch.float32, device=x.device)
+    elif cast.rowwise:
         amax = x.abs().amax(dim=dim, keepdim=True).float()
     else:
         amax = x.abs().max().float()
