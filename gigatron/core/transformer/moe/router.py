@@ -43,9 +43,8 @@ class Router(MegatronModule):
         device = _param_device(config)
         # layer_number as a tensor (0: unset) for the aux-loss tracker: an int attribute read
         # in a compiled layer is a constant of its graph (one graph per layer), a tensor is not
-        self.register_buffer(
-            "layer_number_tensor", torch.zeros((), dtype=torch.int64, device=device), persistent=False
-        )
+        number = torch.zeros((), dtype=torch.int64, device=device)
+        self.register_buffer("layer_number_tensor", number, persistent=False)
         e, h = config.num_moe_experts, config.hidden_size
         self.weight = torch.nn.Parameter(torch.empty(e, h, dtype=torch.float32, device=device))
         if config.add_bias_linear:

@@ -66,9 +66,7 @@ class MoETokenDispatcher:
         # rows, so `permute_dropless` keeps static shapes and the counts on device (no host
         # sync; the experts' grouped GEMM takes its offsets on device). EP / expert TP > 1 needs
         # the counts on the host for the collectives' split sizes.
-        self.dropless_local = (
-            self.tp_ep_size == 1 and config.moe_expert_capacity_factor is None
-        )
+        self.dropless_local = self.tp_ep_size == 1 and config.moe_expert_capacity_factor is None
         self.topk = config.moe_router_topk
 
     def set_shared_experts(self, shared_experts) -> None:
