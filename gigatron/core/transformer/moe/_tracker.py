@@ -36,7 +36,7 @@ def save_to_aux_losses_tracker(
     if layer_number is None:
         return
     tracker = get_moe_layer_wise_logging_tracker()
-    if name not in tracker:
+    if name not in tracker or tracker[name]["values"].device != loss.device:
         tracker[name] = {"values": torch.zeros(num_layers, device=loss.device)}
     values = tracker[name]["values"]
     if torch.is_tensor(layer_number):
@@ -48,6 +48,21 @@ def save_to_aux_losses_tracker(
     tracker[name]["reduce_group"] = reduce_group
     tracker[name]["avg_group"] = avg_group
     tracker[name]["reduce_group_has_dp"] = reduce_group_has_dp
+
+
+def prepare_aux_losses_tracker(names, num_layers: int, device) -> None:
+    """Create the entries `names` (zeros [num_layers] on `device`) that do not exist yet. MoE
+    layers call it when built: a compiled layer that created an entry itself would be compiled
+    again once the entry exists (dynamo guards on the dict's keys)."""
+    tracker = get_moe_layer_wise_logging_tracker()
+    for name in names:
+        if name not in tracker:
+            tracker[name] = {
+                "values": torch.zeros(num_layers, device=device),
+                "reduce_group": None,
+                "avg_group": None,
+                "reduce_group_has_dp": False,
+            }
 
 
 def clear_aux_losses_tracker() -> None:

@@ -194,6 +194,8 @@ def grouped_gemm(x: Tensor, w: Tensor, tokens_per_expert: Tensor, use_kernel: bo
 class GroupedMLP(MegatronModule):
     """All local experts as two grouped GEMMs (layout in the module docstring)."""
 
+    sync_free = True  # the counts stay on device (MoELayer.sync_free)
+
     def __init__(
         self, num_local_experts: int, config, pg_collection=None, submodules=None, name=None
     ):

@@ -22,6 +22,7 @@ from gigatron.core.process_groups_config import ProcessGroupCollection
 from gigatron.core.transformer.moe._tracker import (  # noqa: F401  (public re-exports)
     clear_aux_losses_tracker,
     get_moe_layer_wise_logging_tracker,
+    prepare_aux_losses_tracker,
     reduce_aux_losses_tracker_across_ranks,
     save_to_aux_losses_tracker,
     track_moe_metrics,
