@@ -12,7 +12,10 @@ steps (`dispatch_preprocess`, `token_dispatch`, `dispatch_postprocess`, expert c
   over EP with per-expert counts, all-gather over expert TP, regroup the received chunks by local
   expert; the combine reverses each step (reduce-scatter over expert TP, all-to-all back,
   un-permute with a sum over the k copies of each token).
-The routing probs travel with the tokens and are applied inside the experts.
+The routing probs travel with the tokens and are applied inside the experts. When one rank
+holds every expert and nothing is dropped (`dropless_local`), both permute with
+`moe_utils.permute_dropless` instead: T*k rows, counts on device, no host sync (compiled MoE
+layers are one graph); EP / expert TP > 1 reads the counts on the host for the split sizes.
 
 Shapes: T: tokens on this rank ([s/tp * b] under SP), E: experts, n: local experts, h: hidden,
 N: (token, expert) rows handled by this rank's experts, ep / etp: expert parallel / expert TP size.
