@@ -39,6 +39,61 @@ CONFIGS = {
         rmsnorm=True,
         bias=False,
     ),
+    # MoE (issue 34): Mixtral's shape cut to 8 layers (the MoE anchors' model: 16 query / 8 KV
+    # heads, 8 SwiGLU experts of ffn 4096, top-2), and a fine-grained DeepSeek-style one (64
+    # experts of ffn 1024, top-8, 2 shared experts = one shared MLP of ffn 2048, 16 heads)
+    "mixtral-8l": dict(
+        layers=8,
+        hidden=2048,
+        heads=16,
+        kv_heads=8,
+        ffn=4096,
+        seq=2048,
+        mbs=4,
+        vocab=50304,
+        swiglu=True,
+        rope=True,
+        rmsnorm=True,
+        bias=False,
+        experts=8,
+        topk=2,
+        moe_ffn=4096,
+    ),
+    "deepseek-fg": dict(
+        layers=8,
+        hidden=2048,
+        heads=16,
+        ffn=4096,
+        seq=2048,
+        mbs=4,
+        vocab=50304,
+        swiglu=True,
+        rope=True,
+        rmsnorm=True,
+        bias=False,
+        experts=64,
+        topk=8,
+        moe_ffn=1024,
+        shared_ffn=2048,
+    ),
+    "tiny-moe": dict(
+        layers=2,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        ffn=128,
+        seq=32,
+        mbs=2,
+        vocab=512,
+        swiglu=True,
+        rope=True,
+        rmsnorm=True,
+        bias=False,
+        experts=4,
+        topk=2,
+        moe_ffn=32,
+        shared_ffn=64,
+    ),
     "tiny": dict(layers=2, hidden=64, heads=4, seq=32, mbs=2, vocab=512),
     "tiny-llama": dict(
         layers=2,
@@ -155,6 +210,12 @@ def parse_args(argv=None, doc: str | None = None):
     p.add_argument(
         "--sm-carveout", type=int, default=None, help="cuBLAS leaves this many SMs free (NCCL)"
     )
+    p.add_argument(
+        "--ep",
+        type=int,
+        default=1,
+        help="expert parallelism (MoE configs; > 1: the all-to-all reads split sizes on the host)",
+    )
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (1F1B schedule)")
     p.add_argument("--vpp", type=int, default=None, help="model chunks per stage (interleaved)")
     p.add_argument("--cp", type=int, default=1, help="context parallelism (sequence split)")
@@ -189,12 +250,26 @@ def parse_args(argv=None, doc: str | None = None):
             "flat",
             "flat-overlap",
             "multi-tensor",
+            "none",
         ],
         help="compiled: torch.compile of a foreach AdamW step (Inductor-fused kernels); flat: "
         "gigatron's FlatAdamW over DDP's flat grad buffers (needs DDP: --ddp on at DP = 1); "
         "flat-overlap: FlatAdamW.finish_grad_sync_and_step (the last buckets' collective beside "
         "the other buckets' update); "
-        "multi-tensor: gigatron's MultiTensorAdamW (one Triton launch over all tensors)",
+        "multi-tensor: gigatron's MultiTensorAdamW (one Triton launch over all tensors); "
+        "none: forward + backward only (what the MoE anchors time)",
+    )
+    p.add_argument(
+        "--experts",
+        choices=["grouped", "sequential"],
+        default="grouped",
+        help="MoE configs: GroupedMLP (torch._grouped_mm, sync-free) or SequentialMLP",
+    )
+    p.add_argument(
+        "--aux-loss-coeff",
+        type=float,
+        default=1e-2,
+        help="MoE configs: moe_aux_loss_coeff (the megatron-core anchor's 1e-2)",
     )
     p.add_argument(
         "--sync-debug", action="store_true", help="report the host syncs of one step (source lines)"
@@ -230,7 +305,7 @@ def parse_args(argv=None, doc: str | None = None):
 
 def _check_layout_args(a) -> None:
     """Flag combinations the pipeline / CP step does not run (bench_gpt.py)."""
-    for name in ("tp", "pp", "cp", "num_microbatches", "steps"):
+    for name in ("tp", "ep", "pp", "cp", "num_microbatches", "steps"):
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} ({getattr(a, name)}) must be >= 1")
     if a.async_tp and not (a.tp > 1 and a.sp and a.compile != "none" and a.device == "cuda"):
@@ -253,6 +328,8 @@ def _check_layout_args(a) -> None:
             f"--anchor-init needs --tp 1 and --pp 1 (got {a.tp}, {a.pp}): it draws whole, "
             "untied-by-stage weights (bench_gpt.py)"
         )
+    if a.optimizer == "none" and _layout_path(a):
+        raise ValueError("--optimizer none works only with pp = cp = num_microbatches = 1")
     if a.optimizer.startswith("flat") and (_layout_path(a) or a.ddp == "off"):
         raise ValueError(
             "--optimizer flat needs DDP (--ddp on or auto with DP > 1) and pp = cp = "

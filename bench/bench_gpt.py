@@ -67,6 +67,8 @@ def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=No
         layout.update(pipeline_model_parallel_size=a.pp, virtual_pipeline_model_parallel_size=a.vpp)
     if a.cp > 1:
         layout.update(context_parallel_size=a.cp, cp_comm_type=a.cp_comm_type)
+    if a.ep > 1:
+        layout["expert_model_parallel_size"] = a.ep
     if a.init == "invariant":
         layout["use_cpu_initialization"] = True
     if a.tp_comm_overlap:
@@ -96,9 +98,14 @@ def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=No
         gated_linear_unit=swiglu,
         activation_func=F.silu if swiglu else (openai_gelu if a.gelu == "tanh" else F.gelu),
         add_bias_linear=shape.get("bias", True),
+        **_moe_fields(shape, a),
         **layout,
     )
-    spec = (get_gpt_layer_fast_spec if a.spec == "fast" else get_gpt_layer_local_spec)()
+    spec_fn = get_gpt_layer_fast_spec if a.spec == "fast" else get_gpt_layer_local_spec
+    moe = {}
+    if shape.get("experts"):
+        moe = dict(num_experts=shape["experts"], moe_grouped_gemm=a.experts == "grouped")
+    spec = spec_fn(**moe)
     stage = {} if vp_stage is None else {"vp_stage": vp_stage}
     with torch.device(a.device):
         model = GPTModel(
@@ -117,6 +124,22 @@ def build_model(shape: dict, a, pre_process=True, post_process=True, vp_stage=No
     if a.anchor_init:
         _anchor_init(model)
     return model.to(device=a.device, dtype=dtype), cfg
+
+
+def _moe_fields(shape: dict, a) -> dict:
+    """TransformerConfig's MoE fields of an MoE config (none for a dense one): the anchors'
+    alltoall dispatcher and aux loss; GroupedMLP or SequentialMLP by `--experts`."""
+    if not shape.get("experts"):
+        return {}
+    return dict(
+        num_moe_experts=shape["experts"],
+        moe_router_topk=shape["topk"],
+        moe_ffn_hidden_size=shape["moe_ffn"],
+        moe_shared_expert_intermediate_size=shape.get("shared_ffn"),
+        moe_grouped_gemm=a.experts == "grouped",
+        moe_token_dispatcher_type="alltoall",
+        moe_aux_loss_coeff=a.aux_loss_coeff,
+    )
 
 
 def _anchor_init(model) -> None:
@@ -217,10 +240,16 @@ class _Step:
     def __call__(self) -> torch.Tensor:
         if self.ddp is not None:
             self.ddp.zero_grad_buffer()
-        self.opt.zero_grad(set_to_none=True)
+        if self.opt is None:  # --optimizer none: forward + backward only
+            for p in self.params:
+                p.grad = None
+        else:
+            self.opt.zero_grad(set_to_none=True)
         with self.sdpa_ctx():
             loss = self.loss_fn(self.model, *self.batch)
         loss.backward()
+        if self.opt is None:
+            return loss
         if self.a.optimizer == "flat-overlap":
             self.opt.finish_grad_sync_and_step()
             return loss
@@ -234,6 +263,8 @@ class _Step:
 
 
 def _optimizer(a, params):
+    if a.optimizer == "none":
+        return None
     if a.optimizer == "multi-tensor":  # gigatron's one-launch Triton AdamW
         from gigatron.experimental.multi_tensor_adamw import MultiTensorAdamW
 
@@ -353,6 +384,7 @@ def main(argv=None) -> dict:
         pipeline_model_parallel_size=a.pp,
         virtual_pipeline_model_parallel_size=a.vpp,
         context_parallel_size=a.cp,
+        expert_model_parallel_size=a.ep,
     )
     dp = world // model_parallel
     if a.no_memory_reorder:
@@ -412,6 +444,10 @@ def main(argv=None) -> dict:
         num_query_groups=shape.get("kv_heads"),
         ffn_hidden_size=shape.get("ffn"),
         gated_linear_unit=shape.get("swiglu", False),
+        num_experts=shape.get("experts"),
+        moe_router_topk=shape.get("topk", 1),
+        moe_ffn_hidden_size=shape.get("moe_ffn"),
+        moe_shared_expert_intermediate_size=shape.get("shared_ffn"),
     )
     tokens_per_step = b * s * a.num_microbatches * dp  # global tokens (whole sequences under CP)
     tflops = per_token * tokens_per_step / dt / world / 1e12
@@ -421,10 +457,13 @@ def main(argv=None) -> dict:
         "gpus": world,
         "tp": a.tp,
         "sp": a.sp,
+        "ep": a.ep,
         "dp": dp,
         "micro_batch": b,
         "seq": s,
         "iter_s": round(dt, 4),
+        "ms_per_step": round(dt * 1e3, 1),
+        "step": "fwd+bwd" if a.optimizer == "none" else "fwd+bwd+optimizer",
         "tokens_per_s": round(tokens_per_step / dt),
         "tflops_per_gpu": round(tflops, 1),
         "mfu": round(tflops * 1e12 / PEAK, 4),
@@ -458,6 +497,8 @@ def main(argv=None) -> dict:
             "grad_acc_fusion": a.grad_acc_fusion,
             "bucket_size": a.bucket_size,
             "optimizer": a.optimizer,
+            "experts": a.experts if shape.get("experts") else None,
+            "aux_loss_coeff": a.aux_loss_coeff if shape.get("experts") else None,
             "tp_comm_overlap": a.tp_comm_overlap,
             "async_tp": a.async_tp,
             "tp_comm_ce": a.tp_comm_ce,
@@ -476,7 +517,8 @@ def main(argv=None) -> dict:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     if a.sync_debug and a.device == "cuda":
-        result["host_syncs"] = host_syncs(step)
+        result["host_syncs"] = host_syncs(step)  # source lines, the first 20
+        result["host_sync_count"] = len(result["host_syncs"])
     if a.profile and a.device == "cuda":
         # Every rank steps (collectives); rank 0 writes.
         result["profile"] = profile_step(

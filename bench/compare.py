@@ -41,8 +41,8 @@ def table(rows) -> list[str]:
         if "failed" in r:
             out.append(f"| FAILED: `{r['failed']}` (rc {r['rc']}) | | | | | | | | |")
             continue
-        if "tokens_per_s" not in r:
-            continue  # a profile-only row (compare_profile.py)
+        if "tokens_per_s" not in r or "tflops_per_gpu" not in r:
+            continue  # a profile-only row (compare_profile.py), an MoE anchor (compare_moe.py)
         layout = f"tp{r.get('tp', r.get('gpus'))}" + ("+sp" if r.get("sp") else "")
         layout += f" dp{r.get('dp', 1)}"
         power = r.get("gpu_power") or {}  # bench_gpt.py's nvidia-smi samples (rank 0's GPU)

@@ -189,12 +189,41 @@ t_train_profile() {  # pretrain_gpt profiled (light: no stacks) and its host syn
     train_one 200 nodrop-sync-debug $NODROP
 }
 
-t_moe() {  # MoE GPT step, SequentialMLP vs GroupedMLP (beside megatron-core's when its script is in bench/anchors)
-  run moe.log 200 python3 bench/bench_moe.py --config moe-8x-h200
-  if [ -f $A/megatron_moe_bench.py ]; then
-    _megatron_wheel
-    run moe.log 150 torchrun --nproc-per-node 1 --master-port 29612 $A/megatron_moe_bench.py
-  fi
+t_moe() {  # MoE fast path: gigatron mixtral-8l + deepseek-fg (fwd+bwd, host syncs counted) beside megatron-core's and the torch MoE anchor (eager, compile); MOE {json} summary
+  local G="--optimizer none --no-input-checks --sync-debug" c
+  for c in mixtral-8l deepseek-fg; do
+    run moe.log 150 $B --config $c $G --label fast-moe-layers
+    if tail -1 "$RES" | grep -q '"failed"'; then  # a graph break on this GPU: still measure
+      run moe.log 150 $B --config $c $G --fullgraph off --label fast-moe-layers-breaks
+    fi
+  done
+  _megatron_wheel
+  run moe.log 100 torchrun --nproc-per-node 1 --master-port 29612 $A/megatron_moe_bench.py
+  run moe.log 60 python3 $A/torch_moe_bench.py
+  run moe.log 110 python3 $A/torch_moe_bench.py compile
+  python3 bench/compare_moe.py "$RES"
+}
+
+t_moe_more() {  # MoE: the torch anchor at deepseek-fg's expert shape (no shared experts), gigatron whole-model compile and SequentialMLP; MOE {json}
+  sed -e 's/^L, H, A, KV, FFN, E, K, S, B, V = .*/L, H, A, KV, FFN, E, K, S, B, V = 8, 2048, 16, 16, 1024, 64, 8, 2048, 4, 50304/' \
+    -e 's/"config": "moe-8x-h200"/"config": "deepseek-fg-no-shared"/' $A/torch_moe_bench.py >/tmp/torch_moe_fg.py
+  run moe.log 60 python3 /tmp/torch_moe_fg.py
+  run moe.log 130 python3 /tmp/torch_moe_fg.py compile
+  local G="--optimizer none --no-input-checks"
+  run moe.log 150 $B --config mixtral-8l $G --compile model --label fast-moe-model
+  run moe.log 120 $B --config mixtral-8l $G --experts sequential --label fast-moe-sequential
+  run moe.log 100 python3 bench/bench_moe.py --config moe-8x-h200
+  python3 bench/compare_moe.py "$RES"
+}
+
+t_train_moe() {  # pretrain_gpt at mixtral-8l's shape: GroupedMLP, whole model compiled, fp32 main params (MFU by active parameters in the log)
+  local S="--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --group-query-attention \
+    --num-query-groups 8 --ffn-hidden-size 4096 --seq-length 2048 --max-position-embeddings 2048 \
+    --micro-batch-size 4 --global-batch-size 4 --vocab-size 50304 --train-iters 40 --log-interval 10 \
+    --position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear \
+    --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 4096 --moe-grouped-gemm \
+    --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2"
+  TRAIN_SHAPE="$S" train_one 300 moe-mixtral-8l $NODROP
 }
 
 _torchao_wheel() {  # torchao (the fp8 extra) from the carried wheel in .whl/

@@ -64,7 +64,10 @@ def compile_transformer_layers(
     `fullgraph=True` makes a graph break an error instead of a silent slow path (TP/SP
     collectives are traced as functional collectives, so this holds under TP too); False
     compiles each piece between breaks. It is dropped (False) for TP > 1 without sequence
-    parallel and attention dropout > 0: the model-parallel RNG fork breaks the graph there.
+    parallel and attention dropout > 0 (the model-parallel RNG fork breaks the graph there) and
+    for MoE layers that are not `MoELayer.sync_free` (they read token counts on the host). A
+    sync-free MoE layer (one rank holds every expert, dropless, GroupedMLP) is one graph: router,
+    top-k, aux losses, permutation, grouped GEMMs and unpermutation.
     `mode` is torch.compile's (None, "max-autotune-no-cudagraphs", ...); `options` are Inductor
     options (e.g. {"coordinate_descent_tuning": True}); give one or the other. With neither, a
     model using `tp_comm_overlap` under SP compiles with `reorder_for_peak_memory=False` so the
@@ -87,6 +90,10 @@ def compile_transformer_layers(
     if fullgraph and _needs_tp_dropout_fork(layers):
         # TP > 1 without SP: attention dropout forks the model-parallel RNG (different masks per
         # TP rank), a state swap dynamo cannot trace: the layer graphs break around it
+        fullgraph = False
+    if fullgraph and any(getattr(layer.mlp, "sync_free", True) is False for layer in layers):
+        # an MoE layer that reads token counts on the host (EP / expert TP > 1: the all-to-all
+        # split sizes; capacity dropping; SequentialMLP): its graphs break there
         fullgraph = False
     kw = dict(fullgraph=fullgraph, mode=mode, dynamic=dynamic, options=options, backend=backend)
     if sizes != [1]:

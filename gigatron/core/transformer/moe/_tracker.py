@@ -28,16 +28,41 @@ def save_to_aux_losses_tracker(
     avg_group=None,
     reduce_group_has_dp: bool = False,
 ) -> None:
-    """Add `loss` (detached) to layer `layer_number` (1-based) of tracker entry `name`."""
+    """Add `loss` (detached) to layer `layer_number` (1-based) of tracker entry `name`.
+
+    `layer_number` may be a 0-d int tensor (the router's `layer_number_tensor`; 0 = unset, adds
+    nothing): a compiled layer then files its loss with tensor ops, and every layer's graph is
+    the same."""
     if layer_number is None:
         return
     tracker = get_moe_layer_wise_logging_tracker()
-    if name not in tracker:
+    if name not in tracker or tracker[name]["values"].device != loss.device:
         tracker[name] = {"values": torch.zeros(num_layers, device=loss.device)}
-    tracker[name]["values"][layer_number - 1] += loss.detach().float()
+    values = tracker[name]["values"]
+    if torch.is_tensor(layer_number):
+        rows = torch.arange(values.shape[0], device=values.device)
+        hit = rows == (layer_number.to(values.device) - 1)
+        values.add_(torch.where(hit, loss.detach().float().to(values.device), 0.0))
+    else:
+        values[layer_number - 1] += loss.detach().float()
     tracker[name]["reduce_group"] = reduce_group
     tracker[name]["avg_group"] = avg_group
     tracker[name]["reduce_group_has_dp"] = reduce_group_has_dp
+
+
+def prepare_aux_losses_tracker(names, num_layers: int, device) -> None:
+    """Create the entries `names` (zeros [num_layers] on `device`) that do not exist yet. MoE
+    layers call it when built: a compiled layer that created an entry itself would be compiled
+    again once the entry exists (dynamo guards on the dict's keys)."""
+    tracker = get_moe_layer_wise_logging_tracker()
+    for name in names:
+        if name not in tracker:
+            tracker[name] = {
+                "values": torch.zeros(num_layers, device=device),
+                "reduce_group": None,
+                "avg_group": None,
+                "reduce_group_has_dp": False,
+            }
 
 
 def clear_aux_losses_tracker() -> None:

@@ -144,34 +144,58 @@ class SequentialMLP(MegatronModule):
 
 def grouped_mm_available(x: Tensor, w: Tensor) -> bool:
     """Whether `torch._grouped_mm` can run these operands: present in this torch, same dtype,
-    and row strides that are multiples of 16 bytes (the kernel's alignment rule; CPU and CUDA)."""
+    and row strides that are multiples of 16 bytes (the kernel's alignment rule; CPU and CUDA).
+    Inside a compiled graph only bf16 (the kernel's meta function, which tracing runs, follows
+    the CUDA kernel's dtype rule even on CPU)."""
     if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype:
         return False
     if x.is_cuda:  # CUDA kernel: bf16 on Hopper or newer
-        if x.dtype != torch.bfloat16 or torch.cuda.get_device_capability(x.device)[0] < 9:
+        if x.dtype != torch.bfloat16 or not _hopper_or_newer(x.device.index):
             return False
     elif x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    if x.dtype != torch.bfloat16 and torch.compiler.is_compiling():
         return False
     size = x.element_size()
     return all((d * size) % 16 == 0 for d in (x.shape[-1], w.shape[-1], w.shape[-2]))
 
 
+@torch.compiler.assume_constant_result
+def _hopper_or_newer(index: int | None) -> bool:
+    """Compute capability >= 9 (a constant to torch.compile: no graph break)."""
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
 def grouped_gemm(x: Tensor, w: Tensor, tokens_per_expert: Tensor, use_kernel: bool | None = None):
     """Row block i of x [N, a] (tokens_per_expert[i] rows) times w[i] [a, c] -> [N, c].
 
-    `use_kernel=None` picks `torch._grouped_mm` when available; the fallback loops over experts.
+    `use_kernel=None` picks `torch._grouped_mm` when available (its offsets are computed on
+    device: no host sync). Otherwise eager loops over the experts' row blocks (the counts read on
+    the host), and a compiled graph, which must not read them, computes every expert's product
+    on all rows and keeps each row's own (n times the FLOPs: a fallback for tests and odd
+    dtypes, static shapes).
     """
     if use_kernel is None:
         use_kernel = grouped_mm_available(x, w)
     if use_kernel:
         offs = torch.cumsum(tokens_per_expert.to(x.device), dim=0).to(torch.int32)
         return torch._grouped_mm(x, w, offs=offs)
+    if torch.compiler.is_compiling():
+        ends = torch.cumsum(tokens_per_expert.to(x.device), dim=0)  # [n]
+        rows = torch.arange(x.shape[0], device=x.device)
+        expert = torch.bucketize(rows, ends, right=True)  # [N]: the expert of each row
+        out = x.new_zeros(x.shape[0], w.shape[-1])
+        for i in range(w.shape[0]):
+            out = torch.where((expert == i).unsqueeze(-1), x @ w[i], out)
+        return out
     chunks = torch.split(x, tokens_per_expert.tolist())
     return torch.cat([c @ w[i] for i, c in enumerate(chunks)], dim=0)
 
 
 class GroupedMLP(MegatronModule):
     """All local experts as two grouped GEMMs (layout in the module docstring)."""
+
+    sync_free = True  # the counts stay on device (MoELayer.sync_free)
 
     def __init__(
         self, num_local_experts: int, config, pg_collection=None, submodules=None, name=None

@@ -83,6 +83,7 @@ class MoELayer(BaseMoELayer):
         self.submodules = submodules
         self.router = submodules.router(config=config, pg_collection=pg)
         self.router.set_layer_number(layer_number)
+        self._prepare_loss_tracker()
         dispatcher_cls = _DISPATCHERS[config.moe_token_dispatcher_type]
         self.token_dispatcher = dispatcher_cls(
             self.num_local_experts, self.local_expert_indices, config=config, pg_collection=pg
@@ -94,6 +95,32 @@ class MoELayer(BaseMoELayer):
             self.shared_experts = build_module(
                 submodules.shared_experts, config=config, pg_collection=pg
             )
+
+    def _prepare_loss_tracker(self) -> None:
+        """The tracker entries this layer's router writes, created now on the router's device
+        (`moe_utils.prepare_aux_losses_tracker`: no recompile of compiled layers at step 2)."""
+        router = self.router
+        names = [
+            name
+            for name, kind in (
+                ("load_balancing_loss", "aux_loss"),
+                ("seq_load_balancing_loss", "seq_aux_loss"),
+            )
+            if router.get_aux_loss_coeff(kind) > 0
+        ]
+        if self.config.moe_z_loss_coeff is not None:
+            names.append("z_loss")
+        num_layers = self.config.num_layers + (self.config.mtp_num_layers or 0)
+        moe_utils.prepare_aux_losses_tracker(names, num_layers, router.weight.device)
+
+    @property
+    def sync_free(self) -> bool:
+        """Whether forward and backward run without a host sync, so torch.compile traces the
+        layer as one graph: one rank holds every expert and nothing is dropped (the dispatcher's
+        `dropless_local`) and the experts need no counts on the host (GroupedMLP). Otherwise the
+        collectives' split sizes (EP / expert TP > 1), capacity dropping or SequentialMLP's
+        per-expert slices read the token counts on the host."""
+        return self.token_dispatcher.dropless_local and getattr(self.experts, "sync_free", False)
 
     def route(self, hidden_states: Tensor, padding_mask: Tensor | None = None):
         """[s, b, h] -> (probs [T, E], routing_map [T, E])."""

@@ -22,6 +22,7 @@ from gigatron.core.process_groups_config import ProcessGroupCollection
 from gigatron.core.transformer.moe._tracker import (  # noqa: F401  (public re-exports)
     clear_aux_losses_tracker,
     get_moe_layer_wise_logging_tracker,
+    prepare_aux_losses_tracker,
     reduce_aux_losses_tracker_across_ranks,
     save_to_aux_losses_tracker,
     track_moe_metrics,
@@ -284,6 +285,78 @@ def unpermute(
         permuted_tokens = permuted_tokens * weights.to(permuted_tokens.dtype)
     out = permuted_tokens.new_zeros(restore_shape)
     return out.index_add(0, sorted_indices, permuted_tokens)
+
+
+class _RowsByExpert(torch.autograd.Function):
+    """Copy each token to its k rows in expert order (gathers both ways, no atomic adds).
+
+    forward:  x [T, h] -> x[source] [T*k, h]          (source = token of each permuted row)
+    backward: g [T*k, h] -> g[restore].view(T, k, h).sum(1) [T, h]
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, source: Tensor, restore: Tensor, topk: int) -> Tensor:
+        ctx.save_for_backward(source, restore)
+        ctx.topk = topk
+        return x.index_select(0, source)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        source, restore = ctx.saved_tensors
+        return _sum_token_rows(grad, restore, ctx.topk), None, None, None
+
+
+class _TokensFromRows(torch.autograd.Function):
+    """Sum each token's k expert rows back onto it (the inverse of `_RowsByExpert`).
+
+    forward:  y [T*k, h] -> y[restore].view(T, k, h).sum(1) [T, h]
+    backward: g [T, h] -> g[source] [T*k, h]
+    """
+
+    @staticmethod
+    def forward(ctx, y: Tensor, source: Tensor, restore: Tensor, topk: int) -> Tensor:
+        ctx.save_for_backward(source, restore)
+        return _sum_token_rows(y, restore, topk)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (source, _) = ctx.saved_tensors
+        return grad.index_select(0, source), None, None, None
+
+
+def _sum_token_rows(rows: Tensor, restore: Tensor, topk: int) -> Tensor:
+    """rows [T*k, h] in expert order -> [T, h]: each token's k rows (token-major) summed."""
+    return rows.index_select(0, restore).view(-1, topk, rows.shape[-1]).sum(dim=1)
+
+
+def permute_dropless(tokens: Tensor, routing_map: Tensor, probs: Tensor, topk: int):
+    """`permute` without a host sync: every token has exactly `topk` experts (dropless top-k, no
+    capacity), so there are always N = T*k rows (a static shape) and the counts stay on device.
+
+    tokens [T, h], routing_map [T, E] bool (k True per row), probs [T, E] ->
+    (permuted [N, h] expert-major, token order inside an expert, as `permute`; permuted probs
+    [N]; tokens_per_expert [E] int64 on the tokens' device; (source [N], restore [N]) for
+    `unpermute_dropless`). source[r]: the token of row r; restore[t*k + j]: the row holding
+    token t's j-th expert (experts ascending)."""
+    num_tokens, num_experts = routing_map.shape
+    # each token's k experts, ascending: a stable sort puts the True columns first in order
+    experts = torch.sort(routing_map.to(torch.uint8), dim=1, descending=True, stable=True)[1]
+    experts = experts[:, :topk]  # [T, k]
+    slot_probs = probs.gather(1, experts).reshape(-1)  # [N], token-major
+    order = torch.sort(experts.reshape(-1), stable=True)[1]  # [N]: token-major slot of row r
+    source = torch.div(order, topk, rounding_mode="floor")
+    restore = torch.empty_like(order).scatter_(
+        0, order, torch.arange(order.numel(), device=order.device)
+    )
+    permuted = _RowsByExpert.apply(tokens, source, restore, topk)
+    tokens_per_expert = routing_map.sum(dim=0)
+    return permuted, slot_probs.index_select(0, order), tokens_per_expert, (source, restore)
+
+
+def unpermute_dropless(rows: Tensor, indices: tuple[Tensor, Tensor], topk: int) -> Tensor:
+    """Inverse of `permute_dropless`: rows [N, h] -> [T, h], the sum of each token's k rows."""
+    source, restore = indices
+    return _TokensFromRows.apply(rows, source, restore, topk)
 
 
 def sort_chunks_by_idxs(x: Tensor, split_sizes: list[int], sorted_idxs: list[int]) -> Tensor:

@@ -41,6 +41,10 @@ class Router(MegatronModule):
         self.tp_cp_group = pg_collection.tp_cp
         self.tp_dp_cp_group = pg_collection.tp_dp_cp
         device = _param_device(config)
+        # layer_number as a tensor (0: unset) for the aux-loss tracker: an int attribute read
+        # in a compiled layer is a constant of its graph (one graph per layer), a tensor is not
+        number = torch.zeros((), dtype=torch.int64, device=device)
+        self.register_buffer("layer_number_tensor", number, persistent=False)
         e, h = config.num_moe_experts, config.hidden_size
         self.weight = torch.nn.Parameter(torch.empty(e, h, dtype=torch.float32, device=device))
         if config.add_bias_linear:
@@ -69,6 +73,8 @@ class Router(MegatronModule):
     def set_layer_number(self, layer_number: int) -> None:
         """Global 1-based layer number, used to file aux losses per layer."""
         self.layer_number = layer_number
+        with torch.no_grad():
+            self.layer_number_tensor.fill_(layer_number or 0)
 
 
 class TopKRouter(Router):
@@ -122,7 +128,7 @@ class TopKRouter(Router):
         moe_utils.save_to_aux_losses_tracker(
             aux_loss_name,
             aux_loss / aux_loss_coeff,
-            self.layer_number,
+            self.layer_number_tensor,
             self._num_layers(),
             reduce_group=reduce_group,
         )
@@ -183,7 +189,7 @@ class TopKRouter(Router):
             scaled = z_loss * n
         logits = MoEAuxLossAutoScaler.apply(logits, scaled)
         moe_utils.save_to_aux_losses_tracker(
-            "z_loss", z_loss / coeff, self.layer_number, self._num_layers()
+            "z_loss", z_loss / coeff, self.layer_number_tensor, self._num_layers()
         )
         return logits
 

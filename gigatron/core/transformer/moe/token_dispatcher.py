@@ -12,7 +12,10 @@ steps (`dispatch_preprocess`, `token_dispatch`, `dispatch_postprocess`, expert c
   over EP with per-expert counts, all-gather over expert TP, regroup the received chunks by local
   expert; the combine reverses each step (reduce-scatter over expert TP, all-to-all back,
   un-permute with a sum over the k copies of each token).
-The routing probs travel with the tokens and are applied inside the experts.
+The routing probs travel with the tokens and are applied inside the experts. When one rank
+holds every expert and nothing is dropped (`dropless_local`), both permute with
+`moe_utils.permute_dropless` instead: T*k rows, counts on device, no host sync (compiled MoE
+layers are one graph); EP / expert TP > 1 reads the counts on the host for the split sizes.
 
 Shapes: T: tokens on this rank ([s/tp * b] under SP), E: experts, n: local experts, h: hidden,
 N: (token, expert) rows handled by this rank's experts, ep / etp: expert parallel / expert TP size.
@@ -32,8 +35,10 @@ from gigatron.core.tensor_parallel.mappings import (
 from gigatron.core.transformer.moe.moe_utils import (
     get_default_pg_collection,
     permute,
+    permute_dropless,
     sort_chunks_by_idxs,
     unpermute,
+    unpermute_dropless,
 )
 from gigatron.core.utils import group_rank, group_size
 
@@ -60,6 +65,12 @@ class MoETokenDispatcher:
         self.ep_rank, self.tp_rank = group_rank(self.ep_group), group_rank(self.tp_group)
         self.hidden_shape = None
         self.shared_experts = None
+        # One rank holds every expert and no capacity drops tokens: each token has exactly k
+        # rows, so `permute_dropless` keeps static shapes and the counts on device (no host
+        # sync; the experts' grouped GEMM takes its offsets on device). EP / expert TP > 1 needs
+        # the counts on the host for the collectives' split sizes.
+        self.dropless_local = self.tp_ep_size == 1 and config.moe_expert_capacity_factor is None
+        self.topk = config.moe_router_topk
 
     def set_shared_experts(self, shared_experts) -> None:
         self.shared_experts = shared_experts
@@ -92,6 +103,11 @@ class MoEAllGatherTokenDispatcher(MoETokenDispatcher):
 
     def dispatch_postprocess(self, hidden_states: Tensor, probs: Tensor):
         """Keep rows routed to local experts, grouped by expert -> ([N, h], counts [n], [N])."""
+        if self.dropless_local:
+            permuted, permuted_probs, counts, self.sorted_indices = permute_dropless(
+                hidden_states, self.routing_map, probs, self.topk
+            )
+            return permuted, counts, permuted_probs
         first = self.local_expert_indices[0]
         local_map = self.routing_map[:, first : first + self.num_local_experts]  # [T', n]
         local_probs = probs[:, first : first + self.num_local_experts]
@@ -104,6 +120,8 @@ class MoEAllGatherTokenDispatcher(MoETokenDispatcher):
 
     def combine_preprocess(self, expert_output: Tensor) -> Tensor:
         """[N, h] -> [T * tp_ep, h] partial outputs in token order."""
+        if self.dropless_local:
+            return unpermute_dropless(expert_output, self.sorted_indices, self.topk)
         return unpermute(expert_output, self.sorted_indices, self.tokens_shape)
 
     def token_combine(self, hidden_states: Tensor) -> Tensor:
@@ -145,6 +163,11 @@ class MoEAlltoAllTokenDispatcher(MoETokenDispatcher):
         self.hidden_shape = hidden_states.shape
         hidden_states = hidden_states.reshape(-1, self.hidden_shape[-1])
         self.tokens_shape = hidden_states.shape
+        if self.dropless_local:
+            permuted, permuted_probs, self.tokens_per_expert, self.sorted_indices = (
+                permute_dropless(hidden_states, routing_map, probs, self.topk)
+            )
+            return permuted, permuted_probs
         self._count(routing_map)
         permuted, permuted_probs, self.sorted_indices = permute(hidden_states, routing_map, probs)
         return permuted, permuted_probs
@@ -167,6 +190,8 @@ class MoEAlltoAllTokenDispatcher(MoETokenDispatcher):
 
     def dispatch_postprocess(self, hidden_states: Tensor, probs: Tensor):
         """Regroup the received chunks by local expert -> ([N, h], counts [n], probs [N])."""
+        if self.dropless_local:  # one rank: already grouped by expert
+            return hidden_states, self.tokens_per_expert, probs
         if self.num_local_experts > 1 and len(self.chunk_sizes) > self.num_local_experts:
             hidden_states = sort_chunks_by_idxs(
                 hidden_states, self.chunk_sizes, self.sort_by_expert
@@ -176,6 +201,8 @@ class MoEAlltoAllTokenDispatcher(MoETokenDispatcher):
 
     def combine_preprocess(self, expert_output: Tensor) -> Tensor:
         """Back to received order; reduce-scatter the expert-TP partial sums."""
+        if self.dropless_local:
+            return expert_output
         if self.num_local_experts > 1 and len(self.chunk_sizes) > self.num_local_experts:
             expert_output = sort_chunks_by_idxs(
                 expert_output, self.sorted_chunk_sizes, self.restore_order
@@ -192,4 +219,6 @@ class MoEAlltoAllTokenDispatcher(MoETokenDispatcher):
             hidden_states = all_to_all(
                 self.ep_group, hidden_states, self.input_splits, self.output_splits
             )
+        if self.dropless_local:
+            return unpermute_dropless(hidden_states, self.sorted_indices, self.topk)
         return unpermute(hidden_states, self.sorted_indices, self.tokens_shape)
