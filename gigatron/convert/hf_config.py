@@ -129,9 +129,13 @@ class HFModelSpec:
                 moe_ffn_hidden_size=c["moe_ffn_hidden_size"],
                 moe_aux_loss_coeff=c["moe_aux_loss_coeff"],
                 moe_router_pre_softmax=c["moe_router_pre_softmax"],
-                moe_router_load_balancing_type="aux_loss",
+                moe_router_load_balancing_type=c.get("moe_router_load_balancing_type", "aux_loss"),
                 moe_token_dispatcher_type=c["moe_token_dispatcher_type"],
             )
+            args.update({k: c[k] for k in _MOE_EXTRA_ARGS if k in c})
+        if c.get("multi_latent_attention"):
+            args.update({k: c[k] for k in _MLA_ARGS if k in c})
+            args.update({f"yarn_{k}": c[k] for k in _YARN_ARGS if k in c})
         return args
 
     def training_flags(self, extra: dict | None = None) -> list[str]:
@@ -139,6 +143,20 @@ class HFModelSpec:
         is its bare flag, False and None are left out (the flags' defaults)."""
         return args_to_flags({**self.training_args(), **(extra or {})})
 
+
+# DeepSeek's MoE router, MLA and YaRN settings (config field = flag name; YaRN's flags carry
+# Megatron's `yarn_` prefix)
+_MOE_EXTRA_ARGS = (
+    "moe_layer_freq", "moe_shared_expert_intermediate_size", "moe_router_score_function",
+    "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
+    "moe_router_topk_scaling_factor", "moe_router_dtype",
+)  # fmt: skip
+_MLA_ARGS = (
+    "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+    "qk_pos_emb_head_dim", "v_head_dim", "rope_type", "rotary_scaling_factor", "mscale",
+    "mscale_all_dim",
+)  # fmt: skip
+_YARN_ARGS = ("original_max_position_embeddings", "beta_fast", "beta_slow")
 
 # Fields of a converted checkpoint's args that are not `gigatron train` flags.
 _NOT_FLAGS = ("padded_vocab_size", "hf_model_type", "hf_config_json", "tokenizer_in_checkpoint_dir")
@@ -157,6 +175,8 @@ def args_to_flags(fields: dict) -> list[str]:
             continue
         if name in _INT_IF_WHOLE and isinstance(value, float) and value.is_integer():
             value = int(value)
+        if isinstance(value, list):  # --moe-layer-freq [0,1,1]: one word, no spaces
+            value = "[" + ",".join(str(v) for v in value) + "]"
         out += [flag, str(value)]
     return out
 
@@ -177,7 +197,8 @@ MODEL_ARGS = (
     "make_vocab_size_divisible_by", "rotary_base", "rotary_percent", "rotary_interleaved",
     "use_rope_scaling", "rope_scaling_factor", "num_experts", "moe_router_topk",
     "moe_ffn_hidden_size", "moe_aux_loss_coeff", "moe_router_pre_softmax",
-    "moe_router_load_balancing_type", "moe_token_dispatcher_type", "tokenizer_type",
+    "moe_router_load_balancing_type", "moe_token_dispatcher_type", *_MOE_EXTRA_ARGS,
+    *_MLA_ARGS, *(f"yarn_{k}" for k in _YARN_ARGS), "tokenizer_type",
     "tokenizer_model", "vocab_file", "merge_file", "hf_model_type", "hf_config_json",
 )  # fmt: skip
 TOKENIZER_PATH_ARGS = ("tokenizer_model", "vocab_file", "merge_file")
