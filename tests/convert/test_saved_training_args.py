@@ -4,9 +4,10 @@
 path (`pretrain_gpt.model_provider`), the very model the converter's `spec.build_model` builds:
 same parameters, same logits with the same weights. Checked per family and for the settings the
 flags used to drop: GPT-2's tanh GELU (`--openai-gelu`), erf GELU, Llama-3.1 RoPE scaling
-(`--use-rope-scaling --rope-scaling-factor`), DeepSeek-V3's MLA and router flags. Then the files a conversion writes: the flags file
-lists the saved args, tokenizer paths are relative to the (movable) checkpoint directory,
-command-line flags win, and `--load HF_DIR` keeps every vocabulary row of its config.
+(`--use-rope-scaling --rope-scaling-factor`), DeepSeek-V3's MLA and router flags. Then the
+files a conversion writes: the flags file lists the saved args, tokenizer paths are relative
+to the (movable) checkpoint directory, command-line flags win, and `--load HF_DIR` keeps every
+vocabulary row of its config.
 """
 
 import json
