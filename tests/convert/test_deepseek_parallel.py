@@ -7,6 +7,8 @@ rebuilds the model at each layout, loads the HF files (`load_hf_into_model`) and
 of TP-sharded weights are gathered along their partition dim, grads of weights replicated over
 sequence-parallel ranks summed over TP, and under CP every grad is summed over the CP ranks
 (each holds its zigzag share of the tokens); the padded vocabulary rows are cut to the real ones.
+TP 2 without SP skips the routed experts' grads: Megatron's MoE trains under TP only with SP
+(gigatron's MoELayer refuses it in training mode; the models here run in eval mode).
 """
 
 import pytest
