@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from gigatron.testing import run_distributed
-from tests.convert.test_deepseek_convert import VOCAB, B, S, make_deepseek_model
 
 pytestmark = pytest.mark.multirank
-transformers = pytest.importorskip("transformers")
+# The ranks re-import this module: transformers (the HF model) is imported by the test only.
+VOCAB, B, S = 100, 2, 16  # as tests/convert/test_deepseek_convert.py
 
 
 def _full_grads(model, tp_group, cp_group, sp: bool) -> dict:
@@ -95,6 +95,9 @@ def _rank_fn(hf_dir, ids, weight, hf_logits):
 
 
 def test_mla_deepseek_v3_tp2_sp_and_cp2_match_tp1(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.convert.test_deepseek_convert import make_deepseek_model
+
     hf_dir = str(tmp_path / "hf")
     hf = make_deepseek_model("deepseek_v3", hf_dir, seed=2)
     gen = torch.Generator().manual_seed(5)
