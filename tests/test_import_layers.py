@@ -75,8 +75,12 @@ LAYERS: list[list[str]] = [
         "gigatron.core.fusions",
         "gigatron.core.models.common.embeddings.rope_utils",
     ],
-    # transformer building blocks
-    ["gigatron.core.transformer"],
+    # transformer building blocks; the RoPE angle modules multi-latent attention builds itself
+    [
+        "gigatron.core.transformer",
+        "gigatron.core.models.common.embeddings.rotary_pos_embedding",
+        "gigatron.core.models.common.embeddings.yarn_rotary_pos_embedding",
+    ],
     # models assembled from the blocks
     ["gigatron.core.models"],
     # what runs models: schedules, data parallelism, optimizers, generation; the data side

@@ -294,7 +294,6 @@ DECLARED_PARALLEL: dict[str, str] = {
 DECLARED_TRANSFORMER: dict[str, str] = {
     "fp8_param": "FP8 parameters need Transformer Engine",
     "fp4": "FP4 needs Transformer Engine",
-    "multi_latent_attention": "multi-latent attention is not implemented",
     "mtp_num_layers": "multi-token prediction is not implemented",
     "window_size": "sliding-window attention is not implemented",
     "softmax_type": "only the 'vanilla' softmax is implemented",

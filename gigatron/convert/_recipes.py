@@ -11,38 +11,12 @@ the padded vocabulary. Keys use Megatron's TE-style names (`linear_qkv.layer_nor
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 
+from gigatron.convert._deepseek_recipes import deepseek_recipes
+from gigatron.convert._recipe_ops import Recipe, _glu, _same, _transposed, _vocab
 from gigatron.core.models.gpt.hf_mapping import qkv_from_megatron, qkv_to_megatron
-
-
-@dataclass(frozen=True)
-class Recipe:
-    key: str
-    hf_keys: tuple[str, ...]
-    to_gig: Callable[..., Tensor]
-    to_hf: Callable[[Tensor], tuple[Tensor, ...]]
-
-
-def _same(key: str, hf_key: str) -> Recipe:
-    return Recipe(key, (hf_key,), lambda t: t, lambda t: (t,))
-
-
-def _transposed(key: str, hf_key: str) -> Recipe:  # GPT-2 Conv1D [in, out] <-> Linear [out, in]
-    return Recipe(key, (hf_key,), lambda t: t.t().contiguous(), lambda t: (t.t().contiguous(),))
-
-
-def _vocab(key: str, hf_key: str, vocab: int, padded: int) -> Recipe:
-    """Vocabulary rows [v, h] <-> [padded, h] (zero rows appended, dropped on export)."""
-
-    def to_gig(t):
-        return F.pad(t, (0, 0, 0, padded - t.shape[0])) if padded > t.shape[0] else t
-
-    return Recipe(key, (hf_key,), to_gig, lambda t: (t[:vocab].contiguous(),))
 
 
 def _qkv(key: str, q: str, k: str, v: str, heads: int, groups: int) -> Recipe:
@@ -66,15 +40,6 @@ def _gpt2_qkv(key: str, hf_key: str, heads: int) -> Recipe:
         return ((rows.t() if rows.dim() == 2 else rows).contiguous(),)
 
     return Recipe(key, (hf_key,), to_gig, to_hf)
-
-
-def _glu(key: str, gate: str, up: str) -> Recipe:
-    return Recipe(
-        key,
-        (gate, up),
-        lambda g, u: torch.cat([g, u], dim=0),
-        lambda t: tuple(x.contiguous() for x in t.chunk(2, dim=0)),
-    )
 
 
 def gpt2_recipes(spec, names: set[str], padded: int) -> list[Recipe]:
@@ -165,10 +130,19 @@ class _Every:
         return True
 
 
+def family_recipes(family: str) -> Callable:
+    """The recipe function of an HF model family: fn(spec, hf_names, padded) -> [Recipe]."""
+    if family == "gpt2":
+        return gpt2_recipes
+    if family.startswith("deepseek"):
+        return deepseek_recipes
+    return llama_recipes
+
+
 def recipes_for_keys(spec, keys, padded: int | None = None) -> list[Recipe]:
     """The recipes of the Megatron keys in `keys` (export: keys found in a checkpoint)."""
     keys = set(keys)
-    fn = gpt2_recipes if spec.family == "gpt2" else llama_recipes
+    fn = family_recipes(spec.family)
     return [r for r in fn(spec, _Every(), padded or spec.padded_vocab_size) if r.key in keys]
 
 
@@ -179,7 +153,7 @@ def recipes_for(spec, names, padded: int | None = None) -> list[Recipe]:
     """
     names = set(names)
     padded = padded or spec.padded_vocab_size
-    fn = gpt2_recipes if spec.family == "gpt2" else llama_recipes
+    fn = family_recipes(spec.family)
     recipes = fn(spec, names, padded)
     used = {k for r in recipes for k in r.hf_keys}
     missing = sorted(used - names)

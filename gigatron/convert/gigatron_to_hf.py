@@ -18,7 +18,7 @@ import os
 import torch
 
 from gigatron.convert._ckpt_layout import entry_shape, load_entry, per_layer_entries
-from gigatron.convert._recipes import _Every, gpt2_recipes, llama_recipes, recipes_for_keys
+from gigatron.convert._recipes import _Every, family_recipes, recipes_for_keys
 from gigatron.convert.hf_config import spec_from_hf_config
 from gigatron.convert.hf_io import write_safetensors
 from gigatron.convert.hf_to_gigatron import copy_side_files
@@ -115,7 +115,7 @@ def convert_gigatron_to_hf(
 
 def _check_complete(spec, recipes, entries) -> None:
     """Every model tensor of the checkpoint must be exported (none silently dropped)."""
-    fn = gpt2_recipes if spec.family == "gpt2" else llama_recipes
+    fn = family_recipes(spec.family)
     possible = {r.key for r in fn(spec, _Every(), spec.padded_vocab_size)}
     model_keys = {k for k in entries if k.startswith(("embedding.", "decoder.", "output_layer."))}
     unknown = sorted(model_keys - possible - ({"output_layer.weight"} if spec.tied else set()))

@@ -3,8 +3,9 @@
 No counterpart in megatron.core (Megatron Bridge does this outside the core). Works on the plain
 JSON dict, so conversion needs no `transformers`. Families: gpt2, llama (1-3, incl. Llama-3.1
 `rope_type: llama3` scaling with Megatron's fixed low/high factors 1/4 and 8192 original
-context), mistral, qwen2, mixtral. A setting gigatron cannot reproduce exactly is a ValueError
-naming the key and its value (e.g. Mistral `sliding_window` shorter than the context).
+context), mistral, qwen2, mixtral, deepseek_v2 / deepseek_v3 (hf_config_deepseek.py). A setting
+gigatron cannot reproduce exactly is a ValueError naming the key and its value (e.g. Mistral
+`sliding_window` shorter than the context).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from dataclasses import dataclass, field
 
 import torch.nn.functional as F
 
+from gigatron.convert.hf_config_deepseek import DEEPSEEK_FAMILIES, parse_deepseek
 from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
 from gigatron.core.models.gpt import GPTModel
 from gigatron.core.models.gpt import gpt_layer_specs as specs
-from gigatron.core.transformer.transformer_config import TransformerConfig
+from gigatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", *DEEPSEEK_FAMILIES)
 _GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
 
 
@@ -49,11 +51,17 @@ class HFModelSpec:
         return bool(self.model_kwargs["share_embeddings_and_output_weights"])
 
     def transformer_config(self, **overrides):
+        cls = MLATransformerConfig if self.config_kwargs.get("multi_latent_attention") else None
+        return (cls or TransformerConfig)(**{**self.config_kwargs, **overrides})
 
-        return TransformerConfig(**{**self.config_kwargs, **overrides})
-
-    def layer_spec(self, fast: bool = False):
-
+    def layer_spec(self, fast: bool = False, config=None, vp_stage=None):
+        """One layer spec, or with `config` (its moe_layer_freq a per-layer list: DeepSeek's
+        leading dense layers) this pipeline stage's decoder block spec."""
+        if config is not None and isinstance(config.moe_layer_freq, list):
+            return specs.get_gpt_decoder_block_spec(
+                config, use_transformer_engine=fast, normalization=config.normalization,
+                vp_stage=vp_stage,
+            )  # fmt: skip
         fn = specs.get_gpt_layer_fast_spec if fast else specs.get_gpt_layer_local_spec
         return fn(**self.spec_kwargs)
 
@@ -65,7 +73,7 @@ class HFModelSpec:
         config = self.transformer_config(**{"use_cpu_initialization": True, **config_overrides})
         return GPTModel(
             config,
-            self.layer_spec(fast),
+            self.layer_spec(fast, config, vp_stage),
             vocab_size=self.padded_vocab_size,
             pre_process=pre_process,
             post_process=post_process,
@@ -121,9 +129,13 @@ class HFModelSpec:
                 moe_ffn_hidden_size=c["moe_ffn_hidden_size"],
                 moe_aux_loss_coeff=c["moe_aux_loss_coeff"],
                 moe_router_pre_softmax=c["moe_router_pre_softmax"],
-                moe_router_load_balancing_type="aux_loss",
+                moe_router_load_balancing_type=c.get("moe_router_load_balancing_type", "aux_loss"),
                 moe_token_dispatcher_type=c["moe_token_dispatcher_type"],
             )
+            args.update({k: c[k] for k in _MOE_EXTRA_ARGS if k in c})
+        if c.get("multi_latent_attention"):
+            args.update({k: c[k] for k in _MLA_ARGS if k in c})
+            args.update({f"yarn_{k}": c[k] for k in _YARN_ARGS if k in c})
         return args
 
     def training_flags(self, extra: dict | None = None) -> list[str]:
@@ -131,6 +143,20 @@ class HFModelSpec:
         is its bare flag, False and None are left out (the flags' defaults)."""
         return args_to_flags({**self.training_args(), **(extra or {})})
 
+
+# DeepSeek's MoE router, MLA and YaRN settings (config field = flag name; YaRN's flags carry
+# Megatron's `yarn_` prefix)
+_MOE_EXTRA_ARGS = (
+    "moe_layer_freq", "moe_shared_expert_intermediate_size", "moe_router_score_function",
+    "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
+    "moe_router_topk_scaling_factor", "moe_router_dtype",
+)  # fmt: skip
+_MLA_ARGS = (
+    "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+    "qk_pos_emb_head_dim", "v_head_dim", "rope_type", "rotary_scaling_factor", "mscale",
+    "mscale_all_dim",
+)  # fmt: skip
+_YARN_ARGS = ("original_max_position_embeddings", "beta_fast", "beta_slow")
 
 # Fields of a converted checkpoint's args that are not `gigatron train` flags.
 _NOT_FLAGS = ("padded_vocab_size", "hf_model_type", "hf_config_json", "tokenizer_in_checkpoint_dir")
@@ -149,6 +175,8 @@ def args_to_flags(fields: dict) -> list[str]:
             continue
         if name in _INT_IF_WHOLE and isinstance(value, float) and value.is_integer():
             value = int(value)
+        if isinstance(value, list):  # --moe-layer-freq [0,1,1]: one word, no spaces
+            value = "[" + ",".join(str(v) for v in value) + "]"
         out += [flag, str(value)]
     return out
 
@@ -169,7 +197,8 @@ MODEL_ARGS = (
     "make_vocab_size_divisible_by", "rotary_base", "rotary_percent", "rotary_interleaved",
     "use_rope_scaling", "rope_scaling_factor", "num_experts", "moe_router_topk",
     "moe_ffn_hidden_size", "moe_aux_loss_coeff", "moe_router_pre_softmax",
-    "moe_router_load_balancing_type", "moe_token_dispatcher_type", "tokenizer_type",
+    "moe_router_load_balancing_type", "moe_token_dispatcher_type", *_MOE_EXTRA_ARGS,
+    *_MLA_ARGS, *(f"yarn_{k}" for k in _YARN_ARGS), "tokenizer_type",
     "tokenizer_model", "vocab_file", "merge_file", "hf_model_type", "hf_config_json",
 )  # fmt: skip
 TOKENIZER_PATH_ARGS = ("tokenizer_model", "vocab_file", "merge_file")
@@ -213,6 +242,8 @@ def spec_from_hf_config(
     if family not in FAMILIES:
         raise ValueError(f"config.json: model_type ({family!r}) is not one of {FAMILIES}")
     parse = _parse_gpt2 if family == "gpt2" else _parse_llama_like
+    if family in DEEPSEEK_FAMILIES:
+        parse = parse_deepseek
     config_kwargs, model_kwargs, spec_kwargs = parse(family, cfg)
     vocab = int(cfg["vocab_size"])
     padded = vocab_size_with_padding(

@@ -96,6 +96,18 @@ FORCE_FIELDS = (  # the checkpoint's value replaces the command line's
     "moe_router_score_function",
     "moe_router_enable_expert_bias",
     "moe_router_topk_scaling_factor",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
+    "multi_latent_attention",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "rope_type",
+    "rotary_scaling_factor",
+    "mscale",
+    "mscale_all_dim",
 )
 
 

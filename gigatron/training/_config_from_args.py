@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from gigatron.core.distributed import DistributedDataParallelConfig
 from gigatron.core.optimizer import OptimizerConfig
 from gigatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-from gigatron.core.transformer.transformer_config import TransformerConfig
+from gigatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
 
 def openai_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -51,6 +51,34 @@ _FP8_FIELDS = (
     "num_layers_at_start_in_bf16",
     "num_layers_at_end_in_bf16",
 )
+
+
+def _mla_kwargs(args) -> dict:
+    """MLATransformerConfig fields from the --multi-latent-attention group (unset YaRN flags
+    keep the config's defaults, as in Megatron)."""
+    kw = dict(
+        multi_latent_attention=True,
+        q_lora_rank=args.q_lora_rank,
+        kv_lora_rank=args.kv_lora_rank,
+        qk_head_dim=args.qk_head_dim,
+        qk_pos_emb_head_dim=args.qk_pos_emb_head_dim,
+        v_head_dim=args.v_head_dim,
+        rotary_base=args.rotary_base,
+        rotary_percent=args.rotary_percent,
+        rotary_scaling_factor=args.rotary_scaling_factor,
+        mscale=args.mscale,
+        mscale_all_dim=args.mscale_all_dim,
+    )
+    if args.rope_type is not None:
+        kw["rope_type"] = args.rope_type
+    for flag, field in (
+        ("yarn_original_max_position_embeddings", "original_max_position_embeddings"),
+        ("yarn_beta_fast", "beta_fast"),
+        ("yarn_beta_slow", "beta_slow"),
+    ):
+        if getattr(args, flag) is not None:
+            kw[field] = getattr(args, flag)
+    return kw
 
 
 def core_transformer_config_from_args(args, config_class=None):
@@ -128,6 +156,9 @@ def core_transformer_config_from_args(args, config_class=None):
         for name in _MOE_ROUTER_FIELDS:  # given by the compat flags; defaults equal the config's
             if hasattr(args, name):
                 kw[name] = getattr(args, name)
+    if getattr(args, "multi_latent_attention", False):
+        config_class = MLATransformerConfig if config_class is TransformerConfig else config_class
+        kw.update(_mla_kwargs(args))
     if args.context_parallel_size > 1:
         kw["cp_comm_type"] = args.cp_comm_type
     if getattr(args, "fp8", None) is not None:

@@ -403,6 +403,25 @@ def _fp8_args(p):
     _add(g, "--num-layers-at-end-in-bf16", int, 1, "with --first-last-layers-bf16")
 
 
+def _mla_args(p):
+    """Megatron's --multi-latent-attention group (its names and defaults; docs/mla.md). The
+    --yarn-* flags, Megatron's for YaRN positions, set MLA's YaRN too (else its defaults)."""
+    g = p.add_argument_group("multi-latent attention")
+    _add(g, "--multi-latent-attention", bool, help_="DeepSeek MLA (MLATransformerConfig)")
+    _add(g, "--q-lora-rank", int, None, "query latent rank (None: one full-rank q projection)")
+    _add(g, "--kv-lora-rank", int, 32, "key/value latent rank")
+    _add(g, "--qk-head-dim", int, 128, "q/k head dim without RoPE")
+    _add(g, "--qk-pos-emb-head-dim", int, 64, "q/k rotary head dim")
+    _add(g, "--v-head-dim", int, 128, "value head dim")
+    _add(g, "--rope-type", str, None, "rope | yarn (MLA default: yarn)", choices=["rope", "yarn"])
+    _add(g, "--rotary-scaling-factor", float, 1.0, "YaRN scaling factor")
+    _add(g, "--mscale", float, 1.0, "YaRN mscale")
+    _add(g, "--mscale-all-dim", float, 0.0, "YaRN mscale_all_dim")
+    _add(g, "--yarn-original-max-position-embeddings", int, None, "YaRN original context")
+    _add(g, "--yarn-beta-fast", float, None, "YaRN beta_fast")
+    _add(g, "--yarn-beta-slow", float, None, "YaRN beta_slow")
+
+
 def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
     prog = cli_errors.program()
     p = cli_errors.ArgumentParser(
@@ -415,6 +434,7 @@ def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
     )
     for adder in (
         _model_args,
+        _mla_args,
         _parallel_args,
         _fp8_args,
         _training_args,

@@ -40,7 +40,9 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         )
     else:
         spec = get_gpt_layer_fast_spec(
-            qk_layernorm=args.qk_layernorm, normalization=args.normalization
+            qk_layernorm=args.qk_layernorm,
+            multi_latent_attention=args.multi_latent_attention,
+            normalization=args.normalization,
         )
     return GPTModel(
         config=config,

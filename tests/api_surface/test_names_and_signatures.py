@@ -94,9 +94,6 @@ _ALLOWED_BOTH: dict[str, str] = {
         "NCCL-options / group-description wrapper of new_group; gigatron builds groups from "
         "_rank_grid output internally"
     ),
-    "transformer.transformer_config:MLATransformerConfig: missing": (
-        "multi-latent attention is refused (TransformerConfig.multi_latent_attention)"
-    ),
     "transformer.transformer_block:TransformerBlockSubmodules.layer_specs: field default": (
         "an empty list instead of None: the same 'no layers' meaning, iterable"
     ),

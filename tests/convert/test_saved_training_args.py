@@ -4,9 +4,10 @@
 path (`pretrain_gpt.model_provider`), the very model the converter's `spec.build_model` builds:
 same parameters, same logits with the same weights. Checked per family and for the settings the
 flags used to drop: GPT-2's tanh GELU (`--openai-gelu`), erf GELU, Llama-3.1 RoPE scaling
-(`--use-rope-scaling --rope-scaling-factor`). Then the files a conversion writes: the flags file
-lists the saved args, tokenizer paths are relative to the (movable) checkpoint directory,
-command-line flags win, and `--load HF_DIR` keeps every vocabulary row of its config.
+(`--use-rope-scaling --rope-scaling-factor`), DeepSeek-V3's MLA and router flags. Then the
+files a conversion writes: the flags file lists the saved args, tokenizer paths are relative
+to the (movable) checkpoint directory, command-line flags win, and `--load HF_DIR` keeps every
+vocabulary row of its config.
 """
 
 import json
@@ -27,6 +28,10 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
 def _cfg(family, **changes):
     from tests.convert.test_hf_fixtures import hf_config
 
+    if family.startswith("deepseek"):  # MLA + MoE (tests/convert/test_deepseek_convert.py)
+        from tests.convert.test_deepseek_convert import deepseek_hf_config
+
+        return {**deepseek_hf_config(family), "model_type": family, **changes}
     cfg = json.loads(hf_config(family).to_json_string())
     cfg.update(changes)
     return cfg
@@ -60,6 +65,7 @@ def global_args():
         ("mistral", {}),
         ("qwen2", {}),
         ("mixtral", {}),
+        ("deepseek_v3", {}),  # MLA, YaRN, sigmoid grouped router + expert bias, a dense layer
     ],
 )
 def test_saved_args_build_the_converted_model(family, changes, global_args):

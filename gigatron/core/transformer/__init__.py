@@ -10,6 +10,7 @@ _LAZY = {
     "ModuleSpec": "gigatron.core.transformer.spec_utils",
     "build_module": "gigatron.core.transformer.spec_utils",
     "TransformerConfig": "gigatron.core.transformer.transformer_config",
+    "MLATransformerConfig": "gigatron.core.transformer.transformer_config",
     "TransformerLayer": "gigatron.core.transformer.transformer_layer",
     "TransformerLayerSubmodules": "gigatron.core.transformer.transformer_layer",
 }

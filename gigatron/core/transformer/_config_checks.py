@@ -130,3 +130,23 @@ def check_context_parallel(cfg) -> None:
             f"({cp}) > 1: gigatron's context-parallel attention has no dropout; set "
             "attention_dropout=0.0"
         )
+
+
+def check_mla(cfg) -> None:
+    """MLATransformerConfig: positive ranks and head dims, a known RoPE type, no Megatron-only
+    MLA kernels (latent cache, fused down-projection)."""
+    names = ["kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"]
+    if cfg.q_lora_rank is not None:
+        names.insert(0, "q_lora_rank")
+    for name in names:
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} ({getattr(cfg, name)}) must be positive")
+    if cfg.qk_pos_emb_head_dim % 2:
+        raise ValueError(f"qk_pos_emb_head_dim ({cfg.qk_pos_emb_head_dim}) must be even (RoPE)")
+    if cfg.rope_type not in ("rope", "yarn"):
+        raise ValueError(f"rope_type ({cfg.rope_type!r}) must be 'rope' or 'yarn'")
+    for name in ("cache_mla_latents", "mla_down_proj_fusion"):
+        if getattr(cfg, name):
+            raise ValueError(
+                f"{name}=True is not supported by gigatron's multi-latent attention; leave it False"
+            )

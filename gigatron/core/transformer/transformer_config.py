@@ -218,7 +218,7 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     fp4: str | None = None
     """FP4 training (Transformer Engine only)."""
     multi_latent_attention: bool = False
-    """DeepSeek multi-latent attention (not implemented)."""
+    """DeepSeek multi-latent attention: set by MLATransformerConfig (whose fields it needs)."""
     mtp_num_layers: int | None = None
     """Multi-token-prediction layers (not implemented)."""
     window_size: tuple[int, int] | None = None
@@ -260,3 +260,55 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
         _config_checks.check_pipeline(self)
         _config_checks.check_context_parallel(self)
         check_fp8_config(self)
+        if self.multi_latent_attention and not isinstance(self, MLATransformerConfig):
+            raise ValueError(
+                "multi_latent_attention=True needs MLATransformerConfig (its q_lora_rank, "
+                "kv_lora_rank, head dims and RoPE fields); TransformerConfig has none"
+            )
+
+
+@dataclass(kw_only=True)
+class MLATransformerConfig(TransformerConfig):
+    """TransformerConfig of a multi-latent-attention model (DeepSeek-V2/V3): Megatron's fields
+    and defaults, including the RoPE of MLA's own rotary embedding ('rope' or YaRN)."""
+
+    multi_latent_attention: bool = True
+    """Use MultiLatentAttention (the MLA specs)."""
+    q_lora_rank: int | None = 512
+    """Rank of the query down-projection; None = one full-rank query projection."""
+    kv_lora_rank: int = 512
+    """Rank of the shared key/value latent."""
+    qk_head_dim: int = 128
+    """Per-head query/key dim without RoPE (q head dim = qk_head_dim + qk_pos_emb_head_dim)."""
+    qk_pos_emb_head_dim: int = 64
+    """Per-head dim of the rotary part of queries and of the one shared rotary key."""
+    v_head_dim: int = 128
+    """Per-head value dim."""
+    normalization: str = "RMSNorm"
+    """MLA models default to RMSNorm."""
+    rope_type: str = "yarn"
+    """'rope' (plain) or 'yarn' (DeepSeek's long-context scaling)."""
+    rotary_base: float = 10000
+    """RoPE base (both types)."""
+    rotary_percent: float = 1.0
+    """Fraction of qk_pos_emb_head_dim rotated ('rope')."""
+    rotary_scaling_factor: float = 40
+    """YaRN scaling factor (context extension ratio)."""
+    original_max_position_embeddings: int = 4096
+    """YaRN: context length of the unscaled model."""
+    beta_fast: float = 32
+    """YaRN: rotations above which a frequency is kept (extrapolated)."""
+    beta_slow: float = 1
+    """YaRN: rotations below which a frequency is interpolated."""
+    mscale: float = 1.0
+    """YaRN: cos/sin are multiplied by mscale(factor, mscale) / mscale(factor, mscale_all_dim)."""
+    mscale_all_dim: float = 0.0
+    """YaRN: the softmax scale is multiplied by mscale(factor, mscale_all_dim)**2."""
+    cache_mla_latents: bool = False
+    """Cache the latents instead of K/V (Flash MLA dynamic inference; not supported)."""
+    mla_down_proj_fusion: bool = False
+    """Fused q/kv down-projection kernels (Transformer Engine; not supported)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _config_checks.check_mla(self)

@@ -6,6 +6,8 @@
 attention; numerically the same model, tested against the local spec.
 With `num_experts` the MLP slot holds an MoELayer (`moe_module_specs.get_moe_module_spec`);
 `get_gpt_decoder_block_spec` mixes dense and MoE layers by `config.moe_layer_freq`.
+`multi_latent_attention=True` puts MLASelfAttention (DeepSeek-V2/V3; docs/mla.md) in the
+attention slot of either spec.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from gigatron.core.transformer.dot_product_attention import DotProductAttention
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.identity_op import IdentityOp
 from gigatron.core.transformer.mlp import MLP, MLPSubmodules
+from gigatron.core.transformer.multi_latent_attention import (
+    MLASelfAttention,
+    MLASelfAttentionSubmodules,
+)
 from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
 from gigatron.core.transformer.spec_utils import ModuleSpec
 from gigatron.core.transformer.torch_norm import WrappedTorchNorm
@@ -33,9 +39,7 @@ LOCAL_SHARDED_KEYS_MAP = {
 }
 
 
-def _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization) -> None:
-    if multi_latent_attention:
-        raise ValueError("multi_latent_attention=True is not supported by gigatron")
+def _check(normalization) -> None:
     if normalization not in (None, "LayerNorm", "RMSNorm"):
         raise ValueError(
             f"normalization ({normalization!r}) must be None, 'LayerNorm' or 'RMSNorm'"
@@ -59,10 +63,12 @@ def _layer_spec(
     num_experts=None,
     moe_grouped_gemm: bool = False,
     attn_mask_type: AttnMaskType = AttnMaskType.causal,
+    multi_latent_attention: bool = False,
 ) -> ModuleSpec:
     """One layer of the local or fast spec (per `core_attention`); BertModel's layer is this
     one with attn_mask_type=AttnMaskType.padding (bert_layer_specs.py)."""
-
+    if multi_latent_attention:
+        return _mla_layer_spec(core_attention, qk_layernorm, num_experts, moe_grouped_gemm)
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
@@ -87,6 +93,49 @@ def _layer_spec(
     )
 
 
+def _mla_layer_spec(core_attention, qk_layernorm, num_experts, moe_grouped_gemm) -> ModuleSpec:
+    """Megatron's local MLA layer: MLASelfAttention (causal) with column-parallel down- and
+    up-projections (q_layernorm / kv_layernorm on the latents when qk_layernorm).
+
+    Checkpoint keys follow Megatron's Transformer Engine MLA layer, as the other specs' do: the
+    latent norms fused into the up-projections (`linear_q_up_proj.layer_norm_weight`), a dense
+    layer's pre-MLP norm into fc1; `input_layernorm` keeps its name (TE's MLA layer has it)."""
+    norm = WrappedTorchNorm if qk_layernorm else IdentityOp
+    keys = {
+        "self_attention.q_layernorm.": "self_attention.linear_q_up_proj.layer_norm_",
+        "self_attention.kv_layernorm.": "self_attention.linear_kv_up_proj.layer_norm_",
+    }
+    if num_experts is None:
+        keys["pre_mlp_layernorm."] = "mlp.linear_fc1.layer_norm_"
+    column = tensor_parallel.ColumnParallelLinear
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=WrappedTorchNorm,
+            self_attention=ModuleSpec(
+                module=MLASelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=MLASelfAttentionSubmodules(
+                    linear_q_proj=column,
+                    linear_q_down_proj=column,
+                    linear_q_up_proj=column,
+                    linear_kv_down_proj=column,
+                    linear_kv_up_proj=column,
+                    core_attention=core_attention,
+                    linear_proj=tensor_parallel.RowParallelLinear,
+                    q_layernorm=norm,
+                    kv_layernorm=norm,
+                ),
+            ),
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=WrappedTorchNorm,
+            mlp=get_mlp_module_spec(num_experts=num_experts, moe_grouped_gemm=moe_grouped_gemm),
+            mlp_bda=get_bias_dropout_add,
+            sharded_state_dict_keys_map=keys,
+        ),
+    )
+
+
 def get_mlp_module_spec(
     use_te: bool = True,
     num_experts=None,
@@ -102,7 +151,7 @@ def get_mlp_module_spec(
     dropped 0.16's `moe_use_legacy_grouped_gemm` (here last, by keyword, only False).
     """
 
-    _check(num_experts, moe_grouped_gemm, False, None)
+    _check(None)
     _refuse(fp8=(fp8, None), moe_use_legacy_grouped_gemm=(moe_use_legacy_grouped_gemm, False))
     if num_experts is not None:
         from gigatron.core.models.gpt.moe_module_specs import get_moe_module_spec
@@ -135,7 +184,7 @@ def get_gpt_layer_local_spec(
     Parameters in the API map's (0.20) order; `moe_use_legacy_grouped_gemm` (megatron-core 0.16,
     dropped later) comes last and, like the kitchen switches, is accepted only at its default.
     """
-    _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization)
+    _check(normalization)
     _refuse(
         use_kitchen_attention=(use_kitchen_attention, False),
         kitchen_attention_backend=(kitchen_attention_backend, "sdpa"),
@@ -143,7 +192,10 @@ def get_gpt_layer_local_spec(
     )
     if qk_l2_norm or use_kitchen or fp8 is not None:
         raise ValueError("qk_l2_norm, use_kitchen and fp8 are not supported by gigatron's specs")
-    return _layer_spec(DotProductAttention, qk_layernorm, num_experts, moe_grouped_gemm)
+    return _layer_spec(
+        DotProductAttention, qk_layernorm, num_experts, moe_grouped_gemm,
+        multi_latent_attention=multi_latent_attention,
+    )  # fmt: skip
 
 
 def get_gpt_layer_fast_spec(
@@ -157,10 +209,13 @@ def get_gpt_layer_fast_spec(
     **unused,
 ) -> ModuleSpec:
     """Same layer as the local spec with SDPA core attention (flash/cuDNN/efficient on GPU)."""
-    _check(num_experts, moe_grouped_gemm, multi_latent_attention, normalization)
+    _check(normalization)
     if qk_l2_norm or fp8 is not None:
         raise ValueError("qk_l2_norm and fp8 are not supported by gigatron's specs")
-    return _layer_spec(SDPADotProductAttention, qk_layernorm, num_experts, moe_grouped_gemm)
+    return _layer_spec(
+        SDPADotProductAttention, qk_layernorm, num_experts, moe_grouped_gemm,
+        multi_latent_attention=multi_latent_attention,
+    )  # fmt: skip
 
 
 def get_gpt_decoder_block_spec(
@@ -180,7 +235,10 @@ def get_gpt_decoder_block_spec(
 
     spec_fn = get_gpt_layer_fast_spec if use_transformer_engine else get_gpt_layer_local_spec
     kwargs = dict(
-        qk_layernorm=config.qk_layernorm, normalization=normalization, qk_l2_norm=qk_l2_norm
+        qk_layernorm=config.qk_layernorm,
+        multi_latent_attention=config.multi_latent_attention,
+        normalization=normalization,
+        qk_l2_norm=qk_l2_norm,
     )
     layer = spec_fn(**kwargs)
     num_layers = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
@@ -218,8 +276,8 @@ def get_gpt_layer_with_transformer_engine_spec(
 
     Parameters in the API map's (0.20) order, then megatron-core 0.16's
     `moe_use_legacy_grouped_gemm`. `use_te_op_fuser` / `use_te_activation_func` only choose TE
-    kernels for the same math and are accepted; the kitchen, MLA and grouped-dense switches are
-    accepted only at their defaults.
+    kernels for the same math and are accepted; the kitchen, fused MLA down-projection and
+    grouped-dense switches are accepted only at their defaults.
 
     Differences from Megatron's TE layer: the norms are separate modules, so the plain
     `state_dict()` names are `input_layernorm.*` / `pre_mlp_layernorm.*`; checkpoint keys

@@ -57,7 +57,8 @@ class GPTModel(LanguageModule):
 
         if pre_process:
             self._build_embedding(scatter_to_sequence_parallel=scatter_embedding_sequence_parallel)
-        if position_embedding_type == "rope":
+        if position_embedding_type == "rope" and not config.multi_latent_attention:
+            # (MLA builds its own RoPE, as in Megatron)
             self._build_rotary_pos_emb(
                 rotary_percent,
                 seq_len_interpolation_factor,

@@ -134,8 +134,9 @@ class LanguageModule(MegatronModule):
         self, block, block_input: Tensor | None, inference_context=None
     ) -> Tensor | None:
         """RoPE angles [s, 1, 1, rot_dim] for `block` (a TransformerBlock) fed `block_input`
-        [s(/tp), b, h] (or its pipeline input); None unless position_embedding_type is 'rope'."""
-        if self.position_embedding_type != "rope":
+        [s(/tp), b, h] (or its pipeline input); None unless position_embedding_type is 'rope'
+        (and None for multi-latent attention, which applies its own)."""
+        if self.position_embedding_type != "rope" or self.config.multi_latent_attention:
             return None
         seq_len = self.rotary_pos_emb.get_rotary_seq_len(
             inference_context, block, block_input, self.config
