@@ -1,6 +1,7 @@
 """A pipeline rank's schedule as data, for planners (`gigatron estimate`): which (microbatch,
-chunk, forward|backward) steps it runs, what it sends and receives, how many microbatches' activations
-it holds at once. The same tables the schedules run (`forward_backward_func`), no processes.
+chunk, forward|backward) steps it runs, what it sends and receives, how many microbatches'
+activations it holds at once. The tables the schedules run (`forward_backward_func`); no
+processes.
 """
 
 from __future__ import annotations
