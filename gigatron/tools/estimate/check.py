@@ -42,7 +42,7 @@ def measure_training_peak(argv: list[str], *, num_steps: int = 2) -> dict:
     """Peak live tensor bytes of `num_steps` training steps on this rank (see the module doc)."""
     import torch.distributed as dist
 
-    from gigatron.tools.estimate.world import padded_vocab_size
+    from gigatron.tools.estimate.args import padded_vocab_size
 
     args = parse_args(argv=[*argv, "--mock-data", "--lr", "1e-4", "--train-iters", "10"])
     validate_args(args, dist.get_world_size())

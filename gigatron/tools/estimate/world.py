@@ -18,19 +18,9 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from gigatron.core import parallel_state as ps
-from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
 from gigatron.training import global_vars
 from gigatron.training.pretrain_gpt import model_provider
 from gigatron.training.training import get_model
-
-
-def padded_vocab_size(args) -> int:
-    """--vocab-size padded as training pads it (to make-vocab-size-divisible-by x TP)."""
-    if args.vocab_size is None:
-        raise ValueError("give --vocab-size (gigatron estimate builds no tokenizer)")
-    return vocab_size_with_padding(
-        args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size
-    )
 
 
 @contextlib.contextmanager
