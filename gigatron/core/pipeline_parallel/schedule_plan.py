@@ -7,9 +7,9 @@ processes.
 from __future__ import annotations
 
 from gigatron.core.pipeline_parallel import _schedule_table as table
-from gigatron.core.pipeline_parallel._schedule_table import FORWARD, Slot, Step
+from gigatron.core.pipeline_parallel._schedule_table import FORWARD, Slot, Step, Transfer
 
-__all__ = ["FORWARD", "Slot", "Step", "rank_schedule", "peak_in_flight"]
+__all__ = ["FORWARD", "Slot", "Step", "Transfer", "rank_schedule", "peak_in_flight"]
 
 
 def rank_schedule(

@@ -12,19 +12,20 @@ x = s·b/cp tokens of a rank, t = TP, x_sp = x/t under sequence parallelism else
     input norm       x_sp·h            (+ x_sp fp32 mean and rstd) LayerNorm; RMSNorm (TorchRMSNorm,
                                        not fused) keeps its fp32 input, rstd and the normalised
                                        input of the gain: x_sp·h·(4 + e) bytes
-    QKV input        x·h               the column-parallel linear keeps the input it multiplied
+    QKV input        x_sp·h            the column-parallel linear keeps its input (under SP the
+                                       local shard; backward gathers it again, as Megatron)
     QKV output       x·(q + 2·g·d)/t   SDPA keeps q, k, v (one storage)
     log-sum-exp      b·(a/t)·s/cp      fp32
     attention out    x·q/t             also the row-parallel projection's input (same storage)
     pre-MLP norm     x_sp·h            (+ stats)
-    fc1 input        x·h
+    fc1 input        x_sp·h
     activation       GELU: 2·x·f/t (its input, fc2's input);  SwiGLU: 5·x·f/t (fc1 out 2f,
                      silu(gate) f, up + glu_linear_offset f, the product f)
     context parallel (cp - 1)·x·(2·g·d + 2·q)/t more: the ring's received K/V blocks and
                      partial outputs (fitted to measurement, see the test)
     dropout masks    2·x_sp·h bytes when --hidden-dropout > 0 (bool)
 
-Head (last stage): final norm x_sp·h (+ stats), output-layer input x·h, and the vocab-parallel
+Head (last stage): final norm x_sp·h (+ stats), output-layer input x_sp·h, and the vocab-parallel
 cross entropy's softmax x·V/t in fp32 (none with --cross-entropy-loss-fusion, which recomputes
 logits chunk by chunk). Full recompute keeps only each checkpointed chunk's input x_sp·h.
 """
@@ -93,9 +94,9 @@ def layer_bytes(sh: Shape, *, moe: tuple[int, int, int] | None = None) -> int:
     e, x, t = sh.act_bytes, sh.tokens, sh.tp
     q = sh.heads * sh.head_dim
     f = sh.ffn
-    attn = x * sh.hidden * e + x * (q + 2 * sh.kv_groups * sh.head_dim) // t * e
+    attn = sh.tokens_sp * sh.hidden * e + x * (q + 2 * sh.kv_groups * sh.head_dim) // t * e
     attn += sh.micro_batch * (sh.heads // t) * (sh.seq // sh.cp) * _FP32 + x * q // t * e
-    mlp = x * sh.hidden * e + (5 if sh.swiglu else 2) * x * f // t * e
+    mlp = sh.tokens_sp * sh.hidden * e + (5 if sh.swiglu else 2) * x * f // t * e
     if sh.cp > 1:  # ring attention: each step's received K/V and partial output (measured)
         attn += (sh.cp - 1) * x * (2 * sh.kv_groups * sh.head_dim + 2 * q) // t * e
     if moe is not None:
@@ -111,7 +112,7 @@ def recompute_input_bytes(sh: Shape) -> int:
 
 def head_bytes(sh: Shape) -> int:
     """Final norm, output-layer input and the cross entropy's saved softmax (last stage)."""
-    out = _norm(sh) + sh.tokens * sh.hidden * sh.act_bytes + sh.tokens * 9  # ids, mask
+    out = _norm(sh) + sh.tokens_sp * sh.hidden * sh.act_bytes + sh.tokens * 9  # ids, mask
     if not sh.fused_ce:
         out += sh.tokens * sh.vocab // sh.tp * _FP32
     return out

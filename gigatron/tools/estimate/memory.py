@@ -6,7 +6,8 @@ them and the flags:
 
     gradients    DDP's buffer, one element per parameter, fp32 with --bf16 or
                  --accumulate-allreduce-grads-in-fp32, else the parameter dtype
-    optimizer    Adam's two fp32 moments, plus an fp32 main copy of bf16 / fp16 parameters;
+    optimizer    Adam's two fp32 moments, plus an fp32 main copy of bf16 / fp16 parameters
+                 (`Precision`: another recipe, such as bench_gpt's all-bf16 AdamW, is passed in);
                  divided over the DP x CP group (expert parameters: the expert-DP group) with
                  --use-distributed-optimizer
     activations  `activations.py` per chunk, times the microbatches the schedule holds at once
@@ -18,11 +19,41 @@ them and the flags:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from gigatron.core import parallel_state as ps
 from gigatron.core.pipeline_parallel.schedule_plan import peak_in_flight, rank_schedule
 from gigatron.tools.estimate import activations as act
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter of each training state."""
+
+    param: int
+    grad: int
+    master: int  # the optimizer's fp32 copy of low-precision parameters (0: none)
+    moment: int  # each of Adam's two moments
+
+    @property
+    def optimizer(self) -> int:
+        return self.master + 2 * self.moment
+
+    @property
+    def update_traffic(self) -> int:
+        """Bytes the Adam update reads and writes per parameter (grad read, moments and master
+        read + written, the model parameter written)."""
+        return self.grad + 2 * (self.master + 2 * self.moment) + self.param
+
+
+def precision_of(args) -> Precision:
+    """Megatron's mixed precision from the flags: bf16 / fp16 parameters get an fp32 main copy
+    and fp32 moments; gradients are fp32 with --bf16 or --accumulate-allreduce-grads-in-fp32."""
+    p = args.params_dtype.itemsize
+    grad = 4 if (p == 4 or args.accumulate_allreduce_grads_in_fp32 or args.bf16) else p
+    return Precision(param=p, grad=grad, master=0 if p == 4 else 4, moment=4)
 
 
 def shape_of(args) -> act.Shape:
@@ -90,14 +121,14 @@ def _is_expert(param) -> bool:
     return not getattr(param, "allreduce", True)
 
 
-def rank_memory(args, chunks: list[torch.nn.Module]) -> dict:
-    """This rank's memory in bytes (inside `world.fake_rank`, for `world.build_chunks`)."""
+def rank_memory(args, chunks: list[torch.nn.Module], precision: Precision | None = None) -> dict:
+    """This rank's memory in bytes (inside `world.fake_rank`, for `world.build_chunks`);
+    `precision` defaults to the flags' (`precision_of`)."""
+    prec = precision or precision_of(args)
     params = [p for c in chunks for p in c.parameters()]
     dense = sum(p.numel() for p in params if not _is_expert(p))
     expert = sum(p.numel() for p in params if _is_expert(p))
-    p_bytes = args.params_dtype.itemsize
-    g_bytes = 4 if (p_bytes == 4 or args.accumulate_allreduce_grads_in_fp32 or args.bf16) else 2
-    o_bytes = 8 + (4 if p_bytes != 4 else 0)
+    p_bytes, g_bytes, o_bytes = prec.param, prec.grad, prec.optimizer
     dp_cp = ps.get_data_parallel_world_size(with_context_parallel=True)
     expt_dp = ps.get_expert_data_parallel_world_size()
     if args.use_distributed_optimizer:

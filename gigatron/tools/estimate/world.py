@@ -28,7 +28,9 @@ def fake_rank(args, rank: int):
     """Be `rank` of a fake `args.world_size`-rank world with the flags' groups (see module)."""
     if dist.is_initialized():
         raise RuntimeError("gigatron estimate needs a process without a process group")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=args.world_size)
+    dist.init_process_group(
+        "cpu:fake,meta:fake", store=FakeStore(), rank=rank, world_size=args.world_size
+    )
     try:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=args.tensor_model_parallel_size,
