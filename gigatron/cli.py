@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-tokenizer": ("gigatron.tools.train_tokenizer", "train a BPE tokenizer on a corpus"),
     "generate": ("gigatron.tools.generate", "generate text from a checkpoint"),
     "convert": ("gigatron.tools.convert", "convert Hugging Face <-> gigatron checkpoints"),
+    "estimate": (
+        "gigatron.tools.estimate",
+        "memory / FLOPs / comm / time per rank of a planned layout; --dry-run checks every rank",
+    ),
 }
 
 # `gigatron generate --help`: its own flags and the few training flags it reads (its parser is

@@ -41,36 +41,36 @@ def _expert_grid(args) -> ps.RankGenerator:
 
 
 def check_groups(args, gpus_per_node: int) -> tuple[dict, list[str], dict[int, dict]]:
-    """(groups crossing nodes per axis, errors, {rank: coordinates})."""
+    """(groups crossing nodes per axis, errors, {rank: coordinates}); the expert axes only
+    with --num-experts."""
     dense, expert = dense_grid(args), _expert_grid(args)
     axes = {
         "tp": dense.get_ranks("tp"),
         "cp": dense.get_ranks("cp"),
         "dp": dense.get_ranks("dp"),
         "pp": dense.get_ranks("pp"),
-        "ep": expert.get_ranks("ep"),
-        "expert_tp": expert.get_ranks("tp"),
     }
+    if args.num_experts:
+        axes.update(ep=expert.get_ranks("ep"), expert_tp=expert.get_ranks("tp"))
     coords: dict[int, dict] = defaultdict(dict)
     crossing, errors = {}, []
     for axis, groups in axes.items():
-        n = 0
+        spanning = [g for g in groups if len({r // gpus_per_node for r in g}) > 1]
         for g in groups:
             for i, r in enumerate(g):
                 coords[r][axis] = i
-            if len({r // gpus_per_node for r in g}) > 1:
-                n += 1
-                if axis in ("tp", "expert_tp"):
-                    errors.append(
-                        f"{axis} group {g[:4]}{'...' if len(g) > 4 else ''} spans nodes of "
-                        f"{gpus_per_node} GPUs (--gpus-per-node): its per-layer collectives "
-                        "would leave NVLink; make --tensor-model-parallel-size divide it"
-                    )
-        crossing[axis] = {"groups": len(groups), "crossing_nodes": n}
+        crossing[axis] = {"groups": len(groups), "crossing_nodes": len(spanning)}
+        if spanning and axis in ("tp", "expert_tp"):
+            g = spanning[0]
+            errors.append(
+                f"{len(spanning)} {axis} groups span nodes of {gpus_per_node} ranks "
+                f"(--gpus-per-node), e.g. {g[:4]}{'...' if len(g) > 4 else ''}: their per-layer "
+                "collectives would leave NVLink; the TP size must divide the GPUs per node"
+            )
     missing = [r for r in range(args.world_size) if len(coords[r]) != len(axes)]
     if missing:
         errors.append(f"ranks {missing[:8]} are missing from some group")
-    return crossing, errors[:8], dict(coords)
+    return crossing, errors, dict(coords)
 
 
 def check_schedule(args) -> dict:

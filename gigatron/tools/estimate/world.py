@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -21,6 +23,19 @@ from gigatron.core import parallel_state as ps
 from gigatron.training import global_vars
 from gigatron.training.pretrain_gpt import model_provider
 from gigatron.training.training import get_model
+
+
+@contextlib.contextmanager
+def _quiet_fd2():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 @contextlib.contextmanager
@@ -46,7 +61,8 @@ def fake_rank(args, rank: int):
     finally:
         global_vars.set_args(None)
         ps.destroy_model_parallel()
-        dist.destroy_process_group()
+        with _quiet_fd2():  # c10d warns (C++) that the meta backend registered no hooks
+            dist.destroy_process_group()
 
 
 def build_chunks(args) -> list[torch.nn.Module]:
