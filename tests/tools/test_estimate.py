@@ -23,7 +23,7 @@ SMALL = (
 
 
 def test_dry_run_checks_every_rank_and_matches_the_estimate():
-    from gigatron.tools.estimate.dry_run import dry_run
+    from gigatron.tools.estimate.dry_run import check_groups, dry_run
     from gigatron.tools.estimate.report import estimate
 
     args = estimate_args([*SMALL, "--world-size", "64"])
@@ -38,8 +38,8 @@ def test_dry_run_checks_every_rank_and_matches_the_estimate():
     # the first stage holds the most microbatches in flight (interleaved warmup)
     assert est["first"]["activation_bytes"] > est["last"]["activation_bytes"]
 
-    bad = dry_run(estimate_args([*SMALL, "--world-size", "64"]), gpus_per_node=1)
-    assert any("tp groups span nodes" in e for e in bad["errors"])
+    _, errors, _ = check_groups(args, gpus_per_node=1)  # TP 2 over one-GPU nodes
+    assert len(errors) == 1 and "32 tp groups span nodes" in errors[0]
     with pytest.raises(ValueError, match="world size \\(60\\) is not divisible"):
         estimate_args([*SMALL, "--world-size", "60"])
 
@@ -61,3 +61,29 @@ def test_traced_flops_equal_the_training_flops_formula():
     full = flops_per_token(seq_length=args.seq_length, **kw) * tokens
     no_scores = flops_per_token(seq_length=0, **kw) * tokens
     assert rank["flops_per_step"] == pytest.approx(no_scores + (full - no_scores) / 2, rel=1e-12)
+
+
+def test_step_time_prices_the_trace_with_the_calibration_table():
+    from gigatron.tools.estimate.report import estimate_rank
+
+    table = {  # one row each: every GEMM at 100 TFLOP/s, attention 50 forward / 25 backward
+        "gemm": [{"m": 1, "n": 1, "k": 1, "tflops": 100.0}],
+        "attention": [
+            {"b": 1, "heads": 1, "seq": 1, "head_dim": 1, "fwd_tflops": 50.0, "bwd_tflops": 25.0}
+        ],
+        "memory_gbps": 1000.0,
+        "op_overhead_us": 0.0,
+    }
+    args = estimate_args([*BASE, "--world-size", "1", "--global-batch-size", "8"])
+    r = estimate_rank(args, 0, calibration=table, keep_traces=True)
+    (tr,) = r["traces"]
+    t, m = r["time"], 2  # two microbatches of 4
+    assert t["gemm_s"] == pytest.approx(m * tr.gemm_flops / 100e12)
+    fwd = sum(
+        4.0 * b * h * s * s2 * d / 2 for b, h, s, s2, d, _, k in tr.attention if k == "forward"
+    )
+    assert t["attention_s"] == pytest.approx(m * (fwd / 50e12 + 2 * fwd / 25e12))
+    assert t["other_s"] == pytest.approx(m * tr.other_bytes / 1e12)
+    assert t["step_s"] == pytest.approx(
+        t["gemm_s"] + t["attention_s"] + t["other_s"] + t["optimizer_s"]
+    )

@@ -43,9 +43,11 @@ class Precision:
 
     @property
     def update_traffic(self) -> int:
-        """Bytes the Adam update reads and writes per parameter (grad read, moments and master
-        read + written, the model parameter written)."""
-        return self.grad + 2 * (self.master + 2 * self.moment) + self.param
+        """Bytes the Adam update reads and writes per parameter: the gradient read, the moments
+        and the main copy read and written, the model parameter written (and read when it is
+        its own main copy)."""
+        param_traffic = self.param if self.master else 2 * self.param
+        return self.grad + 2 * (self.master + 2 * self.moment) + param_traffic
 
 
 def precision_of(args) -> Precision:

@@ -84,8 +84,11 @@ def _comm_volume(args, traces, mem: dict, prec: Precision, slots) -> dict[str, f
     return vol
 
 
-def estimate_rank(args, rank: int, *, calibration=None, precision=None) -> dict:
-    """Memory, FLOPs, communication and (with `calibration`) time of `rank`."""
+def estimate_rank(
+    args, rank: int, *, calibration=None, precision=None, keep_traces: bool = False
+) -> dict:
+    """Memory, FLOPs, communication and (with `calibration`) time of `rank`; `keep_traces`
+    adds each chunk's `Trace` under "traces" (not JSON: for bench/calibrate.py)."""
     prec = precision or precision_of(args)
     with fake_rank(args, rank):
         model_parallel_cuda_manual_seed(args.seed)
@@ -113,6 +116,8 @@ def estimate_rank(args, rank: int, *, calibration=None, precision=None) -> dict:
         except NotImplementedError as err:  # MoE routing needs real token counts
             out["trace_error"] = str(err).splitlines()[0]
             return out
+        if keep_traces:
+            out["traces"] = traces
         m = num_microbatches(args)
         out["flops_per_step"] = m * sum(t.gemm_flops + t.attention_flops for t in traces)
         out["comm_bytes_per_step"] = _comm_volume(args, traces, mem, prec, slots)

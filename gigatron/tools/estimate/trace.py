@@ -164,7 +164,8 @@ def trace_chunk(args, chunk, *, first: bool, last: bool) -> Trace:
         hidden.requires_grad_(True)
         chunk.set_input_tensor(hidden)
     tracer = OpTrace()
-    with _SdpaByShape(tracer.trace), tracer:
+    # meta as the default device too: what the forward creates (masks, rotary tables) stays meta
+    with torch.device("meta"), _SdpaByShape(tracer.trace), tracer:
         out = chunk(tokens, position_ids, None, labels=tokens if last else None)
         grad = torch.ones_like(out)
         out.backward(grad)
