@@ -13,7 +13,8 @@ What runs, for a world of any size:
 4. One rank per pipeline stage (ranks of a stage differ only in TP / CP / DP / EP coordinates,
    so they hold the same shapes): its model built on meta at its coordinates in a fake world,
    `sharded_state_dict()` checked (each sharded tensor's fragments tile its global shape; every
-   layer 0..L-1 is held by exactly one (stage, virtual stage)), and its memory estimated; every
+   layer 0..L-1 is held by exactly one (stage, virtual stage): no (layer, expert) offset
+   twice), and its memory estimated; every
    rank then gets its stage's numbers.
 """
 
@@ -114,8 +115,8 @@ def _check_sharded_state_dict(chunks, layers_seen: dict[str, list[int]]) -> None
                         f"{name}: local {tuple(sh.local_shape)} x fragments "
                         f"{sh.axis_fragmentations} != global {tuple(sh.global_shape)}"
                     )
-            if pre and sh.key.startswith("decoder.layers."):
-                layers_seen[sh.key].append(sh.global_offset[0])
+            if pre and sh.key.startswith("decoder.layers."):  # offsets: (layer[, expert])
+                layers_seen[sh.key].append(tuple(sh.global_offset[:pre]))
 
 
 def dry_run(args, gpus_per_node: int = 8) -> dict:
@@ -131,9 +132,11 @@ def dry_run(args, gpus_per_node: int = 8) -> dict:
             _check_sharded_state_dict(chunks, layers_seen)
             per_stage[pp_rank] = rank_memory(args, chunks)
     for key, offsets in layers_seen.items():
-        if sorted(offsets) != list(range(args.num_layers)):
+        layers = sorted({o[0] for o in offsets})
+        if len(set(offsets)) != len(offsets) or layers != list(range(args.num_layers)):
             errors.append(
-                f"{key}: layers held {sorted(offsets)[:8]}..., want 0..{args.num_layers - 1}"
+                f"{key}: (layer, expert) offsets {sorted(offsets)[:8]} held by the stages, want "
+                f"each of layers 0..{args.num_layers - 1} once"
             )
             break
     ranks = [
