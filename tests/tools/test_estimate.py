@@ -87,3 +87,18 @@ def test_step_time_prices_the_trace_with_the_calibration_table():
     assert t["step_s"] == pytest.approx(
         t["gemm_s"] + t["attention_s"] + t["other_s"] + t["optimizer_s"]
     )
+
+
+def test_cli_prints_json_and_refuses_a_missing_world_size_in_one_line(capsys):
+    import json
+
+    from gigatron import cli
+
+    argv = [*BASE, "--pipeline-model-parallel-size", "2", "--global-batch-size", "8"]
+    assert cli.main(["estimate", *argv, "--world-size", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["ranks"]) == {"first", "last"} and report["layout"]["num_microbatches"] == 2
+    assert cli.main(["estimate", *argv]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gigatron estimate: error: give --world-size N (the number of ranks of the planned job)"
+    )
