@@ -50,8 +50,12 @@ def test_traced_flops_equal_the_training_flops_formula():
     from gigatron.tools.estimate.report import estimate
     from gigatron.training.flops import flops_per_token
 
+    from gigatron.tools.estimate.world import build_chunks, fake_rank
+
     argv = [*BASE, "--swiglu", "--group-query-attention", "--num-query-groups", "2"]
     args = estimate_args([*argv, "--world-size", "1"])
+    with fake_rank(args, 0):  # the estimate's model allocates nothing
+        assert all(p.is_meta for c in build_chunks(args) for p in c.parameters())
     rank = estimate(args)["ranks"]["first"]
     kw = dict(
         num_layers=2, hidden_size=64, vocab_size=args.padded_vocab_size, num_attention_heads=4,

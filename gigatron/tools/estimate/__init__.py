@@ -26,6 +26,9 @@ def _table(report: dict) -> str:
         f"{'transient':>10}{'peak':>8}  GiB",
     ]
     for label, r in report["ranks"].items():
+        experts = (
+            f"  ({r['expert_params'] / 1e6:.1f}M of them expert)" if r["expert_params"] else ""
+        )
         lines.append(
             f"{label + ' ' + str(r['rank']):<14}{r['params'] / 1e6:>9.1f}M"
             + "".join(
@@ -39,6 +42,7 @@ def _table(report: dict) -> str:
                     ("peak_bytes", 8),
                 )
             )
+            + experts
         )
     lines.append("")
     for label, r in report["ranks"].items():

@@ -27,7 +27,9 @@ x = s·b/cp tokens of a rank, t = TP, x_sp = x/t under sequence parallelism else
 
 Head (last stage): final norm x_sp·h (+ stats), output-layer input x_sp·h, and the vocab-parallel
 cross entropy's softmax x·V/t in fp32 (none with --cross-entropy-loss-fusion, which recomputes
-logits chunk by chunk). Full recompute keeps only each checkpointed chunk's input x_sp·h.
+logits chunk by chunk). Full recompute keeps only each checkpointed chunk's input x_sp·h;
+selective recompute (core attention) drops only the log-sum-exp: SDPA keeps no s² matrices for
+it to save, which is where Megatron's selective recompute wins its memory.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Shape:
     dropout: bool
     act_bytes: int
     fused_ce: bool
+    selective: bool = False  # --recompute-granularity selective: core attention recomputed
 
     @property
     def tokens(self) -> int:
@@ -95,7 +98,9 @@ def layer_bytes(sh: Shape, *, moe: tuple[int, int, int] | None = None) -> int:
     q = sh.heads * sh.head_dim
     f = sh.ffn
     attn = sh.tokens_sp * sh.hidden * e + x * (q + 2 * sh.kv_groups * sh.head_dim) // t * e
-    attn += sh.micro_batch * (sh.heads // t) * (sh.seq // sh.cp) * _FP32 + x * q // t * e
+    if not sh.selective:  # checkpointed core attention keeps its inputs (q, k, v) only
+        attn += sh.micro_batch * (sh.heads // t) * (sh.seq // sh.cp) * _FP32
+    attn += x * q // t * e
     mlp = sh.tokens_sp * sh.hidden * e + (5 if sh.swiglu else 2) * x * f // t * e
     if sh.cp > 1:  # ring attention: each step's received K/V and partial output (measured)
         attn += (sh.cp - 1) * x * (2 * sh.kv_groups * sh.head_dim + 2 * q) // t * e

@@ -77,6 +77,7 @@ def shape_of(args) -> act.Shape:
         dropout=args.hidden_dropout > 0,
         act_bytes=args.params_dtype.itemsize,
         fused_ce=args.cross_entropy_loss_fusion,
+        selective=args.recompute_granularity == "selective",
     )
 
 
