@@ -48,9 +48,8 @@ def test_traced_flops_equal_the_training_flops_formula():
     """The meta trace sees every GEMM the model runs: their FLOPs are the formula's matmul
     terms exactly, and attention the formula's score terms halved (causal SDPA)."""
     from gigatron.tools.estimate.report import estimate
-    from gigatron.training.flops import flops_per_token
-
     from gigatron.tools.estimate.world import build_chunks, fake_rank
+    from gigatron.training.flops import flops_per_token
 
     argv = [*BASE, "--swiglu", "--group-query-attention", "--num-query-groups", "2"]
     args = estimate_args([*argv, "--world-size", "1"])
