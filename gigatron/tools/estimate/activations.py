@@ -25,6 +25,8 @@ x = s·b/cp tokens of a rank, t = TP, x_sp = x/t under sequence parallelism else
                      partial outputs (fitted to measurement, see the test)
     dropout masks    2·x_sp·h bytes when --hidden-dropout > 0 (bool)
 
+Pipeline stages other than the last also keep each in-flight microbatch's sent output x_sp·h
+(the schedule holds it for backward unless deallocate_pipeline_outputs).
 Head (last stage): final norm x_sp·h (+ stats), output-layer input x_sp·h, and the vocab-parallel
 cross entropy's softmax x·V/t in fp32 (none with --cross-entropy-loss-fusion, which recomputes
 logits chunk by chunk). Full recompute keeps only each checkpointed chunk's input x_sp·h;

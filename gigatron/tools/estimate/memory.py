@@ -106,6 +106,8 @@ def _chunk_activation_bytes(args, chunk, sh: act.Shape) -> tuple[int, int]:
         transient = max(transient, act.logits_grad_bytes(sh))
     if chunk.pre_process:
         total += sh.tokens * 10  # token and position ids the embedding keeps
+    if not chunk.post_process and not chunk.config.deallocate_pipeline_outputs:
+        total += act.recompute_input_bytes(sh)  # the schedule keeps the sent output [s, b, h]
     return total, transient
 
 

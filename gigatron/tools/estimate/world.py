@@ -43,6 +43,7 @@ def fake_rank(args, rank: int):
     """Be `rank` of a fake `args.world_size`-rank world with the flags' groups (see module)."""
     if dist.is_initialized():
         raise RuntimeError("gigatron estimate needs a process without a process group")
+    excepthook = sys.excepthook  # init_process_group wraps it with a "[rank N]:" prefix
     dist.init_process_group(
         "cpu:fake,meta:fake", store=FakeStore(), rank=rank, world_size=args.world_size
     )
@@ -63,6 +64,7 @@ def fake_rank(args, rank: int):
         ps.destroy_model_parallel()
         with _quiet_fd2():  # c10d warns (C++) that the meta backend registered no hooks
             dist.destroy_process_group()
+        sys.excepthook = excepthook
 
 
 def build_chunks(args) -> list[torch.nn.Module]:
