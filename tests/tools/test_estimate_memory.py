@@ -1,6 +1,6 @@
 """`gigatron estimate` against measurement: per-rank peak memory of real CPU training steps.
 
-Six layouts on two gloo ranks, one spawn: each rank trains two steps under `LiveTensorBytes`
+Seven layouts on two gloo ranks, one spawn: each rank trains two steps under `LiveTensorBytes`
 (every tensor byte alive, counted from the model's construction on); the parent estimates the
 same ranks on the fake backend from the meta-built model and the activation accounting. The
 estimate must land within 10% of the measured peak, and its parameter + gradient bytes within
@@ -31,6 +31,8 @@ LAYOUTS = {
     "ep2": "--num-experts 4 --expert-model-parallel-size 2 --moe-router-topk 2",
     "recompute": "--recompute-granularity full --recompute-method uniform "
     "--recompute-num-layers 1 --swiglu --normalization RMSNorm",
+    "recompute-block": "--recompute-granularity full --recompute-method block "
+    "--recompute-num-layers 1 --tensor-model-parallel-size 2",
 }
 
 

@@ -89,16 +89,18 @@ def _chunk_activation_bytes(args, chunk, sh: act.Shape) -> tuple[int, int]:
     transient = act.layer_grad_bytes(sh) if layers else 0
     if args.recompute_granularity == "full" and layers:
         n = args.recompute_num_layers or 1
-        if args.recompute_method == "block":
-            kept = (
-                sum(per_layer[:0])
-                + sum(per_layer[n:])
-                + min(n, len(layers)) * (act.recompute_input_bytes(sh))
-            )
+        if args.recompute_method == "block":  # the first n layers checkpointed one by one
+            kept = sum(per_layer[n:]) + min(n, len(layers)) * act.recompute_input_bytes(sh)
         else:
             kept = -(-len(layers) // n) * act.recompute_input_bytes(sh)
         total = kept
-        transient = max(transient, max(per_layer) * min(n, len(layers)))  # a recomputed chunk
+        # a recomputed group's activations; under block the layers kept whole (after the
+        # checkpointed ones) have run their backward and freed theirs by then
+        if args.recompute_method == "block":
+            recomputed = max(per_layer) - sum(per_layer[n:])
+        else:
+            recomputed = max(per_layer) * min(n, len(layers))
+        transient = max(transient, recomputed)  # a recomputed chunk's activations
     else:
         total = sum(per_layer)
     if chunk.post_process:
