@@ -57,18 +57,30 @@ def traced_shapes(configs: list[str]) -> tuple[set, set]:
         args = estimate_args([*shlex.split(flags), "--world-size", "1"])
         rank = estimate_rank(args, 0, keep_traces=True)
         for tr in rank["traces"]:
-            gemms.update((m * b, n, k) for m, n, k, b, _ in tr.gemms)
+            gemms.update((m * b, n, k, layout) for m, n, k, b, layout in tr.gemms)
             attn.update((b, h, sq, d) for b, h, sq, _, d, _, _ in tr.attention)
     return gemms, attn
 
 
+def _operand(rows: int, cols: int, transposed: bool, std: float) -> torch.Tensor:
+    shape = (cols, rows) if transposed else (rows, cols)
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * std
+    return x.t() if transposed else x
+
+
 def gemm_rows(shapes) -> list[dict]:
+    """TFLOP/s of a[m, k] @ b[k, n] per (m, n, k, layout). Activation-like N(0, 1) times
+    weight-like N(0, 0.02) values: at the power cap the clock depends on the values
+    (bench/reports/gemm-power-cap.md)."""
     rows = []
-    for m, n, k in sorted(shapes):
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    for m, n, k, layout in sorted(shapes):
+        a = _operand(m, k, layout[0] == "t", 1.0)
+        b = _operand(k, n, layout[1] == "t", 0.02)
         s = _cuda_time(lambda a=a, b=b: a @ b)
-        rows.append({"m": m, "n": n, "k": k, "tflops": round(2 * m * n * k / s / 1e12, 1)})
+        flops = 2 * m * n * k
+        rows.append(
+            {"m": m, "n": n, "k": k, "layout": layout, "tflops": round(flops / s / 1e12, 1)}
+        )
     return rows
 
 
@@ -153,7 +165,7 @@ def main(argv=None) -> dict:
         dist.init_process_group("nccl")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     gemms, attn = traced_shapes(a.trace_config)
-    gemms |= set(itertools.product(GRID, GRID, GRID))
+    gemms |= {(m, n, k, "nn") for m, n, k in itertools.product(GRID, GRID, GRID)}
     attn |= {(8192 // s, 16, s, d) for s in (1024, 2048, 4096, 8192) for d in (64, 128)}
     table = {
         "device": torch.cuda.get_device_name(),

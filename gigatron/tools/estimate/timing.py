@@ -2,13 +2,15 @@
 
 The table (`bench/calibrate.py` writes it; `calibration/h200.json` once measured) holds
 
-    gemm         [{m, n, k, tflops}]       bf16 GEMMs over a grid of shapes
+    gemm         [{m, n, k, layout, tflops}]  bf16 GEMMs: a grid of shapes, plus the shapes and
+                 operand layouts ("nt": B read transposed) of traced models
     attention    [{b, heads, seq, head_dim, fwd_tflops, bwd_tflops}]  causal flash SDPA
     memory_gbps  a large device copy's (read + write) bytes per second / 1e9
     op_overhead_us  host time of one small eager op (launch + dispatch)
     collectives  {kind: [{ranks, bytes, busbw_gbps}]}  present when measured on several GPUs
 
-A GEMM takes the throughput of the calibrated shape nearest in log space; an attention call the
+A GEMM takes the throughput of the calibrated shape nearest in log space (among rows of its
+operand layout when there are any); an attention call the
 nearest calibrated attention; every other op its bytes over `memory_gbps`, and at least
 `op_overhead_us` of host time (an eager step cannot run faster than Python launches it).
 Collectives take (bytes x algorithm factor) / bus bandwidth of the nearest calibrated size;
@@ -56,8 +58,9 @@ def _nearest(rows: list[dict], keys: tuple[str, ...], values: tuple[float, ...])
     return min(rows, key=dist)
 
 
-def gemm_seconds(table: dict, m: int, n: int, k: int, batch: int) -> float:
-    row = _nearest(table["gemm"], ("m", "n", "k"), (m * batch, n, k))
+def gemm_seconds(table: dict, m: int, n: int, k: int, batch: int, layout: str = "nn") -> float:
+    rows = [r for r in table["gemm"] if r.get("layout", "nn") == layout] or table["gemm"]
+    row = _nearest(rows, ("m", "n", "k"), (m * batch, n, k))
     return 2.0 * m * n * k * batch / (row["tflops"] * 1e12)
 
 
@@ -80,7 +83,7 @@ def collective_seconds(table: dict, kind: str, nbytes: int, size: int) -> float 
 
 def trace_seconds(table: dict, tr: Trace) -> dict:
     """Device seconds of one traced microbatch, by part; `host_s` the eager launch floor."""
-    gemm = sum(gemm_seconds(table, m, n, k, b) for m, n, k, b, _ in tr.gemms)
+    gemm = sum(gemm_seconds(table, m, n, k, b, layout) for m, n, k, b, layout in tr.gemms)
     attn = sum(attention_seconds(table, call) for call in tr.attention)
     other = tr.other_bytes / (table["memory_gbps"] * 1e9)
     comm, uncalibrated = 0.0, 0

@@ -4,7 +4,8 @@
 backward on meta tensors under `OpTrace`: nothing is computed or allocated, but every aten op is
 seen with its shapes. The trace lists
 
-    gemms        (m, n, k, batch, dtype bytes) of each mm / addmm / bmm: 2·m·n·k·batch FLOPs
+    gemms        (m, n, k, batch, layout) of each mm / addmm / bmm: 2·m·n·k·batch FLOPs;
+                 layout "nn" / "nt" / "tn" / "tt": which operand is read transposed
     attention    (b, heads, s_q, s_kv, head dim, causal, forward|backward) per SDPA call; the
                  call is replaced by a shape-only autograd function (meta SDPA would run the
                  math path and show its s² matrices as GEMMs)
@@ -40,7 +41,7 @@ _FREE = (  # ops that launch no kernel: views, metadata, aliasing
 class Trace:
     """One microbatch's forward + backward on one chunk (see the module doc)."""
 
-    gemms: list[tuple[int, int, int, int, int]] = field(default_factory=list)
+    gemms: list[tuple[int, int, int, int, str]] = field(default_factory=list)
     attention: list[tuple] = field(default_factory=list)
     collectives: list[tuple[str, int, int, str]] = field(default_factory=list)
     other_bytes: int = 0
@@ -127,7 +128,8 @@ class OpTrace(TorchDispatchMode):
             a, b = (args[1], args[2]) if "addmm" in name or "baddbmm" in name else args[:2]
             batch = a.shape[0] if a.dim() == 3 else 1
             m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-            self.trace.gemms.append((m, n, k, batch, a.element_size()))
+            layout = "".join("t" if x.stride(-1) != 1 else "n" for x in (a, b))
+            self.trace.gemms.append((m, n, k, batch, layout))
         elif name.startswith("c10d."):
             self._collective(name, args)
         elif name.split(".")[1] not in _FREE:
