@@ -160,11 +160,11 @@ def main(argv=None) -> dict:
         "GEMM / attention shapes to measure too (repeatable)",
     )  # fmt: skip
     a = p.parse_args(argv)
+    gemms, attn = traced_shapes(a.trace_config)  # fake process groups: before the real one
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
-        dist.init_process_group("nccl")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    gemms, attn = traced_shapes(a.trace_config)
+        dist.init_process_group("nccl")
     gemms |= {(m, n, k, "nn") for m, n, k in itertools.product(GRID, GRID, GRID)}
     attn |= {(8192 // s, 16, s, d) for s in (1024, 2048, 4096, 8192) for d in (64, 128)}
     table = {
