@@ -352,6 +352,24 @@ t_layouts() {  # [2 GPUs] PP / VPP / CP layouts of bench_gpt on two GPUs (the la
   run_tests 420 -m gpu tests/bench/test_bench_gpt_layouts.py -k two_gpus
 }
 
+t_calibrate() {  # the calibration table of `gigatron estimate` (GEMMs incl. gpt-1.3b/125m shapes, attention, bandwidth), $OUT/calibration.json
+  local f1 f2
+  f1=$(python3 bench/estimate_check.py --print-flags gpt-1.3b)
+  f2=$(python3 bench/estimate_check.py --print-flags gpt-125m)
+  run calibrate.log 240 python3 bench/calibrate.py --out "$OUT/calibration.json" \
+    --trace-config "$f1" --trace-config "$f2"
+}
+
+t_estimate_check() {  # calibrate, then gpt-1.3b and gpt-125m: estimated vs measured (bench_gpt) step time and peak memory
+  t_calibrate
+  local c
+  for c in gpt-1.3b gpt-125m; do
+    run estimate.log 300 python3 bench/estimate_check.py --calibration "$OUT/calibration.json" \
+      --configs $c
+  done
+  grep '"estimate-check"' "$RES"
+}
+
 # ---- main --------------------------------------------------------------------------------
 
 list() {

@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "schedule": ("gigatron.tools.schedule", "draw a pipeline schedule: planned or a --timeline"),
     "plot": ("gigatron.tools.plot", "plot loss, learning rate, grad norm, throughput of a run"),
+    "estimate": (
+        "gigatron.tools.estimate",
+        "memory / FLOPs / comm / time per rank of a planned layout; --dry-run checks every rank",
+    ),
 }
 
 # `gigatron generate --help`: its own flags and the few training flags it reads (its parser is

@@ -75,10 +75,22 @@ def reduce_scatter_into(
 
 
 def default_device() -> torch.device:
-    """Where activations live: the current CUDA device if there is one, else the CPU."""
+    """Where activations live: the current CUDA device if there is one, else the CPU; the meta
+    device inside `with torch.device("meta")` (a model built for its shapes only)."""
+    if torch.get_default_device().type == "meta":
+        return torch.device("meta")
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def parameter_device(config) -> torch.device:
+    """Where layers create their parameters: the CPU under `use_cpu_initialization` (moved
+    later, as in Megatron), else `default_device()`; always meta inside `torch.device("meta")`,
+    so `gigatron estimate` builds a full-size rank's model without allocating it."""
+    if config.use_cpu_initialization and torch.get_default_device().type != "meta":
+        return torch.device("cpu")
+    return default_device()
 
 
 # ---------------------------------------------------------------- models

@@ -120,6 +120,8 @@ def core_transformer_config_from_args(args, config_class=None):
         params_dtype=args.params_dtype,
         pipeline_dtype=args.params_dtype,
         use_cpu_initialization=True,
+        # False only from `gigatron estimate`, which builds the model on meta for its shapes
+        perform_initialization=getattr(args, "perform_initialization", True),
         transformer_impl="local",
         cross_entropy_loss_fusion=args.cross_entropy_loss_fusion,
         cross_entropy_fusion_impl=args.cross_entropy_fusion_impl,

@@ -18,6 +18,7 @@ from gigatron.core.pipeline_parallel._schedule_table import (
     Slot,
     Step,
     Transfer,
+    check_interleaving,
     interleaved_table,
     no_pipelining_table,
     num_warmup_microbatches,
@@ -32,7 +33,9 @@ __all__ = [
     "Slot",
     "Step",
     "Transfer",
+    "peak_in_flight",
     "rank_schedule",
+    "rank_steps_and_slots",
     "schedule_plan",
 ]
 
@@ -126,3 +129,36 @@ def schedule_plan(
         warmup.append(w)
         slots.append(slot_plan(st, w, pp_size, rank, chunks, pair_steady=kind == "interleaved"))
     return SchedulePlan(kind, pp_size, num_microbatches, chunks, steps, warmup, slots)
+
+
+def rank_steps_and_slots(
+    *, pp_size: int, pp_rank: int, num_microbatches: int, num_model_chunks: int = 1
+) -> tuple[list[Step], list[Slot]]:
+    """(steps, slots) of `pp_rank` for planners (`gigatron estimate`): the order Megatron's
+    schedule for this layout runs (no pipelining at pp_size 1, 1F1B, interleaved with several
+    chunks) and its p2p transfers. Raises ValueError / RuntimeError where the interleaved
+    schedule refuses the layout."""
+    if pp_size == 1:
+        return rank_schedule("none", pp_size=1, pp_rank=0, num_microbatches=num_microbatches)[0], []
+    interleaved = num_model_chunks > 1
+    if interleaved:
+        check_interleaving(
+            pp_size=pp_size, num_microbatches=num_microbatches,
+            microbatch_group_size_per_vp_stage=pp_size,
+        )  # fmt: skip
+    steps, warmup = rank_schedule(
+        "interleaved" if interleaved else "1f1b", pp_size=pp_size, pp_rank=pp_rank,
+        num_microbatches=num_microbatches, num_model_chunks=num_model_chunks,
+    )  # fmt: skip
+    slots = slot_plan(steps, warmup, pp_size, pp_rank, num_model_chunks, pair_steady=interleaved)
+    return steps, slots
+
+
+def peak_in_flight(steps: list[Step], chunk_bytes: list[int]) -> int:
+    """Most activation bytes alive at once: a forward adds its chunk's `chunk_bytes`, the
+    matching backward frees them."""
+    alive = peak = 0
+    for st in steps:
+        alive += chunk_bytes[st.chunk] if st.kind == FORWARD else -chunk_bytes[st.chunk]
+        peak = max(peak, alive)
+    return peak

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch.nn.parameter import Parameter
 
 from gigatron.core.model_parallel_config import ModelParallelConfig
-from gigatron.core.tensor_parallel.fp8_linear import Fp8LinearFunction
 from gigatron.core.tensor_parallel._linear import (
     LinearReduceScatterOverlapped,
     LinearWithGradAccumulationAndAsyncCommunication,
@@ -36,6 +35,7 @@ from gigatron.core.tensor_parallel._param_init import (
     set_defaults_if_not_set_tensor_model_parallel_attributes,
     set_tensor_model_parallel_attributes,
 )
+from gigatron.core.tensor_parallel.fp8_linear import Fp8LinearFunction
 from gigatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -46,12 +46,12 @@ from gigatron.core.tensor_parallel.mappings import (
 from gigatron.core.tensor_parallel.utils import VocabUtility
 from gigatron.core.tensor_parallel.wgrad import WGRAD_GEMM_ACCUM_FP32, WGRAD_IN_MAIN_GRAD
 from gigatron.core.utils import (
-    default_device,
     get_tensor_model_parallel_group_if_none,
     group_rank,
     group_size,
     make_sharded_tensors_for_checkpoint,
     make_tp_sharded_tensor_for_checkpoint,
+    parameter_device,
 )
 
 __all__ = [
@@ -91,8 +91,7 @@ def _mark_wgrad_fusion(weight: Parameter, config: ModelParallelConfig) -> None:
 
 
 def _param_device(config: ModelParallelConfig) -> torch.device:
-    # CPU initialisation keeps parameters on the CPU (the model is moved later, as in Megatron).
-    return torch.device("cpu") if config.use_cpu_initialization else default_device()
+    return parameter_device(config)
 
 
 def _default_extra_state(state_dict, prefix, *args) -> None:

@@ -46,10 +46,10 @@ from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
 from gigatron.core.transformer.moe.fp8_experts import fp8_grouped_mlp
 from gigatron.core.utils import (
-    default_device,
     group_rank,
     group_size,
     make_sharded_object_for_checkpoint,
+    parameter_device,
 )
 
 
@@ -223,7 +223,7 @@ class GroupedMLP(MegatronModule):
                 f"({tp_size}) (experts.py)"
             )
         fc1_out, fc2_in = glu * f * num_local_experts, f * num_local_experts
-        device = torch.device("cpu") if cfg.use_cpu_initialization else default_device()
+        device = parameter_device(cfg)
         self.weight1 = Parameter(
             torch.empty(h, fc1_out // tp_size, device=device, dtype=cfg.params_dtype)
         )

@@ -18,14 +18,14 @@ from torch import Tensor
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
 from gigatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
-from gigatron.core.utils import default_device, group_size
+from gigatron.core.utils import group_size, parameter_device
 
 _ROUTER_DTYPES = {None: None, "fp32": torch.float32, "fp64": torch.float64}
 
 
 def _param_device(config) -> torch.device:
     """Where the other layers put their parameters: CPU under CPU init, else the accelerator."""
-    return torch.device("cpu") if config.use_cpu_initialization else default_device()
+    return parameter_device(config)
 
 
 class Router(MegatronModule):

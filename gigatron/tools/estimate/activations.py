@@ -1,0 +1,135 @@
+"""Bytes autograd keeps for backward, per microbatch: one transformer layer, the embedding and
+the output head of one rank. A documented accounting, checked against measurement
+(tests/tools/test_estimate.py: live tensor bytes of real CPU training steps).
+
+Megatron's paper (Korthikanti et al. 2022, "Reducing Activation Recomputation") counts
+`s·b·h·(34 + 5·a·s/h)` bytes per layer in fp16 with dropout: 5·a·s² of it is the attention scores,
+softmax and its dropout mask. gigatron's attention is SDPA (flash / efficient / CPU flash), which
+keeps the output and a log-sum-exp instead of the s² matrices, and the per-token sizes differ
+(GQA, SwiGLU, RMSNorm). What gigatron keeps, in elements of the activation dtype (e bytes), for
+x = s·b/cp tokens of a rank, t = TP, x_sp = x/t under sequence parallelism else x:
+
+    input norm       x_sp·h            (+ x_sp fp32 mean and rstd) LayerNorm; RMSNorm (TorchRMSNorm,
+                                       not fused) keeps its fp32 input, rstd and the normalised
+                                       input of the gain: x_sp·h·(4 + e) bytes
+    QKV input        x_sp·h            the column-parallel linear keeps its input (under SP the
+                                       local shard; backward gathers it again, as Megatron)
+    QKV output       x·(q + 2·g·d)/t   SDPA keeps q, k, v (one storage)
+    log-sum-exp      b·(a/t)·s/cp      fp32
+    attention out    x·q/t             also the row-parallel projection's input (same storage)
+    pre-MLP norm     x_sp·h            (+ stats)
+    fc1 input        x_sp·h
+    activation       GELU: 2·x·f/t (its input, fc2's input);  SwiGLU: 5·x·f/t (fc1 out 2f,
+                     silu(gate) f, up + glu_linear_offset f, the product f)
+    context parallel (cp - 1)·x·(2·g·d + 2·q)/t more: the ring's received K/V blocks and
+                     partial outputs (fitted to measurement, see the test)
+    dropout masks    2·x_sp·h bytes when --hidden-dropout > 0 (bool)
+
+Pipeline stages other than the last also keep each in-flight microbatch's sent output x_sp·h
+(the schedule holds it for backward unless deallocate_pipeline_outputs).
+Head (last stage): final norm x_sp·h (+ stats), output-layer input x_sp·h, and the vocab-parallel
+cross entropy's softmax x·V/t in fp32 (none with --cross-entropy-loss-fusion, which recomputes
+logits chunk by chunk). Full recompute keeps only each checkpointed chunk's input x_sp·h;
+selective recompute (core attention) drops only the log-sum-exp: SDPA keeps no s² matrices for
+it to save, which is where Megatron's selective recompute wins its memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_FP32 = 4
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes the accounting needs (global sizes; per-rank ones computed here)."""
+
+    seq: int
+    micro_batch: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_groups: int
+    head_dim: int
+    vocab: int  # padded
+    tp: int
+    cp: int
+    sp: bool
+    swiglu: bool
+    rmsnorm: bool
+    dropout: bool
+    act_bytes: int
+    fused_ce: bool
+    selective: bool = False  # --recompute-granularity selective: core attention recomputed
+
+    @property
+    def tokens(self) -> int:
+        """x: tokens of a rank's microbatch (its CP chunk of the sequence)."""
+        return self.seq * self.micro_batch // self.cp
+
+    @property
+    def tokens_sp(self) -> int:
+        return self.tokens // self.tp if self.sp else self.tokens
+
+
+def _norm(sh: Shape) -> int:
+    x = sh.tokens_sp * sh.hidden
+    if sh.rmsnorm:  # TorchRMSNorm: the fp32 input, rstd, and the normalised input of the gain
+        return x * (_FP32 + sh.act_bytes) + sh.tokens_sp * _FP32
+    return x * sh.act_bytes + 2 * sh.tokens_sp * _FP32  # F.layer_norm: input, mean, rstd
+
+
+def moe_mlp_bytes(sh: Shape, *, ffn: int, topk: int, num_experts: int) -> int:
+    """An MoE MLP (alltoall / allgather dispatcher, SequentialMLP experts): the router's input,
+    top-k indices and probabilities, the permuted tokens (X = x·topk rows, about as many on each
+    EP rank when balanced), per expert act input, its probability-scaled output and fc2 input,
+    and the unpermute's input."""
+    e, x, t = sh.act_bytes, sh.tokens, sh.tp
+    routed = x * topk
+    per_row = (6 if sh.swiglu else 3) * ffn // t * e
+    return (
+        x * sh.hidden * e + 2 * routed * sh.hidden * e + routed * (per_row + 16) + num_experts * x
+    )
+
+
+def layer_bytes(sh: Shape, *, moe: tuple[int, int, int] | None = None) -> int:
+    """Bytes one transformer layer keeps for backward (the module table); `moe`: (expert ffn,
+    top-k, number of experts) of an MoE layer."""
+    e, x, t = sh.act_bytes, sh.tokens, sh.tp
+    q = sh.heads * sh.head_dim
+    f = sh.ffn
+    attn = sh.tokens_sp * sh.hidden * e + x * (q + 2 * sh.kv_groups * sh.head_dim) // t * e
+    if not sh.selective:  # checkpointed core attention keeps its inputs (q, k, v) only
+        attn += sh.micro_batch * (sh.heads // t) * (sh.seq // sh.cp) * _FP32
+    attn += x * q // t * e
+    mlp = sh.tokens_sp * sh.hidden * e + (5 if sh.swiglu else 2) * x * f // t * e
+    if sh.cp > 1:  # ring attention: each step's received K/V and partial output (measured)
+        attn += (sh.cp - 1) * x * (2 * sh.kv_groups * sh.head_dim + 2 * q) // t * e
+    if moe is not None:
+        mlp = moe_mlp_bytes(sh, ffn=moe[0], topk=moe[1], num_experts=moe[2])
+    masks = 2 * sh.tokens_sp * sh.hidden if sh.dropout else 0
+    return 2 * _norm(sh) + attn + mlp + masks
+
+
+def recompute_input_bytes(sh: Shape) -> int:
+    """A checkpointed chunk's input: all full recompute keeps of it."""
+    return sh.tokens_sp * sh.hidden * sh.act_bytes
+
+
+def head_bytes(sh: Shape) -> int:
+    """Final norm, output-layer input and the cross entropy's saved softmax (last stage)."""
+    out = _norm(sh) + sh.tokens_sp * sh.hidden * sh.act_bytes + sh.tokens * 9  # ids, mask
+    if not sh.fused_ce:
+        out += sh.tokens * sh.vocab // sh.tp * _FP32
+    return out
+
+
+def logits_grad_bytes(sh: Shape) -> int:
+    """The logits' gradient: alive at the start of the last stage's backward."""
+    return sh.tokens * sh.vocab // sh.tp * _FP32
+
+
+def layer_grad_bytes(sh: Shape) -> int:
+    """Gradients alive while a layer's backward starts: its output's and fc2 input's."""
+    return sh.tokens * (sh.hidden + sh.ffn // sh.tp) * sh.act_bytes

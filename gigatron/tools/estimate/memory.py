@@ -1,0 +1,166 @@
+"""Memory of one rank: parameters, gradients, optimizer state, activations, peak.
+
+Parameters come from the rank's real model built on the meta device (`world.build_chunks`), so
+every shape, padding and stage split is the one `gigatron train` makes; the rest follows from
+them and the flags:
+
+    gradients    DDP's buffer, one element per parameter, fp32 with --bf16 or
+                 --accumulate-allreduce-grads-in-fp32, else the parameter dtype
+    optimizer    Adam's two fp32 moments, plus an fp32 main copy of bf16 / fp16 parameters
+                 (`Precision`: another recipe, such as bench_gpt's all-bf16 AdamW, is passed in);
+                 divided over the DP x CP group (expert parameters: the expert-DP group) with
+                 --use-distributed-optimizer
+    activations  `activations.py` per chunk, times the microbatches the schedule holds at once
+                 (`schedule_plan.peak_in_flight`)
+    peak         all of the above, plus the largest gradient alive during backward (the logits'
+                 on the last stage, one layer's otherwise; a recomputed chunk's activations
+                 under full recompute)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gigatron.core import parallel_state as ps
+from gigatron.core.pipeline_parallel.schedule_plan import peak_in_flight, rank_steps_and_slots
+from gigatron.tools.estimate import activations as act
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per parameter of each training state."""
+
+    param: int
+    grad: int
+    master: int  # the optimizer's fp32 copy of low-precision parameters (0: none)
+    moment: int  # each of Adam's two moments
+
+    @property
+    def optimizer(self) -> int:
+        return self.master + 2 * self.moment
+
+    @property
+    def update_traffic(self) -> int:
+        """Bytes the Adam update reads and writes per parameter: the gradient read, the moments
+        and the main copy read and written, the model parameter written (and read when it is
+        its own main copy)."""
+        param_traffic = self.param if self.master else 2 * self.param
+        return self.grad + 2 * (self.master + 2 * self.moment) + param_traffic
+
+
+def precision_of(args) -> Precision:
+    """Megatron's mixed precision from the flags: bf16 / fp16 parameters get an fp32 main copy
+    and fp32 moments; gradients are fp32 with --bf16 or --accumulate-allreduce-grads-in-fp32."""
+    p = args.params_dtype.itemsize
+    grad = 4 if (p == 4 or args.accumulate_allreduce_grads_in_fp32 or args.bf16) else p
+    return Precision(param=p, grad=grad, master=0 if p == 4 else 4, moment=4)
+
+
+def shape_of(args) -> act.Shape:
+    """The activation accounting's sizes from validated training args."""
+    return act.Shape(
+        seq=args.seq_length,
+        micro_batch=args.micro_batch_size,
+        hidden=args.hidden_size,
+        ffn=args.ffn_hidden_size,
+        heads=args.num_attention_heads,
+        kv_groups=args.num_query_groups,
+        head_dim=args.kv_channels,
+        vocab=args.padded_vocab_size,
+        tp=args.tensor_model_parallel_size,
+        cp=args.context_parallel_size,
+        sp=args.sequence_parallel,
+        swiglu=args.swiglu,
+        rmsnorm=args.normalization == "RMSNorm",
+        dropout=args.hidden_dropout > 0,
+        act_bytes=args.params_dtype.itemsize,
+        fused_ce=args.cross_entropy_loss_fusion,
+        selective=args.recompute_granularity == "selective",
+    )
+
+
+def _chunk_activation_bytes(args, chunk, sh: act.Shape) -> tuple[int, int]:
+    """(bytes one microbatch leaves on `chunk` for backward, the largest transient of its
+    backward) for a meta-built chunk."""
+    layers = list(chunk.decoder.layers)
+    per_layer = [act.layer_bytes(sh, moe=_moe(args, layer)) for layer in layers]
+    transient = act.layer_grad_bytes(sh) if layers else 0
+    if args.recompute_granularity == "full" and layers:
+        n = args.recompute_num_layers or 1
+        if args.recompute_method == "block":  # the first n layers checkpointed one by one
+            kept = sum(per_layer[n:]) + min(n, len(layers)) * act.recompute_input_bytes(sh)
+        else:
+            kept = -(-len(layers) // n) * act.recompute_input_bytes(sh)
+        total = kept
+        # a recomputed group's activations; under block the layers kept whole (after the
+        # checkpointed ones) have run their backward and freed theirs by then
+        if args.recompute_method == "block":
+            recomputed = max(per_layer) - sum(per_layer[n:])
+        else:
+            recomputed = max(per_layer) * min(n, len(layers))
+        transient = max(transient, recomputed)  # a recomputed chunk's activations
+    else:
+        total = sum(per_layer)
+    if chunk.post_process:
+        total += act.head_bytes(sh)
+        transient = max(transient, act.logits_grad_bytes(sh))
+    if chunk.pre_process:
+        total += sh.tokens * 10  # token and position ids the embedding keeps
+    if not chunk.post_process and not chunk.config.deallocate_pipeline_outputs:
+        total += act.recompute_input_bytes(sh)  # the schedule keeps the sent output [s, b, h]
+    return total, transient
+
+
+def _moe(args, layer) -> tuple[int, int, int] | None:
+    """(expert ffn, top-k, experts) of an MoE layer; None for a dense one."""
+    if not hasattr(layer.mlp, "router"):
+        return None
+    return (
+        args.moe_ffn_hidden_size or args.ffn_hidden_size,
+        args.moe_router_topk,
+        args.num_experts,
+    )
+
+
+def _is_expert(param) -> bool:
+    return not getattr(param, "allreduce", True)
+
+
+def rank_memory(args, chunks: list[torch.nn.Module], precision: Precision | None = None) -> dict:
+    """This rank's memory in bytes (inside `world.fake_rank`, for `world.build_chunks`);
+    `precision` defaults to the flags' (`precision_of`)."""
+    prec = precision or precision_of(args)
+    params = [p for c in chunks for p in c.parameters()]
+    dense = sum(p.numel() for p in params if not _is_expert(p))
+    expert = sum(p.numel() for p in params if _is_expert(p))
+    p_bytes, g_bytes, o_bytes = prec.param, prec.grad, prec.optimizer
+    dp_cp = ps.get_data_parallel_world_size(with_context_parallel=True)
+    expt_dp = ps.get_expert_data_parallel_world_size()
+    if args.use_distributed_optimizer:
+        optimizer = o_bytes * (dense // dp_cp + expert // expt_dp)
+    else:
+        optimizer = o_bytes * (dense + expert)
+    sh = shape_of(args)
+    per_chunk = [_chunk_activation_bytes(args, c, sh) for c in chunks]
+    num_mb = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
+    steps, _ = rank_steps_and_slots(
+        pp_size=ps.get_pipeline_model_parallel_world_size(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        num_microbatches=num_mb,
+        num_model_chunks=len(chunks),
+    )
+    activations = peak_in_flight(steps, [a for a, _ in per_chunk])
+    transient = max(t for _, t in per_chunk)
+    out = {
+        "params": dense + expert,
+        "expert_params": expert,
+        "param_bytes": (dense + expert) * p_bytes,
+        "grad_bytes": (dense + expert) * g_bytes,
+        "optimizer_bytes": optimizer,
+        "activation_bytes": activations,
+        "transient_bytes": transient,
+    }
+    out["peak_bytes"] = sum(v for k, v in out.items() if k.endswith("_bytes"))
+    return out
