@@ -140,7 +140,9 @@ def check_packed_seq_params(packed_seq_params, seq_len: int, batch_size: int, cp
                 raise ValueError("PackedSeqParams.cu_seqlens_q must be given")
             continue
         values = bounds.reshape(-1).tolist()
-        if len(values) < 2 or values[0] != 0 or values[-1] != seq_len:
+        # with padded bounds the real ones count real tokens only: they end before seq_len
+        laid_out = name.endswith("_padded") or getattr(p, name + "_padded") is None
+        if len(values) < 2 or values[0] != 0 or (laid_out and values[-1] != seq_len):
             raise ValueError(
                 f"PackedSeqParams.{name} {values} must run from 0 to the packed sequence length "
                 f"({seq_len})"
