@@ -11,7 +11,7 @@ import torch.distributed as dist
 from gigatron.core import parallel_state as ps
 from gigatron.core import tensor_parallel
 from gigatron.core.models.common.tp_state_dict import shard_for_rank
-from gigatron.core.packed_seq_params import PackedSeqParams
+from gigatron.core.packed_seq_params import PackedSeqParams, layout_bounds
 from gigatron.core.utils import get_batch_on_this_cp_rank
 from gigatron.testing import run_distributed
 from tests.core.models.gpt import _parity as parity
