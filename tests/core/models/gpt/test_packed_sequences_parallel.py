@@ -77,14 +77,9 @@ def _cp_run(full, batch, packed):
     """CP = 2 model from the full weights on this rank's per-document chunks of `batch`."""
     model = build(cp=2)
     params = parity.load_shards(model, full, 0, 1)
-    bounds = (
-        packed.cu_seqlens_q if packed.cu_seqlens_q_padded is None else packed.cu_seqlens_q_padded
-    )
-    keys = ("tokens", "labels", "position_ids")
-    split = {k: batch[k] for k in keys} | {
-        "loss_mask": batch["weights"],
-        "cu_seqlens": bounds[None],
-    }
+    split = {k: batch[k] for k in ("tokens", "labels", "position_ids")}
+    split["loss_mask"] = batch["weights"]
+    split["cu_seqlens"] = layout_bounds(packed)[None]
     local = get_batch_on_this_cp_rank(split)
     local["weights"] = local.pop("loss_mask")
     return run_packed(model, local, packed), params
