@@ -210,6 +210,38 @@ def _split_per_document(batch: dict, cp: int, rank: int) -> dict:
     return out
 
 
+def flatten_batch_for_packed_sequences(batch: dict) -> dict:
+    """A micro-batch of b packed samples as one packed row (megatron-core 0.19+).
+
+    tokens / labels / loss_mask / position_ids [b, s] -> [1, b*s]; cu_seqlens (and
+    cu_seqlens_padded) [b, n+1], each row 0 .. s and right-filled with s, -> [1, m+1]: the rows'
+    bounds offset by i*s and joined; max_seqlen -> its max [1]. Without cu_seqlens the batch is
+    returned as it is. Reads the bounds on the host (call it on the dataloader's CPU batch).
+    """
+    if batch.get("cu_seqlens") is None:
+        return batch
+    seq_key = next(k for k in _CP_DOCUMENT_KEYS if batch.get(k) is not None)
+    seq_len = batch[seq_key].shape[1]
+
+    def merge(cu: torch.Tensor) -> torch.Tensor:
+        bounds = [0]
+        for i, row in enumerate(cu.reshape(cu.shape[0], -1).tolist()):
+            end = row.index(seq_len) if seq_len in row else len(row) - 1  # drop the fill
+            bounds += [b + i * seq_len for b in row[1 : end + 1]]
+        return torch.tensor(bounds, dtype=cu.dtype, device=cu.device)[None]
+
+    out = dict(batch)
+    out["cu_seqlens"] = merge(batch["cu_seqlens"])
+    if batch.get("cu_seqlens_padded") is not None:
+        out["cu_seqlens_padded"] = merge(batch["cu_seqlens_padded"])
+    if batch.get("max_seqlen") is not None:
+        out["max_seqlen"] = batch["max_seqlen"].max().reshape(1)
+    for key in _CP_DOCUMENT_KEYS:
+        if batch.get(key) is not None:
+            out[key] = batch[key].reshape(1, -1)
+    return out
+
+
 # ---- sharded-state-dict helpers (megatron.core.utils / megatron.core.transformer.utils)
 #
 # Replica ids follow Megatron: (0, tp_rank, dp_rank) for a tensor every TP rank holds whole and
