@@ -4,7 +4,6 @@ older per-document flags --reset-attention-mask --reset-position-ids (a [b, 1, s
 corpus of short EOD-terminated documents; without either the losses differ."""
 
 import numpy
-import pytest
 import torch
 
 from gigatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
