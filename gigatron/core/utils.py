@@ -8,6 +8,7 @@ import torch.distributed as dist
 from gigatron.core import parallel_state
 from gigatron.core import parallel_state as ps
 from gigatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+from gigatron.core.packed_seq_params import PackedSeqParams  # noqa: F401  (Megatron's name here)
 
 
 def ensure_divisibility(numerator: int, denominator: int) -> None:

@@ -19,7 +19,10 @@ from torch import Tensor
 
 from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
-from gigatron.core.packed_seq_params import layout_bounds
+from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's name here
+    PackedSeqParams,  # noqa: F401
+    layout_bounds,
+)
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from gigatron.core import parallel_state, tensor_parallel
-from gigatron.core.packed_seq_params import (
+from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's name here
+    PackedSeqParams,  # noqa: F401
     layout_bounds,
     thd_attention_mask,
     thd_document_positions,

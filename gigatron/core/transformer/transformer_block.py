@@ -19,7 +19,10 @@ from torch import Tensor
 from gigatron.core import tensor_parallel
 from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from gigatron.core.fp8_utils import get_fp8_recipe, is_first_last_bf16_layer, set_fp8
-from gigatron.core.packed_seq_params import check_packed_seq_params
+from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's name here
+    PackedSeqParams,  # noqa: F401
+    check_packed_seq_params,
+)
 from gigatron.core.transformer.mlp import MLP
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
