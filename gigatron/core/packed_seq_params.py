@@ -78,17 +78,18 @@ class PackedSeqParams:
 
 
 def thd_document_positions(
-    cu_seqlens: Tensor, num_tokens: int, cp_size: int = 1, cp_rank: int = 0
+    cu_seqlens: Tensor, num_tokens: int, cp_size: int = 1, cp_rank: int = 0, device=None
 ) -> tuple[Tensor, Tensor]:
     """Document index and position inside its document of this CP rank's tokens.
 
     cu_seqlens [n + 1] (or [1, n + 1]): bounds over the whole packed sequence, each length
     divisible by 2·cp_size when cp_size > 1; num_tokens: this rank's token count (t / cp_size).
-    Returns (doc [num_tokens], pos [num_tokens]) int64. Sync-free: nothing is read on the host.
+    Returns (doc [num_tokens], pos [num_tokens]) int64 on `device` (default: cu_seqlens').
+    Sync-free: nothing is read on the host.
     Under CP a document of length L contributes L/cp local tokens: its chunk cp_rank (positions
     r·L/2cp ..) then its chunk 2·cp−1−r (positions L − (r+1)·L/2cp ..).
     """
-    cu = cu_seqlens.reshape(-1).to(torch.int64)
+    cu = cu_seqlens.reshape(-1).to(device=device, dtype=torch.int64)
     lengths = cu[1:] - cu[:-1]  # [n]
     local_lengths = lengths // cp_size
     local_cu = torch.cat([cu.new_zeros(1), torch.cumsum(local_lengths, 0)])  # [n + 1]

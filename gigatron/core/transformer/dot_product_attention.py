@@ -93,7 +93,9 @@ class DotProductAttention(MegatronModule):
     def _packed_mask(self, query, packed_seq_params, attention_mask, mask_type) -> Tensor:
         """bool [1, 1, s, s] (True = masked) keeping every query inside its own document
         (causal there for causal mask types), OR-ed with `attention_mask` when one is given."""
-        doc, pos = thd_document_positions(layout_bounds(packed_seq_params), query.shape[0])
+        doc, pos = thd_document_positions(
+            layout_bounds(packed_seq_params), query.shape[0], device=query.device
+        )
         causal = mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal)
         mask = thd_attention_mask(doc, pos, doc, pos, causal)
         return mask if attention_mask is None else mask | attention_mask

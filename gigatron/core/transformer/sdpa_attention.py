@@ -95,7 +95,7 @@ class SDPADotProductAttention(DotProductAttention):
         """q [t, 1, np, hn], k/v [t, 1, ng, hn] -> [t, 1, np*hn], one FlashAttention varlen
         call over all documents (causal inside each for causal masks)."""
         t, _, np_, hn = query.shape
-        cu = layout_bounds(packed_seq_params).reshape(-1).to(torch.int32)
+        cu = layout_bounds(packed_seq_params).reshape(-1).to(query.device, torch.int32)
         max_len = packed_seq_params.max_seqlen_q
         if max_len is None or packed_seq_params.cu_seqlens_q_padded is not None:  # a host read
             max_len = int((cu[1:] - cu[:-1]).max())

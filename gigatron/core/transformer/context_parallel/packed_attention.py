@@ -36,6 +36,7 @@ def packed_attention(
     bounds = layout_bounds(packed_seq_params)
     kv = torch.stack([key, value], dim=1)  # [s, 2, 1, ng, hn]
     kv = gather_from_sequence_parallel_region(kv, True, group=group)  # [cp*s, 2, 1, ng, hn]
+    bounds = bounds.to(query.device)
     q_doc, q_pos = thd_document_positions(bounds, s, cp_size, cp_rank)
     keys = [thd_document_positions(bounds, s, cp_size, r) for r in range(cp_size)]
     k_doc = torch.cat([doc for doc, _ in keys])  # gathered keys are in rank order

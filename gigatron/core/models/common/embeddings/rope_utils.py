@@ -34,7 +34,7 @@ def apply_rotary_pos_emb(
     """
     if cu_seqlens is not None:
         cp_size, cp_rank = (1, 0) if cp_group is None else (cp_group.size(), cp_group.rank())
-        _, pos = thd_document_positions(cu_seqlens, t.shape[0], cp_size, cp_rank)
+        _, pos = thd_document_positions(cu_seqlens, t.shape[0], cp_size, cp_rank, freqs.device)
         freqs = freqs[pos.clamp(max=freqs.shape[0] - 1)]  # [t, 1, 1, dim]
         if t.dim() == 3:  # Megatron's [t, n, hn]
             return apply_rotary_pos_emb(t.unsqueeze(1), freqs, config, mscale=mscale).squeeze(1)
