@@ -29,6 +29,13 @@ from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.utils import attention_mask_func, get_default_causal_mask
 from gigatron.core.utils import divide
 
+# Mask types that keep a packed document causal (sq == sk there: bottom-right is the diagonal).
+CAUSAL_MASK_TYPES = (
+    AttnMaskType.causal,
+    AttnMaskType.padding_causal,
+    AttnMaskType.causal_bottom_right,
+)
+
 
 class DotProductAttention(MegatronModule):
     """Scaled dot-product attention over heads already split across TP ranks."""
@@ -96,7 +103,7 @@ class DotProductAttention(MegatronModule):
         doc, pos = thd_document_positions(
             layout_bounds(packed_seq_params), query.shape[0], device=query.device
         )
-        causal = mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal)
+        causal = mask_type in CAUSAL_MASK_TYPES
         mask = thd_attention_mask(doc, pos, doc, pos, causal)
         return mask if attention_mask is None else mask | attention_mask
 

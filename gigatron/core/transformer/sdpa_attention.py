@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.nn.attention.varlen import varlen_attn
 
 from gigatron.core.packed_seq_params import layout_bounds
-from gigatron.core.transformer.dot_product_attention import DotProductAttention
+from gigatron.core.transformer.dot_product_attention import CAUSAL_MASK_TYPES, DotProductAttention
 from gigatron.core.transformer.enums import AttnMaskType
 
 
@@ -88,7 +88,7 @@ class SDPADotProductAttention(DotProductAttention):
             and query.dtype in (torch.float16, torch.bfloat16)
             and attention_mask is None
             and not dropout
-            and mask_type in (AttnMaskType.causal, AttnMaskType.padding, AttnMaskType.no_mask)
+            and mask_type != AttnMaskType.arbitrary
         )
 
     def _varlen(self, query, key, value, packed_seq_params, mask_type) -> Tensor:
@@ -99,7 +99,7 @@ class SDPADotProductAttention(DotProductAttention):
         max_len = packed_seq_params.max_seqlen_q
         if max_len is None or packed_seq_params.cu_seqlens_q_padded is not None:  # a host read
             max_len = int((cu[1:] - cu[:-1]).max())
-        causal = mask_type == AttnMaskType.causal
+        causal = mask_type in CAUSAL_MASK_TYPES
         context = varlen_attn(
             query[:, 0], key[:, 0], value[:, 0], cu, cu, max_len, max_len,
             scale=self.softmax_scale * (self.softmax_coeff or 1),

@@ -26,7 +26,7 @@ from gigatron.core.transformer.context_parallel.a2a_attention import a2a_attenti
 from gigatron.core.transformer.context_parallel.all_gather_attention import all_gather_attention
 from gigatron.core.transformer.context_parallel.packed_attention import packed_attention
 from gigatron.core.transformer.context_parallel.ring_attention import ring_attention
-from gigatron.core.transformer.dot_product_attention import DotProductAttention
+from gigatron.core.transformer.dot_product_attention import CAUSAL_MASK_TYPES, DotProductAttention
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec
@@ -165,7 +165,7 @@ class ContextParallelAttention(MegatronModule):
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         s, b, np_, hn = query.shape
         if packed_seq_params is not None:  # an explicit mask tensor is ignored, as TE does
-            causal = mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal)
+            causal = mask_type in CAUSAL_MASK_TYPES
             context = packed_attention(
                 query, key, value, packed_seq_params, scale=self.softmax_scale, causal=causal,
                 group=self.cp_group,

@@ -33,10 +33,9 @@ def packed_attention(
     """q [s, 1, np, hn], k/v [s, 1, ng, hn] (this rank's per-document chunks) -> [s, 1, np, hn]."""
     cp_size, cp_rank = group.size(), group.rank()
     s = query.shape[0]
-    bounds = layout_bounds(packed_seq_params)
     kv = torch.stack([key, value], dim=1)  # [s, 2, 1, ng, hn]
     kv = gather_from_sequence_parallel_region(kv, True, group=group)  # [cp*s, 2, 1, ng, hn]
-    bounds = bounds.to(query.device)
+    bounds = layout_bounds(packed_seq_params).to(query.device)
     q_doc, q_pos = thd_document_positions(bounds, s, cp_size, cp_rank)
     keys = [thd_document_positions(bounds, s, cp_size, r) for r in range(cp_size)]
     k_doc = torch.cat([doc for doc, _ in keys])  # gathered keys are in rank order
