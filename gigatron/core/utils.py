@@ -8,7 +8,7 @@ import torch.distributed as dist
 from gigatron.core import parallel_state
 from gigatron.core import parallel_state as ps
 from gigatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
-from gigatron.core.packed_seq_params import PackedSeqParams  # noqa: F401  (Megatron's name here)
+from gigatron.core.packed_seq_params import PackedSeqParams
 
 
 def ensure_divisibility(numerator: int, denominator: int) -> None:
@@ -185,30 +185,62 @@ def _split_per_sequence(batch: dict, cp: int, rank: int) -> dict:
     return out
 
 
-def _split_per_document(batch: dict, cp: int, rank: int) -> dict:
+def _document_zigzag_index(bounds: torch.Tensor, seq_len: int, cp: int, rank: int) -> torch.Tensor:
     """Transformer Engine's `thd_get_partitioned_indices` (what megatron-core calls), in
-    PyTorch: document [start, end) of length L keeps its chunks r and 2·cp−1−r of L/(2·cp)."""
-    bounds = batch.get("cu_seqlens_padded")
-    bounds = batch["cu_seqlens"] if bounds is None else bounds
-    bounds = bounds.reshape(-1).tolist()  # [1, n] in megatron-core's batches
-    seq_key = "tokens" if batch.get("tokens") is not None else "labels"
-    if bounds[0] != 0 or bounds[-1] != batch[seq_key].shape[1]:
-        raise ValueError(
-            f"cu_seqlens {bounds} must run from 0 to the sequence length of {seq_key!r} "
-            f"({batch[seq_key].shape[1]})"
-        )
+    PyTorch: document [start, end) of length L keeps its chunks r and 2·cp−1−r of L/(2·cp).
+    Returns this rank's token positions [seq_len / cp] (int64, on the CPU)."""
+    values = bounds.reshape(-1).tolist()  # [1, n] in megatron-core's batches
+    if values[0] != 0 or values[-1] != seq_len:
+        raise ValueError(f"cu_seqlens {values} must run from 0 to the sequence length ({seq_len})")
     pieces = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for start, end in zip(values[:-1], values[1:]):
         _zigzag_check(f"document length [{start}, {end})", end - start, cp)
         chunk = (end - start) // (2 * cp)
         for c in (rank, 2 * cp - 1 - rank):
             pieces.append(torch.arange(start + c * chunk, start + (c + 1) * chunk))
-    index = torch.cat(pieces)
+    return torch.cat(pieces)
+
+
+def _split_per_document(batch: dict, cp: int, rank: int) -> dict:
+    bounds = batch.get("cu_seqlens_padded")
+    bounds = batch["cu_seqlens"] if bounds is None else bounds
+    seq_key = "tokens" if batch.get("tokens") is not None else "labels"
+    index = _document_zigzag_index(bounds, batch[seq_key].shape[1], cp, rank)
     out = dict(batch)
     for key in _CP_DOCUMENT_KEYS:
         if batch.get(key) is not None:
             out[key] = batch[key].index_select(1, index.to(batch[key].device))
     return out
+
+
+def get_thd_batch_on_this_cp_rank(
+    batch: dict,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor | None,
+    max_seqlen: torch.Tensor,
+    cp_size: int | None = None,
+    cp_rank: int | None = None,
+) -> tuple[dict, PackedSeqParams]:
+    """megatron-core's: this CP rank's per-document chunks of a packed batch (every entry but
+    attention_mask / cu_seqlens* / max_seqlen cut along dim 1, in place, at the bounds
+    `cu_seqlens_padded`, else `cu_seqlens`), and the batch's PackedSeqParams (thd; max_seqlen
+    [1] read on the host). cp_size / cp_rank default to parallel_state's."""
+    max_len = int(max_seqlen.reshape(-1)[0])
+    packed_seq_params = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+        cu_seqlens_q_padded=cu_seqlens_padded, cu_seqlens_kv_padded=cu_seqlens_padded,
+        max_seqlen_q=max_len, max_seqlen_kv=max_len,
+    )  # fmt: skip
+    cp_size = ps.get_context_parallel_world_size() if cp_size is None else cp_size
+    cp_rank = ps.get_context_parallel_rank() if cp_rank is None else cp_rank
+    if cp_size > 1:
+        bounds = cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded
+        index = _document_zigzag_index(bounds, batch["tokens"].size(1), cp_size, cp_rank)
+        for key, data in batch.items():
+            if data is None or key in ("attention_mask", *_CP_METADATA_KEYS):
+                continue
+            batch[key] = data.index_select(1, index.to(data.device))
+    return batch, packed_seq_params
 
 
 def flatten_batch_for_packed_sequences(batch: dict) -> dict:

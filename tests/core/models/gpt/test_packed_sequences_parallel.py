@@ -2,7 +2,8 @@
 per-document losses and every gradient of a packed row equal the documents run one by one,
 unpacked, on one rank (fp32, 1e-6). CP = 2 splits every document into 4 chunks (rank r keeps
 chunks r and 3 - r, get_batch_on_this_cp_rank), once with lengths divisible by 4 and once with
-documents padded to them (cu_seqlens_q_padded; padding tokens carry no loss)."""
+documents padded to them (cu_seqlens_q_padded, split and described by megatron-core's
+get_thd_batch_on_this_cp_rank; padding tokens carry no loss)."""
 
 import pytest
 import torch
@@ -11,8 +12,7 @@ import torch.distributed as dist
 from gigatron.core import parallel_state as ps
 from gigatron.core import tensor_parallel
 from gigatron.core.models.common.tp_state_dict import shard_for_rank
-from gigatron.core.packed_seq_params import PackedSeqParams, layout_bounds
-from gigatron.core.utils import get_batch_on_this_cp_rank
+from gigatron.core.utils import get_batch_on_this_cp_rank, get_thd_batch_on_this_cp_rank
 from gigatron.testing import run_distributed
 from tests.core.models.gpt import _parity as parity
 from tests.core.models.gpt.test_packed_sequences import (
@@ -73,14 +73,22 @@ def _compare(loss, expected_loss, params, ref_grads, tp, group=None, sp_group=No
     return worst
 
 
-def _cp_run(full, batch, packed):
-    """CP = 2 model from the full weights on this rank's per-document chunks of `batch`."""
+def _cp_run(full, batch, packed=None, padded_bounds=None):
+    """CP = 2 model from the full weights on this rank's per-document chunks of `batch`: split
+    by get_batch_on_this_cp_rank (with `packed`), or, with `padded_bounds`, by
+    get_thd_batch_on_this_cp_rank, which also builds the PackedSeqParams (megatron-core's)."""
     model = build(cp=2)
     params = parity.load_shards(model, full, 0, 1)
     split = {k: batch[k] for k in ("tokens", "labels", "position_ids")}
-    split["loss_mask"] = batch["weights"]
-    split["cu_seqlens"] = layout_bounds(packed)[None]
-    local = get_batch_on_this_cp_rank(split)
+    split["loss_mask"] = batch["weights"]  # a key get_batch_on_this_cp_rank cuts
+    if padded_bounds is None:
+        split["cu_seqlens"] = batch["cu_seqlens"][None]
+        local = get_batch_on_this_cp_rank(split)
+    else:
+        max_seqlen = torch.tensor([int(batch["cu_seqlens"].diff().max())])
+        local, packed = get_thd_batch_on_this_cp_rank(
+            split, batch["cu_seqlens"], padded_bounds, max_seqlen
+        )
     local["weights"] = local.pop("loss_mask")
     return run_packed(model, local, packed), params
 
@@ -110,12 +118,8 @@ def _body():
     index = cp_token_index(cu, 2, rank)
     errors["cp2"] = _compare(loss, ref_loss[:, index], params, ref_grads, 1, group=cp_group)
 
-    real_cu = real["cu_seqlens"]
-    pad_params = PackedSeqParams(
-        qkv_format="thd", cu_seqlens_q=real_cu, cu_seqlens_kv=real_cu,
-        cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu, max_seqlen_q=7, max_seqlen_kv=7,
-    )  # fmt: skip
-    loss, params = _cp_run(full, padded, pad_params)
+    padded["cu_seqlens"] = real["cu_seqlens"]  # real lengths; the row is laid out by `cu`
+    loss, params = _cp_run(full, padded, padded_bounds=cu)
     index = cp_token_index(cu, 2, rank)
     is_real = torch.isin(index, keep)  # compare real tokens only; padding carries no loss
     real_pos = torch.searchsorted(keep, index[is_real])
