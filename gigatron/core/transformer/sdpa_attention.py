@@ -100,10 +100,13 @@ class SDPADotProductAttention(DotProductAttention):
         if max_len is None or packed_seq_params.cu_seqlens_q_padded is not None:  # a host read
             max_len = int((cu[1:] - cu[:-1]).max())
         causal = mask_type in CAUSAL_MASK_TYPES
+        key, value = key[:, 0], value[:, 0]  # [t, ng, hn]
+        if key.shape[1] != np_:  # GQA by repeating K/V heads: torch 2.11's varlen has no flag
+            key = key.repeat_interleave(np_ // key.shape[1], dim=1)  # [t, np, hn]
+            value = value.repeat_interleave(np_ // value.shape[1], dim=1)
         context = varlen_attn(
-            query[:, 0], key[:, 0], value[:, 0], cu, cu, max_len, max_len,
+            query[:, 0], key, value, cu, cu, max_len, max_len,
             scale=self.softmax_scale * (self.softmax_coeff or 1),
             window_size=(-1, 0) if causal else (-1, -1),
-            enable_gqa=key.shape[2] != np_,
         )  # fmt: skip
         return context.reshape(t, 1, np_ * hn)  # [t, 1, np*hn]
