@@ -128,6 +128,43 @@ def test_packed_equals_unpacked_documents(style, spec_fn):
         torch.testing.assert_close(p.grad, ref_grads[name], rtol=0, atol=1e-6, msg=name)
 
 
+def _varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, *, scale, window_size):
+    """CPU stand-in for FlashAttention's varlen kernel: q/k/v [t, n, hn] -> [t, n, hn]."""
+    assert torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32 and k.shape[1] == q.shape[1]
+    assert max_q == max_k == int(cu_q.diff().max())
+    out = [
+        F.scaled_dot_product_attention(
+            *(x[a:b].transpose(0, 1) for x in (q, k, v)),
+            is_causal=tuple(window_size) == (-1, 0), scale=scale,
+        ).transpose(0, 1)
+        for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist())
+    ]  # fmt: skip
+    return torch.cat(out)
+
+
+def test_varlen_path_plumbing_against_the_plain_path(monkeypatch):
+    """The SDPA spec's CUDA varlen path (q/k/v slicing, GQA repeat, bounds, scale, causal
+    window) with a CPU stand-in for the kernel: the plain path's losses and grads. The kernel
+    itself runs in test_packed_sequences_cuda.py."""
+    from gigatron.core.transformer import sdpa_attention
+
+    calls = []
+    monkeypatch.setattr(
+        sdpa_attention, "varlen_attn", lambda *a, **k: calls.append(1) or _varlen_reference(*a, **k)
+    )
+    monkeypatch.setattr(sdpa_attention.SDPADotProductAttention, "_use_varlen", lambda *a: True)
+    torch.manual_seed(0)
+    plain = build()
+    fast = build(spec_fn=get_gpt_layer_fast_spec)
+    fast.load_state_dict(plain.state_dict())
+    batch, cu = make_batch((5, 3, 1, 7)), make_batch((5, 3, 1, 7))["cu_seqlens"]
+    ref = run_packed(plain, batch, packed_params(cu))
+    torch.testing.assert_close(run_packed(fast, batch, packed_params(cu)), ref, rtol=0, atol=1e-6)
+    assert len(calls) == fast.config.num_layers
+    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=1e-6, msg=name)
+
+
 def test_packed_params_errors_name_the_value():
     torch.manual_seed(0)
     model = build()
