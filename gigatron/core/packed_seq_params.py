@@ -57,11 +57,11 @@ class PackedSeqParams:
     seq_idx: Tensor = None
     """Document index of every token [1, total_tokens] int32 (megatron-core's Mamba helper)."""
     tokens_per_sample: int = None
-    """Sequence length of one sample before packing (megatron-core 0.18+, bookkeeping only)."""
+    """Sequence length of one sample before packing (megatron-core 0.19+, bookkeeping only)."""
     pad_between_seqs: bool = None
-    """Whether documents carry padding between them (megatron-core 0.18+, bookkeeping only)."""
+    """Whether documents carry padding between them (megatron-core 0.19+, bookkeeping only)."""
     cp_scatter_cache: object = None
-    """megatron-core's cache of CP scatter indices (unused by gigatron)."""
+    """megatron-core main's cache of CP scatter indices (unused by gigatron)."""
 
     def __post_init__(self):
         # megatron-core: with total_tokens, seq_idx [1, total_tokens] numbers each token's
