@@ -63,6 +63,7 @@ MODULES = [
     "megatron.core.transformer.transformer_block",
     "megatron.core.transformer.attention",
     "megatron.core.transformer.dot_product_attention",
+    "megatron.core.packed_seq_params",
     "megatron.core.transformer.mlp",
     "megatron.core.transformer.enums",
     "megatron.core.transformer.moe.moe_layer",

@@ -8,6 +8,7 @@ import torch.distributed as dist
 from gigatron.core import parallel_state
 from gigatron.core import parallel_state as ps
 from gigatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+from gigatron.core.packed_seq_params import PackedSeqParams
 
 
 def ensure_divisibility(numerator: int, denominator: int) -> None:
@@ -196,29 +197,93 @@ def _split_per_sequence(batch: dict, cp: int, rank: int) -> dict:
     return out
 
 
-def _split_per_document(batch: dict, cp: int, rank: int) -> dict:
+def _document_zigzag_index(bounds: torch.Tensor, seq_len: int, cp: int, rank: int) -> torch.Tensor:
     """Transformer Engine's `thd_get_partitioned_indices` (what megatron-core calls), in
-    PyTorch: document [start, end) of length L keeps its chunks r and 2·cp−1−r of L/(2·cp)."""
-    bounds = batch.get("cu_seqlens_padded")
-    bounds = batch["cu_seqlens"] if bounds is None else bounds
-    bounds = bounds.reshape(-1).tolist()  # [1, n] in megatron-core's batches
-    seq_key = "tokens" if batch.get("tokens") is not None else "labels"
-    if bounds[0] != 0 or bounds[-1] != batch[seq_key].shape[1]:
-        raise ValueError(
-            f"cu_seqlens {bounds} must run from 0 to the sequence length of {seq_key!r} "
-            f"({batch[seq_key].shape[1]})"
-        )
+    PyTorch: document [start, end) of length L keeps its chunks r and 2·cp−1−r of L/(2·cp).
+    Returns this rank's token positions [seq_len / cp] (int64, on the CPU)."""
+    values = bounds.reshape(-1).tolist()  # [1, n] in megatron-core's batches
+    if values[0] != 0 or values[-1] != seq_len:
+        raise ValueError(f"cu_seqlens {values} must run from 0 to the sequence length ({seq_len})")
     pieces = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for start, end in zip(values[:-1], values[1:]):
         _zigzag_check(f"document length [{start}, {end})", end - start, cp)
         chunk = (end - start) // (2 * cp)
         for c in (rank, 2 * cp - 1 - rank):
             pieces.append(torch.arange(start + c * chunk, start + (c + 1) * chunk))
-    index = torch.cat(pieces)
+    return torch.cat(pieces)
+
+
+def _split_per_document(batch: dict, cp: int, rank: int) -> dict:
+    bounds = batch.get("cu_seqlens_padded")
+    bounds = batch["cu_seqlens"] if bounds is None else bounds
+    seq_key = "tokens" if batch.get("tokens") is not None else "labels"
+    index = _document_zigzag_index(bounds, batch[seq_key].shape[1], cp, rank)
     out = dict(batch)
     for key in _CP_DOCUMENT_KEYS:
         if batch.get(key) is not None:
             out[key] = batch[key].index_select(1, index.to(batch[key].device))
+    return out
+
+
+def get_thd_batch_on_this_cp_rank(
+    batch: dict,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor | None,
+    max_seqlen: torch.Tensor,
+    cp_size: int | None = None,
+    cp_rank: int | None = None,
+) -> tuple[dict, PackedSeqParams]:
+    """megatron-core's: this CP rank's per-document chunks of a packed batch (every entry but
+    attention_mask / cu_seqlens* / max_seqlen cut along dim 1, in place, at the bounds
+    `cu_seqlens_padded`, else `cu_seqlens`), and the batch's PackedSeqParams (thd; max_seqlen
+    [1] read on the host). cp_size / cp_rank default to parallel_state's."""
+    max_len = int(max_seqlen.reshape(-1)[0])
+    packed_seq_params = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+        cu_seqlens_q_padded=cu_seqlens_padded, cu_seqlens_kv_padded=cu_seqlens_padded,
+        max_seqlen_q=max_len, max_seqlen_kv=max_len,
+    )  # fmt: skip
+    cp_size = ps.get_context_parallel_world_size() if cp_size is None else cp_size
+    cp_rank = ps.get_context_parallel_rank() if cp_rank is None else cp_rank
+    if cp_size > 1:
+        bounds = cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded
+        index = _document_zigzag_index(bounds, batch["tokens"].size(1), cp_size, cp_rank)
+        for key, data in batch.items():
+            if data is None or key in ("attention_mask", *_CP_METADATA_KEYS):
+                continue
+            batch[key] = data.index_select(1, index.to(data.device))
+    return batch, packed_seq_params
+
+
+def flatten_batch_for_packed_sequences(batch: dict) -> dict:
+    """A micro-batch of b packed samples as one packed row (megatron-core 0.19+).
+
+    tokens / labels / loss_mask / position_ids [b, s] -> [1, b*s]; cu_seqlens (and
+    cu_seqlens_padded) [b, n+1], each row 0 .. s and right-filled with s, -> [1, m+1]: the rows'
+    bounds offset by i*s and joined; max_seqlen -> its max [1]. Without cu_seqlens the batch is
+    returned as it is. Reads the bounds on the host (call it on the dataloader's CPU batch).
+    """
+    if batch.get("cu_seqlens") is None:
+        return batch
+    seq_key = next(k for k in _CP_DOCUMENT_KEYS if batch.get(k) is not None)
+    seq_len = batch[seq_key].shape[1]
+
+    def merge(cu: torch.Tensor) -> torch.Tensor:
+        bounds = [0]
+        for i, row in enumerate(cu.reshape(cu.shape[0], -1).tolist()):
+            end = row.index(seq_len) if seq_len in row else len(row) - 1  # drop the fill
+            bounds += [b + i * seq_len for b in row[1 : end + 1]]
+        return torch.tensor(bounds, dtype=cu.dtype, device=cu.device)[None]
+
+    out = dict(batch)
+    out["cu_seqlens"] = merge(batch["cu_seqlens"])
+    if batch.get("cu_seqlens_padded") is not None:
+        out["cu_seqlens_padded"] = merge(batch["cu_seqlens_padded"])
+    if batch.get("max_seqlen") is not None:
+        out["max_seqlen"] = batch["max_seqlen"].max().reshape(1)
+    for key in _CP_DOCUMENT_KEYS:
+        if batch.get(key) is not None:
+            out[key] = batch[key].reshape(1, -1)
     return out
 
 

@@ -278,6 +278,12 @@ def _data_args(p):
     _add(g, "--vocab-extra-ids", int, 0, "T5 sentinels <extra_id_i> added to the vocabulary")
     _add(g, "--reset-position-ids", bool, help_="reset position ids at end of document")
     _add(g, "--reset-attention-mask", bool, help_="reset attention at end of document")
+    _add(
+        g,
+        "--dataloader-inter-document-masking",
+        bool,
+        help_="packed sequences: cu_seqlens at document bounds, no attention across them",
+    )
     _add(g, "--eod-mask-loss", bool, help_="mask the loss on end-of-document tokens")
 
 
@@ -587,6 +593,13 @@ def validate_args(args, world_size: int | None = None):
             "attention is causal over the whole sequence and would ignore the per-document "
             "mask"
         )
+    if args.dataloader_inter_document_masking:
+        if cp > 1:
+            raise ValueError(
+                f"--dataloader-inter-document-masking with --context-parallel-size {cp}: "
+                "packed context parallelism splits every document into 2 x cp chunks, and "
+                "GPTDataset's documents have any length (gigatron pads none)"
+            )
     if args.sequence_parallel and tp == 1:
         args.sequence_parallel = False  # Megatron silently disables SP at TP=1
     if args.max_position_embeddings is None:

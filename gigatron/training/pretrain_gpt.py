@@ -14,8 +14,9 @@ import torch
 
 from gigatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from gigatron.core.models.gpt import GPTModel
+from gigatron.core.packed_seq_params import PackedSeqParams
 from gigatron.core.transformer.enums import ModelType
-from gigatron.core.utils import get_batch_on_this_cp_rank
+from gigatron.core.utils import flatten_batch_for_packed_sequences, get_batch_on_this_cp_rank
 from gigatron.training import _pretrain_common as common
 from gigatron.training.global_vars import get_args, get_tokenizer
 from gigatron.training.initialize import destroy_distributed
@@ -56,19 +57,36 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     )
 
 
+_BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+
+
+def _next_batch(data_iterator) -> dict:
+    """This rank's micro-batch: the _BATCH_KEYS and, for packed samples
+    (--dataloader-inter-document-masking), `packed_seq_params` over the [b, s] samples
+    flattened into one row [1, b*s] (Megatron's flatten_batch_for_packed_sequences)."""
+    batch = next(data_iterator)
+    packed = batch.get("cu_seqlens") is not None
+    if packed:
+        batch = flatten_batch_for_packed_sequences(dict(batch))
+    out = common.batch_to_device(batch, (*_BATCH_KEYS, "cu_seqlens"), non_blocking=True)
+    out.setdefault("attention_mask", None)
+    out = get_batch_on_this_cp_rank(out)
+    out["packed_seq_params"] = None
+    if packed:
+        cu_seqlens = out.pop("cu_seqlens").reshape(-1)
+        max_seqlen = int(batch["max_seqlen"].max())
+        out["packed_seq_params"] = PackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+            max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen,
+        )  # fmt: skip
+    return out
+
+
 def get_batch(data_iterator):
-    """This rank's (tokens, labels, loss_mask, attention_mask, position_ids) for one micro-batch."""
-    keys = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
-    batch = common.batch_to_device(next(data_iterator), keys, non_blocking=True)
-    batch.setdefault("attention_mask", None)
-    batch = get_batch_on_this_cp_rank(batch)
-    return (
-        batch["tokens"],
-        batch["labels"],
-        batch["loss_mask"],
-        batch["attention_mask"],
-        batch["position_ids"],
-    )
+    """This rank's (tokens, labels, loss_mask, attention_mask, position_ids) for one micro-batch
+    ([1, b*s] rows for packed samples; their bounds are in forward_step's packed_seq_params)."""
+    batch = _next_batch(data_iterator)
+    return tuple(batch[key] for key in _BATCH_KEYS)
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -80,22 +98,29 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 
 def forward_step(data_iterator, model):
-    """Megatron's forward step: the model returns per-token losses when given labels."""
-    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
-    output_tensor = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
-    return output_tensor, partial(loss_func, loss_mask)
+    """Megatron's forward step: the model returns per-token losses when given labels; packed
+    samples pass their document bounds as packed_seq_params."""
+    batch = _next_batch(data_iterator)
+    output_tensor = model(
+        batch["tokens"], batch["position_ids"], batch["attention_mask"],
+        labels=batch["labels"], loss_mask=batch["loss_mask"],
+        packed_seq_params=batch["packed_seq_params"],
+    )  # fmt: skip
+    return output_tensor, partial(loss_func, batch["loss_mask"])
 
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
     """GPT datasets (or mock ones) from --data-path / --split through the blended builder."""
 
     args = get_args()
+    inter_document_masking = args.dataloader_inter_document_masking
     config = GPTDatasetConfig(
         **common.dataset_config_kwargs(args, get_tokenizer()),
         reset_position_ids=args.reset_position_ids,
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
-        create_attention_mask=args.reset_attention_mask,
+        create_attention_mask=args.reset_attention_mask and not inter_document_masking,
+        inter_document_masking=inter_document_masking,
     )
     cls = MockGPTDataset if args.mock_data else GPTDataset
     return common.build_datasets(cls, train_val_test_num_samples, config, cls.__name__)

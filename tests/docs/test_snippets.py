@@ -42,6 +42,7 @@ _EXPECTED = {
     ("dist_checkpointing.md", 0): "['.metadata', '__0_0.distcp', 'common.pt', 'metadata.json']",
     ("datasets.md", 0): "1000 50 50 torch.Size([32])",
     ("context_parallel.md", 0): "[torch.Size([1, 8]), torch.Size([1, 8])]",
+    ("packed_sequences.md", 0): "tensor(True)",
     ("bert_t5.md", 1): "[(0, []), (1, [4.19",
 }
 _SLOW = {("tensor_parallel.md", 1)}  # torch.compile on 2 ranks: ~6 s

@@ -80,8 +80,9 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     """Context-parallel size (kept for compatibility)."""
 
     inter_document_masking: bool = False
-    """megatron-core 0.19: not supported by gigatron (must stay False; reset_attention_mask
-    builds the block-diagonal mask)."""
+    """Return `cu_seqlens` (the sample's document bounds, int32 `[s + 1]` padded with s) and
+    `max_seqlen` instead of an attention mask, with position ids restarting per document:
+    the batch becomes a packed (thd) one (megatron-core 0.19+; docs/packed_sequences.md)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -94,7 +95,6 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
             "object_storage_cache_path": (self.object_storage_cache_path, None),
             "hybrid_context_parallel": (self.hybrid_context_parallel, False),
             "sequences_per_dataset": (self.sequences_per_dataset, None),
-            "inter_document_masking": (self.inter_document_masking, False),
         }
         for name, (value, default) in unsupported.items():
             if value != default:
@@ -107,7 +107,8 @@ class GPTDataset(MegatronDataset):
     """GPT samples over an IndexedDataset split. See the module docstring for the indices.
 
     `[idx]` returns Megatron's dict: tokens, labels (int64 `[s]`), loss_mask (float `[s]`),
-    position_ids (int64 `[s]`) and, with create_attention_mask, attention_mask (bool `[1, s, s]`).
+    position_ids (int64 `[s]`) and, with create_attention_mask, attention_mask (bool `[1, s, s]`);
+    with inter_document_masking cu_seqlens (int32 `[s + 1]`) and max_seqlen instead of the mask.
     """
 
     def __init__(
@@ -144,7 +145,8 @@ class GPTDataset(MegatronDataset):
 
     def __getitem__(self, idx: int | None) -> dict[str, torch.Tensor]:
         """Sample `idx` (None: a fully loss-masked padding sample)."""
-        text = torch.from_numpy(self._query_document_sample_shuffle_indices(idx or 0)).long()
+        text, document_lengths = self._sample_tokens_and_document_lengths(idx or 0)
+        text = torch.from_numpy(text).long()
         extra = self.config.add_extra_token_to_sequence
         if extra:
             tokens, labels = text[:-1].contiguous(), text[1:].contiguous()
@@ -175,14 +177,46 @@ class GPTDataset(MegatronDataset):
             loss_mask = torch.zeros_like(loss_mask)
 
         sample = {"tokens": tokens, "labels": labels}
+        if self.config.inter_document_masking:
+            return {**sample, **self._packed_fields(document_lengths, loss_mask)}
         if self.config.create_attention_mask:
             sample["attention_mask"] = attention_mask
         sample["loss_mask"] = loss_mask
         sample["position_ids"] = position_ids
         return sample
 
+    def _packed_fields(self, document_lengths: list[int], loss_mask: torch.Tensor) -> dict:
+        """loss_mask, per-document position_ids [s], cu_seqlens int32 [s + 1] and max_seqlen
+        of a sample whose documents hold `document_lengths` of its seq_len + extra tokens.
+        cu_seqlens keeps a fixed length (trailing entries = s) so samples stack; the extra
+        label token leaves the last document and padding joins it (megatron-core's layout)."""
+        seq_len = self.config.sequence_length
+        lengths = list(document_lengths)
+        if self.config.add_extra_token_to_sequence:
+            lengths[-1] -= 1
+            if lengths[-1] == 0:
+                lengths.pop()
+        shortfall = seq_len - sum(lengths)
+        if shortfall > 0:
+            lengths = lengths[:-1] + [lengths[-1] + shortfall] if lengths else [shortfall]
+        bounds = numpy.cumsum([0, *lengths])
+        cu_seqlens = torch.full((seq_len + 1,), seq_len, dtype=torch.int32)
+        cu_seqlens[: len(bounds)] = torch.from_numpy(bounds)
+        starts = torch.from_numpy(numpy.repeat(bounds[:-1], lengths))  # each token's doc start
+        return {
+            "loss_mask": loss_mask,
+            "position_ids": torch.arange(seq_len) - starts,
+            "cu_seqlens": cu_seqlens,
+            "max_seqlen": torch.tensor(max(lengths), dtype=torch.int32),
+        }
+
     def _query_document_sample_shuffle_indices(self, idx: int) -> numpy.ndarray:
         """int64 `[seq_len + extra]` tokens of sample `idx` (padded with the pad id at the end)."""
+        return self._sample_tokens_and_document_lengths(idx)[0]
+
+    def _sample_tokens_and_document_lengths(self, idx: int) -> tuple[numpy.ndarray, list[int]]:
+        """Tokens of sample `idx` as above, and how many of them each document piece holds
+        (padding not counted)."""
         extra = int(self.config.add_extra_token_to_sequence)
         idx = self.shuffle_index[idx]
         beg, beg_offset = (int(x) for x in self.sample_index[idx])
@@ -198,11 +232,11 @@ class GPTDataset(MegatronDataset):
                 offset = beg_offset if i == beg else 0
                 length = end_offset + extra if i == end else None
                 parts.append(self.dataset.get(self.document_index[i], offset=offset, length=length))
-        num_tokens = sum(len(p) for p in parts)
+        lengths = [len(p) for p in parts]
         want = self.config.sequence_length + extra
-        if num_tokens < want:
-            parts.append(numpy.full(want - num_tokens, self._pad_token_id, dtype=numpy.int64))
-        return numpy.concatenate(parts, dtype=numpy.int64)
+        if sum(lengths) < want:
+            parts.append(numpy.full(want - sum(lengths), self._pad_token_id, dtype=numpy.int64))
+        return numpy.concatenate(parts, dtype=numpy.int64), lengths
 
     def _cache_dir(self) -> str | None:
         if self.config.path_to_cache is not None:

@@ -19,6 +19,10 @@ from torch import Tensor
 
 from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's name here
+    PackedSeqParams,  # noqa: F401
+    layout_bounds,
+)
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
@@ -112,11 +116,14 @@ class Attention(MegatronModule):
         )
 
     def _core_attention(
-        self, query, key, value, attention_mask, attn_mask_type, attention_bias=None
-    ) -> Tensor:
-        # attention_bias (e.g. T5's relative positions, [1|b, np, sq, sk]) is passed only when
-        # given: the core attentions that do not take it keep refusing it themselves.
+        self, query, key, value, attention_mask, attn_mask_type, attention_bias=None,
+        packed_seq_params=None,
+    ) -> Tensor:  # fmt: skip
+        # attention_bias (e.g. T5's relative positions, [1|b, np, sq, sk]) and packed_seq_params
+        # are passed only when given: core attentions that do not take them keep refusing them.
         extra = {} if attention_bias is None else {"attention_bias": attention_bias}
+        if packed_seq_params is not None:
+            extra["packed_seq_params"] = packed_seq_params
         if not (self.checkpoint_core_attention and self.training):
             return self.core_attention(
                 query, key, value, attention_mask, attn_mask_type=attn_mask_type, **extra
@@ -146,12 +153,28 @@ class Attention(MegatronModule):
         *,
         inference_params=None,
     ) -> tuple[Tensor, Tensor | None]:
-        """hidden_states [s(/tp under SP), b, h] -> (output [s(/tp), b, h], bias [h] or None)."""
+        """hidden_states [s(/tp under SP), b, h] -> (output [s(/tp), b, h], bias [h] or None).
+
+        packed_seq_params (thd, b = 1; see gigatron.core.packed_seq_params): RoPE positions
+        restart at every document and no token attends to another document's tokens."""
         inference_context = inference_context if inference_context is not None else inference_params
+        cu_seqlens = None
         if packed_seq_params is not None:
-            raise ValueError("packed_seq_params is not supported by gigatron")
+            if self.attention_type != "self" or inference_context is not None:
+                raise ValueError(
+                    "packed_seq_params needs self-attention without inference_context in gigatron"
+                )
+            cu_seqlens = layout_bounds(packed_seq_params)
         query, key, value = self.get_query_key_value_tensors(hidden_states, key_value_states)
-        if rotary_pos_emb is not None:
+        if rotary_pos_emb is not None and cu_seqlens is not None:
+            q_pos_emb, k_pos_emb = (
+                rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
+            )  # [>= longest document, 1, 1, dim], not split over CP ranks
+            cp_group = getattr(self.core_attention, "cp_group", None)
+            rope = dict(config=self.config, cu_seqlens=cu_seqlens, cp_group=cp_group)
+            query = apply_rotary_pos_emb(query, q_pos_emb, **rope)
+            key = apply_rotary_pos_emb(key, k_pos_emb, **rope)
+        elif rotary_pos_emb is not None:
             if not isinstance(rotary_pos_emb, tuple):
                 rotary_pos_emb = (rotary_pos_emb, rotary_pos_emb)
             q_pos_emb, k_pos_emb = rotary_pos_emb
@@ -164,8 +187,9 @@ class Attention(MegatronModule):
         if inference_context is not None:
             key, value = self._adjust_key_value_for_inference(inference_context, key, value)
         context = self._core_attention(
-            query, key, value, attention_mask, self.attn_mask_type, attention_bias
-        )
+            query, key, value, attention_mask, self.attn_mask_type, attention_bias,
+            packed_seq_params,
+        )  # fmt: skip
         output, bias = self.linear_proj(context)  # [sq, b, np*hn] -> [sq(/tp), b, h]
         return output, bias
 

@@ -18,10 +18,23 @@ import torch
 from torch import Tensor
 
 from gigatron.core import parallel_state, tensor_parallel
+from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's name here
+    PackedSeqParams,  # noqa: F401
+    layout_bounds,
+    thd_attention_mask,
+    thd_document_positions,
+)
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.utils import attention_mask_func, get_default_causal_mask
 from gigatron.core.utils import divide
+
+# Mask types that keep a packed document causal (sq == sk there: bottom-right is the diagonal).
+CAUSAL_MASK_TYPES = (
+    AttnMaskType.causal,
+    AttnMaskType.padding_causal,
+    AttnMaskType.causal_bottom_right,
+)
 
 
 class DotProductAttention(MegatronModule):
@@ -84,12 +97,15 @@ class DotProductAttention(MegatronModule):
 
         return tensor_parallel.get_cuda_rng_tracker().fork()
 
-    def _check_unsupported(self, attention_bias, packed_seq_params) -> None:
-        if attention_bias is not None or packed_seq_params is not None:
-            raise ValueError(
-                "attention_bias and packed_seq_params are not supported by gigatron's "
-                "DotProductAttention"
-            )
+    def _packed_mask(self, query, packed_seq_params, attention_mask, mask_type) -> Tensor:
+        """bool [1, 1, s, s] (True = masked) keeping every query inside its own document
+        (causal there for causal mask types), OR-ed with `attention_mask` when one is given."""
+        doc, pos = thd_document_positions(
+            layout_bounds(packed_seq_params), query.shape[0], device=query.device
+        )
+        causal = mask_type in CAUSAL_MASK_TYPES
+        mask = thd_attention_mask(doc, pos, doc, pos, causal)
+        return mask if attention_mask is None else mask | attention_mask
 
     def forward(
         self,
@@ -104,9 +120,10 @@ class DotProductAttention(MegatronModule):
         """q [sq, b, np, hn], k/v [sk, b, ng, hn], mask bool [b|1, 1, sq, sk] -> [sq, b, np*hn].
         attention_bias [1|b, np, sq, sk] (T5's relative positions) is added to the scaled
         scores before masking (Transformer Engine's post_scale_bias; Megatron's local path has
-        none)."""
-        self._check_unsupported(None, packed_seq_params)
+        none). packed_seq_params (thd, b = 1): queries see only their own document's keys."""
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        if packed_seq_params is not None:
+            attention_mask = self._packed_mask(query, packed_seq_params, attention_mask, mask_type)
         sq, b, np_, hn = query.shape
         sk = key.shape[0]
         if np_ != key.shape[2]:  # GQA: each K/V head serves np/ng consecutive query heads

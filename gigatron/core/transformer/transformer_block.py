@@ -19,6 +19,10 @@ from torch import Tensor
 from gigatron.core import tensor_parallel
 from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from gigatron.core.fp8_utils import get_fp8_recipe, is_first_last_bf16_layer, set_fp8
+from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's name here
+    PackedSeqParams,  # noqa: F401
+    check_packed_seq_params,
+)
 from gigatron.core.transformer.mlp import MLP
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
@@ -249,6 +253,13 @@ class TransformerBlock(MegatronModule):
             )
         if not self.pre_process:
             hidden_states = self.input_tensor
+        if packed_seq_params is not None:  # once per forward: it reads the bounds on the host
+            cfg = self.config
+            seq_len = hidden_states.shape[0] * cfg.context_parallel_size
+            seq_len *= cfg.tensor_model_parallel_size if cfg.sequence_parallel else 1
+            check_packed_seq_params(
+                packed_seq_params, seq_len, hidden_states.shape[1], cfg.context_parallel_size
+            )
         hidden_states = make_viewless_tensor(hidden_states, requires_grad=True, keep_graph=True)
         kw = dict(
             attention_mask=attention_mask,

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.dist_checkpointing.utils import apply_prefix_mapping
+from gigatron.core.packed_seq_params import PackedSeqParams  # noqa: F401  (Megatron's name here)
 from gigatron.core.transformer import _layer_split
 from gigatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from gigatron.core.transformer.module import MegatronModule

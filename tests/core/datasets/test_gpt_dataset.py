@@ -140,3 +140,34 @@ def test_pickles_and_loads_through_dataloader_workers(tmp_path):
     batch = next(iter(loader))
     assert batch["tokens"].shape == (4, 8) and batch["attention_mask"].shape == (4, 1, 8, 8)
     assert torch.equal(batch["labels"][2], train[2]["labels"])
+
+
+def test_inter_document_masking_gives_the_reset_mask_as_bounds(tmp_path):
+    """inter_document_masking's cu_seqlens / position_ids say what reset_attention_mask's
+    block-diagonal mask / reset_position_ids say (documents end with EOD): for every sample."""
+    docs = [list(range(1, 4)) + [EOD], list(range(4, 16)) + [EOD], [17, EOD], [18, 19, EOD]]
+    prefix = _corpus(str(tmp_path / "c"), docs)
+    common = dict(blend=([prefix], None), split="1,0,0", path_to_cache=str(tmp_path / "cache"))
+    build = lambda **kw: BlendedMegatronDatasetBuilder(  # noqa: E731
+        GPTDataset, [None] * 3, lambda: True, _config(**common, **kw)
+    ).build()[0]
+    packed = build(inter_document_masking=True, create_attention_mask=False)
+    masked = build(reset_attention_mask=True, reset_position_ids=True)
+    for i in range(len(packed)):
+        p, m = packed[i], masked[i]
+        assert set(p) == {
+            "tokens",
+            "labels",
+            "loss_mask",
+            "position_ids",
+            "cu_seqlens",
+            "max_seqlen",
+        }
+        cu = p["cu_seqlens"]
+        assert cu.dtype == torch.int32 and cu.shape == (9,) and cu[-1] == 8
+        bounds = cu[: int((cu < 8).sum()) + 1].tolist()  # drop the trailing fill
+        doc = torch.repeat_interleave(torch.arange(len(bounds) - 1), torch.tensor(bounds).diff())
+        allowed = (doc[:, None] == doc[None, :]) & torch.ones(8, 8, dtype=torch.bool).tril()
+        assert torch.equal(~allowed, m["attention_mask"][0]), (i, bounds)
+        assert torch.equal(p["position_ids"], m["position_ids"]), i
+        assert p["max_seqlen"] == max(torch.tensor(bounds).diff())

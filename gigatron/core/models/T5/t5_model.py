@@ -44,6 +44,7 @@ from gigatron.core.models.common.language_module.language_module import (
     LanguageModule,
     move_to_collective_device,
 )
+from gigatron.core.packed_seq_params import PackedSeqParams  # noqa: F401  (Megatron's name here)
 from gigatron.core.transformer.enums import ModelType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.transformer_block import TransformerBlock

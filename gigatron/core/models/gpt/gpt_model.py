@@ -104,6 +104,10 @@ class GPTModel(LanguageModule):
         None (causal) -> logits [b, s, V/tp], or loss [b, s] fp32 when labels [b, s] are given,
         or hidden states [s, b, h] on stages without post_process.
 
+        `packed_seq_params` (gigatron.core.packed_seq_params.PackedSeqParams, thd): b = 1 and
+        the row holds several documents; none attends to another, RoPE restarts at each (pass
+        position_ids restarting too for learned positions). docs/packed_sequences.md.
+
         `output_processor` (Megatron 0.19+): on the last stage, called instead of the output
         layer and loss with keyword arguments hidden_states [s(/tp), b, h], output_layer,
         output_weight (the tied embedding weight or None), labels, loss_mask, input_ids,
@@ -119,7 +123,9 @@ class GPTModel(LanguageModule):
         hidden_states = self.decoder(
             hidden_states=decoder_input,
             attention_mask=attention_mask,
-            rotary_pos_emb=self._rotary_pos_emb_for(self.decoder, decoder_input, inference_context),
+            rotary_pos_emb=self._rotary_pos_emb_for(
+                self.decoder, decoder_input, inference_context, packed_seq_params
+            ),
             inference_context=inference_context,
             packed_seq_params=packed_seq_params,
             **(extra_block_kwargs or {}),

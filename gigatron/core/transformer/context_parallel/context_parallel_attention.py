@@ -24,8 +24,9 @@ from gigatron.core import parallel_state
 from gigatron.core.transformer.context_parallel import _kernels, _layout
 from gigatron.core.transformer.context_parallel.a2a_attention import a2a_attention
 from gigatron.core.transformer.context_parallel.all_gather_attention import all_gather_attention
+from gigatron.core.transformer.context_parallel.packed_attention import packed_attention
 from gigatron.core.transformer.context_parallel.ring_attention import ring_attention
-from gigatron.core.transformer.dot_product_attention import DotProductAttention
+from gigatron.core.transformer.dot_product_attention import CAUSAL_MASK_TYPES, DotProductAttention
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec
@@ -149,11 +150,12 @@ class ContextParallelAttention(MegatronModule):
         attention_bias: Tensor | None = None,
         packed_seq_params=None,
     ) -> Tensor:
-        """q [s, b, np, hn], k/v [s, b, ng, hn] (local zigzag tokens) -> [s, b, np*hn]."""
-        if attention_bias is not None or packed_seq_params is not None:
+        """q [s, b, np, hn], k/v [s, b, ng, hn] (local zigzag tokens) -> [s, b, np*hn].
+        packed_seq_params (thd, b = 1): per-document zigzag tokens, attention inside each
+        document (packed_attention.py)."""
+        if attention_bias is not None:
             raise ValueError(
-                "attention_bias and packed_seq_params are not supported by gigatron's "
-                "ContextParallelAttention"
+                "attention_bias is not supported by gigatron's ContextParallelAttention"
             )
         if self.training and self.attention_dropout_p > 0:
             raise ValueError(
@@ -161,8 +163,15 @@ class ContextParallelAttention(MegatronModule):
                 "parallelism in gigatron (set config.attention_dropout=0.0)"
             )
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
-        causal = self._is_causal(attention_mask, mask_type)
         s, b, np_, hn = query.shape
+        if packed_seq_params is not None:  # an explicit mask tensor is ignored, as TE does
+            causal = mask_type in CAUSAL_MASK_TYPES
+            context = packed_attention(
+                query, key, value, packed_seq_params, scale=self.softmax_scale, causal=causal,
+                group=self.cp_group,
+            )  # fmt: skip
+            return context.reshape(s, b, np_ * hn)
+        causal = self._is_causal(attention_mask, mask_type)
         if causal and s % 2 and self.cp_group.size() > 1:
             raise ValueError(
                 f"local sequence length ({s}) must be even under causal context parallelism: "

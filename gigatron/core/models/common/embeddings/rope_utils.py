@@ -1,5 +1,5 @@
 """Applying rotary angles to query/key heads (mirrors
-`megatron.core.models.common.embeddings.rope_utils.apply_rotary_pos_emb`, bshd layout).
+`megatron.core.models.common.embeddings.rope_utils.apply_rotary_pos_emb`, bshd and thd layouts).
 
 t' = t * cos(freqs) + rotate(t) * sin(freqs) on the first rot_dim channels; rotate is
 [-x2, x1] of the two halves (default, HF Llama convention) or of interleaved (even, odd) pairs.
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from gigatron.core.packed_seq_params import thd_document_positions
 
 
 def _rotate_half(x: Tensor, rotary_interleaved: bool) -> Tensor:
@@ -22,9 +24,20 @@ def _rotate_half(x: Tensor, rotary_interleaved: bool) -> Tensor:
 def apply_rotary_pos_emb(
     t: Tensor, freqs: Tensor, config=None, cu_seqlens=None, mscale: float = 1.0, cp_group=None
 ) -> Tensor:
-    """Rotate `t` [s, b, n, hn] by angles `freqs` [s, 1, 1, dim]; dims past `dim` pass through."""
+    """Rotate `t` [s, b, n, hn] by angles `freqs` [s, 1, 1, dim]; dims past `dim` pass through.
+
+    Packed (thd) when `cu_seqlens` [n_docs + 1] is given: `t` is [t, n, hn] (Megatron) or
+    [t, 1, n, hn] (gigatron's b = 1), this CP rank's tokens of the whole packed sequence whose
+    document bounds are `cu_seqlens`; `freqs` [>= longest document, 1, 1, dim] is the unsplit
+    table, and every document's positions restart at 0 (its CP rank's zigzag chunks under
+    `cp_group` of size > 1).
+    """
     if cu_seqlens is not None:
-        raise ValueError("packed sequences (cu_seqlens) are not supported by gigatron's RoPE")
+        cp_size, cp_rank = (1, 0) if cp_group is None else (cp_group.size(), cp_group.rank())
+        _, pos = thd_document_positions(cu_seqlens, t.shape[0], cp_size, cp_rank, freqs.device)
+        freqs = freqs[pos.clamp(max=freqs.shape[0] - 1)]  # [t, 1, 1, dim]
+        if t.dim() == 3:  # Megatron's [t, n, hn]
+            return apply_rotary_pos_emb(t.unsqueeze(1), freqs, config, mscale=mscale).squeeze(1)
     interleaved = bool(config.rotary_interleaved) if config is not None else False
     rot_dim = freqs.shape[-1]
     t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]

@@ -131,17 +131,19 @@ class LanguageModule(MegatronModule):
         return None
 
     def _rotary_pos_emb_for(
-        self, block, block_input: Tensor | None, inference_context=None
+        self, block, block_input: Tensor | None, inference_context=None, packed_seq_params=None
     ) -> Tensor | None:
         """RoPE angles [s, 1, 1, rot_dim] for `block` (a TransformerBlock) fed `block_input`
         [s(/tp), b, h] (or its pipeline input); None unless position_embedding_type is 'rope'
-        (and None for multi-latent attention, which applies its own)."""
+        (and None for multi-latent attention, which applies its own). With packed_seq_params the
+        whole table, never split over CP ranks (attention picks each token's in-document
+        position)."""
         if self.position_embedding_type != "rope" or self.config.multi_latent_attention:
             return None
         seq_len = self.rotary_pos_emb.get_rotary_seq_len(
             inference_context, block, block_input, self.config
         )
-        return self.rotary_pos_emb(seq_len)  # [s, 1, 1, rot_dim]
+        return self.rotary_pos_emb(seq_len, packed_seq=packed_seq_params is not None)
 
     def compute_language_model_loss(self, labels: Tensor, logits: Tensor) -> Tensor:
         """labels [b, s], logits [s, b, V/tp] -> per-token fp32 loss [b, s] (no mask, no mean)."""
