@@ -72,6 +72,9 @@ def main(argv=None) -> None:
     p.add_argument(
         "--print-flags", metavar="CONFIG", help="print CONFIG's `gigatron train` flags and exit"
     )
+    p.add_argument(
+        "--modes", default="eager,compiled", help="bench_gpt runs to compare: eager,compiled"
+    )
     a = p.parse_args(argv)
     if a.print_flags:
         print(" ".join(train_flags(a.print_flags)))
@@ -85,6 +88,8 @@ def main(argv=None) -> None:
         est = estimated(config, table)
         out = {"impl": "estimate-check", "config": config, "estimate": est}
         for label, extra in (("eager", EAGER), ("compiled", COMPILED)):
+            if label not in a.modes.split(","):
+                continue
             got = measured(config, extra)
             out[label] = got
             if got:

@@ -365,7 +365,7 @@ t_estimate_check() {  # calibrate, then gpt-1.3b and gpt-125m: estimated vs meas
   local c
   for c in gpt-1.3b gpt-125m; do
     run estimate.log 300 python3 bench/estimate_check.py --calibration "$OUT/calibration.json" \
-      --configs $c
+      --configs $c --modes "${ESTIMATE_MODES:-eager,compiled}"
   done
   grep '"estimate-check"' "$RES"
 }
