@@ -19,11 +19,14 @@ import itertools
 import json
 import os
 import shlex
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # gigatron
 
 GRID = (1024, 4096, 16384)
 

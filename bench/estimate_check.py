@@ -22,6 +22,8 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 from _bench_args import CONFIGS  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # gigatron
+
 EAGER = ["--compile", "none", "--no-input-checks"]
 COMPILED = ["--no-input-checks", "--gelu", "tanh", "--compile", "model", "--ce", "chunked"]
 
