@@ -71,7 +71,8 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
     )
     for chunk in chunks:
-        if device is not None:
+        # a model built on the meta device (`gigatron estimate`) stays there
+        if device is not None and not any(p.is_meta for p in chunk.parameters()):
             chunk.to(device)
         if args.params_dtype != torch.float32:
             chunk.to(args.params_dtype)
