@@ -1,0 +1,100 @@
+"""Run Megatron-LM's own unit tests against gigatron (`megatron` imported as `gigatron`), on CPU.
+
+    git clone https://github.com/NVIDIA/Megatron-LM /tmp/Megatron-LM   # its tests, not gigatron's
+    python scripts/run_megatron_unit_tests.py /tmp/Megatron-LM --collect-only
+    python scripts/run_megatron_unit_tests.py /tmp/Megatron-LM tests/unit_tests/test_utils.py -x
+
+Arguments after the checkout are handed to pytest (paths relative to the checkout; default
+`tests/unit_tests`). The runner installs `gigatron.compat.megatron`'s alias, skips Megatron's
+conftests (they download data sets and import Transformer Engine), and adapts the one piece of
+their scaffolding that needs CUDA: `Utils.initialize_distributed` starts a one-rank gloo world
+instead of NCCL. `megatron.training.argument_utils` (imported by that scaffolding only) is a stub
+when gigatron lacks it. Nothing of Megatron's is copied into gigatron; at the end the runner prints
+one summary line: files that failed to import, and pytest's counts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from datetime import timedelta
+from pathlib import Path
+
+
+def _stub_scaffold_imports() -> None:
+    import importlib.util
+
+    name = "megatron.training.argument_utils"
+    if importlib.util.find_spec("gigatron.training.argument_utils") is None:
+        stub = types.ModuleType(name)
+        for fn in ("gpt_config_from_args", "hybrid_config_from_args"):
+            setattr(stub, fn, _not_here(fn))
+        stub.pretrain_cfg_container_from_args = _not_here("pretrain_cfg_container_from_args")
+        sys.modules[name] = stub
+
+
+def _not_here(fn: str):
+    def call(*args, **kwargs):
+        raise NotImplementedError(f"{fn}: Megatron-LM test scaffolding, not in gigatron")
+
+    return call
+
+
+def _one_rank_gloo() -> None:
+    import torch
+
+    from tests.unit_tests.test_utilities import Utils
+
+    def initialize_distributed():
+        if not torch.distributed.is_initialized():
+            store = torch.distributed.HashStore()
+            torch.distributed.init_process_group(
+                "gloo", world_size=1, rank=0, store=store, timeout=timedelta(minutes=1)
+            )
+        Utils.inited = True
+
+    Utils.world_size, Utils.rank, Utils.local_rank = 1, 0, 0
+    Utils.initialize_distributed = staticmethod(initialize_distributed)
+
+
+class _Summary:
+    def __init__(self) -> None:
+        self.import_errors: list[str] = []
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.import_errors.append(report.nodeid)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    checkout = Path(argv[0]).resolve()
+    if not (checkout / "tests" / "unit_tests").is_dir():
+        print(f"{checkout}: no tests/unit_tests here (a Megatron-LM checkout?)", file=sys.stderr)
+        return 2
+    os.chdir(checkout)
+    sys.path.insert(0, str(checkout))
+    os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
+
+    import gigatron.compat.megatron as alias
+
+    alias.install()
+    _stub_scaffold_imports()
+    _one_rank_gloo()
+
+    import pytest
+
+    rest = argv[1:] or ["tests/unit_tests"]
+    args = ["--noconftest", "-p", "no:cacheprovider", "-o", "addopts=", "-q"]
+    args += ["--continue-on-collection-errors", *rest]
+    summary = _Summary()
+    code = pytest.main(args, plugins=[summary])
+    print(f"megatron-on-gigatron: {len(summary.import_errors)} files failed to import")
+    return int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
