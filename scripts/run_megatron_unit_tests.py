@@ -9,7 +9,7 @@ Arguments after the checkout are handed to pytest (paths relative to the checkou
 conftests (they download data sets and import Transformer Engine), and adapts the one piece of
 their scaffolding that needs CUDA: `Utils.initialize_distributed` starts a one-rank gloo world
 instead of NCCL. `megatron.training.argument_utils` (imported by that scaffolding only) is a stub
-when gigatron lacks it. Nothing of Megatron's is copied into gigatron; at the end the runner prints
+when gigatron lacks it, and `mock` is the standard library's `unittest.mock` when not installed. Nothing of Megatron's is copied into gigatron; at the end the runner prints
 one summary line: files that failed to import, and pytest's counts.
 """
 
@@ -28,10 +28,23 @@ def _stub_scaffold_imports() -> None:
     name = "megatron.training.argument_utils"
     if importlib.util.find_spec("gigatron.training.argument_utils") is None:
         stub = types.ModuleType(name)
-        for fn in ("gpt_config_from_args", "hybrid_config_from_args"):
+        for fn in (
+            "gpt_config_from_args",
+            "hybrid_config_from_args",
+            "pretrain_cfg_container_from_args",
+            "ArgumentGroupFactory",
+        ):
             setattr(stub, fn, _not_here(fn))
-        stub.pretrain_cfg_container_from_args = _not_here("pretrain_cfg_container_from_args")
         sys.modules[name] = stub
+
+
+def _mock_package() -> None:
+    """Megatron's tests `import mock` (the PyPI backport); the standard library's is the same."""
+    import importlib.util
+    import unittest.mock
+
+    if importlib.util.find_spec("mock") is None:
+        sys.modules["mock"] = unittest.mock
 
 
 def _not_here(fn: str):
@@ -83,6 +96,7 @@ def main(argv: list[str]) -> int:
 
     alias.install()
     _stub_scaffold_imports()
+    _mock_package()
     _one_rank_gloo()
 
     import pytest

@@ -97,7 +97,10 @@ class ProcessGroupCollection:
         names = list(getters) if required_pgs is None else required_pgs
         unknown = [n for n in names if n not in getters]
         if unknown:
-            raise ValueError(f"cannot build process groups {unknown} from parallel_state")
+            raise ValueError(
+                f"Invalid process groups requested: {unknown}; parallel_state builds "
+                f"{sorted(getters)}"
+            )
         return cls(**{n: getters[n]() for n in names})
 
 
