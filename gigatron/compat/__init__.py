@@ -19,8 +19,8 @@ this package. docs/compat.md is generated from these modules (`scripts/gen_compa
 Layering (bottom to top; an import only ever points down, never in a circle):
 
 1. Leaves: `megatron_only_fields`, `missing_names`, `loss_reports`, `errors`, `_cuda_hint`
-   import nothing from gigatron. Any gigatron package may import the public ones (`gigatron.core` does);
-   `_cuda_hint` only `compat.megatron`.
+   import nothing from gigatron. Any gigatron package may import the public ones
+   (`gigatron.core` does); `_cuda_hint` only `compat.megatron`.
 2. `gigatron.core`: may import the leaves, no other compat module.
 3. Over core: `training_args` and `legacy_moe_checkpoint` may import `gigatron.core` and the
    leaves; only `gigatron.training` (and `compat.megatron`) may import them.
