@@ -15,6 +15,9 @@ from gigatron.core.dist_checkpointing.mapping import (
     ShardedTensor,
     apply_factories,
 )
+from gigatron.core.dist_checkpointing.strategies.cached_metadata_filesystem_reader import (
+    CachedMetadataFileSystemReader,
+)
 from gigatron.core.dist_checkpointing.strategies.torch import (
     TorchDistLoadShardedStrategy,
     TorchDistSaveShardedStrategy,
@@ -57,6 +60,12 @@ def test_strategies_save_load_and_remove(tmp_path):
     )
     assert set(direct) == {"sd_a", "nested", "obj"} and direct["obj"] == {"step": 3}
     meta = TorchDistLoadShardedStrategy().load_sharded_metadata(tmp_path)
+    cached = CachedMetadataFileSystemReader(tmp_path).read_metadata()
+    assert CachedMetadataFileSystemReader(str(tmp_path)).read_metadata() is cached
+    assert (
+        CachedMetadataFileSystemReader(tmp_path, cache_metadata=False).read_metadata() is not cached
+    )
+    CachedMetadataFileSystemReader.clear_metadata_cache()
     assert meta["a"].global_shape == (3, 4) and "obj/shard_0_1" in meta
 
     dc.remove_sharded_tensors(str(tmp_path), key_prefix="prefix")
