@@ -5,14 +5,15 @@
     python scripts/run_megatron_unit_tests.py /tmp/Megatron-LM tests/unit_tests/test_utils.py -x
 
 Arguments after the checkout are handed to pytest (paths relative to the checkout; default
-`tests/unit_tests`). The runner installs `gigatron.compat.megatron`'s alias, skips Megatron's
-conftests (they download data sets and import Transformer Engine), and adapts the one piece of
-their scaffolding that needs CUDA: `Utils.initialize_distributed` starts a one-rank gloo world
-instead of NCCL. `megatron.training.argument_utils` (imported by that scaffolding only) is a stub
-when gigatron lacks it, and `mock` is the standard library's `unittest.mock` when not installed.
-Nothing of Megatron's is copied into gigatron; at the end the runner prints how many test files
-failed to import, after pytest's own counts. Megatron's tests mostly expect 8 GPUs: on one CPU
-rank, count import failures and passes, not failures.
+`tests/unit_tests`). The runner installs `gigatron.compat.megatron`'s alias and skips Megatron's
+conftests (they download data sets and import Transformer Engine; their `tmp_path_dist_ckpt`
+fixture is provided here). It adapts the one piece of their scaffolding that needs CUDA:
+`Utils.initialize_distributed` starts a one-rank gloo world instead of NCCL.
+`megatron.training.argument_utils` (imported by that scaffolding only) is a stub when gigatron
+lacks it, and `mock` is the standard library's `unittest.mock` when not installed. Nothing of
+Megatron's is copied into gigatron. At the end the runner prints how many test files failed to
+import, after pytest's own counts. Megatron's tests mostly expect 8 GPUs: on one CPU rank,
+count import failures and passes, not failures.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import sys
 import types
 from datetime import timedelta
 from pathlib import Path
+
+import pytest
 
 
 def _stub_scaffold_imports() -> None:
@@ -73,8 +76,15 @@ def _one_rank_gloo() -> None:
 
 
 class _Summary:
+    """Counts test files that failed to import; provides the conftest fixture the dist-ckpt
+    tests use (a shared directory, one rank here)."""
+
     def __init__(self) -> None:
         self.import_errors: list[str] = []
+
+    @pytest.fixture(scope="session")
+    def tmp_path_dist_ckpt(self, tmp_path_factory):
+        return tmp_path_factory.mktemp("tmp_dist_ckpt")
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -99,8 +109,6 @@ def main(argv: list[str]) -> int:
     _stub_scaffold_imports()
     _mock_package()
     _one_rank_gloo()
-
-    import pytest
 
     rest = argv[1:] or ["tests/unit_tests"]
     args = ["--noconftest", "-p", "no:cacheprovider", "-o", "addopts=", "-q"]

@@ -13,6 +13,7 @@ import torch
 __all__ = [
     "diff",
     "dict_list_map_inplace",
+    "dict_list_map_outplace",
     "extract_matching_values",
     "merge",
     "nested_items_with_path",
@@ -52,6 +53,15 @@ def dict_list_map_inplace(f: Callable[[Any], Any], x: Any) -> Any:
     if isinstance(x, list):
         x[:] = [dict_list_map_inplace(f, v) for v in x]
         return x
+    return f(x)
+
+
+def dict_list_map_outplace(f: Callable[[Any], Any], x: Any) -> Any:
+    """A new nested dict/list with every leaf `v` replaced by `f(v)` (`x` is unchanged)."""
+    if isinstance(x, dict):
+        return {k: dict_list_map_outplace(f, v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [dict_list_map_outplace(f, v) for v in x]
     return f(x)
 
 

@@ -112,6 +112,9 @@ def test_diff_extract_zip_and_global_metadata():
     assert only_left == [("only_l",), 2] and only_right == [("only_r",)]
     assert [m[0] for m in mismatch] == [("a",)] and mismatch[0][3] == 1  # one differing element
     assert dict_utils.diff(left, left) == ([], [], [])
+    nested = {"a": [1, {"b": 2}]}
+    assert dict_utils.dict_list_map_outplace(lambda v: v * 10, nested) == {"a": [10, {"b": 20}]}
+    assert nested == {"a": [1, {"b": 2}]}
 
     st = ShardedTensor.from_rank_offsets("k", torch.zeros(2))
     sd = {"t": st, "o": ShardedObject("o", 1, (1,), (0,)), "n": LocalNonpersistentObject(5),
