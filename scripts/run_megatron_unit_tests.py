@@ -7,7 +7,8 @@
 Arguments after the checkout are handed to pytest (paths relative to the checkout; default
 `tests/unit_tests`). The runner installs `gigatron.compat.megatron`'s alias and skips Megatron's
 conftests (they download data sets and import Transformer Engine; their `tmp_path_dist_ckpt`
-fixture is provided here). It adapts the one piece of their scaffolding that needs CUDA:
+fixture is provided here, and a small stand-in for pytest-mock's `mocker`). It adapts
+the one piece of their scaffolding that needs CUDA:
 `Utils.initialize_distributed` starts a one-rank gloo world instead of NCCL.
 `megatron.training.argument_utils` (imported by that scaffolding only) is a stub when gigatron
 lacks it, and `mock` is the standard library's `unittest.mock` when not installed. Nothing of
@@ -86,9 +87,44 @@ class _Summary:
     def tmp_path_dist_ckpt(self, tmp_path_factory):
         return tmp_path_factory.mktemp("tmp_dist_ckpt")
 
+    @pytest.fixture
+    def mocker(self):
+        """pytest-mock's fixture, the parts Megatron's tests use (patch, spy, Mock, ...)."""
+        patcher = _Patcher()
+        yield patcher.mocker
+        for p in reversed(patcher.started):
+            p.stop()
+
     def pytest_collectreport(self, report):
         if report.failed:
             self.import_errors.append(report.nodeid)
+
+
+class _Patcher:
+    def __init__(self) -> None:
+        from unittest import mock
+
+        self.started: list = []
+        start = self._start
+
+        class patch:
+            def __new__(cls, target, *args, **kwargs):
+                return start(mock.patch(target, *args, **kwargs))
+
+            object = staticmethod(lambda *a, **k: start(mock.patch.object(*a, **k)))
+            dict = staticmethod(lambda *a, **k: start(mock.patch.dict(*a, **k)))
+            multiple = staticmethod(lambda *a, **k: start(mock.patch.multiple(*a, **k)))
+
+        self.mocker = types.SimpleNamespace(
+            patch=patch, Mock=mock.Mock, MagicMock=mock.MagicMock, PropertyMock=mock.PropertyMock,
+            ANY=mock.ANY, call=mock.call, sentinel=mock.sentinel,
+            spy=lambda obj, name: start(mock.patch.object(obj, name, wraps=getattr(obj, name))),
+            stopall=lambda: [p.stop() for p in reversed(self.started)],
+        )  # fmt: skip
+
+    def _start(self, p):
+        self.started.append(p)
+        return p.start()
 
 
 def main(argv: list[str]) -> int:

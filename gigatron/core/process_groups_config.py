@@ -59,6 +59,18 @@ class ProcessGroupCollection:
                 )
             setattr(self, name, group)
 
+    def __repr__(self) -> str:
+        """The groups that are set, with their sizes: `ProcessGroupCollection(tp(2), hcp([2, 4]))`
+        (Megatron's form; `ProcessGroupCollection(empty)` when none is)."""
+        active = []
+        for f in fields(self):
+            pg = getattr(self, f.name)
+            if pg is None:
+                continue
+            sizes = [g.size() for g in pg] if isinstance(pg, list) else pg.size()
+            active.append(f"{f.name}({sizes})")
+        return f"ProcessGroupCollection({', '.join(active) or 'empty'})"
+
     @classmethod
     def use_mpu_process_groups(cls, required_pgs: list[str] | None = None):
         """A collection holding parallel_state's groups (all of them, or `required_pgs`)."""

@@ -81,6 +81,13 @@ def test_text_tokenizer_and_rerun_state_machine():
     with pytest.raises(ValueError, match="build_tokenizer"):
         MegatronTokenizerText(None, {"library": "huggingface"})
 
+    from gigatron.core import config
+
+    assert not config.is_experimental_enabled()
+    config.set_experimental_flag(True)
+    assert config.ENABLE_EXPERIMENTAL and config.is_experimental_enabled()
+    config.set_experimental_flag(False)
+
     rsm.destroy_rerun_state_machine()
     machine = rsm.get_rerun_state_machine()
     runs = 0
@@ -108,6 +115,9 @@ def test_all_gather_groups_and_assertion_errors():
     pgs = ProcessGroupCollection.use_mpu_process_groups()
     assert pgs.dp_cp_ag is None  # opt-in, as in Megatron
     pgs.dp_cp_ag = dp_cp_ag
+    assert "dp_cp_ag(1)" in repr(pgs) and "expt_dp_ag" not in repr(pgs)
+    assert repr(ProcessGroupCollection()) == "ProcessGroupCollection(empty)"
+    assert repr(ProcessGroupCollection(hcp=[dp_cp, dp_cp])) == "ProcessGroupCollection(hcp([1, 1]))"
     with pytest.raises(ValueError, match="Invalid process groups requested"):
         ProcessGroupCollection.use_mpu_process_groups(["foo"])
     with pytest.raises(AssertionError, match="already initialized"):
