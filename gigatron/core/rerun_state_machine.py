@@ -95,6 +95,8 @@ class RerunStateMachine:
         self.error_injector = error_injector or RerunErrorInjector()
         self.state_save_func, self.state_restore_func = state_save_func, state_restore_func
         self.result_rejected_tracker_filename = result_rejected_tracker_filename
+        self.large_value_counts: dict[str, int] = {}
+        self.max_values: dict[str, float] = {}
 
     def set_mode(self, mode: RerunMode) -> None:
         if RerunMode(mode) != RerunMode.DISABLED:
@@ -133,10 +135,26 @@ class RerunStateMachine:
                 f"(message='{message}')"
             )
 
-    def is_unexpectedly_large(self, result: torch.Tensor, threshold: float, context: str,
-                              num_samples: int = 100, resample: bool = False) -> bool:  # fmt: skip
-        """False: the spiky-value detector needs the VALIDATE_RESULTS mode."""
-        return False
+    def is_unexpectedly_large(
+        self,
+        result: torch.Tensor,
+        threshold: float,
+        context: str,
+        num_samples: int = 100,
+        resample: bool = False,
+    ) -> bool:
+        """Megatron's spiky-value test: the first `num_samples` values of `context` set its
+        max |value|; later ones are flagged when >= threshold x that max (NaN / Inf never)."""
+        value = math.fabs(result.item())
+        if math.isnan(value) or math.isinf(value):
+            return False
+        if resample or context not in self.large_value_counts:
+            self.large_value_counts[context] = 0
+        if self.large_value_counts[context] < num_samples:
+            self.large_value_counts[context] += 1
+            self.max_values[context] = max(self.max_values.get(context, 0.0), value)
+            return False
+        return value >= self.max_values[context] * threshold
 
     def state_dict(self, data_iterator, ckpt_format: str, force: bool = False):
         """None: DISABLED mode has nothing to resume (Megatron's too)."""

@@ -99,6 +99,9 @@ def test_text_tokenizer_and_rerun_state_machine():
     with pytest.raises(RuntimeError, match="loss is NaN"):
         machine.validate_result(torch.tensor(float("nan")), torch.isnan, "loss is NaN")
     machine.validate_result(torch.tensor(float("nan")), torch.isnan, "ok", fatal=False)
+    spiky = [machine.is_unexpectedly_large(torch.tensor(v), 10, "loss", num_samples=2)
+             for v in (1.0, -3.0, 29.0, 30.0, float("inf"))]  # fmt: skip
+    assert spiky == [False, False, False, True, False]  # max |v| of the first 2 samples: 3
     with pytest.raises(AssertionError, match="already initialized"):
         rsm.initialize_rerun_state_machine()
     with pytest.raises(ValueError, match="DISABLED"):
