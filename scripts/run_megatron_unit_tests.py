@@ -45,12 +45,17 @@ def _stub_scaffold_imports() -> None:
 
 
 def _mock_package() -> None:
-    """Megatron's tests `import mock` (the PyPI backport); the standard library's is the same."""
+    """Megatron's tests `import mock` (the PyPI backport; the standard library's is the same)
+    and `from pytest_mock import MockerFixture` (for type hints; `mocker` is ours)."""
     import importlib.util
     import unittest.mock
 
     if importlib.util.find_spec("mock") is None:
         sys.modules["mock"] = unittest.mock
+    if importlib.util.find_spec("pytest_mock") is None:  # imported for MockerFixture hints
+        stand_in = types.ModuleType("pytest_mock")
+        stand_in.MockerFixture = stand_in.MockFixture = types.SimpleNamespace
+        sys.modules["pytest_mock"] = stand_in
 
 
 def _not_here(fn: str):
