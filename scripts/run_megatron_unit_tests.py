@@ -46,7 +46,7 @@ def _stub_scaffold_imports() -> None:
 
 def _mock_package() -> None:
     """Megatron's tests `import mock` (the PyPI backport; the standard library's is the same)
-    and `from pytest_mock import MockerFixture` (for type hints; `mocker` is ours)."""
+    and `from pytest_mock import MockerFixture, mocker` (hints and the fixture: ours)."""
     import importlib.util
     import unittest.mock
 
@@ -55,6 +55,7 @@ def _mock_package() -> None:
     if importlib.util.find_spec("pytest_mock") is None:  # imported for MockerFixture hints
         stand_in = types.ModuleType("pytest_mock")
         stand_in.MockerFixture = stand_in.MockFixture = types.SimpleNamespace
+        stand_in.mocker = mocker  # some tests import the fixture itself
         sys.modules["pytest_mock"] = stand_in
 
 
@@ -81,24 +82,26 @@ def _one_rank_gloo() -> None:
     Utils.initialize_distributed = staticmethod(initialize_distributed)
 
 
+@pytest.fixture(scope="session")
+def tmp_path_dist_ckpt(tmp_path_factory):
+    """Megatron's conftest fixture: one directory shared by the ranks (one rank here)."""
+    return tmp_path_factory.mktemp("tmp_dist_ckpt")
+
+
+@pytest.fixture
+def mocker():
+    """pytest-mock's fixture, the parts Megatron's tests use (patch, spy, Mock, ...)."""
+    patcher = _Patcher()
+    yield patcher.mocker
+    for p in reversed(patcher.started):
+        p.stop()
+
+
 class _Summary:
-    """Counts test files that failed to import; provides the conftest fixture the dist-ckpt
-    tests use (a shared directory, one rank here)."""
+    """Counts test files that failed to import."""
 
     def __init__(self) -> None:
         self.import_errors: list[str] = []
-
-    @pytest.fixture(scope="session")
-    def tmp_path_dist_ckpt(self, tmp_path_factory):
-        return tmp_path_factory.mktemp("tmp_dist_ckpt")
-
-    @pytest.fixture
-    def mocker(self):
-        """pytest-mock's fixture, the parts Megatron's tests use (patch, spy, Mock, ...)."""
-        patcher = _Patcher()
-        yield patcher.mocker
-        for p in reversed(patcher.started):
-            p.stop()
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -155,7 +158,7 @@ def main(argv: list[str]) -> int:
     args = ["--noconftest", "-p", "no:cacheprovider", "-o", "addopts=", "-q"]
     args += ["--continue-on-collection-errors", *rest]
     summary = _Summary()
-    code = pytest.main(args, plugins=[summary])
+    code = pytest.main(args, plugins=[summary, sys.modules[__name__]])  # + this file's fixtures
     print(f"megatron-on-gigatron: {len(summary.import_errors)} files failed to import")
     return int(code)
 
