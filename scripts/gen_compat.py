@@ -2,6 +2,7 @@
 
     python scripts/gen_compat.py            # writes docs/compat.md
     python scripts/gen_compat.py --check    # exit 1 when docs/compat.md is out of date
+    python scripts/gen_compat.py --megatron-source /tmp/Megatron-LM   # table of a source tree
 
 The first sections come from the compat package alone: Megatron-only config fields, names
 tutorials use that Megatron never had, misuse errors, Megatron-LM flags gigatron accepts as no-ops
@@ -12,6 +13,11 @@ same path: **supported** (same name, every Megatron parameter accepted), **parti
 parameters missing; they are listed), **default only** (a config field accepted only at its
 default value, with a clear error otherwise), or **not supported**. Without megatron-core (or with
 another version than the committed table's) the committed table is kept as it is.
+
+The committed table is of megatron-core 0.20 (no wheel yet): made from a Megatron-LM checkout with
+`--megatron-source DIR`, which imports `DIR/megatron/core` ahead of any installed megatron-core
+(its modules need `triton` importable: `pip install triton`, CPU is enough). With the installed
+0.16.1 (the `test` extra) or 0.19.2 the generator regenerates only a table of that version.
 `tests/compat/test_doc_is_current.py` fails when the doc is out of date;
 `tests/compat/test_doc_table_holds.py` checks every supported row against the code.
 """
@@ -22,6 +28,7 @@ import argparse
 import dataclasses
 import importlib
 import inspect
+import os
 import re
 import sys
 import warnings
@@ -52,6 +59,10 @@ MODULES = [
     "megatron.core.dist_checkpointing",
     "megatron.core.dist_checkpointing.mapping",
     "megatron.core.dist_checkpointing.serialization",
+    "megatron.core.dist_checkpointing.strategies.torch",
+    "megatron.core.dist_checkpointing.dict_utils",
+    "megatron.core.dist_checkpointing.utils",
+    "megatron.core.dist_checkpointing.validation",
     "megatron.core.datasets.indexed_dataset",
     "megatron.core.datasets.gpt_dataset",
     "megatron.core.datasets.blended_dataset",
@@ -77,6 +88,14 @@ MODULES = [
     "megatron.core.models.bert.bert_model",
     "megatron.core.models.T5.t5_model",
     "megatron.core.utils",
+    "megatron.core.hyper_comm_grid",
+    "megatron.core.rerun_state_machine",
+    "megatron.core.transformer.torch_norm",
+    "megatron.core.inference.sampling_params",
+    "megatron.core.inference.inference_request",
+    "megatron.core.inference.config",
+    "megatron.core.inference.utils",
+    "megatron.core.tokenizers.text",
 ]
 CONFIGS = [
     "megatron.core.model_parallel_config.ModelParallelConfig",
@@ -221,7 +240,7 @@ def compat_lines() -> list[str]:
             default, why = rows[name]
             older = mof.OLDER_DEFAULTS.get(name)
             if older:
-                default += " (0.16: " + ", ".join(map(repr, older)) + ")"
+                default += " (older releases: " + ", ".join(map(repr, older)) + ")"
             out.append(f"| `{name}` | `{_cell(default)}` | {_cell(why)} |")
         out.append("")
     out += ["Accepted with some of Megatron's values only:", "", "| field | values |", "|---|---|"]
@@ -388,7 +407,19 @@ def committed_api_lines(text: str) -> list[str] | None:
     return text[text.index(API_HEADING) :].rstrip("\n").split("\n")
 
 
+def _use_megatron_source(root: str) -> None:
+    """Import `root/megatron/core` ahead of any installed megatron-core."""
+    if not (Path(root) / "megatron" / "core").is_dir():
+        raise SystemExit(f"gen_compat: no megatron/core under {root}")
+    os.environ["NO_VCS_VERSION"] = "1"  # Megatron's package_info would run git otherwise
+    sys.path.insert(0, str(Path(root).resolve()))
+
+
 def _installed_megatron() -> str | None:
+    if any((Path(p) / "megatron" / "core" / "package_info.py").is_file() for p in sys.path[:1]):
+        from megatron.core.package_info import __version__  # a --megatron-source tree
+
+        return __version__
     try:
         from importlib.metadata import version
 
@@ -397,13 +428,14 @@ def _installed_megatron() -> str | None:
         return None
 
 
-def render(committed: str = "") -> str:
+def render(committed: str = "", force: bool = False) -> str:
     """The whole page; the API section regenerated when megatron-core of the committed table's
-    version (or any, when there is no committed table) is installed, else kept."""
+    version (or any, when there is no committed table; any with `force`) is installed, else
+    kept."""
     kept = committed_api_lines(committed)
     wanted = _VERSION.search(committed)
     installed = _installed_megatron()
-    if installed and (kept is None or wanted is None or wanted.group(1) == installed):
+    if installed and (force or kept is None or wanted is None or wanted.group(1) == installed):
         api = api_lines()
     elif kept is not None:
         api = kept
@@ -415,9 +447,12 @@ def render(committed: str = "") -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/compat.md is stale")
+    parser.add_argument("--megatron-source", help="a Megatron-LM checkout to take the table from")
     args = parser.parse_args(argv)
+    if args.megatron_source:
+        _use_megatron_source(args.megatron_source)
     committed = DOC.read_text() if DOC.exists() else ""
-    text = render(committed)
+    text = render(committed, force=bool(args.megatron_source))
     if args.check:
         if text != committed:
             print(f"{DOC} is out of date: run python scripts/gen_compat.py", file=sys.stderr)

@@ -45,6 +45,7 @@ LAYERS: list[list[str]] = [
         "gigatron.compat.megatron_only_fields",
         "gigatron.compat.missing_names",
         "gigatron.compat.loss_reports",
+        "gigatron.compat.errors",
         "gigatron.compat._cuda_hint",
     ],
     # core's leaves: plain data and helpers that communicate through nothing of ours

@@ -5,6 +5,8 @@ Megatron-only field, a module naming the class a tutorial meant) they make one n
 this package. docs/compat.md is generated from these modules (`scripts/gen_compat.py`).
 
     megatron_only_fields   Megatron config fields gigatron refuses at a non-default value
+    errors                 exceptions that are AssertionError (Megatron's) and RuntimeError /
+                           ValueError (gigatron's) at once
     missing_names          names tutorials use that Megatron never had -> what to use
                            (config fields, MoE class names; no caller-frame inspection)
     loss_reports           the schedule's list of loss reports, with misuse errors
@@ -16,9 +18,9 @@ this package. docs/compat.md is generated from these modules (`scripts/gen_compa
 
 Layering (bottom to top; an import only ever points down, never in a circle):
 
-1. Leaves: `megatron_only_fields`, `missing_names`, `loss_reports`, `_cuda_hint` import nothing
-   from gigatron. Any gigatron package may import the public ones (`gigatron.core` does);
-   `_cuda_hint` only `compat.megatron`.
+1. Leaves: `megatron_only_fields`, `missing_names`, `loss_reports`, `errors`, `_cuda_hint`
+   import nothing from gigatron. Any gigatron package may import the public ones
+   (`gigatron.core` does); `_cuda_hint` only `compat.megatron`.
 2. `gigatron.core`: may import the leaves, no other compat module.
 3. Over core: `training_args` and `legacy_moe_checkpoint` may import `gigatron.core` and the
    leaves; only `gigatron.training` (and `compat.megatron`) may import them.

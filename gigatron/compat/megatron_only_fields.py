@@ -8,8 +8,9 @@ unchanged, and any other value must fail loudly (a setting is never silently ign
 Two kinds, one rule:
 
 - fields gigatron's configs do not otherwise need: declared here as mixins (`PARALLEL`,
-  `TRANSFORMER`, `OPTIMIZER`; names of megatron-core 0.16.1, then those 0.19.2 added; defaults of
-  0.19.2). Where 0.19 changed a default, 0.16's is accepted as well (`OLDER_DEFAULTS`);
+  `TRANSFORMER`, `OPTIMIZER`; names of megatron-core 0.16.1, then those 0.19.2 and 0.20 added;
+  the newest defaults). Where a release changed a default, the older ones are accepted as well
+  (`OLDER_DEFAULTS`);
 - fields the configs declare themselves, because code reads them (`fp8_param`,
   `enable_cuda_graph`, ...): only the reason lives here (`DECLARED_PARALLEL`,
   `DECLARED_TRANSFORMER`), the default is the config's.
@@ -45,6 +46,8 @@ _HYBRID = "Mamba / hybrid / heterogeneous models are not implemented"
 _GTP = "GTP weight sharding / rematerialisation is not implemented"
 _MTP = "multi-token prediction is not implemented"
 _MUP = "muP parametrisation is not implemented"
+_MHC = "mHC (manifold-constrained hyper-connection) residual streams are not implemented"
+_GDP = "Gated DeltaProduct layers are not implemented"
 
 # name -> (Megatron's default, why gigatron refuses another value)
 PARALLEL: dict[str, tuple[object, str]] = {
@@ -221,15 +224,32 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "moe_paged_stash_buffer_size_factor_cuda": (1.1, _OFFLOAD),
     "moe_paged_stash_buffer_size_factor_cpu": (0.0, _OFFLOAD),
     "fine_grained_offloading_max_inflight_offloads": (None, _OFFLOAD),
+    # added in megatron-core 0.20
+    "mtp_hsm": (False, _MTP),
+    "moe_use_grouped_tensor": (False, _TE),
+    "gtp_remat_opt_in_modules": ([], _GTP),
+    "moe_dispatch_fwd_dtype": ("bf16", "MXFP8 MoE dispatch / combine payloads need TE"),
+    "moe_combine_bwd_dtype": ("bf16", "MXFP8 MoE dispatch / combine payloads need TE"),
+    "enable_mhc_connections": (False, _MHC),
+    "mhc_num_residual_streams": (4, _MHC),
+    "mhc_sinkhorn_iterations": (20, _MHC),
+    "mhc_init_gating_factor": (0.01, _MHC),
+    "mhc_recompute_layer_num": (None, _MHC),
+    "batch_invariant_backend": ("te_native", _INFER),
+    "gdp_num_householder": (3, _GDP),
+    "gdp_cutedsl_kernel": (False, _GDP),
+    "gdp_num_chunk_states_to_recompute": (2, _GDP),
 }
 
-# megatron-core 0.16's defaults where 0.19 changed them (the tables hold 0.19's): accepted as
-# well (inert without the feature, which gigatron refuses at any non-default value)
+# Older releases' defaults where a newer one changed them (the tables hold the newest): accepted
+# as well (inert without the feature, which gigatron refuses at any non-default value).
+# 0.16's where 0.19 changed them; muon_tp_mode: 0.16's and 0.19's where 0.20 changed it.
 OLDER_DEFAULTS: dict[str, tuple[object, ...]] = {
     "cuda_graph_scope": ("full",),
     "cuda_graph_use_single_mempool": (False,),
     "moe_deepep_num_sms": (20,),
     "moe_hybridep_num_sms": (16,),
+    "muon_tp_mode": ("blockwise",),
 }
 
 
@@ -255,7 +275,7 @@ OPTIMIZER: dict[str, tuple[object, str]] = {
     "muon_scale_mode": ("spectral", _MUON),
     "muon_fp32_matmul_prec": ("medium", _MUON),
     "muon_num_ns_steps": (5, _MUON),
-    "muon_tp_mode": ("blockwise", _MUON),
+    "muon_tp_mode": ("duplicated", _MUON),
     "muon_extra_scale_factor": (1.0, _MUON),
     # added in megatron-core 0.19
     "muon_nesterov": (False, _MUON),
@@ -275,6 +295,8 @@ OPTIMIZER: dict[str, tuple[object, str]] = {
     ),
     "grad_norm_skip_threshold": (float("inf"), "skipping steps by grad norm is not implemented"),
     "optimizer_cuda_graph": (False, _GRAPH),
+    # added in megatron-core 0.20
+    "muon_use_syrk": (False, _MUON),
 }
 
 MegatronOnlyParallelFields = _mixin("MegatronOnlyParallelFields", PARALLEL)

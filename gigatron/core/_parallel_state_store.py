@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gigatron.compat.errors import StateError
 from gigatron.core._rank_grid import RankGenerator
 
 
@@ -68,9 +69,10 @@ VIRTUAL_PP_SIZE: int | None = None
 
 
 def state(check_initialized: bool = True) -> ParallelState | None:
-    """The recorded state; RuntimeError before `initialize_model_parallel` unless asked not to."""
+    """The recorded state; before `initialize_model_parallel` (unless asked not to) StateError,
+    an AssertionError (Megatron asserts) and a RuntimeError."""
     if STATE is None and check_initialized:
-        raise RuntimeError(
+        raise StateError(
             "model parallel groups are not initialized; call "
             "parallel_state.initialize_model_parallel(...) first"
         )

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 
+from gigatron.compat.errors import ArgumentError, StateError
+
 logger = logging.getLogger(__name__)
 
 _GLOBAL_NUM_MICROBATCHES_CALCULATOR: NumMicroBatchesCalculator | None = None
@@ -71,21 +73,22 @@ def init_num_microbatches_calculator(
     step_batch_size_schedule: str | None = None,
     seq_length: int | None = None,
 ) -> None:
-    """Create the global calculator; raises RuntimeError if one already exists.
+    """Create the global calculator; StateError (AssertionError, as Megatron asserts, and
+    RuntimeError) if one already exists.
 
     `global_batch_size` is required unless `step_batch_size_schedule` gives the sizes."""
     global _GLOBAL_NUM_MICROBATCHES_CALCULATOR
     if _GLOBAL_NUM_MICROBATCHES_CALCULATOR is not None:
-        raise RuntimeError("num microbatches calculator is already initialized")
+        raise StateError("num microbatches calculator is already initialized")
     _GLOBAL_NUM_MICROBATCHES_CALCULATOR = _build_num_microbatches_calculator(
         rank,
-        rampup_batch_size,
         global_batch_size,
         micro_batch_size,
         data_parallel_size,
         decrease_batch_size_if_needed,
         step_batch_size_schedule,
         seq_length,
+        rampup_batch_size=rampup_batch_size,
     )
 
 
@@ -103,13 +106,13 @@ def reconfigure_num_microbatches_calculator(
     global _GLOBAL_NUM_MICROBATCHES_CALCULATOR
     _GLOBAL_NUM_MICROBATCHES_CALCULATOR = _build_num_microbatches_calculator(
         rank,
-        rampup_batch_size,
         global_batch_size,
         micro_batch_size,
         data_parallel_size,
         decrease_batch_size_if_needed,
         step_batch_size_schedule,
         seq_length,
+        rampup_batch_size=rampup_batch_size,
     )
 
 
@@ -124,14 +127,17 @@ destroy_num_microbatches_calculator = unset_num_microbatches_calculator
 
 def _build_num_microbatches_calculator(
     rank,
-    rampup_batch_size,
     global_batch_size,
     micro_batch_size,
     data_parallel_size,
     decrease,
     step_batch_size_schedule=None,
     seq_length=None,
+    *,
+    rampup_batch_size=None,
 ):
+    """megatron-core 0.20's parameter order (0.20 dropped the ramp-up, gigatron keeps it as a
+    keyword)."""
     for name, value in (
         ("micro_batch_size", micro_batch_size),
         ("data_parallel_size", data_parallel_size),
@@ -186,7 +192,7 @@ def _round_down(batch_size: int, divisor: int) -> int:
 
 def _check_divisible(global_batch_size: int, micro_batch_size: int, dp_size: int) -> None:
     if global_batch_size % (micro_batch_size * dp_size) != 0:
-        raise ValueError(
+        raise ArgumentError(
             f"global batch size ({global_batch_size}) is not divisible by micro batch size "
             f"({micro_batch_size}) times data parallel size ({dp_size}) ({_FILE})"
         )

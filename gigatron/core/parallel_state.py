@@ -20,6 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from gigatron.compat.errors import StateError
 from gigatron.core import _parallel_state_store as _store
 from gigatron.core._parallel_state_getters import *  # noqa: F403
 from gigatron.core._parallel_state_getters import __all__ as _getters_all
@@ -109,17 +110,18 @@ def initialize_model_parallel(
 
     `torch.distributed` must be initialised. The world is split by `order` (leftmost axis =
     contiguous ranks). Raises ValueError, before creating any group, when the layout is
-    impossible; RuntimeError when already initialised. `create_all_gather_group` (megatron-core
-    0.16's separate DP×CP all-gather group) is accepted only as False.
+    impossible; StateError (an AssertionError, as Megatron asserts, and a RuntimeError) when
+    torch.distributed is not, or the groups already are, initialised. `create_all_gather_group`
+    (megatron-core 0.16's separate DP×CP all-gather group) is accepted only as False.
     """
     global _GLOBAL_MEMORY_BUFFER
     if not dist.is_initialized():
-        raise RuntimeError(
+        raise StateError(
             "torch.distributed must be initialized (init_process_group) before "
             "initialize_model_parallel"
         )
     if _store.STATE is not None:
-        raise RuntimeError(
+        raise StateError(
             "model parallel groups are already initialized; call destroy_model_parallel() first"
         )
     _reject_unsupported(
@@ -232,6 +234,26 @@ def initialize_model_parallel(
     _GLOBAL_MEMORY_BUFFER = GlobalMemoryBuffer()
 
 
+def create_all_gather_groups(
+    for_expert_parallelism: bool = False, timeout: timedelta | None = None, nccl_comm_cfgs=None
+):
+    """(dp_cp_ag, expt_dp_ag): new communicators over the same ranks as the DP×CP group (and,
+    with `for_expert_parallelism` and EP > 1, the expert-DP group; else None), for overlapping
+    parameter all-gathers with gradient reduce-scatters. Collective on every rank; after
+    `initialize_model_parallel` (StateError before). Megatron stores them on a
+    ProcessGroupCollection (`pg_collection.dp_cp_ag = ...`), not in parallel_state.
+    nccl_comm_cfgs is accepted and not applied (NCCL defaults), as in initialize_model_parallel.
+    """
+    st = _store.state()
+    rank = dist.get_rank()
+    timeout = timeout or timedelta(minutes=30)
+    dp_cp_ag = _build(st.dense, "dp-cp", rank, timeout).group
+    expt_dp_ag = None
+    if for_expert_parallelism and st.ep.size > 1:
+        expt_dp_ag = _build(st.expert, "dp", rank, timeout).group
+    return dp_cp_ag, expt_dp_ag
+
+
 def _build_gloo(generator: RankGenerator, token: str, rank: int, timeout: timedelta):
     mine = None
     for ranks in generator.get_ranks(token):
@@ -314,6 +336,7 @@ __all__ = [
     "RankLayout",
     "rank_layout",
     "initialize_model_parallel",
+    "create_all_gather_groups",
     "destroy_model_parallel",
     "model_parallel_is_initialized",
     "is_initialized",

@@ -59,6 +59,18 @@ class ProcessGroupCollection:
                 )
             setattr(self, name, group)
 
+    def __repr__(self) -> str:
+        """The groups that are set, with their sizes: `ProcessGroupCollection(tp(2), hcp([2, 4]))`
+        (Megatron's form; `ProcessGroupCollection(empty)` when none is)."""
+        active = []
+        for f in fields(self):
+            pg = getattr(self, f.name)
+            if pg is None:
+                continue
+            sizes = [g.size() for g in pg] if isinstance(pg, list) else pg.size()
+            active.append(f"{f.name}({sizes})")
+        return f"ProcessGroupCollection({', '.join(active) or 'empty'})"
+
     @classmethod
     def use_mpu_process_groups(cls, required_pgs: list[str] | None = None):
         """A collection holding parallel_state's groups (all of them, or `required_pgs`)."""
@@ -97,7 +109,10 @@ class ProcessGroupCollection:
         names = list(getters) if required_pgs is None else required_pgs
         unknown = [n for n in names if n not in getters]
         if unknown:
-            raise ValueError(f"cannot build process groups {unknown} from parallel_state")
+            raise ValueError(
+                f"Invalid process groups requested: {unknown}; parallel_state builds "
+                f"{sorted(getters)}"
+            )
         return cls(**{n: getters[n]() for n in names})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.torch_version import TorchVersion
 
 from gigatron.core import parallel_state
 from gigatron.core import parallel_state as ps
@@ -392,3 +393,54 @@ def make_sharded_tensors_for_checkpoint(
                 tensor, key, prepend_offsets=sharded_offsets, **groups
             )
     return out
+
+
+def unwrap_model(model, module_instances=None):
+    """The model inside its wrappers (Megatron's `unwrap_model`); a list gives a list.
+
+    Follows `.module` while the module is an instance of `module_instances`; by default the
+    wrappers gigatron has (DistributedDataParallel, Float16Module: classes that declare
+    `wraps_model = True`, so this floor needs no import of theirs) and torch's FSDP.
+    """
+    is_list = isinstance(model, list)
+    out = []
+    for chunk in model if is_list else [model]:
+        while _is_wrapper(chunk, module_instances):
+            chunk = chunk.module
+        out.append(chunk)
+    return out if is_list else out[0]
+
+
+def _is_wrapper(module, module_instances) -> bool:
+    if module_instances is not None:
+        return isinstance(module, module_instances)
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return getattr(type(module), "wraps_model", False) or isinstance(
+        module, FullyShardedDataParallel
+    )
+
+
+def get_torch_version() -> TorchVersion:
+    """The installed torch's version, comparable with strings (`>= "2.4"`)."""
+    return TorchVersion(torch.__version__)
+
+
+def is_torch_min_version(version: str, check_equality: bool = True) -> bool:
+    """True when torch is at least `version` (strictly newer when check_equality=False)."""
+    if check_equality:
+        return get_torch_version() >= version
+    return get_torch_version() > version
+
+
+def get_te_version() -> TorchVersion:
+    """0.0.0: gigatron never uses Transformer Engine, installed or not (Megatron reports 0.0.0
+    when TE is absent), so every `is_te_min_version` check takes its non-TE branch."""
+    return TorchVersion("0.0.0")
+
+
+def is_te_min_version(version: str, check_equality: bool = True) -> bool:
+    """False for every real version: gigatron runs without Transformer Engine (`get_te_version`)."""
+    if check_equality:
+        return get_te_version() >= version
+    return get_te_version() > version

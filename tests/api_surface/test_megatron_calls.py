@@ -457,11 +457,16 @@ def test_every_megatron_core_config_field_at_its_default_constructs():
 
 
 def test_megatron_core_0_16_defaults_accepted():
-    """Where megatron-core 0.19 changed a default (gigatron's now), 0.16's constructs as well;
-    other values fail."""
+    """Where megatron-core 0.19 / 0.20 changed a default (gigatron's now), the older one
+    constructs as well; other values fail."""
     from gigatron.compat import megatron_only_fields as mof
+    from gigatron.core.optimizer import OptimizerConfig
 
-    older = {n: d[0] for n, d in mof.OLDER_DEFAULTS.items()}
+    older = {n: d[0] for n, d in mof.OLDER_DEFAULTS.items() if n in mof.TRANSFORMER}
+    assert OptimizerConfig().muon_tp_mode == "duplicated"  # 0.20's default
+    assert OptimizerConfig(muon_tp_mode="blockwise").muon_tp_mode == "blockwise"  # 0.16 / 0.19
+    with pytest.raises(ValueError, match="muon_tp_mode"):
+        OptimizerConfig(muon_tp_mode="distributed")
     assert _tiny().cuda_graph_scope is None and _tiny().moe_deepep_num_sms is None
     assert _tiny(**older).cuda_graph_scope == "full"
     with pytest.raises(ValueError, match="moe_deepep_num_sms"):

@@ -109,9 +109,6 @@ _ALLOWED_BOTH: dict[str, str] = {
     "transformer.moe.moe_utils:sinkhorn: missing": (
         "sinkhorn load balancing is refused (moe/_checks.py)"
     ),
-    "dist_checkpointing:remove_sharded_tensors: missing": (
-        "rewriting a checkpoint without some tensors is not implemented (report: gap)"
-    ),
 }
 
 
@@ -124,6 +121,10 @@ _OPEN: dict[str, str] = {
     "optimizer:MegatronOptimizer.sharded_state_dict: missing": _OPTIMIZER_OWNED,
 }
 _ALLOWED_BOTH.update(_OPEN)
+_ALLOWED_BOTH["optimizer.optimizer_config:OptimizerConfig.muon_tp_mode: field default"] = (
+    "0.20 changed it to 'duplicated' (gigatron's now); 0.16.1's and 0.19.2's 'blockwise' is "
+    "accepted as well (megatron_only_fields.OLDER_DEFAULTS)"
+)
 
 
 # Where 0.16.1 and 0.19.2 cannot both hold, gigatron follows 0.19.2 (and the map); 0.16.1's

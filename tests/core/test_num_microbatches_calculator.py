@@ -30,6 +30,11 @@ def test_not_divisible_is_a_clear_error():
         r"data parallel size \(4\)",
     ):
         nmc.init_num_microbatches_calculator(0, None, 30, 2, 4)
+    with pytest.raises(AssertionError, match=r"global batch size \(6\)"):  # Megatron asserts
+        nmc.StepBatchsizeNumMicroBatchesCalculator(1, 4, False, 0, "0:6").update(0, True)
+    # megatron-core 0.20's order: rank, global, micro, dp, decrease (ramp-up is keyword-only)
+    calc = nmc._build_num_microbatches_calculator(0, 32, 8, 2, False)
+    assert (calc.get(), calc.get_current_global_batch_size()) == (2, 32)
     with pytest.raises(ValueError, match="at least 1"):
         nmc.ConstantNumMicroBatchesCalculator(4, 2, 4, True, 0)
 
@@ -47,6 +52,9 @@ def test_init_twice_and_uninitialized():
     nmc.init_num_microbatches_calculator(0, None, 8, 1, 2)
     with pytest.raises(RuntimeError, match="already initialized"):
         nmc.init_num_microbatches_calculator(0, None, 8, 1, 2)
+    with pytest.raises(AssertionError, match="already initialized"):  # Megatron's type
+        nmc.init_num_microbatches_calculator(rank=0, global_batch_size=8, micro_batch_size=1,
+                                             data_parallel_size=2)  # fmt: skip
     nmc.reconfigure_num_microbatches_calculator(0, None, 16, 1, 2)
     assert nmc.get_num_microbatches() == 8
 

@@ -187,8 +187,11 @@ def test_single_process_without_distributed():
     assert ps.get_tensor_model_parallel_world_size() == 1
     assert ps.get_tensor_model_parallel_rank() == 0
     assert ps.get_pipeline_model_parallel_world_size() == 1
-    with pytest.raises(RuntimeError, match="torch.distributed must be initialized"):
+    with pytest.raises(RuntimeError, match="torch.distributed must be initialized") as err:
         ps.initialize_model_parallel()
+    assert isinstance(err.value, AssertionError)  # what Megatron's own tests catch
+    with pytest.raises(AssertionError, match="not initialized"):
+        ps.get_tensor_model_parallel_group()
 
 
 def _pg_collection():

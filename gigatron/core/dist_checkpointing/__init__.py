@@ -21,6 +21,7 @@ from gigatron.core.dist_checkpointing.serialization import (
     load_plain_tensors,
     load_sharded_metadata,
     load_tensors_metadata,
+    remove_sharded_tensors,
     save,
 )
 from gigatron.core.dist_checkpointing.validation import StrictHandling
@@ -40,5 +41,6 @@ __all__ = [
     "load_plain_tensors",
     "load_sharded_metadata",
     "load_tensors_metadata",
+    "remove_sharded_tensors",
     "save",
 ]

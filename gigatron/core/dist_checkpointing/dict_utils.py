@@ -8,8 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
 __all__ = [
+    "diff",
     "dict_list_map_inplace",
+    "dict_list_map_outplace",
     "extract_matching_values",
     "merge",
     "nested_items_with_path",
@@ -49,6 +53,15 @@ def dict_list_map_inplace(f: Callable[[Any], Any], x: Any) -> Any:
     if isinstance(x, list):
         x[:] = [dict_list_map_inplace(f, v) for v in x]
         return x
+    return f(x)
+
+
+def dict_list_map_outplace(f: Callable[[Any], Any], x: Any) -> Any:
+    """A new nested dict/list with every leaf `v` replaced by `f(v)` (`x` is unchanged)."""
+    if isinstance(x, dict):
+        return {k: dict_list_map_outplace(f, v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [dict_list_map_outplace(f, v) for v in x]
     return f(x)
 
 
@@ -130,3 +143,49 @@ def merge(x1: Any, x2: Any, key: tuple = ()) -> Any:
             x1[k] = merge(x1[k], v2, key + (k,))
         return x1
     raise ValueError(f"cannot merge {type(x1).__name__} with {type(x2).__name__} at key {key}")
+
+
+def diff(x1: Any, x2: Any, prefix: tuple = ()) -> tuple[list, list, list]:
+    """Recursive diff of two nested dicts / lists: (only_left, only_right, mismatch).
+
+    only_left / only_right: paths present on one side only (for lists, the extra indices);
+    mismatch: `(path, type(left), type(right), ...)` per differing leaf; tensors are equal when
+    every element is (shape or dtype errors count as a mismatch). Sharded leaves
+    (anything with `replica_id`) compare their `data`. Megatron's semantics.
+    """
+    if isinstance(x1, dict) and isinstance(x2, dict):
+        left = [prefix + (k,) for k in x1.keys() - x2.keys()]
+        right = [prefix + (k,) for k in x2.keys() - x1.keys()]
+        mismatch: list = []
+        for k in x1.keys() & x2.keys():
+            _extend((left, right, mismatch), diff(x1[k], x2[k], prefix + (k,)))
+        return left, right, mismatch
+    if isinstance(x1, (list, tuple)) and type(x1) is type(x2):
+        left = list(range(len(x1) - 1, len(x2) - 1, -1))
+        right = list(range(len(x2) - 1, len(x1) - 1, -1))
+        mismatch = []
+        for i, (v1, v2) in enumerate(zip(x1, x2)):
+            _extend((left, right, mismatch), diff(v1, v2, prefix + (i,)))
+        return left, right, mismatch
+    if hasattr(x1, "replica_id") and hasattr(x2, "replica_id") and type(x1) is type(x2):
+        return diff(x1.data, x2.data, prefix + (type(x1),))
+    info: list = [prefix, type(x1), type(x2)]
+    if isinstance(x1, torch.Tensor) and isinstance(x2, torch.Tensor):
+        try:
+            ne = x1.cpu() != x2.cpu()
+            differs = bool(ne.any())
+            info += [ne.sum(), ne.shape, ne.nonzero().tolist()]
+        except (RuntimeError, TypeError, ValueError):
+            differs = True
+            info += [x1.shape, x2.shape]
+    else:
+        try:
+            differs = bool(x1 != x2)
+        except (RuntimeError, TypeError, ValueError):
+            differs = True
+    return [], [], [tuple(info)] if differs else []
+
+
+def _extend(acc: tuple[list, list, list], part: tuple[list, list, list]) -> None:
+    for a, p in zip(acc, part):
+        a.extend(p)

@@ -50,7 +50,7 @@ from gigatron.core.dist_checkpointing.strategies import torch as torch_dist
 from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
 from gigatron.core.dist_checkpointing.validation import (
     StrictHandling,
-    determine_global_metadata,
+    gather_compact_metadata,
     parse_strict_flag,
     validate_sharding_integrity,
 )
@@ -69,6 +69,7 @@ __all__ = [
     "load_sharded_metadata",
     "load_plain_tensors",
     "load_content_metadata",
+    "remove_sharded_tensors",
     "get_default_save_sharded_strategy",
     "get_default_load_sharded_strategy",
 ]
@@ -215,12 +216,15 @@ def save(
     tensors, objects, _ = _split(sd)
     tensors, objects = [t for _, t in tensors], [o for _, o in objects]
     if validate_access_integrity:
-        _, global_md = determine_global_metadata(tensors, objects, process_group)
+        _, global_md = gather_compact_metadata(tensors, objects, process_group)
         validate_sharding_integrity(global_md)
         check_replicas_equal(tensors, process_group)
     if rank == 0:
         _atomic_torch_save(_common_part(sd), os.path.join(checkpoint_dir, COMMON_STATE_FNAME))
-    pending = torch_dist.plan_save(tensors, objects, checkpoint_dir, group=process_group)
+    threads = getattr(sharded_strategy, "thread_count", 1)  # TorchDistSaveShardedStrategy's
+    pending = torch_dist.plan_save(
+        tensors, objects, checkpoint_dir, thread_count=threads, group=process_group
+    )
 
     def finalize():
         pending.finalize()  # DCP .metadata on rank 0, then barrier
@@ -304,7 +308,7 @@ def load(
             tensors, objects, checkpoint_dir, strict, process_group
         )
     if validate_access_integrity:
-        _, global_md = determine_global_metadata(
+        _, global_md = gather_compact_metadata(
             [t for _, t in tensors], [o for _, o in objects], process_group
         )
         validate_sharding_integrity(global_md)
@@ -382,27 +386,21 @@ def load_tensors_metadata(checkpoint_dir: str, sharded_strategy=None) -> dict[st
     """{key: ShardedTensor without data} with each stored tensor's global shape and dtype."""
     _check_strategy(sharded_strategy, "sharded_strategy")
     _verify_checkpoint(str(checkpoint_dir))
-    out = {}
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    for key, md in torch_dist.read_dcp_metadata(checkpoint_dir).state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
-            shape = tuple(md.size)
-            out[key] = ShardedTensor(
-                key, None, md.properties.dtype, shape, shape, (0,) * len(shape), (1,) * len(shape)
-            )
-    return out
+    return torch_dist.TorchDistLoadShardedStrategy().load_tensors_metadata(checkpoint_dir)
 
 
 def load_sharded_metadata(checkpoint_dir: str, sharded_strategy=None, common_strategy=None) -> dict:
     """Like `load_tensors_metadata`, plus ShardedObjects (data None) by unique key."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+    _check_strategy(sharded_strategy, "sharded_strategy")
+    _verify_checkpoint(str(checkpoint_dir))
+    return torch_dist.TorchDistLoadShardedStrategy().load_sharded_metadata(checkpoint_dir)
 
-    out: dict[str, Any] = dict(load_tensors_metadata(checkpoint_dir, sharded_strategy))
-    for key, md in torch_dist.read_dcp_metadata(checkpoint_dir).state_dict_metadata.items():
-        if isinstance(md, BytesStorageMetadata) and "/shard_" in key:
-            out[key] = ShardedObject.empty_from_unique_key(key)
-    return out
+
+def remove_sharded_tensors(checkpoint_dir: str, key_prefix: str) -> None:
+    """Remove every entry whose key starts with `key_prefix` from a saved checkpoint (run it
+    on one rank; see `TorchDistLoadShardedStrategy.remove_sharded_tensors`)."""
+    _verify_checkpoint(str(checkpoint_dir))
+    torch_dist.TorchDistLoadShardedStrategy().remove_sharded_tensors(checkpoint_dir, key_prefix)
 
 
 def load_plain_tensors(checkpoint_dir: str) -> StateDict:

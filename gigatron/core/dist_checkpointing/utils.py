@@ -9,8 +9,12 @@ to turn `decoder.layers.3.` into the stacked `decoder.layers.`, TransformerLayer
 
 from __future__ import annotations
 
-from gigatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
+from gigatron.core.dist_checkpointing.dict_utils import (
+    dict_list_map_inplace,
+    extract_matching_values,
+)
 from gigatron.core.dist_checkpointing.mapping import (
+    LocalNonpersistentObject,
     ShardedBase,
     ShardedObject,
     ShardedStateDict,
@@ -18,7 +22,16 @@ from gigatron.core.dist_checkpointing.mapping import (
     ShardedTensorFactory,
 )
 
-__all__ = ["add_prefix_for_sharding", "apply_prefix_mapping", "replace_prefix_for_sharding"]
+__all__ = [
+    "add_prefix_for_sharding",
+    "apply_prefix_mapping",
+    "extract_nonpersistent",
+    "extract_sharded_base",
+    "extract_sharded_tensors",
+    "extract_sharded_tensors_and_factories",
+    "replace_prefix_for_sharding",
+    "zip_strict",
+]
 
 _KEYED = (ShardedTensor, ShardedTensorFactory, ShardedObject)
 
@@ -63,3 +76,38 @@ def apply_prefix_mapping(sharded_state_dict: ShardedStateDict, prefix_map: dict[
         return x
 
     dict_list_map_inplace(rename, sharded_state_dict)
+
+
+# The extract_* helpers split a state dict into (matching leaves, the rest), both keeping the
+# original nesting (`dict_utils.extract_matching_values`); Megatron's semantics.
+
+
+def extract_sharded_tensors(sharded_state_dict: ShardedStateDict) -> tuple[dict, dict]:
+    """(ShardedTensors, everything else)."""
+    return extract_matching_values(sharded_state_dict, lambda v: isinstance(v, ShardedTensor))
+
+
+def extract_sharded_tensors_and_factories(sharded_state_dict: ShardedStateDict):
+    """(ShardedTensors and ShardedTensorFactories, everything else)."""
+    kinds = (ShardedTensor, ShardedTensorFactory)
+    return extract_matching_values(sharded_state_dict, lambda v: isinstance(v, kinds))
+
+
+def extract_sharded_base(sharded_state_dict: ShardedStateDict) -> tuple[dict, dict]:
+    """(every ShardedBase: tensors, objects, factories; everything else)."""
+    return extract_matching_values(sharded_state_dict, lambda v: isinstance(v, ShardedBase))
+
+
+def extract_nonpersistent(sharded_state_dict: ShardedStateDict) -> tuple[dict, dict]:
+    """(LocalNonpersistentObjects, everything else)."""
+    return extract_matching_values(
+        sharded_state_dict, lambda v: isinstance(v, LocalNonpersistentObject)
+    )
+
+
+def zip_strict(*args):
+    """`zip` over lists of equal length; AssertionError naming the lengths otherwise."""
+    args = [list(a) for a in args]
+    lens = [len(a) for a in args]
+    assert len(set(lens)) <= 1, f"Tried to zip iterables of unequal lengths: {lens}!"
+    return zip(*args)

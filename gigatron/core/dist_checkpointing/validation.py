@@ -14,7 +14,13 @@ from enum import Enum
 
 from gigatron.core.dist_checkpointing._boxes import sharded_tensor_boxes
 from gigatron.core.dist_checkpointing.core import CheckpointingException
-from gigatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, is_main_replica
+from gigatron.core.dist_checkpointing.dict_utils import nested_values
+from gigatron.core.dist_checkpointing.mapping import (
+    ShardedBase,
+    ShardedObject,
+    ShardedTensor,
+    is_main_replica,
+)
 from gigatron.core.dist_checkpointing.strategies.torch import _all_gather_object
 
 logger = logging.getLogger(__name__)
@@ -22,6 +28,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "StrictHandling",
     "determine_global_metadata",
+    "gather_compact_metadata",
     "parse_strict_flag",
     "validate_sharding_integrity",
 ]
@@ -83,18 +90,41 @@ def _local_metadata(sharded_tensors: list[ShardedTensor], sharded_objects: list[
     return tensors, objects
 
 
-def determine_global_metadata(sharded_tensors, sharded_objects, group=None):
-    """(local, all ranks') compact metadata: keys, global shapes, dtypes, main-replica boxes."""
+def determine_global_metadata(sharded_state_dict, process_group=None):
+    """(local, all ranks') metadata of a sharded state dict (collective over `process_group`,
+    default the world): Megatron's form, each rank's ShardedBase leaves without data.
+    `validate_sharding_integrity` takes the second element."""
+    local = [
+        v.without_data() for v in nested_values(sharded_state_dict) if isinstance(v, ShardedBase)
+    ]
+    return local, _all_gather_object(local, process_group)
+
+
+def gather_compact_metadata(sharded_tensors, sharded_objects, group=None):
+    """(local, all ranks') compact metadata: keys, global shapes, dtypes, main-replica boxes
+    (what save / load exchange: no ShardedTensor objects pickled)."""
     local = _local_metadata(sharded_tensors, sharded_objects)
     return local, _all_gather_object(local, group)
+
+
+def _compact(rank_leaves: list) -> tuple:
+    tensors = [v for v in rank_leaves if isinstance(v, ShardedTensor)]
+    objects = [v for v in rank_leaves if isinstance(v, ShardedObject)]
+    return _local_metadata(tensors, objects)
 
 
 def _overlap(a, b) -> bool:
     return all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a[0], a[1], b[0], b[1]))
 
 
-def validate_sharding_integrity(global_metadata) -> None:
-    """Raise CheckpointingException unless every element of every key has exactly one writer."""
+def validate_sharding_integrity(global_metadata, common_state_dict=None) -> None:
+    """Raise CheckpointingException unless every element of every key has exactly one writer.
+
+    global_metadata: per rank, either `determine_global_metadata`'s ShardedBase list or the
+    compact form of `gather_compact_metadata`. common_state_dict is accepted (Megatron checks
+    it is equal on all ranks; gigatron takes rank 0's).
+    """
+    global_metadata = [_compact(md) if isinstance(md, list) else md for md in global_metadata]
     shapes: dict[str, tuple] = {}
     boxes: dict[str, list] = {}
     for rank, (tensors, _) in enumerate(global_metadata):

@@ -59,6 +59,8 @@ def _group_size(group) -> int:
 class DistributedDataParallel(torch.nn.Module):
     """Wrap `module` for data parallelism (see module doc). `forward` calls the module."""
 
+    wraps_model = True  # core.utils.unwrap_model follows .module
+
     def __init__(
         self,
         config,

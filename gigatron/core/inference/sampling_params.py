@@ -1,12 +1,12 @@
 """Per-request sampling settings.
 
 Mirrors `megatron.core.inference.sampling_params.SamplingParams` (field names and defaults of
-megatron-core 0.19: `num_tokens_to_generate` None means up to the model's max_sequence_length,
-as in 0.19's engine; 0.16's default was 30). Megatron's rules are kept: `top_k == 1` is greedy
-decoding, `top_k > 0` and `top_p > 0` together are an error, `termination_id` None means the
-tokenizer's end-of-document id. Fields gigatron does not implement (`top_n_logprobs`,
-`stop_words`, `return_segments`, `skip_prompt_log_probs`) raise ValueError when set to a
-non-default value.
+megatron-core 0.20, `streaming_interval` included; `num_tokens_to_generate` None means up to the
+model's max_sequence_length, as in 0.19's engine; 0.16's default was 30). Megatron's rules are
+kept: `top_k == 1` is greedy decoding, `top_k > 0` and `top_p > 0` together are an error,
+`termination_id` None means the tokenizer's end-of-document id. Fields gigatron does not
+implement (`top_n_logprobs`, `stop_words`, `return_segments`, `skip_prompt_log_probs`,
+`streaming`, `do_kv_handoff`) raise ValueError when set to a non-default value.
 """
 
 from __future__ import annotations
@@ -55,6 +55,14 @@ class SamplingParams:
     return_prompt_tokens: bool = False
     """Megatron's engine drops prompt ids from serialized responses unless set; gigatron's
     results are in-process and always carry `prompt_tokens`, so either value is accepted."""
+    streaming: bool = False
+    """Megatron's engine emits partial replies; gigatron's generate returns whole results, so
+    only False is accepted."""
+    streaming_interval: int = 1
+    """Minimum unsent tokens per partial reply (Megatron 0.20): an int >= 1; inert without
+    streaming."""
+    do_kv_handoff: bool = False
+    """Megatron's KV-block handoff to a peer engine; not supported."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -83,7 +91,21 @@ class SamplingParams:
             raise ValueError(
                 f"num_tokens_to_generate ({self.num_tokens_to_generate}) must be >= 0 ({_FILE})"
             )
-        for name in ("top_n_logprobs", "stop_words", "return_segments", "skip_prompt_log_probs"):
+        interval = self.streaming_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(
+                f"streaming_interval ({interval!r}) must be an integer greater than or equal to 1 "
+                f"({_FILE})"
+            )
+        unsupported = (
+            "top_n_logprobs",
+            "stop_words",
+            "return_segments",
+            "skip_prompt_log_probs",
+            "streaming",
+            "do_kv_handoff",
+        )
+        for name in unsupported:
             default = {f.name: f.default for f in dataclasses.fields(self)}[name]
             if getattr(self, name) != default:
                 raise ValueError(
@@ -102,3 +124,8 @@ class SamplingParams:
 
     def serialize(self) -> dict:
         return dict(self.__dict__)
+
+    @classmethod
+    def deserialize(cls, data: dict) -> SamplingParams:
+        """The SamplingParams `serialize` returned (validated)."""
+        return cls(**data)

@@ -124,6 +124,7 @@ def generate(
     sampling_params: SamplingParams | None = None,
     *,
     random_seed: int | None = None,
+    inference_config=None,
     **overrides,
 ) -> list[GenerationResult]:
     """Generate continuations of `prompts` (strings, or lists of token ids).
@@ -131,8 +132,20 @@ def generate(
     `sampling_params` fields may also be given as keywords (`top_k=1`, `temperature=0.7`,
     `num_tokens_to_generate=20`, ...). `random_seed` seeds the sampler (same seed, same
     text at any TP size). Returns one GenerationResult per prompt, in order. Call it on every
-    rank of the model-parallel group.
+    rank of the model-parallel group. `inference_config` (Megatron's InferenceConfig) runs the
+    prompts in batches of at most `max_requests` and refuses sequences longer than its
+    `max_sequence_length`.
     """
+    batch = inference_config.max_requests if inference_config is not None else None
+    if batch is not None and len(prompts) > batch:
+        kwargs = dict(random_seed=random_seed, inference_config=inference_config, **overrides)
+        return [
+            result
+            for i in range(0, len(prompts), batch)
+            for result in generate(
+                model, tokenizer, prompts[i : i + batch], sampling_params, **kwargs
+            )  # fmt: skip
+        ]
     params = sampling_params or SamplingParams()
     params = dataclasses.replace(params, **overrides) if overrides else params
     core = _unwrap(model)
@@ -159,6 +172,11 @@ def generate(
         budgets = [max(0, max_positions - n) for n in lengths]
     total = max(n + k for n, k in zip(lengths, budgets))
     max_positions = total if max_positions is None else max_positions
+    if inference_config is not None and total > inference_config.max_sequence_length:
+        raise ValueError(
+            f"prompt + new tokens ({total}) exceeds InferenceConfig.max_sequence_length "
+            f"({inference_config.max_sequence_length}) ({_FILE})"
+        )
     if core.position_embedding_type == "learned_absolute" and total > max_positions:
         raise ValueError(
             f"prompt + new tokens ({total}) exceeds the model's max_sequence_length "

@@ -87,6 +87,8 @@ def float16_to_fp32(val):
 class Float16Module(MegatronModule):
     """Run `module` in fp16 (config.fp16) or bf16 (config.bf16)."""
 
+    wraps_model = True  # core.utils.unwrap_model follows .module
+
     def __init__(self, config, module: torch.nn.Module):
         super().__init__(config)
         self.fp16, self.bf16 = config.fp16, config.bf16

@@ -1,4 +1,4 @@
-"""LayerNorm and RMSNorm on plain PyTorch, built by the local specs.
+"""LayerNorm and RMSNorm on plain PyTorch, built by the local specs; Megatron's weightless L2Norm.
 
 Mirrors `megatron.core.transformer.torch_norm.WrappedTorchNorm` (called as
 `norm(config=, hidden_size=, eps=)`), with two things Megatron's torch wrapper lacks: sequence
@@ -53,6 +53,20 @@ class RMSNorm(_Norm):
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self._gamma() * normed.to(x.dtype)
+
+
+class L2Norm(torch.nn.Module):
+    """x * rsqrt(mean(x^2, last dim) + eps), computed in fp32, no weight (Megatron's qk L2 norm;
+    `hidden_size` is accepted for the norm-module signature and not used). [..., h] -> [..., h]."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, **unused):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_fp32 = x.float()
+        return (x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
 
 
 class WrappedTorchNorm:

@@ -299,3 +299,15 @@ def get_gpt_layer_with_transformer_engine_spec(
         fp8=fp8,
         qk_l2_norm=qk_l2_norm,
     )
+
+
+def get_gpt_layer_local_submodules(*args, **kwargs) -> TransformerLayerSubmodules:
+    """The submodules of `get_gpt_layer_local_spec(...)` (Megatron 0.20 builds the spec from
+    them); same parameters, same refusals."""
+    return get_gpt_layer_local_spec(*args, **kwargs).submodules
+
+
+def get_gpt_layer_with_transformer_engine_submodules(*args, **kwargs) -> TransformerLayerSubmodules:
+    """The submodules of `get_gpt_layer_with_transformer_engine_spec(...)`: without Transformer
+    Engine, gigatron's fast-spec modules (SDPA core attention), as that spec documents."""
+    return get_gpt_layer_with_transformer_engine_spec(*args, **kwargs).submodules

@@ -101,6 +101,16 @@ class LanguageModelEmbedding(MegatronModule):
                 config.embedding_init_method(self.tokentype_embeddings.weight)
         self.embedding_dropout = torch.nn.Dropout(config.hidden_dropout)
 
+    def zero_parameters(self) -> None:
+        """Zero every embedding table and mark it `shared` (Megatron: the copy of the input
+        embedding on the last pipeline stage, whose grads are all-reduced with the first's).
+        Tables this embedding does not have (no position / token-type embeddings) are skipped."""
+        for table in (self.word_embeddings, getattr(self, "position_embeddings", None),
+                      self.tokentype_embeddings):  # fmt: skip
+            if table is not None:
+                table.weight.data.fill_(0)
+                table.weight.shared = True
+
     def forward(self, input_ids: Tensor, position_ids: Tensor | None, tokentype_ids=None) -> Tensor:
         """input_ids [b, s], position_ids [b, s] (None = 0..s-1), tokentype_ids [b, s] (only
         with num_tokentypes > 0) -> [s(/tp), b, h]."""
