@@ -48,8 +48,12 @@ def _new_group(ranks: list[int], timeout: timedelta, backend: str | None = None)
 
 def _build(layout: RankLayout, name: str, rank: int, timeout: timedelta) -> _Axis:
     """Create every group of kind `name` (all ranks must call this); keep the one holding `rank`."""
+    return _build_groups(layout.groups[name], name, rank, timeout)
+
+
+def _build_groups(groups: list[list[int]], name: str, rank: int, timeout: timedelta) -> _Axis:
     mine = None
-    for ranks in layout.groups[name]:
+    for ranks in groups:
         group = _new_group(ranks, timeout)
         if rank in ranks:
             mine = _Axis(group, tuple(ranks))
@@ -247,10 +251,10 @@ def create_all_gather_groups(
     st = _store.state()
     rank = dist.get_rank()
     timeout = timeout or timedelta(minutes=30)
-    dp_cp_ag = _build(st.dense, "dp-cp", rank, timeout).group
+    dp_cp_ag = _build_groups(st.dense.get_ranks("dp-cp"), "dp-cp", rank, timeout).group
     expt_dp_ag = None
     if for_expert_parallelism and st.ep.size > 1:
-        expt_dp_ag = _build(st.expert, "dp", rank, timeout).group
+        expt_dp_ag = _build_groups(st.expert.get_ranks("dp"), "expt-dp", rank, timeout).group
     return dp_cp_ag, expt_dp_ag
 
 
