@@ -149,6 +149,114 @@ def _lane_steps(
         flat[best] += 1.0
 
 
+# Key lanes. The float64 rule compares e_k = fl(w_k * t) - c_k. Once fl(w_k * t) >= 2^(b + 1)
+# (2^b >= D), e_k is a multiple of 2^(b - 51), so e_k + 1.5 (exact while -1.5 < e_k < 2.5) has
+# at least b zero low bits in its IEEE pattern. Writing `low - k` there makes one int64 max per
+# lane give both the largest error and, on exact ties, the lowest k: four NumPy ops per dataset
+# and step instead of five, with no boolean masks. Rows that have not reached the bound yet
+# (tiny weights early on) are compared in float64 beside the keys. `guard` collects the range of
+# the winning errors: the keys are exact while every error stays in (-1.5, 2.5), which holds when
+# the winners stay in (-0.5, 2.5) (an error falls by at most 1 below a winning one) -- callers
+# check it and fall back to `_lane_steps` otherwise.
+_KEY_OFFSET = 1.5
+_KEY_MIN_DATASETS = 6  # fewer: the float lanes are as fast (the keys cost more small ops)
+
+
+def _key_rows(w: list[float], t: int) -> tuple[list[int], list[int]]:
+    """Rows exact as keys from global step `t` on, and the others (to compare in float64)."""
+    need = float(1 << (max(1, (len(w) - 1).bit_length()) + 1))
+    keys = [k for k in range(len(w)) if w[k] == 0.0 or w[k] * float(t) >= need]
+    done = set(keys)
+    return keys, [k for k in range(len(w)) if k not in done]
+
+
+def _key_lane_steps(
+    w: list[float],
+    rows: tuple[list[int], list[int]],
+    t0: numpy.ndarray,
+    counts: numpy.ndarray,
+    nsteps: int,
+    out: numpy.ndarray,
+    guard: numpy.ndarray | None = None,
+) -> None:
+    """`_lane_steps` with key rows compared as int64 keys (see above), exact.
+
+    Args:
+        rows: (key rows, float rows) from `_key_rows` at the lanes' first step.
+        t0, counts, out: as in `_lane_steps` (counts updated in place).
+        guard: float64 `[2, P]`: lowered to the min / raised to the max winning error per lane.
+    """
+    krows, frows = rows
+    num, lanes = counts.shape
+    low = (1 << max(1, (num - 1).bit_length())) - 1
+    order = krows + frows
+    nk = len(krows)
+    c = counts[order] - _KEY_OFFSET  # [D, P]: key rows, then float rows
+    flat = c.reshape(-1)
+    lane_ids = numpy.arange(lanes, dtype=numpy.int64)
+    t = numpy.asarray(t0, dtype=numpy.float64).copy()
+    v, pos = numpy.empty(lanes, dtype=numpy.int64), numpy.empty(lanes, dtype=numpy.int64)
+    win = numpy.empty(lanes)
+    if nk:
+        e = numpy.empty((nk, lanes))  # [K, P]
+        keys = e.view(numpy.int64)
+        tag = (low - numpy.asarray(krows, dtype=numpy.int64))[:, None]
+        wk = numpy.asarray([w[k] for k in krows], dtype=numpy.float64)[:, None]
+        row_of = numpy.zeros(low + 1, dtype=numpy.int64)  # low - k -> row * P
+        row_of[low - numpy.asarray(krows)] = numpy.arange(nk) * lanes
+        top = numpy.empty(lanes, dtype=numpy.int64)
+    if frows:
+        fv, err, cf = numpy.empty(lanes), numpy.empty(lanes), numpy.empty(lanes)
+        fpos = numpy.empty(lanes, dtype=numpy.int64)
+        better, tie = numpy.empty(lanes, dtype=bool), numpy.empty(lanes, dtype=bool)
+        forig = numpy.asarray(frows, dtype=numpy.int64)
+    for j in range(nsteps):
+        if frows:  # running max over the float rows in index order (ties: first)
+            tf = numpy.maximum(t, 1.0) if j == 0 else t
+            for q, k in enumerate(frows):
+                numpy.add(c[nk + q], _KEY_OFFSET, out=cf)  # the exact count
+                numpy.multiply(tf, w[k], out=err if q else fv)
+                if q == 0:
+                    fv -= cf
+                    fpos.fill(nk)
+                    continue
+                err -= cf
+                numpy.greater(err, fv, out=better)
+                numpy.putmask(fpos, better, nk + q)
+                numpy.maximum(fv, err, out=fv)
+        if nk:
+            numpy.multiply(wk, t, out=e)
+            numpy.subtract(e, c[:nk], out=e)  # e_k + 1.5, exact
+            numpy.bitwise_or(keys, tag, out=keys)
+            keys.max(axis=0, out=top)
+            numpy.bitwise_and(top, low, out=v)
+            numpy.take(row_of, v, out=pos)
+            numpy.subtract(low, v, out=v)  # winning dataset
+            top &= ~low
+            numpy.subtract(top.view(numpy.float64), _KEY_OFFSET, out=win)
+            if frows:  # a float row wins if larger, or equal with a lower index
+                fk = forig[fpos - nk]
+                numpy.greater(fv, win, out=better)
+                numpy.equal(fv, win, out=tie)
+                tie &= fk < v
+                better |= tie
+                numpy.copyto(v, fk, where=better)
+                numpy.copyto(win, fv, where=better)
+                numpy.copyto(pos, fpos * lanes, where=better)
+        else:
+            v = forig[fpos - nk]
+            numpy.copyto(win, fv)
+            numpy.multiply(fpos, lanes, out=pos)
+        out[j] = v
+        pos += lane_ids
+        flat[pos] += 1.0
+        if guard is not None:
+            numpy.minimum(guard[0], win, out=guard[0])
+            numpy.maximum(guard[1], win, out=guard[1])
+        t += 1.0
+    counts[order] = c + _KEY_OFFSET
+
+
 def _guess_counts(w: numpy.ndarray, steps: numpy.ndarray, taken: int) -> numpy.ndarray:
     """float64 `[D, P]` likely counts before each of `steps`: largest remainders of w * (s - 1).
 
@@ -183,15 +291,18 @@ def _sweep_lanes(
     start: numpy.ndarray,
     counts: numpy.ndarray,
     out: numpy.ndarray,
-) -> None:
+) -> list[int]:
     """Make every lane agree with its predecessor, in order, rerunning lanes with the plain loop.
 
     Args:
         begin: int `[P]` global step where each lane's kept steps start.
         start, counts: float64 `[D, P]` counts of each lane at its kept steps' start and end.
         out: int16 `[L, P]` the lanes' kept steps (rerun lanes are rewritten).
+
+    Returns the lanes rerun.
     """
     length, lanes = out.shape
+    swept = []
     todo = list(1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0)))
     todo.reverse()
     while todo:
@@ -203,12 +314,14 @@ def _sweep_lanes(
             step = int(begin[lane])
             _greedy_steps(w, exact, step, step + length, column, offset=step)
             out[:, lane] = column
+            swept.append(lane)
             counts[:, lane] = exact
             lane += 1  # the next lane now starts from new counts: check it again
             if todo and todo[-1] == lane:
                 todo.pop()
             if lane == lanes or (start[:, lane] == counts[:, lane - 1]).all():
                 break
+    return swept
 
 
 def _exhaustive_steps(

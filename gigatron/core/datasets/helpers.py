@@ -23,9 +23,12 @@ import math
 import numpy
 
 from gigatron.core.datasets._blend_indices import (
+    _KEY_MIN_DATASETS,
     _exhaustive_steps,
     _greedy_steps,
     _guess_counts,
+    _key_lane_steps,
+    _key_rows,
     _lane_steps,
     _lanes_merge,
     _sweep_lanes,
@@ -125,12 +128,17 @@ _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in 
 
 
 def _lane_choice(
-    w: list[float], size: int, begin: int = 0, counts0: list[int] | None = None
+    w: list[float],
+    size: int,
+    begin: int = 0,
+    counts0: list[int] | None = None,
+    keys: bool = True,
 ) -> numpy.ndarray:
     """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact.
 
     `counts0` are the exact counts before step `begin` (zeros by default); samples of step
-    `begin` not in them went to datasets outside `w`.
+    `begin` not in them went to datasets outside `w`. The lanes step with `_key_lane_steps` when
+    its exactness conditions hold at `begin` and stay true (checked), else with `_lane_steps`.
     """
     weights = numpy.asarray(w, dtype=numpy.float64)
     counts0 = [0] * len(w) if counts0 is None else counts0
@@ -141,9 +149,20 @@ def _lane_choice(
     first = begin + numpy.arange(lanes) * length  # global step of each lane's first step
     counts = _guess_counts(weights, first, begin - sum(counts0))  # [D, P]
     counts[:, 0] = counts0
-    _lane_steps(w, first.astype(numpy.float64), counts, warm, buf[:warm])
+    rows = _key_rows(w, begin)
+    keys = keys and _keys_hold(weights, rows, begin, counts0)
+    guard = numpy.full((2, lanes), [[numpy.inf], [-numpy.inf]])  # winning errors per lane
+
+    def steps(t0, c, n, out, g=None):
+        if keys:
+            _key_lane_steps(w, rows, t0.astype(numpy.float64), c, n, out, g)
+        else:
+            _lane_steps(w, t0.astype(numpy.float64), c, n, out)
+
+    steps(first, counts, warm, buf[:warm], guard)
+    guard[:, 1:] = [[numpy.inf], [-numpy.inf]]  # warm-up steps count for lane 0 only
     start = counts.copy()  # [D, P] counts at global step first + W
-    _lane_steps(w, (first + warm).astype(numpy.float64), counts, length, buf[warm:])
+    steps(first + warm, counts, length, buf[warm:], guard)
     for _ in range(_LANE_MAX_PASSES):  # many lanes disagree: run them again side by side
         redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
         if redo.size == 0 or redo.size < _LANE_SWEEP:
@@ -151,14 +170,63 @@ def _lane_choice(
         start[:, redo] = counts[:, redo - 1]
         fixed = start[:, redo].copy()
         part = numpy.empty((length, redo.size), dtype=numpy.int16)
-        _lane_steps(w, (first[redo] + warm).astype(numpy.float64), fixed, length, part)
+        fresh = numpy.full((2, redo.size), [[numpy.inf], [-numpy.inf]])
+        steps(first[redo] + warm, fixed, length, part, fresh)
         buf[warm:, redo] = part
+        guard[:, redo] = fresh
         counts[:, redo] = fixed
-    _sweep_lanes(w, first + warm, start, counts, buf[warm:])
+    swept = _sweep_lanes(w, first + warm, start, counts, buf[warm:])
+    guard[:, swept] = 0.0  # the plain loop is exact in any range
+    if keys and not (guard[0].min() > -0.5 and guard[1].max() < 2.5):
+        return _lane_choice(w, size, begin, counts0, keys=False)
     choice = numpy.empty(warm + lanes * length, dtype=numpy.int16)
     choice[: warm + length] = buf[:, 0]
     choice[warm + length :] = buf[warm:, 1:].T.reshape(-1)
     return choice[:size]
+
+
+def _keys_hold(weights: numpy.ndarray, rows: tuple, begin: int, counts0: list[int]) -> bool:
+    """Whether `_key_lane_steps` may start at `begin`: enough key rows, errors in range."""
+    krows = rows[0]
+    if not krows or weights.shape[0] < _KEY_MIN_DATASETS:
+        return False
+    k = numpy.asarray(krows)
+    err = weights[k] * float(max(begin, 1)) - numpy.asarray(counts0, dtype=numpy.float64)[k]
+    return bool((err > -1.5).all() and (err < 2.5).all())
+
+
+def _blend_choice(w: list[float], size: int) -> numpy.ndarray:
+    """int16 `[size]` choices of the greedy rule from step 0, in lanes.
+
+    Keys (`_key_lane_steps`) need every weight times the step to reach a bound: the steps before
+    that run in float lanes as one segment, the rest in key lanes (counts carried over).
+    """
+    ready = _key_ready_step(w)
+    if len(w) < _KEY_MIN_DATASETS or ready > size // 2:
+        return _lane_choice(w, size, keys=False)
+    choice = numpy.empty(size, dtype=numpy.int16)
+    head = max(ready, 2)
+    counts = [0] * len(w)
+    if head < _LANE_MIN_SIZE:  # lanes cost a few hundred steps of NumPy calls whatever the size
+        _greedy_steps(w, counts, 0, head, choice)
+    else:
+        choice[:head] = _lane_choice(w, head, keys=False)
+        counts = [int(c) for c in numpy.bincount(choice[:head], minlength=len(w))]
+    choice[head:] = _lane_choice(w, size - head, head, counts)
+    return choice
+
+
+def _key_ready_step(w: list[float]) -> int:
+    """First step from which every dataset is a key row (`_key_rows`)."""
+    need = float(1 << (max(1, (len(w) - 1).bit_length()) + 1))
+    step = 0
+    for x in w:
+        if x > 0.0:
+            t = max(0, math.ceil(need / x) - 2)
+            while x * float(t) < need:
+                t += 1
+            step = max(step, t)
+    return step
 
 
 def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
@@ -201,9 +269,18 @@ def _fill_sample_index(
 ) -> None:
     size = choice.shape[0]
     dataset_index[:size] = choice
-    for k in range(num_datasets):
-        where = numpy.flatnonzero(choice == k)
-        sample[where] = numpy.arange(where.size)
+    if num_datasets <= 4:  # a pass per dataset beats a sort
+        for k in range(num_datasets):
+            where = numpy.flatnonzero(choice == k)
+            sample[where] = numpy.arange(where.size)
+        return
+    # Stable sort by dataset (a radix sort for int16): each dataset's steps in order, then the
+    # rank inside its group is the sample index.
+    order = numpy.argsort(choice, kind="stable")
+    per = numpy.bincount(choice, minlength=num_datasets)
+    rank = numpy.arange(size, dtype=numpy.int64)
+    rank -= numpy.repeat(numpy.cumsum(per) - per, per)
+    sample[order] = rank
 
 
 def build_blending_indices(
@@ -219,10 +296,10 @@ def build_blending_indices(
     Step i picks the dataset with the largest `w_k * max(i, 1) - count_k` (ties: lowest k).
     """
     w = [float(x) for x in numpy.asarray(weights, dtype=numpy.float64)[:num_datasets]]
-    if num_datasets == 2 and min(w) > 0:
+    if size >= _LANE_MIN_SIZE and num_datasets > 1 and _lanes_merge(w):
+        choice = _blend_choice(w, size)
+    elif num_datasets == 2 and min(w) > 0:
         choice = _two_way_choice(w[0], w[1], size)
-    elif size >= _LANE_MIN_SIZE and num_datasets > 1 and _lanes_merge(w):
-        choice = _lane_choice(w, size)
     else:
         choice = numpy.empty(size, dtype=numpy.int16)
         _greedy_steps(w, [0] * num_datasets, 0, size, choice)
