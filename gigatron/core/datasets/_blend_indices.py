@@ -178,6 +178,7 @@ def _key_lane_steps(
     nsteps: int,
     out: numpy.ndarray,
     guard: numpy.ndarray | None = None,
+    top_keys: numpy.ndarray | None = None,
 ) -> None:
     """`_lane_steps` with key rows compared as int64 keys (see above), exact.
 
@@ -185,6 +186,8 @@ def _key_lane_steps(
         rows: (key rows, float rows) from `_key_rows` at the lanes' first step.
         t0, counts, out: as in `_lane_steps` (counts updated in place).
         guard: float64 `[2, P]`: lowered to the min / raised to the max winning error per lane.
+        top_keys: int64 `[n, P]`, with no float rows instead of `guard`: the winning keys, for
+            `_key_guard` (fewer NumPy calls per step).
     """
     krows, frows = rows
     num, lanes = counts.shape
@@ -210,6 +213,20 @@ def _key_lane_steps(
         fpos = numpy.empty(lanes, dtype=numpy.int64)
         better, tie = numpy.empty(lanes, dtype=bool), numpy.empty(lanes, dtype=bool)
         forig = numpy.asarray(frows, dtype=numpy.int64)
+    if not frows and top_keys is not None:  # the common case: a dozen NumPy calls per step
+        for j in range(nsteps):
+            numpy.multiply(wk, t, out=e)
+            numpy.subtract(e, c, out=e)  # e_k + 1.5, exact
+            numpy.bitwise_or(keys, tag, out=keys)
+            keys.max(axis=0, out=top_keys[j])
+            numpy.bitwise_and(top_keys[j], low, out=v)
+            numpy.subtract(low, v, out=out[j], casting="unsafe")
+            numpy.take(row_of, v, out=pos)
+            pos += lane_ids
+            flat[pos] += 1.0
+            t += 1.0
+        counts[order] = c + _KEY_OFFSET
+        return
     for j in range(nsteps):
         if frows:  # running max over the float rows in index order (ties: first)
             tf = numpy.maximum(t, 1.0) if j == 0 else t
@@ -257,6 +274,46 @@ def _key_lane_steps(
     counts[order] = c + _KEY_OFFSET
 
 
+def _lane_steps_wide(
+    w: list[float], t0: numpy.ndarray, counts: numpy.ndarray, nsteps: int, out: numpy.ndarray
+) -> None:
+    """`_lane_steps` for many datasets: three NumPy calls per step over `[P, D]` rows.
+
+    The errors are the same float64 values; `argmax` returns the first maximum (ties: low k).
+    """
+    num, lanes = counts.shape
+    c = numpy.ascontiguousarray(counts.T)  # [P, D]
+    flat = c.reshape(-1)
+    base = numpy.arange(lanes) * num
+    wrow = numpy.asarray(w, dtype=numpy.float64)[None, :]
+    e = numpy.empty((lanes, num))
+    t = numpy.asarray(t0, dtype=numpy.float64).copy()
+    best = numpy.empty(lanes, dtype=numpy.intp)
+    for j in range(nsteps):
+        tt = numpy.maximum(t, 1.0) if j == 0 else t  # steps 0 and 1 both use t = 1
+        numpy.multiply(tt[:, None], wrow, out=e)
+        numpy.subtract(e, c, out=e)
+        e.argmax(axis=1, out=best)
+        out[j] = best
+        best += base
+        flat[best] += 1.0
+        t += 1.0
+    counts[:] = c.T
+
+
+def _key_guard(top_keys: numpy.ndarray, num: int) -> bool:
+    """Whether every winning key of `_key_lane_steps` has its error in (-0.5, 2.5).
+
+    A key is bits(e + 1.5) with `b` zero low bits, plus a tag below 2^b: so e + 1.5 > 1 iff the
+    key is at least bits(1.0) + 2^b, and e + 1.5 < 4 iff the key is below bits(4.0).
+    """
+    if top_keys.size == 0:
+        return True
+    one, four = numpy.array([1.0, 4.0]).view(numpy.int64)
+    tags = 1 << max(1, (num - 1).bit_length())
+    return bool(top_keys.min() >= one + tags and top_keys.max() < four)
+
+
 def _guess_counts(w: numpy.ndarray, steps: numpy.ndarray, taken: int) -> numpy.ndarray:
     """float64 `[D, P]` likely counts before each of `steps`: largest remainders of w * (s - 1).
 
@@ -269,10 +326,11 @@ def _guess_counts(w: numpy.ndarray, steps: numpy.ndarray, taken: int) -> numpy.n
     ideal = w[:, None] * base + (base - taken - w.sum() * base) / num  # [D, P], sums to s-1-taken
     counts = numpy.floor(ideal)
     short = numpy.clip(steps - taken - counts.sum(axis=0), 0, num).astype(numpy.int64)  # [P]
-    order = numpy.argsort(counts - ideal, axis=0, kind="stable")  # largest remainder first
+    # Largest remainder first; per lane along contiguous rows (a guess: tie order is free).
+    order = numpy.argsort(numpy.ascontiguousarray((counts - ideal).T), axis=1)  # [P, D]
     rank = numpy.empty_like(order)
-    numpy.put_along_axis(rank, order, numpy.arange(num)[:, None], axis=0)
-    counts += rank < short
+    numpy.put_along_axis(rank, order, numpy.arange(num)[None, :], axis=1)
+    counts += (rank < short[:, None]).T
     return counts
 
 

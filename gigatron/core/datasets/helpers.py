@@ -27,9 +27,11 @@ from gigatron.core.datasets._blend_indices import (
     _exhaustive_steps,
     _greedy_steps,
     _guess_counts,
+    _key_guard,
     _key_lane_steps,
     _key_rows,
     _lane_steps,
+    _lane_steps_wide,
     _lanes_merge,
     _sweep_lanes,
     _two_way_choice,
@@ -123,8 +125,10 @@ def build_sample_idx(
 # tests/core/datasets/test_blend_indices.py replaces them here to force every repair path.
 _LANE_MIN_SIZE = 1 << 14  # below this the Python loop is as fast
 _LANE_TARGET = 8192  # lanes per op: large enough that NumPy's per-call cost is amortised
+_LANE_MIN_LENGTH = 128  # steps per lane (and 1/8 of it warm-up), fewer than 32 datasets
 _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there are many of them
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
+_WIDE_DATASETS = 12  # more: float lanes as [P, D] rows (three NumPy calls per step)
 
 
 def _lane_choice(
@@ -142,7 +146,7 @@ def _lane_choice(
     """
     weights = numpy.asarray(w, dtype=numpy.float64)
     counts0 = [0] * len(w) if counts0 is None else counts0
-    length = max(256, -(-size // _LANE_TARGET))
+    length = max(_LANE_MIN_LENGTH if len(w) < 32 else 256, -(-size // _LANE_TARGET))
     warm = length // 8
     lanes = max(1, -(-(size - warm) // length))
     buf = numpy.empty((warm + length, lanes), dtype=numpy.int16)  # [steps, lanes]
@@ -151,18 +155,25 @@ def _lane_choice(
     counts[:, 0] = counts0
     rows = _key_rows(w, begin)
     keys = keys and _keys_hold(weights, rows, begin, counts0)
+    tops = keys and not rows[1]  # pure keys: winning keys kept per step, checked at the end
+    top = numpy.empty((warm + length, lanes if tops else 0), dtype=numpy.int64)
     guard = numpy.full((2, lanes), [[numpy.inf], [-numpy.inf]])  # winning errors per lane
 
-    def steps(t0, c, n, out, g=None):
-        if keys:
+    def steps(t0, c, n, out, g, tk):
+        if tops:
+            _key_lane_steps(w, rows, t0.astype(numpy.float64), c, n, out, top_keys=tk)
+        elif keys:
             _key_lane_steps(w, rows, t0.astype(numpy.float64), c, n, out, g)
+        elif len(w) > _WIDE_DATASETS:
+            _lane_steps_wide(w, t0.astype(numpy.float64), c, n, out)
         else:
             _lane_steps(w, t0.astype(numpy.float64), c, n, out)
 
-    steps(first, counts, warm, buf[:warm], guard)
+    steps(first, counts, warm, buf[:warm], guard, top[:warm])
     guard[:, 1:] = [[numpy.inf], [-numpy.inf]]  # warm-up steps count for lane 0 only
+    top[:warm, 1:] = top[:warm, :1]  # (valid keys, checked anyway)
     start = counts.copy()  # [D, P] counts at global step first + W
-    steps(first + warm, counts, length, buf[warm:], guard)
+    steps(first + warm, counts, length, buf[warm:], guard, top[warm:])
     for _ in range(_LANE_MAX_PASSES):  # many lanes disagree: run them again side by side
         redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
         if redo.size == 0 or redo.size < _LANE_SWEEP:
@@ -171,13 +182,19 @@ def _lane_choice(
         fixed = start[:, redo].copy()
         part = numpy.empty((length, redo.size), dtype=numpy.int16)
         fresh = numpy.full((2, redo.size), [[numpy.inf], [-numpy.inf]])
-        steps(first[redo] + warm, fixed, length, part, fresh)
+        fresh_top = numpy.empty((length, redo.size if tops else 0), dtype=numpy.int64)
+        steps(first[redo] + warm, fixed, length, part, fresh, fresh_top)
         buf[warm:, redo] = part
         guard[:, redo] = fresh
+        if tops:
+            top[warm:, redo] = fresh_top
         counts[:, redo] = fixed
     swept = _sweep_lanes(w, first + warm, start, counts, buf[warm:])
     guard[:, swept] = 0.0  # the plain loop is exact in any range
-    if keys and not (guard[0].min() > -0.5 and guard[1].max() < 2.5):
+    if tops and swept:
+        top[warm:, swept] = top[:1, :1]  # lane 0's first key: checked anyway
+    ok = _key_guard(top, len(w)) if tops else guard[0].min() > -0.5 and guard[1].max() < 2.5
+    if keys and not ok:
         return _lane_choice(w, size, begin, counts0, keys=False)
     choice = numpy.empty(warm + lanes * length, dtype=numpy.int16)
     choice[: warm + length] = buf[:, 0]
