@@ -113,7 +113,12 @@ def _two_way_choice(w0: float, w1: float, size: int) -> numpy.ndarray:
 
 
 def _lane_steps(
-    w: list[float], t0: numpy.ndarray, counts: numpy.ndarray, nsteps: int, out: numpy.ndarray
+    w: list[float],
+    t0: numpy.ndarray,
+    counts: numpy.ndarray,
+    nsteps: int,
+    out: numpy.ndarray,
+    samp: numpy.ndarray | None = None,
 ) -> None:
     """Megatron's rule for `nsteps` steps in every lane at once, in place.
 
@@ -122,6 +127,7 @@ def _lane_steps(
         t0: float64 `[P]` global step of each lane's first step.
         counts: float64 `[D, P]` samples taken so far per dataset and lane (updated).
         out: int16 `[nsteps, P]` receives the chosen dataset of each step and lane.
+        samp: float64 `[nsteps, P]`, optional: the chosen dataset's count before the step.
     """
     num, lanes = counts.shape
     flat = counts.reshape(-1)
@@ -146,7 +152,16 @@ def _lane_steps(
         out[j] = best
         best *= lanes
         best += lane_ids
-        flat[best] += 1.0
+        _count(flat, best, samp, j)
+
+
+def _count(flat: numpy.ndarray, pos: numpy.ndarray, samp: numpy.ndarray | None, j: int) -> None:
+    """One more sample at each flat position `pos`; the counts before go to `samp[j]`."""
+    if samp is None:
+        flat[pos] += 1.0
+    else:
+        numpy.take(flat, pos, out=samp[j])
+        flat[pos] = samp[j] + 1.0
 
 
 # Key lanes. The float64 rule compares e_k = fl(w_k * t) - c_k. Once fl(w_k * t) >= 2^(b + 1)
@@ -179,6 +194,7 @@ def _key_lane_steps(
     out: numpy.ndarray,
     guard: numpy.ndarray | None = None,
     top_keys: numpy.ndarray | None = None,
+    samp: numpy.ndarray | None = None,
 ) -> None:
     """`_lane_steps` with key rows compared as int64 keys (see above), exact.
 
@@ -188,6 +204,7 @@ def _key_lane_steps(
         guard: float64 `[2, P]`: lowered to the min / raised to the max winning error per lane.
         top_keys: int64 `[n, P]`, with no float rows instead of `guard`: the winning keys, for
             `_key_guard` (fewer NumPy calls per step).
+        samp: as in `_lane_steps`.
     """
     krows, frows = rows
     num, lanes = counts.shape
@@ -223,9 +240,11 @@ def _key_lane_steps(
             numpy.subtract(low, v, out=out[j], casting="unsafe")
             numpy.take(row_of, v, out=pos)
             pos += lane_ids
-            flat[pos] += 1.0
+            _count(flat, pos, samp, j)
             t += 1.0
         counts[order] = c + _KEY_OFFSET
+        if samp is not None:
+            samp[:nsteps] += _KEY_OFFSET
         return
     for j in range(nsteps):
         if frows:  # running max over the float rows in index order (ties: first)
@@ -266,16 +285,23 @@ def _key_lane_steps(
             numpy.multiply(fpos, lanes, out=pos)
         out[j] = v
         pos += lane_ids
-        flat[pos] += 1.0
+        _count(flat, pos, samp, j)
         if guard is not None:
             numpy.minimum(guard[0], win, out=guard[0])
             numpy.maximum(guard[1], win, out=guard[1])
         t += 1.0
     counts[order] = c + _KEY_OFFSET
+    if samp is not None:
+        samp[:nsteps] += _KEY_OFFSET
 
 
 def _lane_steps_wide(
-    w: list[float], t0: numpy.ndarray, counts: numpy.ndarray, nsteps: int, out: numpy.ndarray
+    w: list[float],
+    t0: numpy.ndarray,
+    counts: numpy.ndarray,
+    nsteps: int,
+    out: numpy.ndarray,
+    samp: numpy.ndarray | None = None,
 ) -> None:
     """`_lane_steps` for many datasets: three NumPy calls per step over `[P, D]` rows.
 
@@ -296,7 +322,7 @@ def _lane_steps_wide(
         e.argmax(axis=1, out=best)
         out[j] = best
         best += base
-        flat[best] += 1.0
+        _count(flat, best, samp, j)
         t += 1.0
     counts[:] = c.T
 
@@ -343,12 +369,24 @@ def _lanes_merge(w: list[float]) -> bool:
     return min(w) >= 0.0 and abs(math.fsum(w) - 1.0) < 1e-6
 
 
+def _ranks(choice: numpy.ndarray, num: int) -> numpy.ndarray:
+    """int64 `[n]`: how often `choice[i]` occurs in `choice[:i]` (a stable radix sort)."""
+    order = numpy.argsort(choice, kind="stable")
+    per = numpy.bincount(choice, minlength=num)
+    rank = numpy.arange(choice.shape[0], dtype=numpy.int64)
+    rank -= numpy.repeat(numpy.cumsum(per) - per, per)
+    out = numpy.empty_like(rank)
+    out[order] = rank
+    return out
+
+
 def _sweep_lanes(
     w: list[float],
     begin: numpy.ndarray,
     start: numpy.ndarray,
     counts: numpy.ndarray,
     out: numpy.ndarray,
+    samp: numpy.ndarray | None = None,
 ) -> list[int]:
     """Make every lane agree with its predecessor, in order, rerunning lanes with the plain loop.
 
@@ -356,6 +394,7 @@ def _sweep_lanes(
         begin: int `[P]` global step where each lane's kept steps start.
         start, counts: float64 `[D, P]` counts of each lane at its kept steps' start and end.
         out: int16 `[L, P]` the lanes' kept steps (rerun lanes are rewritten).
+        samp: float64 `[L, P]`, optional: their samples' indices (rewritten with them).
 
     Returns the lanes rerun.
     """
@@ -372,6 +411,8 @@ def _sweep_lanes(
             step = int(begin[lane])
             _greedy_steps(w, exact, step, step + length, column, offset=step)
             out[:, lane] = column
+            if samp is not None:
+                samp[:, lane] = start[column, lane] + _ranks(column, len(w))
             swept.append(lane)
             counts[:, lane] = exact
             lane += 1  # the next lane now starts from new counts: check it again

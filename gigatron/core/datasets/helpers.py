@@ -33,6 +33,7 @@ from gigatron.core.datasets._blend_indices import (
     _lane_steps,
     _lane_steps_wide,
     _lanes_merge,
+    _ranks,
     _sweep_lanes,
     _two_way_choice,
 )
@@ -125,7 +126,7 @@ def build_sample_idx(
 # tests/core/datasets/test_blend_indices.py replaces them here to force every repair path.
 _LANE_MIN_SIZE = 1 << 14  # below this the Python loop is as fast
 _LANE_TARGET = 8192  # lanes per op: large enough that NumPy's per-call cost is amortised
-_LANE_MIN_LENGTH = 128  # steps per lane (and 1/8 of it warm-up), fewer than 32 datasets
+_LANE_MIN_LENGTH = 128  # steps per lane (1/8 warm-up) for key lanes of 6 to 31 datasets, else 256
 _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there are many of them
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
 _WIDE_DATASETS = 12  # more: float lanes as [P, D] rows (three NumPy calls per step)
@@ -137,8 +138,10 @@ def _lane_choice(
     begin: int = 0,
     counts0: list[int] | None = None,
     keys: bool = True,
-) -> numpy.ndarray:
-    """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact.
+) -> tuple[numpy.ndarray, numpy.ndarray | None]:
+    """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact, and
+    int64 `[size]` the chosen dataset's count before each step (its sample index), or None for
+    four datasets or fewer (a pass per dataset afterwards is cheaper than a gather per step).
 
     `counts0` are the exact counts before step `begin` (zeros by default); samples of step
     `begin` not in them went to datasets outside `w`. The lanes step with `_key_lane_steps` when
@@ -146,10 +149,13 @@ def _lane_choice(
     """
     weights = numpy.asarray(w, dtype=numpy.float64)
     counts0 = [0] * len(w) if counts0 is None else counts0
-    length = max(_LANE_MIN_LENGTH if len(w) < 32 else 256, -(-size // _LANE_TARGET))
+    short = _KEY_MIN_DATASETS <= len(w) < 32
+    length = max(_LANE_MIN_LENGTH if short else 256, -(-size // _LANE_TARGET))
     warm = length // 8
     lanes = max(1, -(-(size - warm) // length))
     buf = numpy.empty((warm + length, lanes), dtype=numpy.int16)  # [steps, lanes]
+    track = len(w) > 4  # else a pass per dataset at the end is cheaper than a gather a step
+    samp = numpy.empty((warm + length, lanes if track else 0))  # counts before each step
     first = begin + numpy.arange(lanes) * length  # global step of each lane's first step
     counts = _guess_counts(weights, first, begin - sum(counts0))  # [D, P]
     counts[:, 0] = counts0
@@ -159,21 +165,23 @@ def _lane_choice(
     top = numpy.empty((warm + length, lanes if tops else 0), dtype=numpy.int64)
     guard = numpy.full((2, lanes), [[numpy.inf], [-numpy.inf]])  # winning errors per lane
 
-    def steps(t0, c, n, out, g, tk):
+    def steps(t0, c, n, out, g, tk, sp):
+        t0 = t0.astype(numpy.float64)
+        sp = sp if track else None
         if tops:
-            _key_lane_steps(w, rows, t0.astype(numpy.float64), c, n, out, top_keys=tk)
+            _key_lane_steps(w, rows, t0, c, n, out, top_keys=tk, samp=sp)
         elif keys:
-            _key_lane_steps(w, rows, t0.astype(numpy.float64), c, n, out, g)
+            _key_lane_steps(w, rows, t0, c, n, out, g, samp=sp)
         elif len(w) > _WIDE_DATASETS:
-            _lane_steps_wide(w, t0.astype(numpy.float64), c, n, out)
+            _lane_steps_wide(w, t0, c, n, out, sp)
         else:
-            _lane_steps(w, t0.astype(numpy.float64), c, n, out)
+            _lane_steps(w, t0, c, n, out, sp)
 
-    steps(first, counts, warm, buf[:warm], guard, top[:warm])
+    steps(first, counts, warm, buf[:warm], guard, top[:warm], samp[:warm])
     guard[:, 1:] = [[numpy.inf], [-numpy.inf]]  # warm-up steps count for lane 0 only
     top[:warm, 1:] = top[:warm, :1]  # (valid keys, checked anyway)
     start = counts.copy()  # [D, P] counts at global step first + W
-    steps(first + warm, counts, length, buf[warm:], guard, top[warm:])
+    steps(first + warm, counts, length, buf[warm:], guard, top[warm:], samp[warm:])
     for _ in range(_LANE_MAX_PASSES):  # many lanes disagree: run them again side by side
         redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
         if redo.size == 0 or redo.size < _LANE_SWEEP:
@@ -181,15 +189,17 @@ def _lane_choice(
         start[:, redo] = counts[:, redo - 1]
         fixed = start[:, redo].copy()
         part = numpy.empty((length, redo.size), dtype=numpy.int16)
+        part_samp = numpy.empty((length, redo.size if track else 0))
         fresh = numpy.full((2, redo.size), [[numpy.inf], [-numpy.inf]])
         fresh_top = numpy.empty((length, redo.size if tops else 0), dtype=numpy.int64)
-        steps(first[redo] + warm, fixed, length, part, fresh, fresh_top)
+        steps(first[redo] + warm, fixed, length, part, fresh, fresh_top, part_samp)
         buf[warm:, redo] = part
+        samp[warm:, redo] = part_samp
         guard[:, redo] = fresh
         if tops:
             top[warm:, redo] = fresh_top
         counts[:, redo] = fixed
-    swept = _sweep_lanes(w, first + warm, start, counts, buf[warm:])
+    swept = _sweep_lanes(w, first + warm, start, counts, buf[warm:], samp[warm:] if track else None)
     guard[:, swept] = 0.0  # the plain loop is exact in any range
     if tops and swept:
         top[warm:, swept] = top[:1, :1]  # lane 0's first key: checked anyway
@@ -199,7 +209,12 @@ def _lane_choice(
     choice = numpy.empty(warm + lanes * length, dtype=numpy.int16)
     choice[: warm + length] = buf[:, 0]
     choice[warm + length :] = buf[warm:, 1:].T.reshape(-1)
-    return choice[:size]
+    if not track:
+        return choice[:size], None
+    sample = numpy.empty(warm + lanes * length, dtype=numpy.int64)
+    sample[: warm + length] = samp[:, 0]
+    numpy.copyto(sample[warm + length :].reshape(lanes - 1, length), samp[warm:, 1:].T, "unsafe")
+    return choice[:size], sample[:size]
 
 
 def _keys_hold(weights: numpy.ndarray, rows: tuple, begin: int, counts0: list[int]) -> bool:
@@ -212,25 +227,25 @@ def _keys_hold(weights: numpy.ndarray, rows: tuple, begin: int, counts0: list[in
     return bool((err > -1.5).all() and (err < 2.5).all())
 
 
-def _blend_choice(w: list[float], size: int) -> numpy.ndarray:
-    """int16 `[size]` choices of the greedy rule from step 0, in lanes.
+def _blend_choice(w: list[float], size: int) -> tuple[numpy.ndarray, numpy.ndarray | None]:
+    """`_lane_choice` from step 0, in two segments when keys are not exact from the start.
 
     Keys (`_key_lane_steps`) need every weight times the step to reach a bound: the steps before
-    that run in float lanes as one segment, the rest in key lanes (counts carried over).
+    that run in float lanes (or the plain loop, when few), the rest in key lanes.
     """
     ready = _key_ready_step(w)
     if len(w) < _KEY_MIN_DATASETS or ready > size // 2:
         return _lane_choice(w, size, keys=False)
-    choice = numpy.empty(size, dtype=numpy.int16)
     head = max(ready, 2)
-    counts = [0] * len(w)
     if head < _LANE_MIN_SIZE:  # lanes cost a few hundred steps of NumPy calls whatever the size
-        _greedy_steps(w, counts, 0, head, choice)
+        choice = numpy.empty(head, dtype=numpy.int16)
+        _greedy_steps(w, [0] * len(w), 0, head, choice)
+        sample = _ranks(choice, len(w))
     else:
-        choice[:head] = _lane_choice(w, head, keys=False)
-        counts = [int(c) for c in numpy.bincount(choice[:head], minlength=len(w))]
-    choice[head:] = _lane_choice(w, size - head, head, counts)
-    return choice
+        choice, sample = _lane_choice(w, head, keys=False)
+    counts = [int(c) for c in numpy.bincount(choice, minlength=len(w))]
+    tail = _lane_choice(w, size - head, head, counts)
+    return numpy.concatenate([choice, tail[0]]), numpy.concatenate([sample, tail[1]])
 
 
 def _key_ready_step(w: list[float]) -> int:
@@ -266,7 +281,7 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
             break
         size = min(total - begin, span)
         now = [counts[k] for k in active]
-        local = _lane_choice([w[k] for k in active], size, begin, now)
+        local = _lane_choice([w[k] for k in active], size, begin, now)[0]
         stop = size  # steps kept: up to and including the first spend
         for a, k in enumerate(active):
             hits = numpy.flatnonzero(local == a)
@@ -286,18 +301,12 @@ def _fill_sample_index(
 ) -> None:
     size = choice.shape[0]
     dataset_index[:size] = choice
-    if num_datasets <= 4:  # a pass per dataset beats a sort
-        for k in range(num_datasets):
-            where = numpy.flatnonzero(choice == k)
-            sample[where] = numpy.arange(where.size)
+    if num_datasets > 4:  # a stable radix sort beats a pass per dataset
+        sample[:size] = _ranks(choice, num_datasets)
         return
-    # Stable sort by dataset (a radix sort for int16): each dataset's steps in order, then the
-    # rank inside its group is the sample index.
-    order = numpy.argsort(choice, kind="stable")
-    per = numpy.bincount(choice, minlength=num_datasets)
-    rank = numpy.arange(size, dtype=numpy.int64)
-    rank -= numpy.repeat(numpy.cumsum(per) - per, per)
-    sample[order] = rank
+    for k in range(num_datasets):
+        where = numpy.flatnonzero(choice == k)
+        sample[where] = numpy.arange(where.size)
 
 
 def build_blending_indices(
@@ -314,13 +323,19 @@ def build_blending_indices(
     """
     w = [float(x) for x in numpy.asarray(weights, dtype=numpy.float64)[:num_datasets]]
     if size >= _LANE_MIN_SIZE and num_datasets > 1 and _lanes_merge(w):
-        choice = _blend_choice(w, size)
-    elif num_datasets == 2 and min(w) > 0:
-        choice = _two_way_choice(w[0], w[1], size)
+        choice, sample = _blend_choice(w, size)
+        if sample is None:
+            _fill_sample_index(choice, num_datasets, dataset_index, dataset_sample_index)
+        else:
+            dataset_index[:size] = choice
+            dataset_sample_index[:size] = sample
     else:
-        choice = numpy.empty(size, dtype=numpy.int16)
-        _greedy_steps(w, [0] * num_datasets, 0, size, choice)
-    _fill_sample_index(choice, num_datasets, dataset_index, dataset_sample_index)
+        if num_datasets == 2 and min(w) > 0:
+            choice = _two_way_choice(w[0], w[1], size)
+        else:
+            choice = numpy.empty(size, dtype=numpy.int16)
+            _greedy_steps(w, [0] * num_datasets, 0, size, choice)
+        _fill_sample_index(choice, num_datasets, dataset_index, dataset_sample_index)
     if verbose:
         for k in range(num_datasets):
             achieved = numpy.count_nonzero(choice == k) / max(size, 1)
