@@ -194,7 +194,8 @@ def _lane_choice(
         fresh_top = numpy.empty((length, redo.size if tops else 0), dtype=numpy.int64)
         steps(first[redo] + warm, fixed, length, part, fresh, fresh_top, part_samp)
         buf[warm:, redo] = part
-        samp[warm:, redo] = part_samp
+        if track:
+            samp[warm:, redo] = part_samp
         guard[:, redo] = fresh
         if tops:
             top[warm:, redo] = fresh_top
