@@ -130,6 +130,7 @@ _LANE_MIN_LENGTH = 128  # steps per lane (1/8 warm-up) for key lanes of 6 to 31 
 _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there are many of them
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
 _WIDE_DATASETS = 12  # more: float lanes as [P, D] rows (three NumPy calls per step)
+_SEGMENT = 1 << 23  # steps per `_lane_choice` call from `_blend_choice` (buffers ~18 bytes/step)
 
 
 def _lane_choice(
@@ -229,24 +230,36 @@ def _keys_hold(weights: numpy.ndarray, rows: tuple, begin: int, counts0: list[in
 
 
 def _blend_choice(w: list[float], size: int) -> tuple[numpy.ndarray, numpy.ndarray | None]:
-    """`_lane_choice` from step 0, in two segments when keys are not exact from the start.
+    """`_lane_choice` from step 0: float lanes until the keys are exact, then key lanes.
 
     Keys (`_key_lane_steps`) need every weight times the step to reach a bound: the steps before
-    that run in float lanes (or the plain loop, when few), the rest in key lanes.
+    that run in float lanes (or the plain loop, when few). Segments of at most `_SEGMENT` steps
+    keep the lane buffers small; each starts from the exact counts the previous one ends with.
     """
     ready = _key_ready_step(w)
-    if len(w) < _KEY_MIN_DATASETS or ready > size // 2:
-        return _lane_choice(w, size, keys=False)
-    head = max(ready, 2)
-    if head < _LANE_MIN_SIZE:  # lanes cost a few hundred steps of NumPy calls whatever the size
-        choice = numpy.empty(head, dtype=numpy.int16)
-        _greedy_steps(w, [0] * len(w), 0, head, choice)
-        sample = _ranks(choice, len(w))
-    else:
-        choice, sample = _lane_choice(w, head, keys=False)
-    counts = [int(c) for c in numpy.bincount(choice, minlength=len(w))]
-    tail = _lane_choice(w, size - head, head, counts)
-    return numpy.concatenate([choice, tail[0]]), numpy.concatenate([sample, tail[1]])
+    num = len(w)
+    if num < _KEY_MIN_DATASETS or ready > size // 2:
+        ready = size
+    choice = numpy.empty(size, dtype=numpy.int16)
+    sample = numpy.empty(size, dtype=numpy.int64) if num > 4 else None
+    counts = [0] * num
+    begin = 0
+    if 2 <= ready < _LANE_MIN_SIZE:  # lanes cost a few hundred steps of NumPy calls at least
+        _greedy_steps(w, counts, 0, ready, choice)
+        sample[:ready] = _ranks(choice[:ready], num)
+        begin = ready
+    while begin < size:
+        end = min(size, ready if begin < ready else size, begin + _SEGMENT)
+        if size - end < _LANE_MIN_SIZE:
+            end = size
+        part, part_sample = _lane_choice(w, end - begin, begin, counts, keys=begin >= ready)
+        choice[begin:end] = part
+        if sample is not None:
+            sample[begin:end] = part_sample
+        for k, c in enumerate(numpy.bincount(part, minlength=num)):
+            counts[k] += int(c)
+        begin = end
+    return choice, sample
 
 
 def _key_ready_step(w: list[float]) -> int:
