@@ -231,6 +231,7 @@ def _key_lane_steps(
         better, tie = numpy.empty(lanes, dtype=bool), numpy.empty(lanes, dtype=bool)
         forig = numpy.asarray(frows, dtype=numpy.int64)
     if not frows and top_keys is not None:  # the common case: a dozen NumPy calls per step
+        base = low * lanes + lane_ids  # key rows are all rows, in order: row k = low - v
         for j in range(nsteps):
             numpy.multiply(wk, t, out=e)
             numpy.subtract(e, c, out=e)  # e_k + 1.5, exact
@@ -238,8 +239,8 @@ def _key_lane_steps(
             keys.max(axis=0, out=top_keys[j])
             numpy.bitwise_and(top_keys[j], low, out=v)
             numpy.subtract(low, v, out=out[j], casting="unsafe")
-            numpy.take(row_of, v, out=pos)
-            pos += lane_ids
+            numpy.multiply(v, -lanes, out=pos)
+            pos += base
             _count(flat, pos, samp, j)
             t += 1.0
         counts[order] = c + _KEY_OFFSET

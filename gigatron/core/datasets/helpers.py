@@ -139,10 +139,12 @@ def _lane_choice(
     begin: int = 0,
     counts0: list[int] | None = None,
     keys: bool = True,
+    out: tuple[numpy.ndarray, numpy.ndarray] | None = None,
 ) -> tuple[numpy.ndarray, numpy.ndarray | None]:
     """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact, and
     int64 `[size]` the chosen dataset's count before each step (its sample index), or None for
     four datasets or fewer (a pass per dataset afterwards is cheaper than a gather per step).
+    Written into `out` (int16 `[size]`, int64 `[size]`) when given.
 
     `counts0` are the exact counts before step `begin` (zeros by default); samples of step
     `begin` not in them went to datasets outside `w`. The lanes step with `_key_lane_steps` when
@@ -207,16 +209,27 @@ def _lane_choice(
         top[warm:, swept] = top[:1, :1]  # lane 0's first key: checked anyway
     ok = _key_guard(top, len(w)) if tops else guard[0].min() > -0.5 and guard[1].max() < 2.5
     if keys and not ok:
-        return _lane_choice(w, size, begin, counts0, keys=False)
-    choice = numpy.empty(warm + lanes * length, dtype=numpy.int16)
-    choice[: warm + length] = buf[:, 0]
-    choice[warm + length :] = buf[warm:, 1:].T.reshape(-1)
+        return _lane_choice(w, size, begin, counts0, keys=False, out=out)
+    if out is None:
+        out = (numpy.empty(size, dtype=numpy.int16), numpy.empty(size, dtype=numpy.int64))
+    _unlane(buf, warm, out[0])
     if not track:
-        return choice[:size], None
-    sample = numpy.empty(warm + lanes * length, dtype=numpy.int64)
-    sample[: warm + length] = samp[:, 0]
-    numpy.copyto(sample[warm + length :].reshape(lanes - 1, length), samp[warm:, 1:].T, "unsafe")
-    return choice[:size], sample[:size]
+        return out[0], None
+    _unlane(samp, warm, out[1])
+    return out
+
+
+def _unlane(buf: numpy.ndarray, warm: int, out: numpy.ndarray) -> None:
+    """Lanes' kept steps (`[W + L, P]`: lane 0 from step 0, the others from W) in step order."""
+    size = out.shape[0]
+    length = buf.shape[0] - warm
+    head = min(size, warm + length)
+    numpy.copyto(out[:head], buf[:head, 0], casting="unsafe")
+    full = (size - head) // length
+    end = head + full * length
+    numpy.copyto(out[head:end].reshape(full, length), buf[warm:, 1 : 1 + full].T, "unsafe")
+    if end < size:
+        numpy.copyto(out[end:], buf[warm : warm + size - end, 1 + full], casting="unsafe")
 
 
 def _keys_hold(weights: numpy.ndarray, rows: tuple, begin: int, counts0: list[int]) -> bool:
@@ -229,19 +242,18 @@ def _keys_hold(weights: numpy.ndarray, rows: tuple, begin: int, counts0: list[in
     return bool((err > -1.5).all() and (err < 2.5).all())
 
 
-def _blend_choice(w: list[float], size: int) -> tuple[numpy.ndarray, numpy.ndarray | None]:
-    """`_lane_choice` from step 0: float lanes until the keys are exact, then key lanes.
+def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) -> bool:
+    """`_lane_choice` from step 0 into `choice` (int16) and `sample` (int64), `[size]` each.
 
     Keys (`_key_lane_steps`) need every weight times the step to reach a bound: the steps before
     that run in float lanes (or the plain loop, when few). Segments of at most `_SEGMENT` steps
     keep the lane buffers small; each starts from the exact counts the previous one ends with.
+    Returns whether `sample` was filled (not for four datasets or fewer).
     """
+    size, num = choice.shape[0], len(w)
     ready = _key_ready_step(w)
-    num = len(w)
     if num < _KEY_MIN_DATASETS or ready > size // 2:
         ready = size
-    choice = numpy.empty(size, dtype=numpy.int16)
-    sample = numpy.empty(size, dtype=numpy.int64) if num > 4 else None
     counts = [0] * num
     begin = 0
     if 2 <= ready < _LANE_MIN_SIZE:  # lanes cost a few hundred steps of NumPy calls at least
@@ -252,14 +264,12 @@ def _blend_choice(w: list[float], size: int) -> tuple[numpy.ndarray, numpy.ndarr
         end = min(size, ready if begin < ready else size, begin + _SEGMENT)
         if size - end < _LANE_MIN_SIZE:
             end = size
-        part, part_sample = _lane_choice(w, end - begin, begin, counts, keys=begin >= ready)
-        choice[begin:end] = part
-        if sample is not None:
-            sample[begin:end] = part_sample
-        for k, c in enumerate(numpy.bincount(part, minlength=num)):
+        part = (choice[begin:end], sample[begin:end])
+        _lane_choice(w, end - begin, begin, counts, keys=begin >= ready, out=part)
+        for k, c in enumerate(numpy.bincount(part[0], minlength=num)):
             counts[k] += int(c)
         begin = end
-    return choice, sample
+    return num > 4
 
 
 def _key_ready_step(w: list[float]) -> int:
@@ -314,7 +324,8 @@ def _fill_sample_index(
     choice: numpy.ndarray, num_datasets: int, dataset_index: numpy.ndarray, sample: numpy.ndarray
 ) -> None:
     size = choice.shape[0]
-    dataset_index[:size] = choice
+    if choice is not dataset_index and not numpy.shares_memory(choice, dataset_index):
+        dataset_index[:size] = choice
     if num_datasets > 4:  # a stable radix sort beats a pass per dataset
         sample[:size] = _ranks(choice, num_datasets)
         return
@@ -337,12 +348,9 @@ def build_blending_indices(
     """
     w = [float(x) for x in numpy.asarray(weights, dtype=numpy.float64)[:num_datasets]]
     if size >= _LANE_MIN_SIZE and num_datasets > 1 and _lanes_merge(w):
-        choice, sample = _blend_choice(w, size)
-        if sample is None:
+        choice = dataset_index[:size]
+        if not _blend_choice(w, choice, dataset_sample_index[:size]):
             _fill_sample_index(choice, num_datasets, dataset_index, dataset_sample_index)
-        else:
-            dataset_index[:size] = choice
-            dataset_sample_index[:size] = sample
     else:
         if num_datasets == 2 and min(w) > 0:
             choice = _two_way_choice(w[0], w[1], size)
