@@ -140,11 +140,13 @@ def _lane_choice(
     counts0: list[int] | None = None,
     keys: bool = True,
     out: tuple[numpy.ndarray, numpy.ndarray] | None = None,
+    end_counts: list[int] | None = None,
 ) -> tuple[numpy.ndarray, numpy.ndarray | None]:
     """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact, and
     int64 `[size]` the chosen dataset's count before each step (its sample index), or None for
     four datasets or fewer (a pass per dataset afterwards is cheaper than a gather per step).
-    Written into `out` (int16 `[size]`, int64 `[size]`) when given.
+    Written into `out` (int16 `[size]`, int64 `[size]`) when given; `end_counts` (a list) is
+    set to the exact counts after the last step.
 
     `counts0` are the exact counts before step `begin` (zeros by default); samples of step
     `begin` not in them went to datasets outside `w`. The lanes step with `_key_lane_steps` when
@@ -209,7 +211,15 @@ def _lane_choice(
         top[warm:, swept] = top[:1, :1]  # lane 0's first key: checked anyway
     ok = _key_guard(top, len(w)) if tops else guard[0].min() > -0.5 and guard[1].max() < 2.5
     if keys and not ok:
-        return _lane_choice(w, size, begin, counts0, keys=False, out=out)
+        return _lane_choice(w, size, begin, counts0, False, out, end_counts)
+    if end_counts is not None:  # the last lane's exact start, plus the steps it keeps
+        last = lanes - 1
+        if last == 0:
+            tail, lane_begin = buf[:size, 0], numpy.asarray(counts0, dtype=numpy.float64)
+        else:
+            tail, lane_begin = buf[warm : size - last * length, last], start[:, last]
+        end = lane_begin + numpy.bincount(tail, minlength=len(w))
+        end_counts[:] = [int(x) for x in end]
     if out is None:
         out = (numpy.empty(size, dtype=numpy.int16), numpy.empty(size, dtype=numpy.int64))
     _unlane(buf, warm, out[0])
@@ -227,7 +237,10 @@ def _unlane(buf: numpy.ndarray, warm: int, out: numpy.ndarray) -> None:
     numpy.copyto(out[:head], buf[:head, 0], casting="unsafe")
     full = (size - head) // length
     end = head + full * length
-    numpy.copyto(out[head:end].reshape(full, length), buf[warm:, 1 : 1 + full].T, "unsafe")
+    rows = out[head:end].reshape(full, length)
+    for p in range(0, full, 64):  # 64 lanes at a time: the transposed reads stay in cache
+        q = min(p + 64, full)
+        numpy.copyto(rows[p:q], buf[warm:, 1 + p : 1 + q].T, casting="unsafe")
     if end < size:
         numpy.copyto(out[end:], buf[warm : warm + size - end, 1 + full], casting="unsafe")
 
@@ -265,9 +278,7 @@ def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) 
         if size - end < _LANE_MIN_SIZE:
             end = size
         part = (choice[begin:end], sample[begin:end])
-        _lane_choice(w, end - begin, begin, counts, keys=begin >= ready, out=part)
-        for k, c in enumerate(numpy.bincount(part[0], minlength=num)):
-            counts[k] += int(c)
+        _lane_choice(w, end - begin, begin, counts, begin >= ready, part, counts)
         begin = end
     return num > 4
 
@@ -329,9 +340,14 @@ def _fill_sample_index(
     if num_datasets > 4:  # a stable radix sort beats a pass per dataset
         sample[:size] = _ranks(choice, num_datasets)
         return
-    for k in range(num_datasets):
-        where = numpy.flatnonzero(choice == k)
-        sample[where] = numpy.arange(where.size)
+    taken = [0] * num_datasets
+    for beg in range(0, size, 1 << 20):  # blocks that stay in cache
+        part = choice[beg : beg + (1 << 20)]
+        out = sample[beg : beg + (1 << 20)]
+        for k in range(num_datasets):
+            where = numpy.flatnonzero(part == k)
+            out[where] = numpy.arange(taken[k], taken[k] + where.size)
+            taken[k] += where.size
 
 
 def build_blending_indices(
