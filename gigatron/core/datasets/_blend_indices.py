@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import numpy
+import torch
 
 
 def _greedy_steps(
@@ -164,138 +165,6 @@ def _count(flat: numpy.ndarray, pos: numpy.ndarray, samp: numpy.ndarray | None, 
         flat[pos] = samp[j] + 1.0
 
 
-# Key lanes. The float64 rule compares e_k = fl(w_k * t) - c_k. Once fl(w_k * t) >= 2^(b + 1)
-# (2^b >= D), e_k is a multiple of 2^(b - 51), so e_k + 1.5 (exact while -1.5 < e_k < 2.5) has
-# at least b zero low bits in its IEEE pattern. Writing `low - k` there makes one int64 max per
-# lane give both the largest error and, on exact ties, the lowest k: four NumPy ops per dataset
-# and step instead of five, with no boolean masks. Rows that have not reached the bound yet
-# (tiny weights early on) are compared in float64 beside the keys. `guard` collects the range of
-# the winning errors: the keys are exact while every error stays in (-1.5, 2.5), which holds when
-# the winners stay in (-0.5, 2.5) (an error falls by at most 1 below a winning one) -- callers
-# check it and fall back to `_lane_steps` otherwise.
-_KEY_OFFSET = 1.5
-_KEY_MIN_DATASETS = 6  # fewer: the float lanes are as fast (the keys cost more small ops)
-
-
-def _key_rows(w: list[float], t: int) -> tuple[list[int], list[int]]:
-    """Rows exact as keys from global step `t` on, and the others (to compare in float64)."""
-    need = float(1 << (max(1, (len(w) - 1).bit_length()) + 1))
-    keys = [k for k in range(len(w)) if w[k] == 0.0 or w[k] * float(t) >= need]
-    done = set(keys)
-    return keys, [k for k in range(len(w)) if k not in done]
-
-
-def _key_lane_steps(
-    w: list[float],
-    rows: tuple[list[int], list[int]],
-    t0: numpy.ndarray,
-    counts: numpy.ndarray,
-    nsteps: int,
-    out: numpy.ndarray,
-    guard: numpy.ndarray | None = None,
-    top_keys: numpy.ndarray | None = None,
-    samp: numpy.ndarray | None = None,
-) -> None:
-    """`_lane_steps` with key rows compared as int64 keys (see above), exact.
-
-    Args:
-        rows: (key rows, float rows) from `_key_rows` at the lanes' first step.
-        t0, counts, out: as in `_lane_steps` (counts updated in place).
-        guard: float64 `[2, P]`: lowered to the min / raised to the max winning error per lane.
-        top_keys: int64 `[n, P]`, with no float rows instead of `guard`: the winning keys, for
-            `_key_guard` (fewer NumPy calls per step).
-        samp: as in `_lane_steps`.
-    """
-    krows, frows = rows
-    num, lanes = counts.shape
-    low = (1 << max(1, (num - 1).bit_length())) - 1
-    order = krows + frows
-    nk = len(krows)
-    c = counts[order] - _KEY_OFFSET  # [D, P]: key rows, then float rows
-    flat = c.reshape(-1)
-    lane_ids = numpy.arange(lanes, dtype=numpy.int64)
-    t = numpy.asarray(t0, dtype=numpy.float64).copy()
-    v, pos = numpy.empty(lanes, dtype=numpy.int64), numpy.empty(lanes, dtype=numpy.int64)
-    win = numpy.empty(lanes)
-    if nk:
-        e = numpy.empty((nk, lanes))  # [K, P]
-        keys = e.view(numpy.int64)
-        tag = (low - numpy.asarray(krows, dtype=numpy.int64))[:, None]
-        wk = numpy.asarray([w[k] for k in krows], dtype=numpy.float64)[:, None]
-        row_of = numpy.zeros(low + 1, dtype=numpy.int64)  # low - k -> row * P
-        row_of[low - numpy.asarray(krows)] = numpy.arange(nk) * lanes
-        top = numpy.empty(lanes, dtype=numpy.int64)
-    if frows:
-        fv, err, cf = numpy.empty(lanes), numpy.empty(lanes), numpy.empty(lanes)
-        fpos = numpy.empty(lanes, dtype=numpy.int64)
-        better, tie = numpy.empty(lanes, dtype=bool), numpy.empty(lanes, dtype=bool)
-        forig = numpy.asarray(frows, dtype=numpy.int64)
-    if not frows and top_keys is not None:  # the common case: a dozen NumPy calls per step
-        base = low * lanes + lane_ids  # key rows are all rows, in order: row k = low - v
-        for j in range(nsteps):
-            numpy.multiply(wk, t, out=e)
-            numpy.subtract(e, c, out=e)  # e_k + 1.5, exact
-            numpy.bitwise_or(keys, tag, out=keys)
-            keys.max(axis=0, out=top_keys[j])
-            numpy.bitwise_and(top_keys[j], low, out=v)
-            numpy.subtract(low, v, out=out[j], casting="unsafe")
-            numpy.multiply(v, -lanes, out=pos)
-            pos += base
-            _count(flat, pos, samp, j)
-            t += 1.0
-        counts[order] = c + _KEY_OFFSET
-        if samp is not None:
-            samp[:nsteps] += _KEY_OFFSET
-        return
-    for j in range(nsteps):
-        if frows:  # running max over the float rows in index order (ties: first)
-            tf = numpy.maximum(t, 1.0) if j == 0 else t
-            for q, k in enumerate(frows):
-                numpy.add(c[nk + q], _KEY_OFFSET, out=cf)  # the exact count
-                numpy.multiply(tf, w[k], out=err if q else fv)
-                if q == 0:
-                    fv -= cf
-                    fpos.fill(nk)
-                    continue
-                err -= cf
-                numpy.greater(err, fv, out=better)
-                numpy.putmask(fpos, better, nk + q)
-                numpy.maximum(fv, err, out=fv)
-        if nk:
-            numpy.multiply(wk, t, out=e)
-            numpy.subtract(e, c[:nk], out=e)  # e_k + 1.5, exact
-            numpy.bitwise_or(keys, tag, out=keys)
-            keys.max(axis=0, out=top)
-            numpy.bitwise_and(top, low, out=v)
-            numpy.take(row_of, v, out=pos)
-            numpy.subtract(low, v, out=v)  # winning dataset
-            top &= ~low
-            numpy.subtract(top.view(numpy.float64), _KEY_OFFSET, out=win)
-            if frows:  # a float row wins if larger, or equal with a lower index
-                fk = forig[fpos - nk]
-                numpy.greater(fv, win, out=better)
-                numpy.equal(fv, win, out=tie)
-                tie &= fk < v
-                better |= tie
-                numpy.copyto(v, fk, where=better)
-                numpy.copyto(win, fv, where=better)
-                numpy.copyto(pos, fpos * lanes, where=better)
-        else:
-            v = forig[fpos - nk]
-            numpy.copyto(win, fv)
-            numpy.multiply(fpos, lanes, out=pos)
-        out[j] = v
-        pos += lane_ids
-        _count(flat, pos, samp, j)
-        if guard is not None:
-            numpy.minimum(guard[0], win, out=guard[0])
-            numpy.maximum(guard[1], win, out=guard[1])
-        t += 1.0
-    counts[order] = c + _KEY_OFFSET
-    if samp is not None:
-        samp[:nsteps] += _KEY_OFFSET
-
-
 def _lane_steps_wide(
     w: list[float],
     t0: numpy.ndarray,
@@ -326,19 +195,6 @@ def _lane_steps_wide(
         _count(flat, best, samp, j)
         t += 1.0
     counts[:] = c.T
-
-
-def _key_guard(top_keys: numpy.ndarray, num: int) -> bool:
-    """Whether every winning key of `_key_lane_steps` has its error in (-0.5, 2.5).
-
-    A key is bits(e + 1.5) with `b` zero low bits, plus a tag below 2^b: so e + 1.5 > 1 iff the
-    key is at least bits(1.0) + 2^b, and e + 1.5 < 4 iff the key is below bits(4.0).
-    """
-    if top_keys.size == 0:
-        return True
-    one, four = numpy.array([1.0, 4.0]).view(numpy.int64)
-    tags = 1 << max(1, (num - 1).bit_length())
-    return bool(top_keys.min() >= one + tags and top_keys.max() < four)
 
 
 def _guess_counts(w: numpy.ndarray, steps: numpy.ndarray, taken: int) -> numpy.ndarray:
@@ -440,3 +296,42 @@ def _exhaustive_steps(
         counts[best] += 1
         if counts[best] == n[best]:
             unspent.remove(best)
+
+
+def _unlane(buf: numpy.ndarray, warm: int, out: numpy.ndarray) -> None:
+    """Lanes' kept steps (`[W + L, P]`: lane 0 from step 0, the others from W) in step order.
+
+    Lane p's kept step j is step W + p * L + j (lane 0 also keeps its W first steps): the kept
+    block `[L, P]` transposed. torch's blocked transpose of a whole contiguous block is ~10x
+    NumPy's strided copy, so the block goes through a `[P, L]` copy first.
+    """
+    size = out.shape[0]
+    length = buf.shape[0] - warm
+    numpy.copyto(out[: min(size, warm)], buf[: min(size, warm), 0], casting="unsafe")
+    if size <= warm:
+        return
+    lanes = torch.from_numpy(numpy.ascontiguousarray(buf[warm:])).t().contiguous().numpy()
+    full = (size - warm) // length  # [P, L]: lanes kept whole
+    end = warm + full * length
+    numpy.copyto(out[warm:end].reshape(full, length), lanes[:full], casting="unsafe")
+    if end < size:
+        numpy.copyto(out[end:], lanes[full, : size - end], casting="unsafe")
+
+
+def _fill_sample_index(
+    choice: numpy.ndarray, num_datasets: int, dataset_index: numpy.ndarray, sample: numpy.ndarray
+) -> None:
+    size = choice.shape[0]
+    if choice is not dataset_index and not numpy.shares_memory(choice, dataset_index):
+        dataset_index[:size] = choice
+    if num_datasets > 4:  # a stable radix sort beats a pass per dataset
+        sample[:size] = _ranks(choice, num_datasets)
+        return
+    taken = [0] * num_datasets
+    for beg in range(0, size, 1 << 20):  # blocks that stay in cache
+        part = choice[beg : beg + (1 << 20)]
+        out = sample[beg : beg + (1 << 20)]
+        for k in range(num_datasets):
+            where = numpy.flatnonzero(part == k)
+            out[where] = numpy.arange(taken[k], taken[k] + where.size)
+            taken[k] += where.size

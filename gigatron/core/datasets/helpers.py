@@ -21,22 +21,27 @@ from __future__ import annotations
 import math
 
 import numpy
-import torch
 
 from gigatron.core.datasets._blend_indices import (
-    _KEY_MIN_DATASETS,
     _exhaustive_steps,
+    _fill_sample_index,
     _greedy_steps,
     _guess_counts,
-    _key_guard,
-    _key_lane_steps,
-    _key_rows,
     _lane_steps,
     _lane_steps_wide,
     _lanes_merge,
     _ranks,
     _sweep_lanes,
     _two_way_choice,
+    _unlane,
+)
+from gigatron.core.datasets._blend_keys import (
+    _KEY_MIN_DATASETS,
+    _key_guard,
+    _key_lane_steps,
+    _key_ready_step,
+    _key_rows,
+    _keys_hold,
 )
 
 _INT32_MAX = numpy.iinfo(numpy.int32).max
@@ -230,36 +235,6 @@ def _lane_choice(
     return out
 
 
-def _unlane(buf: numpy.ndarray, warm: int, out: numpy.ndarray) -> None:
-    """Lanes' kept steps (`[W + L, P]`: lane 0 from step 0, the others from W) in step order.
-
-    Lane p's kept step j is step W + p * L + j (lane 0 also keeps its W first steps): the kept
-    block `[L, P]` transposed. torch's blocked transpose of a whole contiguous block is ~10x
-    NumPy's strided copy, so the block goes through a `[P, L]` copy first.
-    """
-    size = out.shape[0]
-    length = buf.shape[0] - warm
-    numpy.copyto(out[: min(size, warm)], buf[: min(size, warm), 0], casting="unsafe")
-    if size <= warm:
-        return
-    lanes = torch.from_numpy(numpy.ascontiguousarray(buf[warm:])).t().contiguous().numpy()
-    full = (size - warm) // length  # [P, L]: lanes kept whole
-    end = warm + full * length
-    numpy.copyto(out[warm:end].reshape(full, length), lanes[:full], casting="unsafe")
-    if end < size:
-        numpy.copyto(out[end:], lanes[full, : size - end], casting="unsafe")
-
-
-def _keys_hold(weights: numpy.ndarray, rows: tuple, begin: int, counts0: list[int]) -> bool:
-    """Whether `_key_lane_steps` may start at `begin`: enough key rows, errors in range."""
-    krows = rows[0]
-    if not krows or weights.shape[0] < _KEY_MIN_DATASETS:
-        return False
-    k = numpy.asarray(krows)
-    err = weights[k] * float(max(begin, 1)) - numpy.asarray(counts0, dtype=numpy.float64)[k]
-    return bool((err > -1.5).all() and (err < 2.5).all())
-
-
 def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) -> bool:
     """`_lane_choice` from step 0 into `choice` (int16) and `sample` (int64), `[size]` each.
 
@@ -286,19 +261,6 @@ def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) 
         _lane_choice(w, end - begin, begin, counts, begin >= ready, part, counts)
         begin = end
     return num > 4
-
-
-def _key_ready_step(w: list[float]) -> int:
-    """First step from which every dataset is a key row (`_key_rows`)."""
-    need = float(1 << (max(1, (len(w) - 1).bit_length()) + 1))
-    step = 0
-    for x in w:
-        if x > 0.0:
-            t = max(0, math.ceil(need / x) - 2)
-            while x * float(t) < need:
-                t += 1
-            step = max(step, t)
-    return step
 
 
 def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
@@ -334,25 +296,6 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
         begin += stop
         span = max(8 * _LANE_MIN_SIZE, 2 * stop)
     return choice
-
-
-def _fill_sample_index(
-    choice: numpy.ndarray, num_datasets: int, dataset_index: numpy.ndarray, sample: numpy.ndarray
-) -> None:
-    size = choice.shape[0]
-    if choice is not dataset_index and not numpy.shares_memory(choice, dataset_index):
-        dataset_index[:size] = choice
-    if num_datasets > 4:  # a stable radix sort beats a pass per dataset
-        sample[:size] = _ranks(choice, num_datasets)
-        return
-    taken = [0] * num_datasets
-    for beg in range(0, size, 1 << 20):  # blocks that stay in cache
-        part = choice[beg : beg + (1 << 20)]
-        out = sample[beg : beg + (1 << 20)]
-        for k in range(num_datasets):
-            where = numpy.flatnonzero(part == k)
-            out[where] = numpy.arange(taken[k], taken[k] + where.size)
-            taken[k] += where.size
 
 
 def build_blending_indices(

@@ -8,7 +8,7 @@ megatron-core's compiled helper where it is installed.
 import numpy
 import pytest
 
-from gigatron.core.datasets import _blend_indices, helpers
+from gigatron.core.datasets import _blend_keys, helpers
 
 try:
     from megatron.core.datasets import helpers_cpp as mcore_helpers
@@ -50,7 +50,7 @@ def test_key_lane_steps_equal_greedy_rule(name):
     num, lanes, steps = len(w), 4, 300
     begin = 60_000
     first = begin + numpy.arange(lanes) * 5_000  # [P]
-    rows = _blend_indices._key_rows(list(w), begin)
+    rows = _blend_keys._key_rows(list(w), begin)
     assert rows[0]  # some rows are keys
     assert bool(rows[1]) == ("tiny" in name)
     choice_before = helpers._lane_choice(list(w), int(first[-1]), keys=False)[0]  # exact
@@ -62,12 +62,12 @@ def test_key_lane_steps_equal_greedy_rule(name):
     samp = numpy.empty((steps, lanes))
     if rows[1]:
         guard = numpy.full((2, lanes), [[numpy.inf], [-numpy.inf]])
-        _blend_indices._key_lane_steps(list(w), rows, first, counts, steps, out, guard, samp=samp)
+        _blend_keys._key_lane_steps(list(w), rows, first, counts, steps, out, guard, samp=samp)
         assert guard[0].min() > -0.5 and guard[1].max() < 2.5
     else:
         top = numpy.empty((steps, lanes), numpy.int64)
-        _blend_indices._key_lane_steps(list(w), rows, first, counts, steps, out, None, top, samp)
-        assert _blend_indices._key_guard(top, num)
+        _blend_keys._key_lane_steps(list(w), rows, first, counts, steps, out, None, top, samp)
+        assert _blend_keys._key_guard(top, num)
     for p in range(lanes):
         numpy.testing.assert_array_equal(out[:, p], want[p][0], err_msg=f"lane {p}")
         numpy.testing.assert_array_equal(samp[:, p], want[p][1], err_msg=f"lane {p}")
