@@ -6,8 +6,9 @@ For each number of datasets D (weights `rng.random(D) + 0.05`, normalised, seed 
 `build_blending_indices` of gigatron and of megatron-core (`helpers_cpp`) run one after the
 other in this process, `--repeats` times, best CPU time of each (user + sys of this process: the
 host is shared, wall time mostly measures the other tenants); then both outputs
-(`dataset_index`, `dataset_sample_index`) are compared element for element. Also the exhaustive
-builder for one case per D. Prints a table and one `RESULT {json}` line. Needs megatron-core.
+(`dataset_index`, `dataset_sample_index`) are compared element for element. Then the exhaustive
+builder, dataset sizes uniform in [0.5, 1.5) * size / D (seed 1) but the first of 3 samples.
+Prints a table and one `RESULT {json}` line. Needs megatron-core.
 """
 
 from __future__ import annotations
@@ -63,13 +64,18 @@ def main() -> int:
             r = _case(mcore, "build_blending_indices", w, num, size, repeats, (size, False))
             rows.append({"builder": "blend", "datasets": num, "size": size, **r})
             print(_line(rows[-1]), flush=True)
-    for num in (int(x) for x in args.datasets.split(",")):
-        sizes = numpy.random.default_rng(1).integers(5_000, 2 * 1_000_000 // num, num)
-        sizes = sizes.astype(numpy.int64)
-        total = int(sizes.sum())
-        r = _case(mcore, "build_exhaustive_blending_indices", sizes, num, total, args.repeats, ())
-        rows.append({"builder": "exhaustive", "datasets": num, "size": total, **r})
-        print(_line(rows[-1]), flush=True)
+    for size in (int(x) for x in args.sizes.split(",")):
+        repeats = args.repeats if size <= 10_000_000 else max(1, args.repeats // 2)
+        for num in (int(x) for x in args.datasets.split(",")):
+            # dataset sizes uniform in [0.5, 1.5) * size / D, one of 3 samples (spent early)
+            rng = numpy.random.default_rng(1)
+            counts = (rng.random(num) + 0.5) * (size / num)
+            counts[0] = 3
+            counts = counts.astype(numpy.int64)
+            total = int(counts.sum())
+            r = _case(mcore, "build_exhaustive_blending_indices", counts, num, total, repeats, ())
+            rows.append({"builder": "exhaustive", "datasets": num, "size": total, **r})
+            print(_line(rows[-1]), flush=True)
     result = {
         "bench": "blend",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

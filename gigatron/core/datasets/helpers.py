@@ -5,15 +5,17 @@ bit. `build_sample_idx` is vectorised: a sample boundary is a global token posit
 in the concatenation of the documents in `document_index` order, so a cumulative sum of document
 lengths plus one `searchsorted` finds every boundary at once. The blending builders follow
 Megatron's greedy "largest error first" rule (in float64, like the C++). That rule is sequential;
-for two datasets it has a closed form (dataset 0 takes step i iff its count <= w0 * i), which is
-used to predict whole blocks that are then checked against the float64 rule and repaired where
-rounding disagrees, so the result stays bit-identical. Three or more datasets (and the exhaustive
-variant, one phase per set of unspent datasets) run in parallel "lanes" over time: see
-`_lane_choice`. Inputs where lanes would not pay (unnormalised or negative weights, NaN, short
-runs) take the plain loop, which is the reference.
+it runs in parallel "lanes" over time (`_lane_choice`): blocks of steps side by side from guessed
+counts, kept only where they agree with their neighbour, so the result is the sequential rule's.
+Each lane step compares the errors either in float64 (`_blend_indices._lane_steps`) or, once
+every weight times the step is large enough, as int64 keys that carry the dataset index in
+their low bits, one max per lane (`_blend_keys._key_lane_steps`). The exhaustive variant runs
+one phase per set of unspent datasets. Inputs where lanes would not pay (unnormalised or
+negative weights, NaN, short runs) take the plain loop, which is the reference.
 
 Layout: this module holds the public builders and the lane scheduling (`_lane_choice`,
-`_exhaustive_choice`); the step rules and lane kernels they call are in `_blend_indices.py`.
+`_blend_choice`, `_exhaustive_choice`); the step rules and lane kernels they call are in
+`_blend_indices.py` and `_blend_keys.py`.
 """
 
 from __future__ import annotations
@@ -147,12 +149,13 @@ def _lane_choice(
     keys: bool = True,
     out: tuple[numpy.ndarray, numpy.ndarray] | None = None,
     end_counts: list[int] | None = None,
+    want_sample: bool = True,
 ) -> tuple[numpy.ndarray, numpy.ndarray | None]:
     """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact, and
     int64 `[size]` the chosen dataset's count before each step (its sample index), or None for
     four datasets or fewer (a pass per dataset afterwards is cheaper than a gather per step).
     Written into `out` (int16 `[size]`, int64 `[size]`) when given; `end_counts` (a list) is
-    set to the exact counts after the last step.
+    set to the exact counts after the last step. `want_sample=False`: choices only.
 
     `counts0` are the exact counts before step `begin` (zeros by default); samples of step
     `begin` not in them went to datasets outside `w`. The lanes step with `_key_lane_steps` when
@@ -165,7 +168,7 @@ def _lane_choice(
     warm = length // 8
     lanes = max(1, -(-(size - warm) // length))
     buf = numpy.empty((warm + length, lanes), dtype=numpy.int16)  # [steps, lanes]
-    track = len(w) > 4  # else a pass per dataset at the end is cheaper than a gather a step
+    track = want_sample and len(w) > 4  # else a pass per dataset at the end is cheaper
     samp = numpy.empty((warm + length, lanes if track else 0))  # counts before each step
     first = begin + numpy.arange(lanes) * length  # global step of each lane's first step
     counts = _guess_counts(weights, first, begin - sum(counts0))  # [D, P]
@@ -217,7 +220,7 @@ def _lane_choice(
         top[warm:, swept] = top[:1, :1]  # lane 0's first key: checked anyway
     ok = _key_guard(top, len(w)) if tops else guard[0].min() > -0.5 and guard[1].max() < 2.5
     if keys and not ok:
-        return _lane_choice(w, size, begin, counts0, False, out, end_counts)
+        return _lane_choice(w, size, begin, counts0, False, out, end_counts, want_sample)
     if end_counts is not None:  # the last lane's exact start, plus the steps it keeps
         last = lanes - 1
         if last == 0:
@@ -283,7 +286,7 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
             break
         size = min(total - begin, span)
         now = [counts[k] for k in active]
-        local = _lane_choice([w[k] for k in active], size, begin, now)[0]
+        local = _lane_choice([w[k] for k in active], size, begin, now, want_sample=False)[0]
         stop = size  # steps kept: up to and including the first spend
         for a, k in enumerate(active):
             hits = numpy.flatnonzero(local == a)
@@ -294,7 +297,7 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
         for k, c in enumerate(numpy.bincount(phase, minlength=len(n))):
             counts[k] += int(c)
         begin += stop
-        span = max(8 * _LANE_MIN_SIZE, 2 * stop)
+        span = min(_SEGMENT, max(8 * _LANE_MIN_SIZE, 2 * stop))
     return choice
 
 
