@@ -12,8 +12,8 @@ implementations interleaved): the host is shared and wall time mostly measures o
     index, .npy cache writes) through BlendedMegatronDatasetBuilder for 1M samples of 2048
     tokens (3 epochs), as in bench/anchors/data/megatron_index_build.py; gigatron vs
     megatron-core in the same run, and whether the two produced identical indices.
-  * blending_indices_2 / _3: `build_blending_indices` for 1M samples from 2 datasets
-    (vectorised path) and 3 datasets (Python loop), vs the C++.
+  * blending_indices_2 / _3 / _10 / _100: `build_blending_indices` for 1M samples from 2, 3,
+    10 and 100 datasets (NumPy lanes), vs the C++ (bench/bench_blend.py has the full table).
   * preprocess: `gigatron preprocess` documents/s and tokens/s with 1 and 2 workers on a
     synthetic JSON-lines corpus with a byte-level BPE trained by `gigatron train-tokenizer`.
 megatron-core parts are skipped (null) when it is not importable. Runs on CPU.
@@ -177,18 +177,19 @@ def bench_blending(size: int, weights: list[float], repeats: int) -> dict:
         return a, b
 
     mcore = _mcore()
-    if mcore is None or k > 2:
-        out["gigatron_s"] = _best(lambda: run(helpers), repeats if k == 2 else 1)
-    if mcore is not None:
-        if k == 2:
-            out["gigatron_s"], out["megatron_cpp_s"] = _best_pair(
-                lambda: run(helpers), lambda: run(mcore), repeats
-            )
-        else:
-            out["megatron_cpp_s"] = _best(lambda: run(mcore), repeats)
+    if mcore is None:
+        out["gigatron_s"] = _best(lambda: run(helpers), repeats)
+    else:
+        out["gigatron_s"], out["megatron_cpp_s"] = _best_pair(
+            lambda: run(helpers), lambda: run(mcore), repeats
+        )
         out["ratio_gigatron_over_megatron"] = out["gigatron_s"] / out["megatron_cpp_s"]
         out["identical"] = all(numpy.array_equal(x, y) for x, y in zip(run(helpers), run(mcore)))
     return out
+
+
+def _weights(num: int) -> list[float]:
+    return list(numpy.random.default_rng(0).random(num) + 0.05)  # as bench/bench_blend.py
 
 
 def bench_preprocess(workdir: str, num_docs: int) -> dict:
@@ -276,6 +277,8 @@ def main() -> int:
         "gpt_index_build": bench_gpt_build(prefix, args.workdir, args.repeats),
         "blending_indices_2": bench_blending(args.blend_size, [0.3, 0.7], args.repeats),
         "blending_indices_3": bench_blending(args.blend_size, [0.5, 0.3, 0.2], args.repeats),
+        "blending_indices_10": bench_blending(args.blend_size, _weights(10), args.repeats),
+        "blending_indices_100": bench_blending(args.blend_size, _weights(100), args.repeats),
         "preprocess": bench_preprocess(args.workdir, args.preprocess_docs),
     }
     print(json.dumps(result, indent=2))

@@ -304,6 +304,10 @@ t_data() {  # [CPU] index building and blending (gigatron NumPy vs megatron-core
   run data.log 500 python3 bench/bench_data.py --repeats 7
 }
 
+t_blend() {  # [CPU] blending indices, 2/3/10/100 datasets x 1M and 100M samples vs megatron-core's C++ (reports/data-blending.md)
+  run blend.log 500 python3 bench/bench_blend.py --repeats 5
+}
+
 t_tests() {  # the gpu-marked tests on this GPU (the CUDA resume test included)
   run_tests 400 -m gpu tests -rf --timeout 300
 }

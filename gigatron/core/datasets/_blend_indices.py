@@ -2,10 +2,12 @@
 
 Megatron's greedy blending rule (`helpers.cpp`): step i gives its sample to the dataset with the
 largest `w_k * max(i, 1) - count_k` (float64, ties to the lowest k). This module holds the pieces
-that compute it: the plain loop (`_greedy_steps`, the reference), the exact two-dataset closed
-form (`_two_way_choice`), the side-by-side lane step (`_lane_steps`), the guessed lane start
-counts (`_guess_counts`), the one-by-one lane repair (`_sweep_lanes`) and the exhaustive loop
-(`_exhaustive_steps`). How the lanes are cut and scheduled is in `helpers._lane_choice`.
+that compute it in float64: the plain loop (`_greedy_steps`, the reference), the exact
+two-dataset closed form (`_two_way_choice`, for unnormalised pairs), the side-by-side lane steps
+(`_lane_steps`; `_lane_steps_wide` for many datasets), the guessed lane start counts
+(`_guess_counts`), the one-by-one lane repair (`_sweep_lanes`), the exhaustive loop
+(`_exhaustive_steps`) and the reassembly of lanes into step order (`_unlane`). The int64-key lane
+steps are in `_blend_keys.py`; how the lanes are cut and scheduled is in `helpers._lane_choice`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy
+import torch
 
 
 def _greedy_steps(
@@ -113,7 +116,12 @@ def _two_way_choice(w0: float, w1: float, size: int) -> numpy.ndarray:
 
 
 def _lane_steps(
-    w: list[float], t0: numpy.ndarray, counts: numpy.ndarray, nsteps: int, out: numpy.ndarray
+    w: list[float],
+    t0: numpy.ndarray,
+    counts: numpy.ndarray,
+    nsteps: int,
+    out: numpy.ndarray,
+    samp: numpy.ndarray | None = None,
 ) -> None:
     """Megatron's rule for `nsteps` steps in every lane at once, in place.
 
@@ -122,6 +130,7 @@ def _lane_steps(
         t0: float64 `[P]` global step of each lane's first step.
         counts: float64 `[D, P]` samples taken so far per dataset and lane (updated).
         out: int16 `[nsteps, P]` receives the chosen dataset of each step and lane.
+        samp: float64 `[nsteps, P]`, optional: the chosen dataset's count before the step.
     """
     num, lanes = counts.shape
     flat = counts.reshape(-1)
@@ -146,7 +155,48 @@ def _lane_steps(
         out[j] = best
         best *= lanes
         best += lane_ids
-        flat[best] += 1.0
+        _count(flat, best, samp, j)
+
+
+def _count(flat: numpy.ndarray, pos: numpy.ndarray, samp: numpy.ndarray | None, j: int) -> None:
+    """One more sample at each flat position `pos`; the counts before go to `samp[j]`."""
+    if samp is None:
+        flat[pos] += 1.0
+    else:
+        numpy.take(flat, pos, out=samp[j])
+        flat[pos] = samp[j] + 1.0
+
+
+def _lane_steps_wide(
+    w: list[float],
+    t0: numpy.ndarray,
+    counts: numpy.ndarray,
+    nsteps: int,
+    out: numpy.ndarray,
+    samp: numpy.ndarray | None = None,
+) -> None:
+    """`_lane_steps` for many datasets: three NumPy calls per step over `[P, D]` rows.
+
+    The errors are the same float64 values; `argmax` returns the first maximum (ties: low k).
+    """
+    num, lanes = counts.shape
+    c = numpy.ascontiguousarray(counts.T)  # [P, D]
+    flat = c.reshape(-1)
+    base = numpy.arange(lanes) * num
+    wrow = numpy.asarray(w, dtype=numpy.float64)[None, :]
+    e = numpy.empty((lanes, num))
+    t = numpy.asarray(t0, dtype=numpy.float64).copy()
+    best = numpy.empty(lanes, dtype=numpy.intp)
+    for j in range(nsteps):
+        tt = numpy.maximum(t, 1.0) if j == 0 else t  # steps 0 and 1 both use t = 1
+        numpy.multiply(tt[:, None], wrow, out=e)
+        numpy.subtract(e, c, out=e)
+        e.argmax(axis=1, out=best)
+        out[j] = best
+        best += base
+        _count(flat, best, samp, j)
+        t += 1.0
+    counts[:] = c.T
 
 
 def _guess_counts(w: numpy.ndarray, steps: numpy.ndarray, taken: int) -> numpy.ndarray:
@@ -161,10 +211,11 @@ def _guess_counts(w: numpy.ndarray, steps: numpy.ndarray, taken: int) -> numpy.n
     ideal = w[:, None] * base + (base - taken - w.sum() * base) / num  # [D, P], sums to s-1-taken
     counts = numpy.floor(ideal)
     short = numpy.clip(steps - taken - counts.sum(axis=0), 0, num).astype(numpy.int64)  # [P]
-    order = numpy.argsort(counts - ideal, axis=0, kind="stable")  # largest remainder first
+    # Largest remainder first; per lane along contiguous rows (a guess: tie order is free).
+    order = numpy.argsort(numpy.ascontiguousarray((counts - ideal).T), axis=1)  # [P, D]
     rank = numpy.empty_like(order)
-    numpy.put_along_axis(rank, order, numpy.arange(num)[:, None], axis=0)
-    counts += rank < short
+    numpy.put_along_axis(rank, order, numpy.arange(num)[None, :], axis=1)
+    counts += (rank < short[:, None]).T
     return counts
 
 
@@ -177,21 +228,37 @@ def _lanes_merge(w: list[float]) -> bool:
     return min(w) >= 0.0 and abs(math.fsum(w) - 1.0) < 1e-6
 
 
+def _ranks(choice: numpy.ndarray, num: int) -> numpy.ndarray:
+    """int64 `[n]`: how often `choice[i]` occurs in `choice[:i]` (a stable radix sort)."""
+    order = numpy.argsort(choice, kind="stable")
+    per = numpy.bincount(choice, minlength=num)
+    rank = numpy.arange(choice.shape[0], dtype=numpy.int64)
+    rank -= numpy.repeat(numpy.cumsum(per) - per, per)
+    out = numpy.empty_like(rank)
+    out[order] = rank
+    return out
+
+
 def _sweep_lanes(
     w: list[float],
     begin: numpy.ndarray,
     start: numpy.ndarray,
     counts: numpy.ndarray,
     out: numpy.ndarray,
-) -> None:
+    samp: numpy.ndarray | None = None,
+) -> list[int]:
     """Make every lane agree with its predecessor, in order, rerunning lanes with the plain loop.
 
     Args:
         begin: int `[P]` global step where each lane's kept steps start.
         start, counts: float64 `[D, P]` counts of each lane at its kept steps' start and end.
         out: int16 `[L, P]` the lanes' kept steps (rerun lanes are rewritten).
+        samp: float64 `[L, P]`, optional: their samples' indices (rewritten with them).
+
+    Returns the lanes rerun.
     """
     length, lanes = out.shape
+    swept = []
     todo = list(1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0)))
     todo.reverse()
     while todo:
@@ -203,12 +270,16 @@ def _sweep_lanes(
             step = int(begin[lane])
             _greedy_steps(w, exact, step, step + length, column, offset=step)
             out[:, lane] = column
+            if samp is not None:
+                samp[:, lane] = start[column, lane] + _ranks(column, len(w))
+            swept.append(lane)
             counts[:, lane] = exact
             lane += 1  # the next lane now starts from new counts: check it again
             if todo and todo[-1] == lane:
                 todo.pop()
             if lane == lanes or (start[:, lane] == counts[:, lane - 1]).all():
                 break
+    return swept
 
 
 def _exhaustive_steps(
@@ -227,3 +298,42 @@ def _exhaustive_steps(
         counts[best] += 1
         if counts[best] == n[best]:
             unspent.remove(best)
+
+
+def _unlane(buf: numpy.ndarray, warm: int, out: numpy.ndarray) -> None:
+    """Lanes' kept steps (`[W + L, P]`: lane 0 from step 0, the others from W) in step order.
+
+    Lane p's kept step j is step W + p * L + j (lane 0 also keeps its W first steps): the kept
+    block `[L, P]` transposed. torch's blocked transpose of a whole contiguous block is ~10x
+    NumPy's strided copy, so the block goes through a `[P, L]` copy first.
+    """
+    size = out.shape[0]
+    length = buf.shape[0] - warm
+    numpy.copyto(out[: min(size, warm)], buf[: min(size, warm), 0], casting="unsafe")
+    if size <= warm:
+        return
+    lanes = torch.from_numpy(numpy.ascontiguousarray(buf[warm:])).t().contiguous().numpy()
+    full = (size - warm) // length  # [P, L]: lanes kept whole
+    end = warm + full * length
+    numpy.copyto(out[warm:end].reshape(full, length), lanes[:full], casting="unsafe")
+    if end < size:
+        numpy.copyto(out[end:], lanes[full, : size - end], casting="unsafe")
+
+
+def _fill_sample_index(
+    choice: numpy.ndarray, num_datasets: int, dataset_index: numpy.ndarray, sample: numpy.ndarray
+) -> None:
+    size = choice.shape[0]
+    if choice is not dataset_index and not numpy.shares_memory(choice, dataset_index):
+        dataset_index[:size] = choice
+    if num_datasets > 4:  # a stable radix sort beats a pass per dataset
+        sample[:size] = _ranks(choice, num_datasets)
+        return
+    taken = [0] * num_datasets
+    for beg in range(0, size, 1 << 20):  # blocks that stay in cache
+        part = choice[beg : beg + (1 << 20)]
+        out = sample[beg : beg + (1 << 20)]
+        for k in range(num_datasets):
+            where = numpy.flatnonzero(part == k)
+            out[where] = numpy.arange(taken[k], taken[k] + where.size)
+            taken[k] += where.size

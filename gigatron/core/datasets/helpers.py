@@ -5,15 +5,17 @@ bit. `build_sample_idx` is vectorised: a sample boundary is a global token posit
 in the concatenation of the documents in `document_index` order, so a cumulative sum of document
 lengths plus one `searchsorted` finds every boundary at once. The blending builders follow
 Megatron's greedy "largest error first" rule (in float64, like the C++). That rule is sequential;
-for two datasets it has a closed form (dataset 0 takes step i iff its count <= w0 * i), which is
-used to predict whole blocks that are then checked against the float64 rule and repaired where
-rounding disagrees, so the result stays bit-identical. Three or more datasets (and the exhaustive
-variant, one phase per set of unspent datasets) run in parallel "lanes" over time: see
-`_lane_choice`. Inputs where lanes would not pay (unnormalised or negative weights, NaN, short
-runs) take the plain loop, which is the reference.
+it runs in parallel "lanes" over time (`_lane_choice`): blocks of steps side by side from guessed
+counts, kept only where they agree with their neighbour, so the result is the sequential rule's.
+Each lane step compares the errors either in float64 (`_blend_indices._lane_steps`) or, once
+every weight times the step is large enough, as int64 keys that carry the dataset index in
+their low bits, one max per lane (`_blend_keys._key_lane_steps`). The exhaustive variant runs
+one phase per set of unspent datasets. Inputs where lanes would not pay (unnormalised or
+negative weights, NaN, short runs) take the plain loop, which is the reference.
 
 Layout: this module holds the public builders and the lane scheduling (`_lane_choice`,
-`_exhaustive_choice`); the step rules and lane kernels they call are in `_blend_indices.py`.
+`_blend_choice`, `_exhaustive_choice`); the step rules and lane kernels they call are in
+`_blend_indices.py` and `_blend_keys.py`.
 """
 
 from __future__ import annotations
@@ -24,12 +26,24 @@ import numpy
 
 from gigatron.core.datasets._blend_indices import (
     _exhaustive_steps,
+    _fill_sample_index,
     _greedy_steps,
     _guess_counts,
     _lane_steps,
+    _lane_steps_wide,
     _lanes_merge,
+    _ranks,
     _sweep_lanes,
     _two_way_choice,
+    _unlane,
+)
+from gigatron.core.datasets._blend_keys import (
+    _KEY_MIN_DATASETS,
+    _key_guard,
+    _key_lane_steps,
+    _key_ready_step,
+    _key_rows,
+    _keys_hold,
 )
 
 _INT32_MAX = numpy.iinfo(numpy.int32).max
@@ -120,30 +134,68 @@ def build_sample_idx(
 # tests/core/datasets/test_blend_indices.py replaces them here to force every repair path.
 _LANE_MIN_SIZE = 1 << 14  # below this the Python loop is as fast
 _LANE_TARGET = 8192  # lanes per op: large enough that NumPy's per-call cost is amortised
+_LANE_MIN_LENGTH = 128  # steps per lane (1/8 warm-up) for key lanes of 6 to 31 datasets, else 256
 _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there are many of them
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
+_WIDE_DATASETS = 12  # more: float lanes as [P, D] rows (three NumPy calls per step)
+_SEGMENT = 1 << 23  # steps per `_lane_choice` call from `_blend_choice` (buffers ~18 bytes/step)
 
 
 def _lane_choice(
-    w: list[float], size: int, begin: int = 0, counts0: list[int] | None = None
-) -> numpy.ndarray:
-    """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact.
+    w: list[float],
+    size: int,
+    begin: int = 0,
+    counts0: list[int] | None = None,
+    keys: bool = True,
+    out: tuple[numpy.ndarray, numpy.ndarray] | None = None,
+    end_counts: list[int] | None = None,
+    want_sample: bool = True,
+) -> tuple[numpy.ndarray, numpy.ndarray | None]:
+    """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact, and
+    int64 `[size]` the chosen dataset's count before each step (its sample index), or None for
+    four datasets or fewer (a pass per dataset afterwards is cheaper than a gather per step).
+    Written into `out` (int16 `[size]`, int64 `[size]`) when given; `end_counts` (a list) is
+    set to the exact counts after the last step. `want_sample=False`: choices only.
 
     `counts0` are the exact counts before step `begin` (zeros by default); samples of step
-    `begin` not in them went to datasets outside `w`.
+    `begin` not in them went to datasets outside `w`. The lanes step with `_key_lane_steps` when
+    its exactness conditions hold at `begin` and stay true (checked), else with `_lane_steps`.
     """
     weights = numpy.asarray(w, dtype=numpy.float64)
     counts0 = [0] * len(w) if counts0 is None else counts0
-    length = max(256, -(-size // _LANE_TARGET))
+    short = _KEY_MIN_DATASETS <= len(w) < 32
+    length = max(_LANE_MIN_LENGTH if short else 256, -(-size // _LANE_TARGET))
     warm = length // 8
     lanes = max(1, -(-(size - warm) // length))
     buf = numpy.empty((warm + length, lanes), dtype=numpy.int16)  # [steps, lanes]
+    track = want_sample and len(w) > 4  # else a pass per dataset at the end is cheaper
+    samp = numpy.empty((warm + length, lanes if track else 0))  # counts before each step
     first = begin + numpy.arange(lanes) * length  # global step of each lane's first step
     counts = _guess_counts(weights, first, begin - sum(counts0))  # [D, P]
     counts[:, 0] = counts0
-    _lane_steps(w, first.astype(numpy.float64), counts, warm, buf[:warm])
+    rows = _key_rows(w, begin)
+    keys = keys and _keys_hold(weights, rows, begin, counts0)
+    tops = keys and not rows[1]  # pure keys: winning keys kept per step, checked at the end
+    top = numpy.empty((warm + length, lanes if tops else 0), dtype=numpy.int64)
+    guard = numpy.full((2, lanes), [[numpy.inf], [-numpy.inf]])  # winning errors per lane
+
+    def steps(t0, c, n, out, g, tk, sp):
+        t0 = t0.astype(numpy.float64)
+        sp = sp if track else None
+        if tops:
+            _key_lane_steps(w, rows, t0, c, n, out, top_keys=tk, samp=sp)
+        elif keys:
+            _key_lane_steps(w, rows, t0, c, n, out, g, samp=sp)
+        elif len(w) > _WIDE_DATASETS:
+            _lane_steps_wide(w, t0, c, n, out, sp)
+        else:
+            _lane_steps(w, t0, c, n, out, sp)
+
+    steps(first, counts, warm, buf[:warm], guard, top[:warm], samp[:warm])
+    guard[:, 1:] = [[numpy.inf], [-numpy.inf]]  # warm-up steps count for lane 0 only
+    top[:warm, 1:] = top[:warm, :1]  # (valid keys, checked anyway)
     start = counts.copy()  # [D, P] counts at global step first + W
-    _lane_steps(w, (first + warm).astype(numpy.float64), counts, length, buf[warm:])
+    steps(first + warm, counts, length, buf[warm:], guard, top[warm:], samp[warm:])
     for _ in range(_LANE_MAX_PASSES):  # many lanes disagree: run them again side by side
         redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
         if redo.size == 0 or redo.size < _LANE_SWEEP:
@@ -151,14 +203,67 @@ def _lane_choice(
         start[:, redo] = counts[:, redo - 1]
         fixed = start[:, redo].copy()
         part = numpy.empty((length, redo.size), dtype=numpy.int16)
-        _lane_steps(w, (first[redo] + warm).astype(numpy.float64), fixed, length, part)
+        part_samp = numpy.empty((length, redo.size if track else 0))
+        fresh = numpy.full((2, redo.size), [[numpy.inf], [-numpy.inf]])
+        fresh_top = numpy.empty((length, redo.size if tops else 0), dtype=numpy.int64)
+        steps(first[redo] + warm, fixed, length, part, fresh, fresh_top, part_samp)
         buf[warm:, redo] = part
+        if track:
+            samp[warm:, redo] = part_samp
+        guard[:, redo] = fresh
+        if tops:
+            top[warm:, redo] = fresh_top
         counts[:, redo] = fixed
-    _sweep_lanes(w, first + warm, start, counts, buf[warm:])
-    choice = numpy.empty(warm + lanes * length, dtype=numpy.int16)
-    choice[: warm + length] = buf[:, 0]
-    choice[warm + length :] = buf[warm:, 1:].T.reshape(-1)
-    return choice[:size]
+    swept = _sweep_lanes(w, first + warm, start, counts, buf[warm:], samp[warm:] if track else None)
+    guard[:, swept] = 0.0  # the plain loop is exact in any range
+    if tops and swept:
+        top[warm:, swept] = top[:1, :1]  # lane 0's first key: checked anyway
+    ok = _key_guard(top, len(w)) if tops else guard[0].min() > -0.5 and guard[1].max() < 2.5
+    if keys and not ok:
+        return _lane_choice(w, size, begin, counts0, False, out, end_counts, want_sample)
+    if end_counts is not None:  # the last lane's exact start, plus the steps it keeps
+        last = lanes - 1
+        if last == 0:
+            tail, lane_begin = buf[:size, 0], numpy.asarray(counts0, dtype=numpy.float64)
+        else:
+            tail, lane_begin = buf[warm : size - last * length, last], start[:, last]
+        end = lane_begin + numpy.bincount(tail, minlength=len(w))
+        end_counts[:] = [int(x) for x in end]
+    if out is None:
+        out = (numpy.empty(size, dtype=numpy.int16), numpy.empty(size, dtype=numpy.int64))
+    _unlane(buf, warm, out[0])
+    if not track:
+        return out[0], None
+    _unlane(samp, warm, out[1])
+    return out
+
+
+def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) -> bool:
+    """`_lane_choice` from step 0 into `choice` (int16) and `sample` (int64), `[size]` each.
+
+    Keys (`_key_lane_steps`) need every weight times the step to reach a bound: the steps before
+    that run in float lanes (or the plain loop, when few). Segments of at most `_SEGMENT` steps
+    keep the lane buffers small; each starts from the exact counts the previous one ends with.
+    Returns whether `sample` was filled (not for four datasets or fewer).
+    """
+    size, num = choice.shape[0], len(w)
+    ready = _key_ready_step(w)
+    if num < _KEY_MIN_DATASETS or ready > size // 2:
+        ready = size
+    counts = [0] * num
+    begin = 0
+    if 2 <= ready < _LANE_MIN_SIZE:  # lanes cost a few hundred steps of NumPy calls at least
+        _greedy_steps(w, counts, 0, ready, choice)
+        sample[:ready] = _ranks(choice[:ready], num)
+        begin = ready
+    while begin < size:
+        end = min(size, ready if begin < ready else size, begin + _SEGMENT)
+        if size - end < _LANE_MIN_SIZE:
+            end = size
+        part = (choice[begin:end], sample[begin:end])
+        _lane_choice(w, end - begin, begin, counts, begin >= ready, part, counts)
+        begin = end
+    return num > 4
 
 
 def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
@@ -181,7 +286,7 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
             break
         size = min(total - begin, span)
         now = [counts[k] for k in active]
-        local = _lane_choice([w[k] for k in active], size, begin, now)
+        local = _lane_choice([w[k] for k in active], size, begin, now, want_sample=False)[0]
         stop = size  # steps kept: up to and including the first spend
         for a, k in enumerate(active):
             hits = numpy.flatnonzero(local == a)
@@ -192,18 +297,8 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
         for k, c in enumerate(numpy.bincount(phase, minlength=len(n))):
             counts[k] += int(c)
         begin += stop
-        span = max(8 * _LANE_MIN_SIZE, 2 * stop)
+        span = min(_SEGMENT, max(8 * _LANE_MIN_SIZE, 2 * stop))
     return choice
-
-
-def _fill_sample_index(
-    choice: numpy.ndarray, num_datasets: int, dataset_index: numpy.ndarray, sample: numpy.ndarray
-) -> None:
-    size = choice.shape[0]
-    dataset_index[:size] = choice
-    for k in range(num_datasets):
-        where = numpy.flatnonzero(choice == k)
-        sample[where] = numpy.arange(where.size)
 
 
 def build_blending_indices(
@@ -219,14 +314,17 @@ def build_blending_indices(
     Step i picks the dataset with the largest `w_k * max(i, 1) - count_k` (ties: lowest k).
     """
     w = [float(x) for x in numpy.asarray(weights, dtype=numpy.float64)[:num_datasets]]
-    if num_datasets == 2 and min(w) > 0:
-        choice = _two_way_choice(w[0], w[1], size)
-    elif size >= _LANE_MIN_SIZE and num_datasets > 1 and _lanes_merge(w):
-        choice = _lane_choice(w, size)
+    if size >= _LANE_MIN_SIZE and num_datasets > 1 and _lanes_merge(w):
+        choice = dataset_index[:size]
+        if not _blend_choice(w, choice, dataset_sample_index[:size]):
+            _fill_sample_index(choice, num_datasets, dataset_index, dataset_sample_index)
     else:
-        choice = numpy.empty(size, dtype=numpy.int16)
-        _greedy_steps(w, [0] * num_datasets, 0, size, choice)
-    _fill_sample_index(choice, num_datasets, dataset_index, dataset_sample_index)
+        if num_datasets == 2 and min(w) > 0:
+            choice = _two_way_choice(w[0], w[1], size)
+        else:
+            choice = numpy.empty(size, dtype=numpy.int16)
+            _greedy_steps(w, [0] * num_datasets, 0, size, choice)
+        _fill_sample_index(choice, num_datasets, dataset_index, dataset_sample_index)
     if verbose:
         for k in range(num_datasets):
             achieved = numpy.count_nonzero(choice == k) / max(size, 1)

@@ -59,9 +59,9 @@ def lane_calls(monkeypatch):
     calls = []
     real = helpers._lane_choice
 
-    def spy(w, size, *args):
+    def spy(w, size, *args, **kwargs):
         calls.append(size)
-        return real(w, size, *args)
+        return real(w, size, *args, **kwargs)
 
     monkeypatch.setattr(helpers, "_lane_choice", spy)
     return calls
@@ -71,7 +71,7 @@ def lane_calls(monkeypatch):
 def test_lanes_equal_sequential_rule(weights, lane_calls):
     size = 100_000
     got = _gigatron(weights, size)
-    assert lane_calls == [size]  # the lane path ran, not the loop
+    assert lane_calls and sum(lane_calls) <= size  # the lane path ran, not only the loop
     want = _build_blending_indices_reference(weights, len(weights), size)
     numpy.testing.assert_array_equal(got[0], want[0])
     numpy.testing.assert_array_equal(got[1], want[1])
