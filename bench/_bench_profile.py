@@ -24,7 +24,10 @@ def host_syncs(step) -> list[str]:
             step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return [f"{w.filename}:{w.lineno}: {str(w.message)[:80]}" for w in caught][:20]
+    # only the syncs themselves ("called a synchronizing CUDA operation"), not the notice that
+    # sync debug mode is a prototype, which setting the mode emits
+    syncs = [w for w in caught if "synchronizing" in str(w.message)]
+    return [f"{w.filename}:{w.lineno}: {str(w.message)[:80]}" for w in syncs][:20]
 
 
 _category = kernel_category
