@@ -26,6 +26,7 @@ from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's nam
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
+from gigatron.core.transformer.transformer_config import MLATransformerConfig  # noqa: F401  (Megatron imports it from here)
 from gigatron.core.utils import divide
 
 
