@@ -140,6 +140,7 @@ def test_compiled_moe_layers_on_cuda_run_without_host_sync():
     want = _run(twin, x)
     compile_transformer_layers(block, fullgraph=True)
     _run(block, x)  # compile
+    _run(block, x)  # warm: a recompile (e.g. aux-loss tracker entries moved to CUDA) happens here
     xg = x.clone().requires_grad_(True)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
