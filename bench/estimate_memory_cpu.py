@@ -12,7 +12,8 @@ numbers for the same shape (bench/estimate_check.py's precision).
 
 `--fused-ce`: the chunked cross entropy's three elementwise helpers count only their outputs, as
 the fused kernels they are compiled into on CUDA allocate; eager on CPU they make fp32 [c, V]
-temporaries (1.6 GiB more at gpt-125m) that a GPU run never has.
+temporaries (three fp32 [4096, 50304] and a bool one alive at once: +2.5 GiB at gpt-125m)
+that a GPU run never has.
 """
 
 from __future__ import annotations
