@@ -156,7 +156,7 @@ def test_chunked_cross_entropy_backward_transient_is_chunk_buffers(monkeypatch, 
     assert mem.peak - before == pytest.approx(logits_grad_bytes(sh), rel=0.01)
 
 
-def test_trace_prices_the_compiled_cross_entropy_helpers_as_fused_kernels():
+def test_trace_prices_the_compiled_cross_entropy_helpers_as_fused_kernels(monkeypatch):
     """On meta the chunked cross entropy runs its eager helpers (~20 fp32 [c, V] passes per
     chunk); the trace records what CUDA runs: per chunk two reads of the logits in forward, one
     read and one write of their gradient in backward."""
@@ -182,3 +182,13 @@ def test_trace_prices_the_compiled_cross_entropy_helpers_as_fused_kernels():
     dw = 4 * vocab * hidden * (4 + 4 + 2)  # per chunk dW += D^T x: fp32 read + write, bf16 read
     assert wide + dw <= traced[True].other_bytes <= 1.1 * (wide + dw)
     assert traced[False].other_bytes > 5 * traced[True].other_bytes  # what meta ran eager
+
+    from gigatron.tools.estimate import trace
+    from gigatron.tools.estimate.report import estimate_rank
+
+    fused_ce = [*BASE, "--cross-entropy-loss-fusion", "--vocab-size", "8192", "--world-size", "1"]
+    args = estimate_args(fused_ce)  # the model's trace goes through the same swap
+    (model,) = estimate_rank(args, 0, keep_traces=True)["traces"]
+    monkeypatch.setattr(trace, "_compiled_ce_helpers", lambda tracer: contextlib.nullcontext())
+    (unswapped,) = estimate_rank(args, 0, keep_traces=True)["traces"]
+    assert unswapped.other_bytes > 2 * model.other_bytes, (unswapped, model)
