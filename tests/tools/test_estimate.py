@@ -3,6 +3,8 @@ meta trace's FLOPs against the training FLOPs formula."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from gigatron.tools.estimate.args import estimate_args
@@ -105,3 +107,88 @@ def test_cli_prints_json_and_refuses_a_missing_world_size_in_one_line(capsys):
     assert capsys.readouterr().err.strip() == (
         "gigatron estimate: error: give --world-size N (the number of ranks of the planned job)"
     )
+
+
+def _fused_stand_ins(helpers, mem):
+    """The chunked cross entropy's elementwise helpers as a fused kernel allocates: only their
+    outputs (CUDA compiles them; eager CPU would add fp32 [c, V] temporaries)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def fused(fn):
+        def run(*args):
+            with _disable_current_modes():  # the helper's inside: registers of one kernel
+                out = fn(*args)
+            return out.clone()  # counted once, as the kernel's output
+
+        return run
+
+    return tuple(fused(f) for f in helpers)
+
+
+@pytest.mark.parametrize("tokens", [4096, 8192])  # one chunk; two (three [c, V] alive at once)
+def test_chunked_cross_entropy_backward_transient_is_chunk_buffers(monkeypatch, tokens):
+    """With --cross-entropy-loss-fusion the estimate's transient (`logits_grad_bytes`) is what
+    the chunked cross entropy's backward allocates (measured, GPTModel's chunk size), not the
+    whole fp32 logits' gradient (old accounting: 11% / 23% off here, 2.3x at gpt-125m)."""
+    import torch
+
+    from gigatron.core.fusions import chunked_cross_entropy as ce
+    from gigatron.tools.estimate.activations import Shape, logits_grad_bytes
+    from gigatron.tools.estimate.measure import LiveTensorBytes
+
+    vocab, hidden = 64, 8
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, 1, hidden, generator=g).bfloat16().requires_grad_()  # [s, b, h]
+    w = torch.randn(vocab, hidden, generator=g).bfloat16().requires_grad_()  # [V, h]
+    labels = torch.randint(0, vocab, (1, tokens), generator=g)  # [b, s]
+    with LiveTensorBytes() as mem:
+        monkeypatch.setitem(ce._HELPERS, "eager", _fused_stand_ins(ce._HELPERS["eager"], mem))
+        loss = ce.chunked_linear_cross_entropy(x, w, labels, compiled=False, recompute=True)
+        loss = loss.sum()
+        before = mem.live
+        mem.reset_peak()
+        loss.backward()
+    sh = Shape(
+        seq=tokens, micro_batch=1, hidden=hidden, ffn=4 * hidden, heads=1, kv_groups=1,
+        head_dim=hidden, vocab=vocab, tp=1, cp=1, sp=False, swiglu=False, rmsnorm=False,
+        dropout=False, act_bytes=2, fused_ce=True,
+    )  # fmt: skip
+    assert mem.peak - before == pytest.approx(logits_grad_bytes(sh), rel=0.01)
+
+
+def test_trace_prices_the_compiled_cross_entropy_helpers_as_fused_kernels(monkeypatch):
+    """On meta the chunked cross entropy runs its eager helpers (~20 fp32 [c, V] passes per
+    chunk); the trace records what CUDA runs: per chunk two reads of the logits in forward, one
+    read and one write of their gradient in backward."""
+    import torch
+
+    from gigatron.core.fusions import chunked_cross_entropy as ce
+    from gigatron.tools.estimate.trace import OpTrace, _compiled_ce_helpers
+
+    tokens, vocab, hidden, chunk = 256, 4096, 8, 64
+    with torch.device("meta"):
+        x = torch.zeros(tokens, 1, hidden, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.zeros(vocab, hidden, dtype=torch.bfloat16, requires_grad=True)
+        labels = torch.zeros(1, tokens, dtype=torch.long)
+    traced = {}
+    for fused in (False, True):
+        tracer = OpTrace()
+        ctx = _compiled_ce_helpers(tracer) if fused else contextlib.nullcontext()
+        with tracer, ctx:
+            loss = ce.chunked_linear_cross_entropy(x, w, labels, chunk_size=chunk, recompute=True)
+            loss.sum().backward()
+        traced[fused] = tracer.trace
+    wide = 4 * tokens * vocab * 2  # [c, V] bf16 bytes moved over the 4 chunks
+    dw = 4 * vocab * hidden * (4 + 4 + 2)  # per chunk dW += D^T x: fp32 read + write, bf16 read
+    assert wide + dw <= traced[True].other_bytes <= 1.1 * (wide + dw)
+    assert traced[False].other_bytes > 5 * traced[True].other_bytes  # what meta ran eager
+
+    from gigatron.tools.estimate import trace
+    from gigatron.tools.estimate.report import estimate_rank
+
+    fused_ce = [*BASE, "--cross-entropy-loss-fusion", "--vocab-size", "8192", "--world-size", "1"]
+    args = estimate_args(fused_ce)  # the model's trace goes through the same swap
+    (model,) = estimate_rank(args, 0, keep_traces=True)["traces"]
+    monkeypatch.setattr(trace, "_compiled_ce_helpers", lambda tracer: contextlib.nullcontext())
+    (unswapped,) = estimate_rank(args, 0, keep_traces=True)["traces"]
+    assert unswapped.other_bytes > 2 * model.other_bytes, (unswapped, model)

@@ -38,6 +38,8 @@ from gigatron.core.tensor_parallel import mappings
 
 _FILE = "gigatron/core/fusions/chunked_cross_entropy.py"
 
+CHUNK_SIZE = 4096  # tokens per chunk by default (GPTModel's); gigatron estimate prices it
+
 
 def _row_max(logits: Tensor) -> Tensor:
     """[c, V/tp] -> fp32 [c]."""
@@ -226,7 +228,7 @@ def chunked_linear_cross_entropy(
     weight: Tensor,
     labels: Tensor,
     *,
-    chunk_size: int = 4096,
+    chunk_size: int = CHUNK_SIZE,
     sequence_parallel: bool = False,
     tp_group=None,
     compiled: bool | None = None,

@@ -29,14 +29,20 @@ Pipeline stages other than the last also keep each in-flight microbatch's sent o
 (the schedule holds it for backward unless deallocate_pipeline_outputs).
 Head (last stage): final norm x_sp·h (+ stats), output-layer input x_sp·h, and the vocab-parallel
 cross entropy's softmax x·V/t in fp32 (none with --cross-entropy-loss-fusion, which recomputes
-logits chunk by chunk). Full recompute keeps only each checkpointed chunk's input x_sp·h;
-selective recompute (core attention) drops only the log-sum-exp: SDPA keeps no s² matrices for
-it to save, which is where Megatron's selective recompute wins its memory.
+logits chunk by chunk). Its backward's transient (`logits_grad_bytes`): the fp32 logits'
+gradient x·V/t·4 on the plain path; chunk-sized buffers with the fusion (three [4096, V/t]
+tensors of e bytes, the fp32 dW accumulator and dX: 1.32 GiB for gpt-125m's 16k tokens, not the
+3.07 GiB of a whole fp32 gradient).
+Full recompute keeps only each checkpointed chunk's input x_sp·h; selective recompute (core
+attention) drops only the log-sum-exp: SDPA keeps no s² matrices for it to save, which is where
+Megatron's selective recompute wins its memory.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gigatron.core.fusions.chunked_cross_entropy import CHUNK_SIZE
 
 _FP32 = 4
 
@@ -126,8 +132,32 @@ def head_bytes(sh: Shape) -> int:
 
 
 def logits_grad_bytes(sh: Shape) -> int:
-    """The logits' gradient: alive at the start of the last stage's backward."""
+    """What the cross entropy's backward allocates on top of the activations (the last stage's
+    first backward step): the whole fp32 logits' gradient [x, V/t] on the plain path; with
+    --cross-entropy-loss-fusion only chunk-sized buffers (`chunked_ce_backward_bytes`)."""
+    if sh.fused_ce:
+        return chunked_ce_backward_bytes(
+            tokens=sh.tokens, vocab=sh.vocab // sh.tp, hidden=sh.hidden, act_bytes=sh.act_bytes
+        )
     return sh.tokens * sh.vocab // sh.tp * _FP32
+
+
+def chunked_ce_backward_bytes(
+    *, tokens: int, vocab: int, hidden: int, act_bytes: int, chunk: int = CHUNK_SIZE
+) -> int:
+    """Peak bytes the chunked cross entropy's backward (`recompute=True`) allocates, for
+    `tokens` N, this rank's `vocab` V, chunks of c = min(chunk, N) tokens, e bytes per element:
+    dX [N, h] (e), the fp32 dW accumulator [V, h], and per chunk the recomputed logits and their
+    gradient D ([c, V] each, e: on CUDA the elementwise helpers are compiled, so no fp32 [c, V]
+    exists). A chunk's logits and D stay bound until the next chunk's replace them, so from the
+    second chunk on three [c, V] buffers are alive at once; with one chunk the peak is its two
+    buffers plus the matmul's dW [V, h] (e) and x_c·g [c, h] before the fp32 add."""
+    c = min(chunk, tokens)
+    per_chunk = c * vocab * act_bytes
+    buffers = 2 * per_chunk + vocab * hidden * act_bytes + c * hidden * act_bytes
+    if tokens > c:
+        buffers = max(buffers, 3 * per_chunk)
+    return tokens * hidden * act_bytes + vocab * hidden * _FP32 + buffers
 
 
 def layer_grad_bytes(sh: Shape) -> int:

@@ -12,9 +12,10 @@ them and the flags:
                  --use-distributed-optimizer
     activations  `activations.py` per chunk, times the microbatches the schedule holds at once
                  (`schedule_plan.peak_in_flight`)
-    peak         all of the above, plus the largest gradient alive during backward (the logits'
-                 on the last stage, one layer's otherwise; a recomputed chunk's activations
-                 under full recompute)
+    peak         all of the above, plus the largest transient of backward (on the last stage the
+                 cross entropy's: the fp32 logits' gradient, or with --cross-entropy-loss-fusion
+                 its chunk buffers; one layer's gradients otherwise; a recomputed chunk's
+                 activations under full recompute)
 """
 
 from __future__ import annotations

@@ -10,7 +10,11 @@ seen with its shapes. The trace lists
                  call is replaced by a shape-only autograd function (meta SDPA would run the
                  math path and show its s² matrices as GEMMs)
     collectives  (kind, bytes per rank, group size, group name) of each c10d op
-    other        bytes read + written by every other kernel-launching op, and their count
+    other        bytes read + written by every other kernel-launching op, and their count;
+                 the chunked cross entropy's three elementwise helpers (compiled on CUDA, where
+                 `compiled=None` puts them, so each is one fused kernel) count as one op reading
+                 its inputs and writing its outputs once, not as the ~20 eager fp32 [c, V] passes
+                 meta would run (`--cross-entropy-loss-fusion`: 73 of gpt-125m's 94 GB)
 
 `timing.py` prices a trace with a calibration table; its FLOPs and bytes are the rank's
 per-microbatch work as gigatron runs it (GQA, SwiGLU, MoE, recompute included).
@@ -18,6 +22,7 @@ per-microbatch work as gigatron runs it (GQA, SwiGLU, MoE, recompute included).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -120,9 +125,28 @@ class OpTrace(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.trace = Trace()
+        self._inside_fused = False
+
+    def fused(self, fn):
+        """`fn` recorded as one fused kernel: its tensor inputs read and outputs written once."""
+
+        def run(*args):
+            self._inside_fused = True
+            try:
+                out = fn(*args)
+            finally:
+                self._inside_fused = False
+            flat = tree_flatten((args, out))[0]
+            self.trace.other_bytes += sum(_nbytes(t) for t in flat if isinstance(t, torch.Tensor))
+            self.trace.other_ops += 1
+            return out
+
+        return run
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self._inside_fused:
+            return out
         name = str(func)
         if name in _GEMMS:
             a, b = (args[1], args[2]) if "addmm" in name or "baddbmm" in name else args[:2]
@@ -153,6 +177,20 @@ def _is_group(obj: torch.ScriptObject) -> bool:
     return str(obj._type()).endswith("c10d.ProcessGroup")
 
 
+@contextlib.contextmanager
+def _compiled_ce_helpers(tracer: OpTrace):
+    """The chunked cross entropy's elementwise helpers as CUDA runs them (torch.compile'd: one
+    fused kernel each); on meta `compiled=None` picks the eager ones, swapped here for the trace."""
+    from gigatron.core.fusions import chunked_cross_entropy as ce
+
+    eager = ce._HELPERS["eager"]
+    ce._HELPERS["eager"] = tuple(tracer.fused(f) for f in eager)
+    try:
+        yield
+    finally:
+        ce._HELPERS["eager"] = eager
+
+
 def trace_chunk(args, chunk, *, first: bool, last: bool) -> Trace:
     """One microbatch forward + backward of `chunk` on meta (inside `world.fake_rank`)."""
     b, s = args.micro_batch_size, args.seq_length // args.context_parallel_size
@@ -167,7 +205,7 @@ def trace_chunk(args, chunk, *, first: bool, last: bool) -> Trace:
         chunk.set_input_tensor(hidden)
     tracer = OpTrace()
     # meta as the default device too: what the forward creates (masks, rotary tables) stays meta
-    with torch.device("meta"), _SdpaByShape(tracer.trace), tracer:
+    with torch.device("meta"), _SdpaByShape(tracer.trace), tracer, _compiled_ce_helpers(tracer):
         out = chunk(tokens, position_ids, None, labels=tokens if last else None)
         grad = torch.ones_like(out)
         out.backward(grad)
