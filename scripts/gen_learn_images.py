@@ -39,6 +39,8 @@ def main() -> int:
     _run(CLI + ["layout", "--world-size", "8", "--tp", "2", "--pp", "2", "--gpus-per-node",
                 "4", "--order", "tp-pp-dp", "--no-table", "--out",
                 IMG / "layout-tp2-pp2-dp2-order-tp-pp-dp.svg"])  # fmt: skip
+    _run(CLI + ["layout", "--world-size", "4", "--pp", "4", "--vpp", "2", "--num-layers", "16",
+                "--no-table", "--out", IMG / "layout-pp4-vpp2-chunks.svg"])  # fmt: skip
     _run(CLI + ["schedule", "--pp", "4", "--num-microbatches", "8", "--out",
                 IMG / "schedule-1f1b-pp4-m8.svg"])  # fmt: skip
     _run(CLI + ["schedule", "--pp", "4", "--num-microbatches", "8", "--vpp", "2", "--out",

@@ -54,6 +54,7 @@ _PRELOAD = (
     "gigatron.core.pipeline_parallel",
     "gigatron.training",
     "gigatron.training.checkpointing",
+    "gigatron.convert",  # initialize_megatron reads it; its layer specs import torch._dynamo
 )
 
 

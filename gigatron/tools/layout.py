@@ -1,6 +1,7 @@
 """`gigatron layout`: which rank holds which piece of the model, as a table and a picture.
 
     gigatron layout --world-size 16 --tp 2 --pp 2 --gpus-per-node 8 --out layout.svg
+    gigatron layout --world-size 4 --pp 4 --vpp 2 --num-layers 16 --out chunks.svg
 
 The groups come from `parallel_state.rank_layout`, the function `initialize_model_parallel`
 builds its process groups from, so the table is what a run with these sizes creates. `--order`
@@ -8,6 +9,11 @@ is `initialize_model_parallel`'s `order` (Megatron's string, first axis = adjace
 "tp-cp-ep-dp-pp", its default). The picture has one panel per axis of size > 1: every rank a box
 inside its node, colored by its group on that axis; groups spanning several nodes are hatched.
 In SVG each box has the element id `rank-<axis>-g<group>-r<rank>`.
+
+With `--vpp V` (and / or `--num-layers L`) and pp > 1 a last panel shows the model chunks: the
+model's P*V virtual stages in model order, each drawn on the row of the pp rank that holds it.
+Megatron's interleaved assignment: chunk c of pp rank r is virtual stage c*P + r, holding layers
+[(c*P + r) * L/(P*V), ...) (0-based, even split). SVG id `chunk-p<rank>-c<chunk>-s<stage>`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ep", type=int, default=1, help="expert model parallel size")
     p.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (= tp)")
     p.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per rank")
+    p.add_argument("--num-layers", type=int, default=None, help="layers: each chunk's range")
     p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default 8)")
     p.add_argument("--order", default="tp-cp-ep-dp-pp", help="rank order, fastest axis first")
     p.add_argument("--out", default=None, help="picture file (.svg, .png or .pdf)")
@@ -58,7 +65,31 @@ def describe(layout: RankLayout, gpus_per_node: int) -> dict:
     return {"rows": rows, "axes": axes, "gpus_per_node": gpus_per_node}
 
 
-def format_text(layout: RankLayout, data: dict, *, table: bool = True, vpp: int | None) -> str:
+def model_chunks(pp: int, vpp: int | None, num_layers: int | None) -> list[dict]:
+    """Megatron's interleaved assignment, in model order: [{"stage", "pp_rank", "chunk",
+    "layers": (first, last) or None}] for the pp * (vpp or 1) virtual stages; chunk c of pp rank
+    r is virtual stage c*pp + r and holds layers [stage * L/(pp*vpp), (stage + 1) * L/(pp*vpp))."""
+    v = vpp or 1
+    if num_layers is not None and (num_layers < 1 or num_layers % (pp * v)):
+        raise ValueError(
+            f"--num-layers ({num_layers}) must be a positive multiple of --pp x --vpp "
+            f"({pp} x {v} = {pp * v}): each virtual stage holds the same number of layers "
+            "(uneven first/last stages are not drawn)"
+        )
+    per = num_layers // (pp * v) if num_layers else 0
+    return [
+        {"stage": s, "pp_rank": s % pp, "chunk": s // pp,
+         "layers": (s * per, (s + 1) * per - 1) if per else None}
+        for s in range(pp * v)
+    ]  # fmt: skip
+
+
+def _layers(chunk: dict) -> str:
+    first, last = chunk["layers"]
+    return f"layer {first}" if first == last else f"layers {first}-{last}"
+
+
+def format_text(layout: RankLayout, data: dict, *, table: bool = True) -> str:
     s = layout.sizes
     num_nodes = -(-layout.world_size // data["gpus_per_node"])
     lines = [
@@ -67,11 +98,16 @@ def format_text(layout: RankLayout, data: dict, *, table: bool = True, vpp: int 
         f"{s['expt-dp']} x pp {s['pp']}); order {layout.order.replace('-gtp_remat', '')}; "
         f"{data['gpus_per_node']} ranks per node, {num_nodes} node(s)"
     ]
-    if vpp is not None:
-        stages = ", ".join(
-            f"pp {r}: {[c * s['pp'] + r for c in range(vpp)]}" for r in range(s["pp"])
-        )
-        lines.append(f"virtual stages (vpp {vpp}, stage = chunk * pp + pp rank): {stages}")
+    chunks = data.get("chunks")
+    if chunks:
+        v = 1 + max(c["chunk"] for c in chunks)
+        lines.append(f"model chunks (vpp {v}: chunk c of pp rank r is virtual stage c*pp + r):")
+        for r in range(s["pp"]):
+            mine = [c for c in chunks if c["pp_rank"] == r]
+            lines.append(f"  pp {r}: " + "; ".join(
+                f"chunk {c['chunk']} = stage {c['stage']}"
+                + (f" ({_layers(c)})" if c["layers"] else "") for c in mine
+            ))  # fmt: skip
     if table:
         lines.append("rank  node    tp    cp    ep    dp    pp")
         for row in data["rows"]:
@@ -103,12 +139,19 @@ def draw(data: dict, out: str) -> None:
     nodes_per_line = min(num_nodes, 8)
     lines_of_nodes = -(-num_nodes // nodes_per_line)
     width, height = nodes_per_line * (node_w + 1), lines_of_nodes * (node_h + 1)
-    axes_info = data["axes"]
+    axes_info, chunks = data["axes"], data.get("chunks")
     scale = min(1.0, 24 / max(width, 1))
+    panel_h = [height * 0.55 * scale + 1] * len(axes_info)
+    if chunks:
+        pp = 1 + max(c["pp_rank"] for c in chunks)
+        width = max(width, len(chunks) * 1.2)
+        panel_h.append(pp * 0.7 + 1.2)
     fig, axs = plt.subplots(
-        len(axes_info), 1, squeeze=False,
-        figsize=(max(4.0, width * 0.55 * scale + 1), len(axes_info) * (height * 0.55 * scale + 1)),
+        len(panel_h), 1, squeeze=False, height_ratios=panel_h,
+        figsize=(max(4.0, width * 0.55 * scale + 1), sum(panel_h)),
     )  # fmt: skip
+    if chunks:
+        _draw_chunks(axs[-1, 0], chunks)
     label = len(rows) <= 128
     for ax, (axis, info) in zip(axs[:, 0], axes_info.items()):
         colors = _plotting.group_colors(len(info["groups"]))
@@ -142,6 +185,34 @@ def draw(data: dict, out: str) -> None:
     _plotting.save(fig, out)
 
 
+def _draw_chunks(ax, chunks: list[dict]) -> None:
+    """Virtual stages left to right in model order, each on its pp rank's row, colored by chunk."""
+    from matplotlib.patches import Rectangle
+
+    pp = 1 + max(c["pp_rank"] for c in chunks)
+    colors = _plotting.group_colors(1 + max(c["chunk"] for c in chunks))
+    w = 1.2
+    for c in chunks:
+        x, y = c["stage"] * w, c["pp_rank"] * 0.7
+        ax.add_patch(Rectangle(
+            (x + 0.04, y + 0.04), w - 0.08, 0.62, fc=colors[c["chunk"]], ec="0.2", lw=0.5,
+            gid=f"chunk-p{c['pp_rank']}-c{c['chunk']}-s{c['stage']}",
+        ))  # fmt: skip
+        label = f"stage {c['stage']}\nchunk {c['chunk']}" + (
+            f"\n{_layers(c)}" if c["layers"] else ""
+        )
+        ax.text(x + w / 2, y + 0.35, label, ha="center", va="center", fontsize=5.5)
+    for r in range(pp):
+        ax.text(-0.1, r * 0.7 + 0.35, f"pp {r}", ha="right", va="center", fontsize=7)
+    ax.set_xlim(-1.0, len(chunks) * w)
+    ax.set_ylim(pp * 0.7, -0.1)
+    ax.axis("off")
+    ax.set_title(
+        "model chunks: virtual stages in model order (left to right) on the pp rank that holds "
+        "them; chunk c of rank r = stage c*pp + r", fontsize=8,
+    )  # fmt: skip
+
+
 def _node_origin(n: int, nodes_per_line: int, node_w: int, node_h: int) -> tuple[int, int]:
     return (n % nodes_per_line) * (node_w + 1), (n // nodes_per_line) * (node_h + 1)
 
@@ -164,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         order=args.order,
     )
     data = describe(layout, args.gpus_per_node)
-    print(format_text(layout, data, table=not args.no_table, vpp=args.vpp))
+    if args.pp > 1 and (args.vpp is not None or args.num_layers is not None):
+        data["chunks"] = model_chunks(args.pp, args.vpp, args.num_layers)
+    print(format_text(layout, data, table=not args.no_table))
     if args.out:
         draw(data, args.out)
         print(f"picture: {args.out}")

@@ -63,6 +63,10 @@ def test_thousand_ranks_at_the_data_level():
         (["--order", "tp-xx-dp"], "order 'tp-xx-dp' has unknown axes ['xx']"),
         (["--out", "a.jpg"], "must end in one of"),
         (["--vpp", "2"], "--vpp (2) needs --pp > 1"),
+        (
+            ["--pp", "4", "--vpp", "2", "--num-layers", "6"],
+            "--num-layers (6) must be a positive multiple of --pp x --vpp (4 x 2 = 8)",
+        ),
     ],
 )
 def test_bad_layouts_are_one_line_errors(argv, message, capsys):
@@ -78,3 +82,39 @@ def test_missing_matplotlib_is_one_line(monkeypatch, tmp_path, capsys):
     out = str(tmp_path / "x.svg")
     assert cli_main(["layout", "--world-size", "2", "--tp", "2", "--out", out]) == 2
     assert "needs matplotlib: pip install 'gigatron[plot]'" in capsys.readouterr().err
+
+
+def test_vpp_model_chunks_follow_megatrons_layer_offsets(tmp_path, capsys):
+    """chunk c of pp rank r is virtual stage c*P + r; its layers are what the model builds."""
+    import torch
+
+    from gigatron.core.transformer import TransformerConfig
+    from gigatron.core.transformer.transformer_layer import (
+        get_num_layers_to_build,
+        get_transformer_layer_offset,
+    )
+
+    pp, vpp, num_layers = 4, 3, 24
+    svg = tmp_path / "chunks.svg"
+    argv = ["--world-size", "8", "--pp", str(pp), "--vpp", str(vpp), "--num-layers",
+            str(num_layers), "--out", str(svg)]  # fmt: skip
+    assert layout.main(argv) == 0
+    ids = re.findall(r'id="chunk-p(\d+)-c(\d+)-s(\d+)"', svg.read_text())
+    found = sorted((int(s), int(p), int(c)) for p, c, s in ids)
+    assert found == [(c * pp + p, p, c) for c in range(vpp) for p in range(pp)]  # one box each
+    config = TransformerConfig(num_layers=num_layers, hidden_size=32, num_attention_heads=4,
+                               pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
+                               virtual_pipeline_model_parallel_size=vpp)  # fmt: skip
+    out = capsys.readouterr().out
+    for p in range(pp):
+        parts = []
+        for c in range(vpp):
+            first = get_transformer_layer_offset(config, vp_stage=c, pp_rank=p)
+            last = first + get_num_layers_to_build(config, vp_stage=c, pp_rank=p) - 1
+            parts.append(f"chunk {c} = stage {c * pp + p} (layers {first}-{last})")
+        assert f"  pp {p}: " + "; ".join(parts) in out.splitlines()
+    assert "  pp 1: chunk 0 = stage 1 (layers 2-3); chunk 1 = stage 5 (layers 10-11)" in out
+
+    # without --num-layers: the stages only; without --vpp: one chunk per rank
+    assert [c["stage"] for c in layout.model_chunks(2, 2, None) if c["pp_rank"] == 1] == [1, 3]
+    assert [c["layers"] for c in layout.model_chunks(2, None, 8)] == [(0, 3), (4, 7)]
