@@ -212,10 +212,10 @@ def _run_with_sigterm(ckpt_dir, kill_at, load, dropout=0.0):
     return result["iteration"], [h["losses"]["lm loss"] for h in result["history"]], weights
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_sigterm_saves_and_resume_matches_uninterrupted(tmp_path, dropout):
+def test_sigterm_saves_and_resume_matches_uninterrupted(tmp_path, dropout=0.1):
     """With dropout the resumed run must draw the same masks: the RNG states are restored at
-    load, and nothing built afterwards (the data loader) may move them."""
+    load, and nothing built afterwards (the data loader) may move them. (Dropout on only: a
+    resume without dropout checks a subset of what this one does, bitwise.)"""
     ckpt = str(tmp_path / "ckpt")
     full = run_distributed(_run_with_sigterm, 2, args=(None, 0, False, dropout), timeout=300)
     first = run_distributed(_run_with_sigterm, 2, args=(ckpt, 5, False, dropout), timeout=300)
