@@ -92,6 +92,16 @@ def _train_save(save_dir: str, ep: int, grouped: bool, tp: int = 1, dist_opt: bo
     return _logits(model)
 
 
+def _train_save_next_step(save_dir: str, ep: int, grouped: bool, tp: int, dist_opt: bool):
+    """`_train_save`, then the next step in the same model and optimizer (the source layout's
+    own continuation, which never went through the checkpoint): its logits."""
+    model, ddp, opt = _build(ep, grouped, seed=1, tp=tp, dist_opt=dist_opt)
+    _step(ddp, opt, 3)
+    ckpt.save_checkpoint(1, [ddp], opt, None, args=_args(save_dir, save_dir))
+    _step(ddp, opt, 4)
+    return _logits(model)
+
+
 def _next_step(load_dir: str, ep: int, grouped: bool, tp: int, dist_opt: bool = False):
     """Load, take the next step (Adam moments from the checkpoint), return the logits."""
     model, ddp, opt = _build(ep, grouped, seed=2, tp=tp, dist_opt=dist_opt)
@@ -177,12 +187,13 @@ def test_moe_checkpoint_tp2_etp2_ep2_to_ep1_tp1(tmp_path):
 @pytest.mark.parametrize("grouped", [False, True], ids=["sequential", "grouped"])
 def test_moe_adam_moments_reshard_to_one_rank(grouped, dist_opt, tp, tmp_path):
     """TP2 x ETP2 x EP2 (or EP2 x expert-DP2) on 4 ranks -> 1 rank: the step after the load
-    equals the step the source layout takes, so every Adam moment reached its element.
+    equals the step the source layout takes right after its save (no checkpoint in between), so
+    every Adam moment reached its element.
     GroupedMLP keeps its moments in the weights' memory layout ([gate_r | up_r] per expert-TP
     rank, checked across ETP sizes); the distributed optimizer holds flat ranges of the weights
     (of the experts too at expert-DP 2)."""
     src = str(tmp_path / "src")
-    run_distributed(_train_save, 4, args=(src, 2, grouped, tp, dist_opt), timeout=240)
-    ref = run_distributed(_next_step, 4, args=(src, 2, grouped, tp, dist_opt), timeout=240)[0]
+    args = (src, 2, grouped, tp, dist_opt)
+    ref = run_distributed(_train_save_next_step, 4, args=args, timeout=240)[0]
     got = run_distributed(_next_step, 1, args=(src, 1, grouped, 1, dist_opt), timeout=240)[0]
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)

@@ -44,19 +44,19 @@ def _close(a, b, tol):
 
 def test_ce_fusion_and_tp_comm_overlap_match_the_plain_run_at_tp2_sp():
     tp = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
-    plain = run_distributed(_losses, 2, args=(tp,), timeout=300)
     fast = ["--cross-entropy-loss-fusion", "--tp-comm-overlap"]
-    fused = run_distributed(_losses, 2, args=(tp + fast,), timeout=300)
-    for (a, _, flags), (b, _, plain_flags) in zip(fused, plain):
-        assert flags == (True, True, "native") and plain_flags == (False, False, "native")
-        assert len(a) == 4 and _close(a, b, 1e-6), (a, b)
     # gigatron's 'native_grad_in_forward': gradients computed in forward, scaled in backward by
     # the loss mask's factor (EOD tokens masked, 4 microbatches a step): same losses.
     eod = ["--eod-mask-loss"]
-    plain_eod = run_distributed(_losses, 2, args=(tp + eod,), timeout=300)
     impl = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "native_grad_in_forward"]
-    in_fwd = run_distributed(_losses, 2, args=(tp + eod + impl,), timeout=300)
-    for (a, _, flags), (b, _, _) in zip(in_fwd, plain_eod):
+    extras = [tp, tp + fast, tp + eod, tp + eod + impl]
+    for plain, fused, plain_eod, in_fwd in run_distributed(
+        _losses_each, 2, args=(extras,), timeout=600
+    ):  # one rank group runs the four in turn
+        (a, _, flags), (b, _, plain_flags) = fused, plain
+        assert flags == (True, True, "native") and plain_flags == (False, False, "native")
+        assert len(a) == 4 and _close(a, b, 1e-6), (a, b)
+        (a, _, flags), (b, _, _) = in_fwd, plain_eod
         assert flags[0] and flags[2] == "native_grad_in_forward", flags
         assert len(a) == 4 and _close(a, b, 1e-6), (a, b)
 

@@ -164,7 +164,7 @@ def test_fp16_loss_scale_overflow_skips_the_step_and_backs_off():
 
 
 def _losses(extra):
-    result = run_pretrain_gpt(ARGS + ["--train-iters", "20", "--seed", "5"] + extra)
+    result = run_pretrain_gpt(ARGS + ["--train-iters", "8", "--seed", "5"] + extra)
     losses = [h["losses"].get("lm loss") for h in result["history"]]
     # the loop reads the device losses only when it logs (every 100 here) and once at the end
     assert all(isinstance(x, float) for x in losses if x is not None)
@@ -172,7 +172,7 @@ def _losses(extra):
 
 
 def test_tp2_pp2_matches_one_rank_step_by_step():
-    """Same flags on 1 rank and on TP2 x PP2 (4 ranks): the loss of each of 20 steps agrees."""
+    """Same flags on 1 rank and on TP2 x PP2 (4 ranks): the loss of each of 8 steps agrees."""
     (reference,) = run_distributed(_losses, 1, args=([],), timeout=300)
     layout = run_distributed(
         _losses,
@@ -182,9 +182,9 @@ def test_tp2_pp2_matches_one_rank_step_by_step():
     )
     last_stage = [r for r in layout if r[0] is not None]
     assert len(last_stage) == 2  # both TP ranks of the last stage report the loss
-    assert len(reference) == 20 and reference[-1] < reference[0]
+    assert len(reference) == 8 and reference[-1] < reference[0]
     for losses in last_stage:
-        for step, (a, b) in enumerate(zip(losses, reference)):
+        for step, (a, b) in enumerate(zip(losses, reference, strict=True)):
             assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (step, a, b)
 
 
@@ -212,10 +212,10 @@ def _run_with_sigterm(ckpt_dir, kill_at, load, dropout=0.0):
     return result["iteration"], [h["losses"]["lm loss"] for h in result["history"]], weights
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_sigterm_saves_and_resume_matches_uninterrupted(tmp_path, dropout):
+def test_sigterm_saves_and_resume_matches_uninterrupted(tmp_path, dropout=0.1):
     """With dropout the resumed run must draw the same masks: the RNG states are restored at
-    load, and nothing built afterwards (the data loader) may move them."""
+    load, and nothing built afterwards (the data loader) may move them. (Dropout on only: a
+    resume without dropout checks a subset of what this one does, bitwise.)"""
     ckpt = str(tmp_path / "ckpt")
     full = run_distributed(_run_with_sigterm, 2, args=(None, 0, False, dropout), timeout=300)
     first = run_distributed(_run_with_sigterm, 2, args=(ckpt, 5, False, dropout), timeout=300)

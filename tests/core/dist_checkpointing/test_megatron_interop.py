@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,13 +76,11 @@ def _check(lib, ckpt_dir, rank, world):
     assert got["common"]["iteration"] == 5 and got["common"]["args"].lr == 0.1
 
 
-def _worker(rank, world, init_file, m_dir, g_dir):
+def _worker(rank, world, m_dir, g_dir):
     import torch.distributed as dist
 
     from gigatron.core import dist_checkpointing as gdc
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    _stub_cuda_for_megatron_writer()
     mdc = megatron_dc
     mdc.save(_state(mdc, rank, world)[0], m_dir)
     gdc.save(_state(gdc, rank, world)[0], g_dir)
@@ -89,12 +88,27 @@ def _worker(rank, world, init_file, m_dir, g_dir):
     _check(gdc, m_dir, rank, world)  # megatron-core wrote it, gigatron reads
     _check(mdc, g_dir, rank, world)  # gigatron wrote it, megatron-core reads
     dist.barrier()
-    dist.destroy_process_group()
+
+
+def _two_rank_worker(rank, world, init_file, m_root, g_root):
+    """One launch of the two processes (python + megatron-core's imports take seconds) for both
+    tests: `_worker` under `<root>/plain`, then `_gpt_worker`'s TP2 save phase."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    _stub_cuda_for_megatron_writer()
+    _worker(rank, world, f"{m_root}/plain", f"{g_root}/plain")
+    _gpt_worker(rank, world, init_file, m_root, g_root, "save", initialized=True)
+
+
+@pytest.fixture(scope="module")
+def two_rank_roots(tmp_path_factory):
+    return _launch("_two_rank_worker", 2, tmp_path_factory.mktemp("interop"))
 
 
 @pytest.mark.slow
-def test_megatron_core_and_gigatron_read_each_others_checkpoints(tmp_path):
-    dirs = _launch("_worker", 2, tmp_path)
+def test_megatron_core_and_gigatron_read_each_others_checkpoints(two_rank_roots):
+    dirs = [f"{root}/plain" for root in two_rank_roots]
     m_cfg, g_cfg = (json.load(open(os.path.join(d, "metadata.json"))) for d in dirs)
     # megatron-core 0.19 dropped common_backend(_version) from metadata.json (it ignores unknown
     # fields on read); 0.16 writes and expects them: gigatron writes 0.16's superset
@@ -121,7 +135,7 @@ GPT_KW = dict(
 FIXTURES = os.path.join(FIXTURE_ROOT, "megatron_core")
 
 
-def _gpt_worker(rank, world, init_file, m_root, g_root, phase):
+def _gpt_worker(rank, world, init_file, m_root, g_root, phase, initialized=False):
     """TP = world. phase "save": megatron-core and gigatron each save a GPT under
     `<root>/tp<world>` (+ its full logits); then (both phases) every checkpoint of the other
     side found under the roots is loaded with the snippet and the logits compared; megatron-core
@@ -139,8 +153,10 @@ def _gpt_worker(rank, world, init_file, m_root, g_root, phase):
     from gigatron.core.models.gpt.gpt_model import GPTModel
     from gigatron.core.transformer.transformer_config import TransformerConfig
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    _stub_cuda_for_megatron_writer()
+    if not initialized:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)  # fmt: skip
+        _stub_cuda_for_megatron_writer()
     kw = dict(GPT_KW, activation_func=F.silu, tensor_model_parallel_size=world)
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
     pos = torch.arange(8)[None].expand(2, -1)
@@ -231,7 +247,7 @@ def _launch(worker: str, world: int, tmp_path, *extra: str) -> list[str]:
     init_file = tempfile.mktemp(dir=tmp_path, prefix="init")
     dirs = [str(tmp_path / "megatron"), str(tmp_path / "gigatron")]
     for d in dirs:
-        os.makedirs(d, exist_ok=True)
+        os.makedirs(f"{d}/plain", exist_ok=True)
     root = str(REPO)
     code = (
         f"import sys; from tests.core.dist_checkpointing.test_megatron_interop import {worker}; "
@@ -262,11 +278,12 @@ def _launch(worker: str, world: int, tmp_path, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_gpt_checkpoint_interop_with_megatron_core_tp1_tp2(tmp_path):
+def test_gpt_checkpoint_interop_with_megatron_core_tp1_tp2(two_rank_roots):
     """Megatron's snippet both ways at TP 1 and TP 2 and across them (module docstring)."""
     from gigatron.core import dist_checkpointing as gdc
 
-    m_root, g_root = _launch("_gpt_worker", 2, tmp_path, "save")  # TP2 <-> TP2
+    m_root, g_root = two_rank_roots  # TP2 <-> TP2 (the fixture's launch)
+    tmp_path = Path(m_root).parent
     _launch("_gpt_worker", 1, tmp_path, "save")  # TP1 <-> TP1 and TP2 -> TP1
     _launch("_gpt_worker", 2, tmp_path, "load")  # TP1 -> TP2
     for tp, at in ((1, 1), (2, 2), (2, 1), (1, 2)):

@@ -72,42 +72,48 @@ def _grads(fusion: bool, compile_backend: str | None, tied: bool):
     return marked, grads
 
 
-def _compare(compile_backend, tied):
+def _compare_all(cases):
+    """`(marked, worst)` of each `(compile_backend, tied)` in `cases`, in one rank group (the
+    unfused eager reference computed once per `tied`)."""
     from gigatron.core import parallel_state as ps
 
     torch.set_num_threads(1)
     ps.initialize_model_parallel()  # DP = 2
-    _, reference = _grads(False, None, tied)
-    marked, fused = _grads(True, compile_backend, tied)
-    worst = 0.0
-    for step, (got, ref) in enumerate(zip(fused, reference, strict=True)):
-        assert got.keys() == ref.keys()
-        for name in ref:
-            torch.testing.assert_close(
-                got[name], ref[name], rtol=1e-5, atol=1e-6, msg=f"step {step} {name}"
-            )
-            worst = max(worst, (got[name] - ref[name]).abs().max().item())
-    return marked, worst
+    references, out = {}, []
+    for compile_backend, tied in cases:
+        if tied not in references:
+            references[tied] = _grads(False, None, tied)[1]
+        marked, fused = _grads(True, compile_backend, tied)
+        worst = 0.0
+        for step, (got, ref) in enumerate(zip(fused, references[tied], strict=True)):
+            assert got.keys() == ref.keys()
+            for name in ref:
+                torch.testing.assert_close(
+                    got[name], ref[name], rtol=1e-5, atol=1e-6,
+                    msg=f"{compile_backend} tied={tied} step {step} {name}",
+                )  # fmt: skip
+                worst = max(worst, (got[name] - ref[name]).abs().max().item())
+        out.append((marked, worst))
+    return out
 
 
-def _check(compile_backend, tied):
-    results = run_distributed(_compare, 2, args=(compile_backend, tied), timeout=240)
-    marked, worst = results[0]
-    # every linear weight of both layers (qkv, proj, fc1, fc2) and an untied output layer's,
-    # never the embedding
-    assert len(marked) == (8 if tied else 9), marked
-    assert not any("embedding" in n for n in marked), marked
-    assert all(w <= 1e-5 for _, w in results), results
+def _check(cases):
+    results = run_distributed(_compare_all, 2, args=(cases,), timeout=240)
+    for i, (compile_backend, tied) in enumerate(cases):
+        marked = results[0][i][0]
+        # every linear weight of both layers (qkv, proj, fc1, fc2) and an untied output layer's,
+        # never the embedding
+        assert len(marked) == (8 if tied else 9), (compile_backend, tied, marked)
+        assert not any("embedding" in n for n in marked), marked
+        assert all(r[i][1] <= 1e-5 for r in results), (compile_backend, tied, results)
 
 
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied-ce-fusion"])
-@pytest.mark.parametrize("backend", [None, "aot_eager"])
-def test_wgrad_fusion_under_ddp_matches_unfused(backend, tied):
-    _check(backend, tied)
+def test_wgrad_fusion_under_ddp_matches_unfused():
+    """Eager and aot_eager-compiled layers, tied and untied (chunked CE) output weights."""
+    _check([(backend, tied) for backend in (None, "aot_eager") for tied in (True, False)])
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="torch.compile on CPU needs a C++ compiler")  # fmt: skip
 def test_wgrad_fusion_under_ddp_inductor_matches_unfused():
-    _check("inductor", True)
-    _check("inductor", False)
+    _check([("inductor", True), ("inductor", False)])
