@@ -45,6 +45,7 @@ from gigatron.core.datasets._blend_keys import (
     _key_rows,
     _keys_hold,
 )
+from gigatron.core.datasets._blend_rare import _first_rare_win, _rare_datasets, _rare_edges
 
 _INT32_MAX = numpy.iinfo(numpy.int32).max
 
@@ -273,31 +274,53 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
     lanes run a chunk of steps from the exact counts and keep it up to the step that spends a
     dataset, if any. Chunks double while nothing is spent (a dataset of a few samples may be spent
     early, the others near the end), so the steps past a spend that are thrown away stay few.
+    Datasets of a handful of samples (`_blend_rare`) stay out of the lanes: the chunk is cut at
+    the first step one of them wins, which gets one exact step.
     """
     total = sum(n)
     w = [x / float(total) for x in n]
     choice = numpy.empty(total, dtype=numpy.int16)
     counts = [0] * len(n)
+    rare = set(_rare_datasets(n))
     begin, span = 0, 8 * _LANE_MIN_SIZE
+    if rare:  # steps 0 and 1 (both at t = 1) exactly: `_first_rare_win` starts at step 2
+        begin = min(total, 2)
+        _exhaustive_steps(w, n, counts, 0, choice[:begin])
     while begin < total:
         active = [k for k in range(len(n)) if counts[k] < n[k]]
+        lanes = [k for k in active if k not in rare]
+        if len(lanes) < 2:
+            lanes = active
         if total - begin < _LANE_MIN_SIZE or len(active) < 2:
             _exhaustive_steps(w, n, counts, begin, choice)
             break
         size = min(total - begin, span)
-        now = [counts[k] for k in active]
-        local = _lane_choice([w[k] for k in active], size, begin, now, want_sample=False)[0]
+        events = [k for k in active if k not in set(lanes)]
+        if events:  # end the chunk a little past the first step a rare dataset may win
+            slack = 1 << 12 if len(lanes) == 2 else 1 << 16
+            edge = min(_rare_edges(w, lanes, events, counts, begin))
+            size = min(size, max(edge - begin, 0) + slack)
+        now = [counts[k] for k in lanes]
+        if len(lanes) == 2:  # the closed form, shifted by the samples of the others
+            local = _two_way_choice(w[lanes[0]], w[lanes[1]], size, begin, (now[0], now[1]))
+        else:
+            local = _lane_choice([w[k] for k in lanes], size, begin, now, want_sample=False)[0]
         stop = size  # steps kept: up to and including the first spend
-        for a, k in enumerate(active):
-            hits = numpy.flatnonzero(local == a)
-            if hits.size >= n[k] - counts[k]:
+        per = numpy.bincount(local, minlength=len(lanes))
+        for a, k in enumerate(lanes):
+            if per[a] >= n[k] - counts[k]:
+                hits = numpy.flatnonzero(local == a)
                 stop = min(stop, int(hits[n[k] - counts[k] - 1]) + 1)
-        phase = numpy.asarray(active, dtype=numpy.int16)[local[:stop]]
-        choice[begin : begin + stop] = phase
+        won = _first_rare_win(w, lanes, events, counts, begin, local[:stop]) if events else stop
+        phase = numpy.asarray(lanes, dtype=numpy.int16)[local[:won]]
+        choice[begin : begin + won] = phase
         for k, c in enumerate(numpy.bincount(phase, minlength=len(n))):
             counts[k] += int(c)
-        begin += stop
-        span = min(_SEGMENT, max(8 * _LANE_MIN_SIZE, 2 * stop))
+        begin += won
+        if won < stop:  # a rare dataset wins this step: the plain rule over all unspent ones
+            _exhaustive_steps(w, n, counts, begin, choice[: begin + 1])
+            begin += 1
+        span = min(_SEGMENT, max(8 * _LANE_MIN_SIZE, 2 * won))
     return choice
 
 
