@@ -312,9 +312,10 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
                 hits = numpy.flatnonzero(local == a)
                 stop = min(stop, int(hits[n[k] - counts[k] - 1]) + 1)
         won = _first_rare_win(w, lanes, events, counts, begin, local[:stop]) if events else stop
-        phase = numpy.asarray(lanes, dtype=numpy.int16)[local[:won]]
-        choice[begin : begin + won] = phase
-        for k, c in enumerate(numpy.bincount(phase, minlength=len(n))):
+        numpy.take(numpy.asarray(lanes, dtype=numpy.int16), local[:won], out=choice[begin:][:won])
+        if won < size:
+            per = numpy.bincount(local[:won], minlength=len(lanes))
+        for k, c in zip(lanes, per):
             counts[k] += int(c)
         begin += won
         if won < stop:  # a rare dataset wins this step: the plain rule over all unspent ones
