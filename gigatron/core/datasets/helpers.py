@@ -139,6 +139,7 @@ _LANE_MIN_LENGTH = 128  # steps per lane (1/8 warm-up) for key lanes of 6 to 31 
 _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there are many of them
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
 _WIDE_DATASETS = 12  # more: float lanes as [P, D] rows (three NumPy calls per step)
+_TWO_WAY_MAX = 1 << 20  # longer chunks of two datasets run in lanes (faster per step)
 _SEGMENT = 1 << 23  # steps per `_lane_choice` call from `_blend_choice` (buffers ~18 bytes/step)
 
 
@@ -291,7 +292,10 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
         lanes = [k for k in active if k not in rare]
         if len(lanes) < 2:
             lanes = active
-        if total - begin < _LANE_MIN_SIZE or len(active) < 2:
+        if len(active) == 1:  # the last unspent dataset takes every remaining step
+            choice[begin:] = active[0]
+            break
+        if total - begin < _LANE_MIN_SIZE:
             _exhaustive_steps(w, n, counts, begin, choice)
             break
         size = min(total - begin, span)
@@ -301,7 +305,7 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
             edge = min(_rare_edges(w, lanes, events, counts, begin))
             size = min(size, max(edge - begin, 0) + slack)
         now = [counts[k] for k in lanes]
-        if len(lanes) == 2:  # the closed form, shifted by the samples of the others
+        if len(lanes) == 2 and size <= _TWO_WAY_MAX:  # the closed form, shifted by the others
             local = _two_way_choice(w[lanes[0]], w[lanes[1]], size, begin, (now[0], now[1]))
         else:
             local = _lane_choice([w[k] for k in lanes], size, begin, now, want_sample=False)[0]
@@ -368,7 +372,7 @@ def build_exhaustive_blending_indices(
     n = [int(x) for x in numpy.asarray(sizes, dtype=numpy.int64)[:num_datasets]]
     total = sum(n)
     w = [x / float(total) for x in n]
-    if num_datasets == 2 and min(n) > 0:
+    if num_datasets == 2 and min(n) > 0 and total <= 4 * _TWO_WAY_MAX:
         # Until one dataset is spent the rule is the plain two-way greedy; after, the other
         # dataset takes every remaining step.
         choice = _two_way_choice(w[0], w[1], total)

@@ -83,3 +83,25 @@ def test_rare_edges_are_lower_bounds():
             edges = _blend_rare._rare_edges(w, lanes, [k], counts, 2)[0]
             assert edges <= i
         counts[k] += 1
+
+
+@pytest.mark.parametrize("sizes", [[20_000, 31_000], [3, 30_000, 26_000], [35_000, 2, 9]])
+def test_long_two_dataset_chunks_take_lanes(sizes, monkeypatch):
+    # chunks of two datasets longer than _TWO_WAY_MAX run in lanes (and D = 2 exhaustive blends
+    # longer than 4x that in `_exhaustive_choice`); the last unspent dataset fills the tail
+    monkeypatch.setattr(helpers, "_TWO_WAY_MAX", 1 << 12)
+    calls = []
+    real = helpers._lane_choice
+
+    def spy(w, size, *args, **kwargs):
+        calls.append(len(w))
+        return real(w, size, *args, **kwargs)
+
+    monkeypatch.setattr(helpers, "_lane_choice", spy)
+    total = sum(sizes)
+    got = (numpy.zeros(total, numpy.int16), numpy.zeros(total, numpy.int64))
+    helpers.build_exhaustive_blending_indices(*got, numpy.asarray(sizes, numpy.int64), len(sizes))
+    want = _build_exhaustive_blending_indices_reference(sizes)
+    numpy.testing.assert_array_equal(got[0], want[0])
+    numpy.testing.assert_array_equal(got[1], want[1])
+    assert 2 in calls
