@@ -3,7 +3,8 @@
 Megatron's greedy blending rule (`helpers.cpp`): step i gives its sample to the dataset with the
 largest `w_k * max(i, 1) - count_k` (float64, ties to the lowest k). This module holds the pieces
 that compute it in float64: the plain loop (`_greedy_steps`, the reference), the exact
-two-dataset closed form (`_two_way_choice`, for unnormalised pairs), the side-by-side lane steps
+two-dataset closed form (`_two_way_choice`: unnormalised pairs, and two datasets of an
+exhaustive blend beside spent or rare ones), the side-by-side lane steps
 (`_lane_steps`; `_lane_steps_wide` for many datasets), the guessed lane start counts
 (`_guess_counts`), the one-by-one lane repair (`_sweep_lanes`), the exhaustive loop
 (`_exhaustive_steps`) and the reassembly of lanes into step order (`_unlane`). The int64-key lane

@@ -10,12 +10,14 @@ counts, kept only where they agree with their neighbour, so the result is the se
 Each lane step compares the errors either in float64 (`_blend_indices._lane_steps`) or, once
 every weight times the step is large enough, as int64 keys that carry the dataset index in
 their low bits, one max per lane (`_blend_keys._key_lane_steps`). The exhaustive variant runs
-one phase per set of unspent datasets. Inputs where lanes would not pay (unnormalised or
-negative weights, NaN, short runs) take the plain loop, which is the reference.
+one phase per set of unspent datasets, with datasets of a handful of samples left out of the
+lanes and their picks found as events (`_blend_rare._first_rare_win`). Inputs where lanes would
+not pay (unnormalised or negative weights, NaN, short runs) take the plain loop, which is the
+reference.
 
 Layout: this module holds the public builders and the lane scheduling (`_lane_choice`,
 `_blend_choice`, `_exhaustive_choice`); the step rules and lane kernels they call are in
-`_blend_indices.py` and `_blend_keys.py`.
+`_blend_indices.py`, `_blend_keys.py` and `_blend_rare.py`.
 """
 
 from __future__ import annotations
