@@ -8,6 +8,7 @@ other in this process, `--repeats` times, best CPU time of each (user + sys of t
 host is shared, wall time mostly measures the other tenants); then both outputs
 (`dataset_index`, `dataset_sample_index`) are compared element for element. Then the exhaustive
 builder, dataset sizes uniform in [0.5, 1.5) * size / D (seed 1) but the first of 3 samples.
+Between them, "blend-tiny": weights `rng.random(D) ** 3 + 1e-4` (seed 0) at the first size only.
 Prints a table and one `RESULT {json}` line. Needs megatron-core.
 """
 
@@ -64,6 +65,13 @@ def main() -> int:
             r = _case(mcore, "build_blending_indices", w, num, size, repeats, (size, False))
             rows.append({"builder": "blend", "datasets": num, "size": size, **r})
             print(_line(rows[-1]), flush=True)
+    size = int(args.sizes.split(",")[0])
+    for num in (int(x) for x in args.datasets.split(",")):  # tiny weights, short run
+        w = numpy.random.default_rng(0).random(num) ** 3 + 1e-4
+        w /= w.sum()
+        r = _case(mcore, "build_blending_indices", w, num, size, args.repeats, (size, False))
+        rows.append({"builder": "blend-tiny", "datasets": num, "size": size, **r})
+        print(_line(rows[-1]), flush=True)
     for size in (int(x) for x in args.sizes.split(",")):
         repeats = args.repeats if size <= 10_000_000 else max(1, args.repeats // 2)
         for num in (int(x) for x in args.datasets.split(",")):

@@ -3,7 +3,8 @@
 Megatron's greedy blending rule (`helpers.cpp`): step i gives its sample to the dataset with the
 largest `w_k * max(i, 1) - count_k` (float64, ties to the lowest k). This module holds the pieces
 that compute it in float64: the plain loop (`_greedy_steps`, the reference), the exact
-two-dataset closed form (`_two_way_choice`, for unnormalised pairs), the side-by-side lane steps
+two-dataset closed form (`_two_way_choice`: unnormalised pairs, and two datasets of an
+exhaustive blend beside spent or rare ones), the side-by-side lane steps
 (`_lane_steps`; `_lane_steps_wide` for many datasets), the guessed lane start counts
 (`_guess_counts`), the one-by-one lane repair (`_sweep_lanes`), the exhaustive loop
 (`_exhaustive_steps`) and the reassembly of lanes into step order (`_unlane`). The int64-key lane
@@ -72,26 +73,35 @@ def _greedy_steps_numpy(
     counts[:] = [int(x) for x in c]
 
 
-def _two_way_choice(w0: float, w1: float, size: int) -> numpy.ndarray:
-    """int8 `[size]` choices of the greedy rule for two datasets, exact.
+def _two_way_choice(
+    w0: float, w1: float, size: int, begin: int = 0, counts0: tuple[int, int] = (0, 0)
+) -> numpy.ndarray:
+    """int8 `[size]` choices of the greedy rule for two datasets at steps [begin, begin + size).
 
-    In exact arithmetic (w0 + w1 = 1, i >= 1) dataset 1 wins iff c0 > w0 * i, so dataset 0 takes
-    its j-th sample at p_j = max(p_{j-1} + 1, ceil(j / w0)). Blocks are predicted from that, then
-    checked with the float64 rule; the first disagreement is replaced by a few exact steps.
+    `counts0` are the exact counts before step `begin`; the `taken = begin - sum(counts0)`
+    samples not in them went to other datasets (spent or rare ones of an exhaustive blend).
+    In exact arithmetic (i >= 1) dataset 1 wins iff w1 * i - c1 > w0 * i - c0 with
+    c1 = i - taken - c0, i.e. iff c0 > a * i - b with a = (w0 - w1 + 1) / 2, b = taken / 2 (a = w0
+    when w0 + w1 = 1), so dataset 0 takes its sample number j (from 0) at
+    p_j = max(p_{j-1} + 1, ceil((j + b) / a)). Blocks are predicted from that, then checked with
+    the float64 rule; the first disagreement is replaced by a few exact steps.
     """
     choice = numpy.empty(size, dtype=numpy.int8)
-    counts = [0, 0]
-    head = min(size, 2)  # steps 0 and 1 both use t = 1
-    _greedy_steps([w0, w1], counts, 0, head, choice)
+    counts = list(counts0)
+    taken = begin - counts[0] - counts[1]
+    a, b = (w0 - w1 + 1.0) / 2.0, taken / 2.0
+    finish = begin + size
+    head = min(finish, max(begin, 2))  # steps 0 and 1 both use t = 1
+    _greedy_steps([w0, w1], counts, begin, head, choice, offset=begin)
     start, block = head, 1 << 16
-    while start < size:
-        end = min(size, start + block)
+    while start < finish:
+        end = min(finish, start + block)
         n = end - start
         c0 = counts[0]
         j = numpy.arange(c0, c0 + n + 1, dtype=numpy.float64)
-        due = numpy.ceil(j / w0) - j
+        due = numpy.ceil((j + b) / a) - j
         numpy.maximum.accumulate(due, out=due)
-        picks0 = j + numpy.maximum(due, start - c0)  # float: huge (or inf) for tiny w0
+        picks0 = j + numpy.maximum(due, start - c0)  # float: huge (or inf) for tiny a
         picks0 = picks0[picks0 < end].astype(numpy.int64)
         seg = numpy.ones(n, dtype=numpy.int8)
         seg[picks0 - start] = 0
@@ -101,16 +111,16 @@ def _two_way_choice(w0: float, w1: float, size: int) -> numpy.ndarray:
         steps = numpy.arange(start, end, dtype=numpy.int64)
         t = steps.astype(numpy.float64)
         err0 = w0 * t - c0_before
-        err1 = w1 * t - (steps - c0_before)
+        err1 = w1 * t - (steps - taken - c0_before)
         bad = numpy.flatnonzero((err1 > err0).astype(numpy.int8) != seg)
         good = n if bad.size == 0 else int(bad[0])
-        choice[start : start + good] = seg[:good]
+        choice[start - begin : start - begin + good] = seg[:good]
         counts[0] += int(numpy.count_nonzero(is0[:good]))
-        counts[1] = start + good - counts[0]
+        counts[1] = start + good - taken - counts[0]
         start += good
         if good < n:  # repair: exact steps past the disagreement, then predict again
-            stop = min(size, start + 64)
-            _greedy_steps([w0, w1], counts, start, stop, choice)
+            stop = min(finish, start + 64)
+            _greedy_steps([w0, w1], counts, start, stop, choice, offset=begin)
             start = stop
     return choice
 

@@ -10,12 +10,14 @@ counts, kept only where they agree with their neighbour, so the result is the se
 Each lane step compares the errors either in float64 (`_blend_indices._lane_steps`) or, once
 every weight times the step is large enough, as int64 keys that carry the dataset index in
 their low bits, one max per lane (`_blend_keys._key_lane_steps`). The exhaustive variant runs
-one phase per set of unspent datasets. Inputs where lanes would not pay (unnormalised or
-negative weights, NaN, short runs) take the plain loop, which is the reference.
+one phase per set of unspent datasets, with datasets of a handful of samples left out of the
+lanes and their picks found as events (`_blend_rare._first_rare_win`). Inputs where lanes would
+not pay (unnormalised or negative weights, NaN, short runs) take the plain loop, which is the
+reference.
 
 Layout: this module holds the public builders and the lane scheduling (`_lane_choice`,
 `_blend_choice`, `_exhaustive_choice`); the step rules and lane kernels they call are in
-`_blend_indices.py` and `_blend_keys.py`.
+`_blend_indices.py`, `_blend_keys.py` and `_blend_rare.py`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from gigatron.core.datasets._blend_keys import (
     _key_rows,
     _keys_hold,
 )
+from gigatron.core.datasets._blend_rare import _first_rare_win, _rare_datasets, _rare_edges
 
 _INT32_MAX = numpy.iinfo(numpy.int32).max
 
@@ -138,6 +141,7 @@ _LANE_MIN_LENGTH = 128  # steps per lane (1/8 warm-up) for key lanes of 6 to 31 
 _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there are many of them
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
 _WIDE_DATASETS = 12  # more: float lanes as [P, D] rows (three NumPy calls per step)
+_TWO_WAY_MAX = 1 << 20  # longer chunks of two datasets run in lanes (faster per step)
 _SEGMENT = 1 << 23  # steps per `_lane_choice` call from `_blend_choice` (buffers ~18 bytes/step)
 
 
@@ -273,31 +277,57 @@ def _exhaustive_choice(n: list[int]) -> numpy.ndarray:
     lanes run a chunk of steps from the exact counts and keep it up to the step that spends a
     dataset, if any. Chunks double while nothing is spent (a dataset of a few samples may be spent
     early, the others near the end), so the steps past a spend that are thrown away stay few.
+    Datasets of a handful of samples (`_blend_rare`) stay out of the lanes: the chunk is cut at
+    the first step one of them wins, which gets one exact step.
     """
     total = sum(n)
     w = [x / float(total) for x in n]
     choice = numpy.empty(total, dtype=numpy.int16)
     counts = [0] * len(n)
+    rare = set(_rare_datasets(n))
     begin, span = 0, 8 * _LANE_MIN_SIZE
+    if rare:  # steps 0 and 1 (both at t = 1) exactly: `_first_rare_win` starts at step 2
+        begin = min(total, 2)
+        _exhaustive_steps(w, n, counts, 0, choice[:begin])
     while begin < total:
         active = [k for k in range(len(n)) if counts[k] < n[k]]
-        if total - begin < _LANE_MIN_SIZE or len(active) < 2:
+        lanes = [k for k in active if k not in rare]
+        if len(lanes) < 2:
+            lanes = active
+        if len(active) == 1:  # the last unspent dataset takes every remaining step
+            choice[begin:] = active[0]
+            break
+        if total - begin < _LANE_MIN_SIZE:
             _exhaustive_steps(w, n, counts, begin, choice)
             break
         size = min(total - begin, span)
-        now = [counts[k] for k in active]
-        local = _lane_choice([w[k] for k in active], size, begin, now, want_sample=False)[0]
+        events = [k for k in active if k not in set(lanes)]
+        if events:  # end the chunk a little past the first step a rare dataset may win
+            slack = 1 << 12 if len(lanes) == 2 else 1 << 16
+            edge = min(_rare_edges(w, lanes, events, counts, begin))
+            size = min(size, max(edge - begin, 0) + slack)
+        now = [counts[k] for k in lanes]
+        if len(lanes) == 2 and size <= _TWO_WAY_MAX:  # the closed form, shifted by the others
+            local = _two_way_choice(w[lanes[0]], w[lanes[1]], size, begin, (now[0], now[1]))
+        else:
+            local = _lane_choice([w[k] for k in lanes], size, begin, now, want_sample=False)[0]
         stop = size  # steps kept: up to and including the first spend
-        for a, k in enumerate(active):
-            hits = numpy.flatnonzero(local == a)
-            if hits.size >= n[k] - counts[k]:
+        per = numpy.bincount(local, minlength=len(lanes))
+        for a, k in enumerate(lanes):
+            if per[a] >= n[k] - counts[k]:
+                hits = numpy.flatnonzero(local == a)
                 stop = min(stop, int(hits[n[k] - counts[k] - 1]) + 1)
-        phase = numpy.asarray(active, dtype=numpy.int16)[local[:stop]]
-        choice[begin : begin + stop] = phase
-        for k, c in enumerate(numpy.bincount(phase, minlength=len(n))):
+        won = _first_rare_win(w, lanes, events, counts, begin, local[:stop]) if events else stop
+        numpy.take(numpy.asarray(lanes, dtype=numpy.int16), local[:won], out=choice[begin:][:won])
+        if won < size:
+            per = numpy.bincount(local[:won], minlength=len(lanes))
+        for k, c in zip(lanes, per):
             counts[k] += int(c)
-        begin += stop
-        span = min(_SEGMENT, max(8 * _LANE_MIN_SIZE, 2 * stop))
+        begin += won
+        if won < stop:  # a rare dataset wins this step: the plain rule over all unspent ones
+            _exhaustive_steps(w, n, counts, begin, choice[: begin + 1])
+            begin += 1
+        span = min(_SEGMENT, max(8 * _LANE_MIN_SIZE, 2 * won))
     return choice
 
 
@@ -344,7 +374,7 @@ def build_exhaustive_blending_indices(
     n = [int(x) for x in numpy.asarray(sizes, dtype=numpy.int64)[:num_datasets]]
     total = sum(n)
     w = [x / float(total) for x in n]
-    if num_datasets == 2 and min(n) > 0:
+    if num_datasets == 2 and min(n) > 0 and total <= 4 * _TWO_WAY_MAX:
         # Until one dataset is spent the rule is the plain two-way greedy; after, the other
         # dataset takes every remaining step.
         choice = _two_way_choice(w[0], w[1], total)

@@ -163,7 +163,8 @@ def test_exhaustive_equals_sequential_rule(sizes, lane_calls):
     total = sum(sizes)
     got = (numpy.zeros(total, numpy.int16), numpy.zeros(total, numpy.int64))
     helpers.build_exhaustive_blending_indices(*got, numpy.asarray(sizes, numpy.int64), len(sizes))
-    assert lane_calls  # at least the first phase ran in lanes
+    # at least the first phase ran in lanes (two datasets besides rare ones: the closed form)
+    assert lane_calls or sum(1 for x in sizes if x > 16) == 2
     want = _build_exhaustive_blending_indices_reference(sizes)
     numpy.testing.assert_array_equal(got[0], want[0])
     numpy.testing.assert_array_equal(got[1], want[1])
