@@ -139,7 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         print(_generate_help())
         return 0
     try:
-        return run(argv)
+        code = run(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
+    except BrokenPipeError:  # `gigatron layout ... | head`: the reader is done, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as err:
         if debug or not _is_configuration_error(err):
             raise

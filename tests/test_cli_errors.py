@@ -117,3 +117,18 @@ def test_version_and_top_level_help(capsys):
     assert rc == 0 and "GIGATRON_DEBUG=1" in out and "--version" in out
     rc, _, err = _run(["trian"], capsys)
     assert rc == 2 and err[0] == "gigatron: error: unknown command 'trian'; did you mean 'train'?"
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    """`gigatron layout ... | head -1`: once the reader closes the pipe the command stops with
+    no traceback (the 4,096-rank table is larger than a pipe's buffer, so the write must fail)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "gigatron.cli", "layout", "--world-size", "4096", "--tp", "8"]
+    proc = subprocess.Popen(cmd + ["--pp", "8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"layout: world 4096")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
