@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
 
-__all__ = ["NullTokenizer", "WithoutBertSpecials"]
+__all__ = ["NullTokenizer", "WithoutBertSpecials", "space_separated_offsets"]
+
+
+def space_separated_offsets(ids: list[int]) -> list[int]:
+    """Character offset of each id in `" ".join(str(i) for i in ids)`."""
+    offsets, start = [], 0
+    for id_ in ids:
+        offsets.append(start)
+        start += 1 + len(str(id_))
+    return offsets
 
 
 class WithoutBertSpecials:
@@ -51,11 +60,7 @@ class NullTokenizer(WithoutBertSpecials, MegatronLegacyTokenizer):
         return " ".join(str(x) for x in ids)
 
     def offsets(self, ids: list[int], text: str) -> list[int]:
-        offsets, start = [], 0
-        for id_ in ids:
-            offsets.append(start)
-            start += 1 + len(str(id_))
-        return offsets
+        return space_separated_offsets(ids)
 
     @property
     def vocab_size(self) -> int:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from gigatron.core.tokenizers.null_tokenizer import WithoutBertSpecials, space_separated_offsets
 
-class NullTokenizer:
+
+class NullTokenizer(WithoutBertSpecials):
     """Synthetic tokenizer for benchmarks and tests (Megatron's text-library NullTokenizer)."""
 
     def __init__(self, vocab_size: int, eod_id: int | None = None, pad_id: int = -1, **unused):
@@ -33,11 +35,7 @@ class NullTokenizer:
 
     def offsets(self, ids: list[int], text: str) -> list[int]:
         """Character offset of each id in `ids_to_text(ids)`."""
-        out, start = [], 0
-        for id_ in ids:
-            out.append(start)
-            start += 1 + len(str(id_))
-        return out
+        return space_separated_offsets(ids)
 
     @property
     def unique_identifiers(self) -> OrderedDict:
@@ -63,25 +61,9 @@ class NullTokenizer:
         raise NotImplementedError("the null tokenizer has no vocabulary")
 
     @property
-    def cls(self) -> int:
-        return -1
-
-    @property
-    def sep(self) -> int:
-        return -1
-
-    @property
-    def mask(self) -> int:
-        return -1
-
-    @property
     def eod(self) -> int:
         return self._eod_id
 
     @property
     def pad_id(self) -> int:
         return self._pad_id
-
-    @property
-    def additional_special_tokens_ids(self):
-        return None
