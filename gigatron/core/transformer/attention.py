@@ -88,7 +88,18 @@ class Attention(MegatronModule):
             core_config = dataclasses.replace(config, num_query_groups=tp_size)
         else:
             self.num_query_groups_per_partition = divide(config.num_query_groups, tp_size)
-        # context_parallel_size > 1: DotProductAttention (or SDPA) -> ContextParallelAttention
+        self._build_core_attention_and_proj(
+            submodules, config, core_config, layer_number, attn_mask_type, attention_type,
+            cp_comm_type, config.softmax_scale,
+        )  # fmt: skip
+
+    def _build_core_attention_and_proj(
+        self, submodules, config, core_config, layer_number, attn_mask_type, attention_type,
+        cp_comm_type, softmax_scale,
+    ) -> None:  # fmt: skip
+        """`core_attention` (built with `core_config`; under context_parallel_size > 1
+        DotProductAttention / SDPA -> ContextParallelAttention) and the row-parallel
+        `linear_proj` from `query_projection_size` back to the hidden size."""
         from gigatron.core.transformer.context_parallel import get_cp_core_attention
 
         self.core_attention = build_module(
@@ -98,7 +109,7 @@ class Attention(MegatronModule):
             attn_mask_type=attn_mask_type,
             attention_type=attention_type,
             cp_comm_type=cp_comm_type,
-            softmax_scale=config.softmax_scale,
+            softmax_scale=softmax_scale,
         )
         self.checkpoint_core_attention = (
             config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules

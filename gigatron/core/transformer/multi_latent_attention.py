@@ -120,32 +120,10 @@ class MultiLatentAttention(Attention):
         # The core attentions split heads by num_query_groups: MLA has one K/V per query head.
         core_config = copy.copy(config)
         core_config.num_query_groups = config.num_attention_heads
-        from gigatron.core.transformer.context_parallel import get_cp_core_attention
-
-        self.core_attention = build_module(
-            get_cp_core_attention(submodules.core_attention, config),
-            config=core_config,
-            layer_number=layer_number,
-            attn_mask_type=attn_mask_type,
-            attention_type=attention_type,
-            cp_comm_type=cp_comm_type,
-            softmax_scale=self.softmax_scale,
-        )
-        self.checkpoint_core_attention = (
-            config.recompute_granularity == "selective" and "core_attn" in config.recompute_modules
-        )
-        self.linear_proj = build_module(
-            submodules.linear_proj,
-            self.query_projection_size,
-            config.hidden_size,
-            config=config,
-            init_method=config.output_layer_init_method,
-            bias=config.add_bias_linear,
-            input_is_parallel=True,
-            skip_bias_add=True,
-            is_expert=False,
-            tp_comm_buffer_name="proj",
-        )
+        self._build_core_attention_and_proj(
+            submodules, config, core_config, layer_number, attn_mask_type, attention_type,
+            cp_comm_type, self.softmax_scale,
+        )  # fmt: skip
 
     def _rotary_angles(self, q_len: int, inference_context) -> tuple[Tensor, float]:
         """Angles [q_len, 1, 1, r] of this step's positions (this CP rank's zigzag rows under
