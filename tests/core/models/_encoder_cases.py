@@ -20,7 +20,8 @@ from gigatron.core.transformer.transformer_config import TransformerConfig
 V, B = 64, 2
 
 
-def _config(tp: int, sp: bool = False) -> TransformerConfig:
+def encoder_config(tp: int, sp: bool = False, pp: int = 1) -> TransformerConfig:
+    """The tiny fp32 config every BERT / T5 twin test builds from (PP > 1: fp32 p2p)."""
     return TransformerConfig(
         num_layers=2,
         hidden_size=32,
@@ -31,6 +32,8 @@ def _config(tp: int, sp: bool = False) -> TransformerConfig:
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
         sequence_parallel=sp,
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.float32 if pp > 1 else None,
         use_cpu_initialization=True,
     )
 
@@ -46,7 +49,7 @@ class BertCase:
         from gigatron.core.models.bert import BertModel
         from gigatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
 
-        cfg = _config(tp, sp=tp > 1 and variant == "tp+sp")
+        cfg = encoder_config(tp, sp=tp > 1 and variant == "tp+sp")
         return BertModel(
             cfg, 2, bert_layer_local_spec, V, 16, parallel_output=parallel_output,
             share_embeddings_and_output_weights=True,
@@ -92,7 +95,7 @@ class T5Case:
             get_t5_encoder_with_local_block_spec,
         )
 
-        cfg = _config(tp)
+        cfg = encoder_config(tp)
         position = variant if variant in self.variants else "learned_absolute"
         return T5Model(
             cfg,

@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.T5 import T5Model
@@ -17,8 +16,8 @@ from gigatron.core.models.T5.t5_spec import (
     get_t5_encoder_with_local_block_spec,
 )
 from gigatron.core.pipeline_parallel.schedules import get_forward_backward_func
-from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.testing import run_distributed
+from tests.core.models._encoder_cases import encoder_config
 
 pytestmark = pytest.mark.multirank
 
@@ -27,20 +26,7 @@ V, SE, SD, B = 64, 12, 8, 2
 
 
 def _build(tp=1, pp=1, add_encoder=True, add_decoder=True, post_process=True, position=None):
-    cfg = TransformerConfig(
-        num_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        ffn_hidden_size=64,
-        activation_func=F.gelu,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        use_cpu_initialization=True,
-        variable_seq_lengths=pp > 1,
-        pipeline_dtype=torch.float32 if pp > 1 else None,
-    )
+    cfg = dataclasses.replace(encoder_config(tp, pp=pp), variable_seq_lengths=pp > 1)
     enc_cfg = dataclasses.replace(cfg, num_layers=2)
     return T5Model(
         cfg,

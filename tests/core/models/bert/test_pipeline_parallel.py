@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.models.bert import BertModel
 from gigatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
-from gigatron.core.transformer.transformer_config import TransformerConfig
 from gigatron.testing import run_distributed
+from tests.core.models._encoder_cases import encoder_config
 
 pytestmark = pytest.mark.multirank
 
@@ -19,25 +19,8 @@ pytestmark = pytest.mark.multirank
 V, S, B = 64, 8, 2
 
 
-def _config(tp, sp, pp=1):
-    return TransformerConfig(
-        num_layers=2,
-        hidden_size=32,
-        num_attention_heads=4,
-        ffn_hidden_size=64,
-        activation_func=F.gelu,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        tensor_model_parallel_size=tp,
-        sequence_parallel=sp,
-        pipeline_model_parallel_size=pp,
-        pipeline_dtype=torch.float32 if pp > 1 else None,
-        use_cpu_initialization=True,
-    )
-
-
 def _build(tp, sp):
-    cfg = _config(tp, sp)
+    cfg = encoder_config(tp, sp)
     return BertModel(cfg, 2, bert_layer_local_spec, V, 16, share_embeddings_and_output_weights=True)
 
 
@@ -101,7 +84,7 @@ def _pp_body(num_microbatches):
     parallel_state.initialize_model_parallel(1, 2)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     stage = parallel_state.get_pipeline_model_parallel_rank()
-    cfg = _config(1, False, pp=2)
+    cfg = encoder_config(1, False, pp=2)
     model = BertModel(
         cfg,
         2,
