@@ -18,6 +18,7 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # the repo root: gigatron without an install
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "anchors"))
 

@@ -216,6 +216,16 @@ t_moe_more() {  # MoE: the torch anchor at deepseek-fg's expert shape (no shared
   python3 bench/compare_moe.py "$RES"
 }
 
+t_moe_profile() {  # MoE kernel profiles: gigatron mixtral-8l (per-layer and whole-model compile) beside the compiled torch MoE anchor ($OUT/prof-*.json), two cross-entropy variants, then the CUDA host-sync test of the compiled MoE layers
+  local G="--optimizer none --no-input-checks"
+  run moe.log 150 $B --config mixtral-8l $G --profile "$OUT/prof-moe-layers.json" --label fast-moe-layers
+  run moe.log 180 $B --config mixtral-8l $G --compile model --profile "$OUT/prof-moe-model.json" --label fast-moe-model
+  run moe.log 120 python3 bench/compare_profile.py moe compile "$OUT/prof-moe-anchor.json"
+  run moe.log 150 $B --config mixtral-8l $G --compile model --ce plain --label fast-moe-model-ce-plain
+  run moe.log 150 $B --config mixtral-8l $G --compile model --ce chunked-grad-in-forward --label fast-moe-model-ce-grad-in-fwd
+  run_tests 150 -m gpu -x --tb=long tests/core/transformer/moe/test_moe_compile.py
+}
+
 t_train_moe() {  # pretrain_gpt at mixtral-8l's shape: GroupedMLP, whole model compiled, fp32 main params (MFU by active parameters in the log)
   local S="--num-layers 8 --hidden-size 2048 --num-attention-heads 16 --group-query-attention \
     --num-query-groups 8 --ffn-hidden-size 4096 --seq-length 2048 --max-position-embeddings 2048 \
@@ -256,6 +266,14 @@ t_fp8_llama_model() {  # FP8 vs bf16 with the whole model compiled: Llama-3-8B l
   local L="--no-input-checks --compile model --ce chunked"
   run gpt.log 150 $B --config llama3-8b-8l $L --label bf16-model
   run gpt.log 240 $B --config llama3-8b-8l $L --fp8 tensorwise --label fp8-tensorwise-model
+}
+
+t_fp8_llama_profile() {  # the CUDA FP8 linear tests, then kernel profiles of Llama-3-8B layers, whole model compiled, bf16 and FP8 tensorwise ($OUT/prof-llama-*.json)
+  _torchao_wheel
+  local L="--no-input-checks --compile model --ce chunked"
+  run_tests 150 -m gpu tests/core/tensor_parallel/test_fp8_linear_cuda.py
+  run gpt.log 150 $B --config llama3-8b-8l $L --profile "$OUT/prof-llama-bf16.json" --label bf16-model
+  run gpt.log 200 $B --config llama3-8b-8l $L --fp8 tensorwise --profile "$OUT/prof-llama-fp8.json" --label fp8-tensorwise-model
 }
 
 t_fp8_convergence() {  # gpt-125m, 1,000 steps on a real corpus (.data, carried): bf16 vs FP8 tensorwise (reports/fp8-convergence.md)

@@ -30,6 +30,7 @@ from gigatron.core.tensor_parallel._collectives import (
     _start_async,
     _wait,
 )
+from gigatron.core.tensor_parallel.fp8_transpose import fp8_transpose
 from gigatron.core.tensor_parallel.wgrad import (
     WGRAD_IN_MAIN_GRAD,
     hand_over_weight_grad,
@@ -75,13 +76,21 @@ def _quantize(recipe, x: torch.Tensor, cast, *, dim: int, split_dim: int | None,
     return recipe.ao.to_fp8_saturated(x.float() * scale, cast.dtype), scale
 
 
+def _row_major(x: torch.Tensor) -> torch.Tensor:
+    """`x [r, c]` laid out row-major; a transposed view is copied by `fp8_transpose` (its own
+    kernel, not fused into the cast that made `x`)."""
+    if x.is_contiguous():
+        return x
+    return fp8_transpose(x.t()) if x.t().is_contiguous() else x.contiguous()
+
+
 def _mm(recipe, a, b, out_dtype: torch.dtype, gemm: str) -> torch.Tensor:
     """`a [m, k] @ b [k, n]` (FP8 pairs) -> `[m, n]` in `out_dtype` (`gemm`: output |
     grad_input | grad_weight, for the recipe's fast-accumulation choice)."""
     a_data, a_scale = a
     b_data, b_scale = b
-    a_data = a_data if a_data.is_contiguous() else a_data.contiguous()  # _scaled_mm: row-major
-    b_data = b_data if b_data.t().is_contiguous() else b_data.t().contiguous().t()  # col-major
+    a_data = _row_major(a_data)  # what _scaled_mm takes
+    b_data = _row_major(b_data.t()).t()  # column-major
     # _scaled_mm scales both operands per tensor or both per row / column: widen the other one
     if a_scale.dim() == 0 and b_scale.dim() > 0:
         a_scale = a_scale.repeat(a_data.size(0)).reshape(-1, 1)
