@@ -13,6 +13,26 @@ from torch import Tensor
 from gigatron.core.packed_seq_params import thd_document_positions
 
 
+@torch.library.custom_op("gigatron::rope_cos_sin", mutates_args=())
+def rope_cos_sin(freqs: Tensor, mscale: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """`(cos(freqs) * mscale, sin(freqs) * mscale)` in `dtype`, shaped as `freqs` `[s, 1, 1, dim]`.
+
+    One opaque op, so the tables are computed once per call and read by the rotation. Written
+    inline, torch.compile fuses `cos`/`sin` into the kernels that rotate q and k (forward and
+    backward) and evaluates them again for every batch row and head: on an H200 those kernels took
+    ~0.2-0.4 ms each at Llama-3-8B's shape, several times their memory traffic."""
+    cos = (torch.cos(freqs) * mscale).to(dtype).contiguous()
+    return cos, (torch.sin(freqs) * mscale).to(dtype).contiguous()
+
+
+@rope_cos_sin.register_fake
+def _(freqs: Tensor, mscale: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    def table():
+        return torch.empty(freqs.shape, dtype=dtype, device=freqs.device)
+
+    return table(), table()
+
+
 def _rotate_half(x: Tensor, rotary_interleaved: bool) -> Tensor:
     if not rotary_interleaved:
         x1, x2 = torch.chunk(x, 2, dim=-1)
@@ -41,7 +61,10 @@ def apply_rotary_pos_emb(
     interleaved = bool(config.rotary_interleaved) if config is not None else False
     rot_dim = freqs.shape[-1]
     t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]
-    cos = (torch.cos(freqs) * mscale).to(t.dtype)
-    sin = (torch.sin(freqs) * mscale).to(t.dtype)
+    if freqs.requires_grad:  # learned or differentiated angles: plain ops (autograd)
+        cos = (torch.cos(freqs) * mscale).to(t.dtype)
+        sin = (torch.sin(freqs) * mscale).to(t.dtype)
+    else:
+        cos, sin = rope_cos_sin(freqs, mscale, t.dtype)
     t_rot = t_rot * cos + _rotate_half(t_rot, interleaved) * sin
     return torch.cat((t_rot, t_pass), dim=-1)
