@@ -68,6 +68,24 @@ def test_traced_flops_equal_the_training_flops_formula():
     assert rank["flops_per_step"] == pytest.approx(no_scores + (full - no_scores) / 2, rel=1e-12)
 
 
+def test_padded_vocabulary_is_the_one_training_builds():
+    """Without --tokenizer-type training builds a NullTokenizer, whose EOD is one id past
+    --vocab-size, and pads that (the estimate padded --vocab-size itself: one row short, or a
+    whole padding block when --vocab-size was already a multiple)."""
+    from gigatron.training import global_vars
+    from gigatron.training.arguments import parse_args
+    from gigatron.training.initialize import _build_tokenizer
+
+    for extra in ([], ["--vocab-size", "384"], ["--make-vocab-size-divisible-by", "1"]):
+        train = parse_args(argv=[*BASE, *extra, "--mock-data"])
+        try:
+            _build_tokenizer(train)
+        finally:
+            global_vars.set_tokenizer(None)
+        args = estimate_args([*BASE, *extra, "--world-size", "1"])
+        assert args.padded_vocab_size == train.padded_vocab_size, extra
+
+
 def test_step_time_prices_the_trace_with_the_calibration_table():
     from gigatron.tools.estimate.report import estimate_rank
 
