@@ -374,6 +374,15 @@ t_estimate_check() {  # calibrate, then gpt-1.3b and gpt-125m: estimated vs meas
   grep '"estimate-check"' "$RES"
 }
 
+t_estimate_train() {  # pretrain_gpt at gpt-1.3b's shape, eager: `gigatron estimate` (committed h200 table) vs measured peak memory and step time
+  # ESTIMATE_TRAIN_ARGS="--modes eager,compiled" adds t_train's --torch-compile model (~+90 s);
+  # "--device cpu --shape tiny" is the CPU check (live tensor bytes, ~10 s)
+  # shellcheck disable=SC2086  (a list of words)
+  run estimate.log 280 python3 bench/estimate_train_check.py --calibration h200 \
+    ${ESTIMATE_TRAIN_ARGS:-}
+  grep '"estimate-train"' "$RES"
+}
+
 # ---- main --------------------------------------------------------------------------------
 
 list() {

@@ -107,8 +107,10 @@ def test_step_time_prices_the_trace_with_the_calibration_table():
     )
     assert t["attention_s"] == pytest.approx(m * (fwd / 50e12 + 2 * fwd / 25e12))
     assert t["other_s"] == pytest.approx(m * tr.other_bytes / 1e12)
+    # DDP's fp32 grad buffer: zeroed and read by the norm once a step (no distributed optimizer)
+    assert t["grad_buffer_s"] == pytest.approx(2 * r["params"] * 4 / 1e12)
     assert t["step_s"] == pytest.approx(
-        t["gemm_s"] + t["attention_s"] + t["other_s"] + t["optimizer_s"]
+        t["gemm_s"] + t["attention_s"] + t["other_s"] + t["optimizer_s"] + t["grad_buffer_s"]
     )
 
 

@@ -129,6 +129,7 @@ def estimate_rank(
                 pp_size=ps.get_pipeline_model_parallel_world_size(),
                 num_params=_optimizer_params(args, mem),
                 optimizer_bytes_per_param=prec.update_traffic,
+                grad_buffer_bytes=prec.grad * (mem["params"] + _optimizer_params(args, mem)),
             )
     return out
 
