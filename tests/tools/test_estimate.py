@@ -94,6 +94,7 @@ MOE_LAYOUTS = {  # world size, flags
     "k1-of-3-sequential": (1, "--num-experts 3 --moe-router-topk 1"),
     "ep2-alltoall": (2, "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall"),
     "ep2-allgather": (2, "--expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"),
+    "ep2-dp4-distopt": (4, "--expert-model-parallel-size 2 --use-distributed-optimizer"),
     "tp2-sp-etp2-ep2": (4, "--tensor-model-parallel-size 2 --sequence-parallel "
                         "--expert-model-parallel-size 2 --expert-tensor-parallel-size 2 "
                         "--moe-token-dispatcher-type alltoall"),
@@ -103,7 +104,8 @@ MOE_LAYOUTS = {  # world size, flags
 def test_moe_flops_are_the_active_parameters_under_every_layout():
     """Routed MoE layers trace on meta with a balanced router (moe_trace.py): each rank's FLOPs
     equal the training formula's, which counts top-k experts per token (pretrain_gpt's MFU),
-    divided over TP; the expert all-to-all / all-gather volume is reported per group."""
+    divided over TP; the expert all-to-all / all-gather volume is reported per group, and the
+    expert parameters' sync over the expert-DP group."""
     from gigatron.tools.estimate.report import estimate
     from gigatron.training.flops import flops_per_token
 
@@ -126,6 +128,8 @@ def test_moe_flops_are_the_active_parameters_under_every_layout():
             assert comm["ep"] > 0, (name, comm)
         if "allgather" in name:
             assert comm["expert_tp_ep"] > 0, (name, comm)
+        if "distopt" in name:  # fp32 expert grads reduce-scattered, params gathered, EDP = 2
+            assert comm["expert_dp"] == pytest.approx(rank["expert_params"] * (4 + 4) / 2)
 
 
 def test_step_time_prices_the_trace_with_the_calibration_table():
