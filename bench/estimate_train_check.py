@@ -1,9 +1,12 @@
 """`gigatron estimate` against `pretrain_gpt` itself: peak memory and step time of one rank.
 
     python3 bench/estimate_train_check.py --calibration h200                   # one H200, ~1.5 min
-    python3 bench/estimate_train_check.py --device cpu --shape tiny            # CPU, ~15 s
+    python3 bench/estimate_train_check.py --calibration h200 --shape mixtral-8l   # MoE
+    python3 bench/estimate_train_check.py --device cpu --shape tiny            # CPU, ~6 s
+    python3 bench/estimate_train_check.py --device cpu --shape tiny-moe        # CPU, ~17 s
 
-The flags are `bench/run.sh`'s `train_one` recipe at gpt-1.3b's shape (bf16 parameters with fp32
+The flags are `bench/run.sh`'s `train_one` recipe at gpt-1.3b's shape (or t_train_moe's
+mixtral-8l, or a tiny one for the CPU; bf16 parameters with fp32
 main params and grads, the distributed optimizer, the fused cross entropy, mock data, no
 dropout), eager (`--torch-compile none`: what the estimate models; `--modes eager,compiled` adds
 `--torch-compile model`, t_train's, for reference). The same flags go to `gigatron estimate
@@ -33,8 +36,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {
     "gpt-1.3b": "--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
     "--max-position-embeddings 2048 --micro-batch-size 4 --global-batch-size 4 --vocab-size 50304",
+    # bench/run.sh t_train_moe's shape: GroupedMLP, 8 experts, top-2, dropless on one GPU
+    "mixtral-8l": "--num-layers 8 --hidden-size 2048 --num-attention-heads 16 "
+    "--group-query-attention --num-query-groups 8 --ffn-hidden-size 4096 --seq-length 2048 "
+    "--max-position-embeddings 2048 --micro-batch-size 4 --global-batch-size 4 --vocab-size 50304 "
+    "--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear "
+    "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 4096 --moe-grouped-gemm "
+    "--moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2",
     "tiny": "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 256 "
     "--max-position-embeddings 256 --micro-batch-size 4 --global-batch-size 4 --vocab-size 1024",
+    "tiny-moe": "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-attention "
+    "--num-query-groups 2 --ffn-hidden-size 128 --seq-length 256 --max-position-embeddings 256 "
+    "--micro-batch-size 4 --global-batch-size 4 --vocab-size 1024 --position-embedding-type rope "
+    "--normalization RMSNorm --swiglu --disable-bias-linear --num-experts 8 --moe-router-topk 2 "
+    "--moe-ffn-hidden-size 128 --moe-grouped-gemm --moe-token-dispatcher-type alltoall "
+    "--moe-aux-loss-coeff 1e-2",
 }
 # bench/run.sh train_one's flags, $NODROP
 RECIPE = (
