@@ -35,7 +35,8 @@ def train_flags(config: str) -> list[str]:
         "--num-layers", str(c["layers"]), "--hidden-size", str(c["hidden"]),
         "--num-attention-heads", str(c["heads"]), "--seq-length", str(c["seq"]),
         "--max-position-embeddings", str(c["seq"]), "--micro-batch-size", str(c["mbs"]),
-        "--vocab-size", str(c["vocab"]), "--make-vocab-size-divisible-by", "1", "--bf16",
+        # gigatron train's NullTokenizer adds the EOD id: vocab - 1 + 1 = bench_gpt's V
+        "--vocab-size", str(c["vocab"] - 1), "--make-vocab-size-divisible-by", "1", "--bf16",
         "--hidden-dropout", "0", "--attention-dropout", "0", "--cross-entropy-loss-fusion",
     ]  # fmt: skip
 

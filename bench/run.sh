@@ -392,6 +392,19 @@ t_estimate_check() {  # calibrate, then gpt-1.3b and gpt-125m: estimated vs meas
   grep '"estimate-check"' "$RES"
 }
 
+t_estimate_train() {  # pretrain_gpt at gpt-1.3b's and mixtral-8l's shapes, eager: `gigatron estimate` (committed h200 table) vs measured peak memory and step time
+  # ESTIMATE_TRAIN_ARGS="--modes eager,compiled" adds t_train's --torch-compile model (~+90 s
+  # each); ESTIMATE_TRAIN_SHAPES="tiny tiny-moe" ESTIMATE_TRAIN_ARGS="--device cpu" is the CPU
+  # check (live tensor bytes, ~25 s)
+  local shape
+  for shape in ${ESTIMATE_TRAIN_SHAPES:-gpt-1.3b mixtral-8l}; do
+    # shellcheck disable=SC2086  (a list of words)
+    run estimate.log 240 python3 bench/estimate_train_check.py --calibration h200 \
+      --shape "$shape" ${ESTIMATE_TRAIN_ARGS:-}
+  done
+  grep '"estimate-train"' "$RES"
+}
+
 # ---- main --------------------------------------------------------------------------------
 
 list() {

@@ -68,6 +68,70 @@ def test_traced_flops_equal_the_training_flops_formula():
     assert rank["flops_per_step"] == pytest.approx(no_scores + (full - no_scores) / 2, rel=1e-12)
 
 
+def test_padded_vocabulary_is_the_one_training_builds():
+    """Without --tokenizer-type training builds a NullTokenizer, whose EOD is one id past
+    --vocab-size, and pads that (the estimate padded --vocab-size itself: one row short, or a
+    whole padding block when --vocab-size was already a multiple)."""
+    from gigatron.training import global_vars
+    from gigatron.training.arguments import parse_args
+    from gigatron.training.initialize import _build_tokenizer
+
+    for extra in ([], ["--vocab-size", "384"], ["--make-vocab-size-divisible-by", "1"]):
+        train = parse_args(argv=[*BASE, *extra, "--mock-data"])
+        try:
+            _build_tokenizer(train)
+        finally:
+            global_vars.set_tokenizer(None)
+        args = estimate_args([*BASE, *extra, "--world-size", "1"])
+        assert args.padded_vocab_size == train.padded_vocab_size, extra
+
+
+MOE = [*BASE, "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96",
+       "--swiglu", "--disable-bias-linear"]  # fmt: skip
+MOE_LAYOUTS = {  # world size, flags
+    "grouped": (1, "--moe-grouped-gemm"),  # fp32: the per-expert loop
+    "grouped-bf16": (1, "--moe-grouped-gemm --bf16"),  # torch._grouped_mm, as on a Hopper GPU
+    "k1-of-3-sequential": (1, "--num-experts 3 --moe-router-topk 1"),
+    "ep2-alltoall": (2, "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall"),
+    "ep2-allgather": (2, "--expert-model-parallel-size 2 --moe-token-dispatcher-type allgather"),
+    "ep2-dp4-distopt": (4, "--expert-model-parallel-size 2 --use-distributed-optimizer"),
+    "tp2-sp-etp2-ep2": (4, "--tensor-model-parallel-size 2 --sequence-parallel "
+                        "--expert-model-parallel-size 2 --expert-tensor-parallel-size 2 "
+                        "--moe-token-dispatcher-type alltoall"),
+}  # fmt: skip
+
+
+def test_moe_flops_are_the_active_parameters_under_every_layout():
+    """Routed MoE layers trace on meta with a balanced router (moe_trace.py): each rank's FLOPs
+    equal the training formula's, which counts top-k experts per token (pretrain_gpt's MFU),
+    divided over TP; the expert all-to-all / all-gather volume is reported per group, and the
+    expert parameters' sync over the expert-DP group."""
+    from gigatron.tools.estimate.report import estimate
+    from gigatron.training.flops import flops_per_token
+
+    for name, (world, extra) in MOE_LAYOUTS.items():
+        args = estimate_args([*MOE, *extra.split(), "--world-size", str(world)])
+        rank = estimate(args)["ranks"]["first"]
+        assert "trace_error" not in rank, (name, rank)
+        kw = dict(
+            num_layers=2, hidden_size=64, vocab_size=args.padded_vocab_size,
+            num_attention_heads=4, gated_linear_unit=True, num_experts=args.num_experts,
+            moe_router_topk=args.moe_router_topk, moe_ffn_hidden_size=96,
+        )  # fmt: skip
+        tokens = args.micro_batch_size * args.seq_length
+        full = flops_per_token(seq_length=args.seq_length, **kw) * tokens
+        no_scores = flops_per_token(seq_length=0, **kw) * tokens
+        want = (no_scores + (full - no_scores) / 2) / args.tensor_model_parallel_size
+        assert rank["flops_per_step"] == pytest.approx(want, rel=1e-12), name
+        comm = rank["comm_bytes_per_step"]
+        if "alltoall" in name:
+            assert comm["ep"] > 0, (name, comm)
+        if "allgather" in name:
+            assert comm["expert_tp_ep"] > 0, (name, comm)
+        if "distopt" in name:  # fp32 expert grads reduce-scattered, params gathered, EDP = 2
+            assert comm["expert_dp"] == pytest.approx(rank["expert_params"] * (4 + 4) / 2)
+
+
 def test_step_time_prices_the_trace_with_the_calibration_table():
     from gigatron.tools.estimate.report import estimate_rank
 
@@ -89,8 +153,10 @@ def test_step_time_prices_the_trace_with_the_calibration_table():
     )
     assert t["attention_s"] == pytest.approx(m * (fwd / 50e12 + 2 * fwd / 25e12))
     assert t["other_s"] == pytest.approx(m * tr.other_bytes / 1e12)
+    # DDP's fp32 grad buffer: zeroed and read by the norm once a step (no distributed optimizer)
+    assert t["grad_buffer_s"] == pytest.approx(2 * r["params"] * 4 / 1e12)
     assert t["step_s"] == pytest.approx(
-        t["gemm_s"] + t["attention_s"] + t["other_s"] + t["optimizer_s"]
+        t["gemm_s"] + t["attention_s"] + t["other_s"] + t["optimizer_s"] + t["grad_buffer_s"]
     )
 
 

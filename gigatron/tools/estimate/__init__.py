@@ -64,7 +64,8 @@ def _table(report: dict) -> str:
                 f"  step {t['step_s'] * 1e3:.1f} ms = gemm {t['gemm_s'] * 1e3:.1f} + attention "
                 f"{t['attention_s'] * 1e3:.1f} + other {t['other_s'] * 1e3:.1f} + comm "
                 f"{t['comm_s'] * 1e3:.1f} + bubble {t['bubble_s'] * 1e3:.1f} + optimizer "
-                f"{t['optimizer_s'] * 1e3:.1f} (host floor {t['host_s'] * 1e3:.1f}){note}"
+                f"{t['optimizer_s'] * 1e3:.1f} + grad buffer {t['grad_buffer_s'] * 1e3:.1f} "
+                f"(host floor {t['host_s'] * 1e3:.1f}){note}"
             )
     return "\n".join(lines)
 

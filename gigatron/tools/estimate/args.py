@@ -29,13 +29,19 @@ def add_estimate_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def padded_vocab_size(args) -> int:
-    """--vocab-size padded as training pads it (to make-vocab-size-divisible-by x TP)."""
+    """The tokenizer's vocabulary padded as training pads it (to make-vocab-size-divisible-by x
+    TP). Without --tokenizer-type (or with NullTokenizer) training builds Megatron's
+    NullTokenizer, whose EOD is one id past --vocab-size; another tokenizer's size is taken to
+    be --vocab-size."""
     from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
 
     if args.vocab_size is None:
         raise ValueError("give --vocab-size N (gigatron estimate builds no tokenizer)")
+    null = args.tokenizer_type in (None, "NullTokenizer")
     return vocab_size_with_padding(
-        args.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size
+        args.vocab_size + int(null),
+        args.make_vocab_size_divisible_by,
+        args.tensor_model_parallel_size,
     )
 
 

@@ -7,9 +7,10 @@ them and the flags:
     gradients    DDP's buffer, one element per parameter, fp32 with --bf16 or
                  --accumulate-allreduce-grads-in-fp32, else the parameter dtype
     optimizer    Adam's two fp32 moments, plus an fp32 main copy of bf16 / fp16 parameters
-                 (`Precision`: another recipe, such as bench_gpt's all-bf16 AdamW, is passed in);
-                 divided over the DP x CP group (expert parameters: the expert-DP group) with
-                 --use-distributed-optimizer
+                 (`Precision`: another recipe, such as bench_gpt's all-bf16 AdamW, is passed in),
+                 and the flat Adam step's uint8 group id per element (`flat_adam_step_of`: the
+                 distributed optimizer's default step on CUDA); divided over the DP x CP
+                 group (expert parameters: the expert-DP group) with --use-distributed-optimizer
     activations  `activations.py` per chunk, times the microbatches the schedule holds at once
                  (`schedule_plan.peak_in_flight`)
     peak         all of the above, plus the largest transient of backward (on the last stage the
@@ -37,26 +38,41 @@ class Precision:
     grad: int
     master: int  # the optimizer's fp32 copy of low-precision parameters (0: none)
     moment: int  # each of Adam's two moments
+    group_id: int = 0  # the flat Adam step's uint8 param-group index per element (1: kept)
 
     @property
     def optimizer(self) -> int:
-        return self.master + 2 * self.moment
+        return self.master + 2 * self.moment + self.group_id
 
     @property
     def update_traffic(self) -> int:
         """Bytes the Adam update reads and writes per parameter: the gradient read, the moments
         and the main copy read and written, the model parameter written (and read when it is
-        its own main copy)."""
+        its own main copy), the flat step's group id read."""
         param_traffic = self.param if self.master else 2 * self.param
-        return self.grad + 2 * (self.master + 2 * self.moment) + param_traffic
+        return self.grad + 2 * (self.master + 2 * self.moment) + param_traffic + self.group_id
+
+
+def flat_adam_step_of(args, grad_bytes: int) -> bool:
+    """Whether a GPU run of these flags steps through the distributed optimizer's flat Adam
+    step, which keeps a uint8 param-group id per element: `--flat-adam-step`, or by default on
+    CUDA where it applies (Adam, fp32 grad buffers, no fp16 loss scaler), not with
+    `--no-flat-adam-step` (gigatron/core/optimizer/_flat_adam_step.py)."""
+    if not args.use_distributed_optimizer:
+        return False
+    if args.flat_adam_step is not None:
+        return bool(args.flat_adam_step)
+    return args.optimizer == "adam" and grad_bytes == 4 and not args.fp16
 
 
 def precision_of(args) -> Precision:
     """Megatron's mixed precision from the flags: bf16 / fp16 parameters get an fp32 main copy
-    and fp32 moments; gradients are fp32 with --bf16 or --accumulate-allreduce-grads-in-fp32."""
+    and fp32 moments; gradients are fp32 with --bf16 or --accumulate-allreduce-grads-in-fp32;
+    the flat Adam step (`flat_adam_step_of`) adds its group ids."""
     p = args.params_dtype.itemsize
     grad = 4 if (p == 4 or args.accumulate_allreduce_grads_in_fp32 or args.bf16) else p
-    return Precision(param=p, grad=grad, master=0 if p == 4 else 4, moment=4)
+    flat = int(flat_adam_step_of(args, grad))
+    return Precision(param=p, grad=grad, master=0 if p == 4 else 4, moment=4, group_id=flat)
 
 
 def shape_of(args) -> act.Shape:

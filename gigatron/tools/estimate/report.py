@@ -72,15 +72,17 @@ def _comm_volume(args, traces, mem: dict, prec: Precision, slots) -> dict[str, f
     sends = sum(len(slot.sends) for slot in slots)
     if sends:
         vol["pp"] = vol.get("pp", 0.0) + sends * act_bytes
-    dp = ps.get_data_parallel_world_size(with_context_parallel=True)
     dense = mem["params"] - mem["expert_params"]
-    if dp > 1:
-        grads = dense * prec.grad
-        if args.use_distributed_optimizer:  # reduce-scatter grads, all-gather params
-            sync = (grads + dense * prec.param) * (dp - 1) / dp
-        else:
-            sync = 2 * grads * (dp - 1) / dp
-        vol["dp"] = vol.get("dp", 0.0) + sync
+    for group, n, size in (  # expert params sync over the expert-DP group
+        ("dp", dense, ps.get_data_parallel_world_size(with_context_parallel=True)),
+        ("expert_dp", mem["expert_params"], ps.get_expert_data_parallel_world_size()),
+    ):
+        if size > 1 and n:
+            if args.use_distributed_optimizer:  # reduce-scatter grads, all-gather params
+                sync = n * (prec.grad + prec.param) * (size - 1) / size
+            else:
+                sync = 2 * n * prec.grad * (size - 1) / size
+            vol[group] = vol.get(group, 0.0) + sync
     return vol
 
 
@@ -129,14 +131,21 @@ def estimate_rank(
                 pp_size=ps.get_pipeline_model_parallel_world_size(),
                 num_params=_optimizer_params(args, mem),
                 optimizer_bytes_per_param=prec.update_traffic,
+                grad_buffer_bytes=prec.grad * (mem["params"] + _optimizer_params(args, mem)),
             )
     return out
 
 
 def _optimizer_params(args, mem: dict) -> int:
+    """Parameters this rank's optimizer steps: its shard under the distributed optimizer (dense
+    ones over DP x CP, expert ones over the expert-DP group, as `memory.rank_memory`)."""
     if not args.use_distributed_optimizer:
         return mem["params"]
-    return mem["params"] // ps.get_data_parallel_world_size(with_context_parallel=True)
+    dense = mem["params"] - mem["expert_params"]
+    return (
+        dense // ps.get_data_parallel_world_size(with_context_parallel=True)
+        + mem["expert_params"] // ps.get_expert_data_parallel_world_size()
+    )
 
 
 def estimate(args, *, calibration=None, precision=None) -> dict:

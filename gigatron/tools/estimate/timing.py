@@ -16,7 +16,8 @@ nearest calibrated attention; every other op its bytes over `memory_gbps`, and a
 Collectives take (bytes x algorithm factor) / bus bandwidth of the nearest calibrated size;
 without collective rows they are reported as volume only and priced at zero (said so in the
 output). The step: microbatches x (forward + backward of every chunk) + the pipeline bubble
-((pp - 1) / chunks of one microbatch's time) + the optimizer's pass over its parameters.
+((pp - 1) / chunks of one microbatch's time) + the optimizer's pass over its parameters + DDP's
+grad buffer passes (zeroed every step, read by the gradient norm over the optimizer's shard).
 """
 
 from __future__ import annotations
@@ -119,13 +120,16 @@ def step_seconds(
     pp_size: int,
     num_params: int,
     optimizer_bytes_per_param: int,
+    grad_buffer_bytes: float = 0.0,
 ) -> dict:
-    """The rank's step: every microbatch through every chunk, bubble, optimizer (module doc)."""
+    """The rank's step: every microbatch through every chunk, bubble, optimizer, and DDP's grad
+    buffer passes outside them (`grad_buffer_bytes`: zeroed, read by the norm) (module doc)."""
     parts = [trace_seconds(table, tr) for tr in per_chunk]
     per_mb = sum(max(p["device_s"], p["host_s"]) for p in parts)
     bubble = (pp_size - 1) / len(per_chunk) * per_mb if pp_size > 1 else 0.0
     opt = optimizer_seconds(table, num_params, optimizer_bytes_per_param)
-    total = num_microbatches * per_mb + bubble + opt
+    grad_buffer = grad_buffer_bytes / (table["memory_gbps"] * 1e9)
+    total = num_microbatches * per_mb + bubble + opt + grad_buffer
     merged = {k: sum(p[k] for p in parts) * num_microbatches for k in parts[0]}
-    merged.update(bubble_s=bubble, optimizer_s=opt, step_s=total)
+    merged.update(bubble_s=bubble, optimizer_s=opt, grad_buffer_s=grad_buffer, step_s=total)
     return merged

@@ -4,7 +4,8 @@
 backward on meta tensors under `OpTrace`: nothing is computed or allocated, but every aten op is
 seen with its shapes. The trace lists
 
-    gemms        (m, n, k, batch, layout) of each mm / addmm / bmm: 2·m·n·k·batch FLOPs;
+    gemms        (m, n, k, batch, layout) of each mm / addmm / bmm / _grouped_mm (batch: the
+                 groups; `_grouped_gemm`): 2·m·n·k·batch FLOPs;
                  layout "nn" / "nt" / "tn" / "tt": which operand is read transposed
     attention    (b, heads, s_q, s_kv, head dim, causal, forward|backward) per SDPA call; the
                  call is replaced by a shape-only autograd function (meta SDPA would run the
@@ -17,7 +18,8 @@ seen with its shapes. The trace lists
                  meta would run (`--cross-entropy-loss-fusion`: 73 of gpt-125m's 94 GB)
 
 `timing.py` prices a trace with a calibration table; its FLOPs and bytes are the rank's
-per-microbatch work as gigatron runs it (GQA, SwiGLU, MoE, recompute included).
+per-microbatch work as gigatron runs it (GQA, SwiGLU, MoE, recompute included; routed MoE
+layers traced with a balanced router, `moe_trace.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from gigatron.core import parallel_state as ps
+from gigatron.tools.estimate.moe_trace import BalancedRouting, cuda_grouped_gemm
 
 _GEMMS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default"}
 _FREE = (  # ops that launch no kernel: views, metadata, aliasing
@@ -78,6 +81,7 @@ def _group_name(group) -> str:
         ("pp", ps.get_pipeline_model_parallel_group),
         ("ep", ps.get_expert_model_parallel_group),
         ("expert_tp", ps.get_expert_tensor_parallel_group),
+        ("expert_tp_ep", ps.get_expert_tensor_and_model_parallel_group),
         ("embedding", ps.get_embedding_group),
     ):
         try:
@@ -154,6 +158,8 @@ class OpTrace(TorchDispatchMode):
             m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
             layout = "".join("t" if x.stride(-1) != 1 else "n" for x in (a, b))
             self.trace.gemms.append((m, n, k, batch, layout))
+        elif name == "aten._grouped_mm.default":
+            self.trace.gemms.append(_grouped_gemm(args[0], args[1], out))
         elif name.startswith("c10d."):
             self._collective(name, args)
         elif name.split(".")[1] not in _FREE:
@@ -171,6 +177,20 @@ class OpTrace(TorchDispatchMode):
         size = group.size() if group is not None else 1
         nbytes = max((_nbytes(t) for t in tensors), default=0)
         self.trace.collectives.append((kind, nbytes, size, _group_name(group)))
+
+
+def _grouped_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple:
+    """(m, n, k, groups, layout) of one `torch._grouped_mm`: 2-D x 3-D splits a's rows over the
+    groups (forward, input gradient), 2-D x 2-D splits the contraction (a weight gradient per
+    group), 3-D x 3-D is a batch; m is a group's mean share when rows are split."""
+    layout = "".join("t" if x.stride(-1) != 1 else "n" for x in (a, b))
+    if a.dim() == 2 and b.dim() == 3:
+        groups = b.shape[0]
+        return (a.shape[0] / groups, b.shape[2], a.shape[1], groups, layout)
+    if a.dim() == 2 and b.dim() == 2:
+        groups = out.shape[0]
+        return (a.shape[0], b.shape[1], a.shape[1] / groups, groups, layout)
+    return (a.shape[1], b.shape[2], a.shape[2], a.shape[0], layout)
 
 
 def _is_group(obj: torch.ScriptObject) -> bool:
@@ -204,8 +224,21 @@ def trace_chunk(args, chunk, *, first: bool, last: bool) -> Trace:
         hidden.requires_grad_(True)
         chunk.set_input_tensor(hidden)
     tracer = OpTrace()
+    routing, grouped = contextlib.nullcontext(), contextlib.nullcontext()
+    if args.num_experts:  # routed MoE layers: each expert gets its even share (moe_trace.py)
+        routing, grouped = (
+            BalancedRouting(args.moe_router_topk / args.num_experts),
+            cuda_grouped_gemm(),
+        )
     # meta as the default device too: what the forward creates (masks, rotary tables) stays meta
-    with torch.device("meta"), _SdpaByShape(tracer.trace), tracer, _compiled_ce_helpers(tracer):
+    with (
+        torch.device("meta"),
+        _SdpaByShape(tracer.trace),
+        tracer,
+        routing,
+        grouped,
+        _compiled_ce_helpers(tracer),
+    ):
         out = chunk(tokens, position_ids, None, labels=tokens if last else None)
         grad = torch.ones_like(out)
         out.backward(grad)
