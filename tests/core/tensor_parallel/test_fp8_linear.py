@@ -101,6 +101,30 @@ def test_margin_and_high_precision_wgrad():
     assert not torch.equal(dw0, dw_hp)
 
 
+def test_gradient_gemms_take_operands_from_fp8_transpose():
+    """The two gradient GEMMs get their transposed FP8 operands (dY^T, X^T, W^T) from
+    `gigatron::fp8_transpose` (kept out of the casts' kernels under torch.compile): three calls
+    per backward. (Compiled FP8 models equal eager: test_fp8_compile.py.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountTransposes(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            CountTransposes.calls += "gigatron.fp8_transpose" in str(func)
+            return func(*args, **(kwargs or {}))
+
+    recipe = _recipe("tensorwise")
+    x, w, g = _rand(0, S * B, H), _rand(1, F_OUT, H) * 0.1, _rand(2, S * B, F_OUT)
+    xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    y = Fp8LinearFunction.apply(xr, wr, None, recipe, "column", False, False, False, None)
+    with CountTransposes():
+        (y * g).sum().backward()
+    assert CountTransposes.calls == 3
+    for a, b in zip((y.detach(), xr.grad, wr.grad), _fp8_run(recipe, x, w, g)):
+        assert torch.equal(a, b)  # the dispatch mode changed nothing
+
+
 def _copy_shard(layer, full_weight, full_bias, dim, tp_rank, tp):
     n = full_weight.size(dim) // tp
     with torch.no_grad():

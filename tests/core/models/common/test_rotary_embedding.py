@@ -65,3 +65,30 @@ def test_scores_depend_only_on_relative_position():
 def test_invalid_rotary_percent():
     with pytest.raises(ValueError, match="rotary_percent"):
         RotaryEmbedding(HN, rotary_percent=0.0)
+
+
+def test_compiled_rotation_reads_cos_sin_tables_made_once():
+    """Under torch.compile the cos/sin tables come from one `gigatron::rope_cos_sin` node (which
+    Inductor cannot fuse into the rotation kernels and re-evaluate per head), the compiled rotation
+    equals eager bitwise, and angles that require grad still get their gradient (plain ops)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    freqs = RotaryEmbedding(HN, rotary_percent=1.0)(S)
+    q, k = torch.randn(S, B, N, HN), torch.randn(S, B, 1, HN)
+
+    def rotate(q, k, freqs):
+        return apply_rotary_pos_emb(q, freqs), apply_rotary_pos_emb(k, freqs)
+
+    counter = CompileCounterWithBackend("aot_eager")
+    got = torch.compile(rotate, backend=counter, fullgraph=True)(q, k, freqs)
+    ops = [str(n.target) for g in counter.graphs for n in g.graph.nodes]
+    assert sum("rope_cos_sin" in op for op in ops) == 2 and not any(
+        "cos.default" in op for op in ops
+    )
+    for g, w in zip(got, rotate(q, k, freqs)):
+        assert torch.equal(g, w)
+    torch._dynamo.reset()
+    learned = freqs.clone().requires_grad_(True)
+    apply_rotary_pos_emb(q, learned).sum().backward()
+    assert learned.grad is not None and learned.grad.abs().sum() > 0
