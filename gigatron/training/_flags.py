@@ -1,0 +1,410 @@
+"""The flag groups of `gigatron.training.arguments.build_parser` (Megatron's names, types,
+defaults and help), one function per group: model shape, MLA, parallelism, FP8, training, data,
+checkpointing and logging; the resume flags are added after any `extra_args_provider` ones.
+Validation of the parsed values lives in `arguments.py`."""
+
+from __future__ import annotations
+
+
+def _add(group, flag, type_=None, default=None, help_="", **kw):
+    if type_ is bool:
+        group.add_argument(flag, action="store_true", help=help_, **kw)
+    else:
+        group.add_argument(flag, type=type_, default=default, help=help_, **kw)
+
+
+def _model_args(p):
+    g = p.add_argument_group("model")
+    _add(g, "--num-layers", int, None, "number of transformer layers")
+    _add(g, "--hidden-size", int, None, "transformer hidden size")
+    _add(
+        g,
+        "--ffn-hidden-size",
+        int,
+        None,
+        "MLP hidden size (default 4 x hidden, or 8/3 with swiglu)",
+    )
+    _add(g, "--num-attention-heads", int, None, "number of attention heads")
+    _add(g, "--kv-channels", int, None, "head dimension (default hidden / heads)")
+    _add(g, "--group-query-attention", bool, help_="use grouped-query attention")
+    _add(g, "--num-query-groups", int, 1, "number of key/value groups with --group-query-attention")
+    _add(g, "--seq-length", int, None, "training sequence length")
+    _add(g, "--max-position-embeddings", int, None, "maximum positions (learned embeddings)")
+    _add(
+        g,
+        "--position-embedding-type",
+        str,
+        "learned_absolute",
+        "learned_absolute | rope | none | relative (T5)",
+        choices=["learned_absolute", "rope", "none", "relative"],
+    )
+    _add(g, "--rotary-base", int, 10000, "RoPE base")
+    _add(g, "--rotary-percent", float, 1.0, "fraction of the head dimension rotated")
+    _add(g, "--rotary-interleaved", bool, help_="interleaved (GPT-J style) rotary")
+    _add(g, "--use-rope-scaling", bool, help_="Llama-3.1 RoPE frequency scaling")
+    _add(g, "--rope-scaling-factor", float, 8.0, "factor of --use-rope-scaling")
+    _add(
+        g,
+        "--normalization",
+        str,
+        "LayerNorm",
+        "LayerNorm | RMSNorm",
+        choices=["LayerNorm", "RMSNorm"],
+    )
+    _add(g, "--norm-epsilon", float, 1e-5, "epsilon of the norms")
+    _add(g, "--swiglu", bool, help_="SwiGLU MLP")
+    _add(g, "--openai-gelu", bool, help_="tanh-approximated GELU (GPT-2)")
+    _add(g, "--disable-bias-linear", bool, help_="no biases in linear layers")
+    _add(g, "--add-qkv-bias", bool, help_="bias in the QKV projection only")
+    _add(g, "--qk-layernorm", bool, help_="normalise queries and keys")
+    _add(g, "--untie-embeddings-and-output-weights", bool, help_="separate output layer weights")
+    _add(g, "--init-method-std", float, 0.02, "std of the normal weight init")
+    _add(g, "--hidden-dropout", float, 0.1, "dropout on hidden states")
+    _add(g, "--attention-dropout", float, 0.1, "dropout on attention probabilities")
+    _add(g, "--apply-residual-connection-post-layernorm", bool, help_="post-LN residual")
+    _add(g, "--make-vocab-size-divisible-by", int, 128, "pad vocab to a multiple of this x TP")
+    _add(
+        g,
+        "--transformer-impl",
+        str,
+        "local",
+        "local | transformer_engine (local only here)",
+        choices=["local", "transformer_engine"],
+    )
+    _add(g, "--use-flash-attn", bool, help_="fast attention path (SDPA flash/cuDNN on GPU)")
+    _add(g, "--num-experts", int, None, "number of MoE experts")
+    _add(g, "--moe-router-topk", int, 2, "experts per token")
+    _add(g, "--moe-ffn-hidden-size", int, None, "expert MLP hidden size")
+    _add(g, "--moe-aux-loss-coeff", float, 0.0, "load-balancing loss weight")
+    _add(g, "--moe-token-dispatcher-type", str, "allgather", "allgather | alltoall")
+    _add(g, "--moe-grouped-gemm", bool, help_="grouped GEMM experts")
+    _add(g, "--moe-shared-expert-intermediate-size", int, None, "shared expert size")
+    _add(g, "--moe-router-load-balancing-type", str, "aux_loss", "aux_loss | seq_aux_loss | none")
+    _add(g, "--moe-z-loss-coeff", float, None, "router z-loss weight")
+    _add(g, "--moe-router-pre-softmax", bool, help_="softmax before the top-k selection")
+
+
+def _parallel_args(p):
+    g = p.add_argument_group("parallelism")
+    _add(g, "--tensor-model-parallel-size", int, 1, "TP size")
+    _add(g, "--pipeline-model-parallel-size", int, 1, "PP size")
+    _add(g, "--num-layers-per-virtual-pipeline-stage", int, None, "layers per virtual stage")
+    _add(g, "--virtual-pipeline-model-parallel-size", int, None, "virtual stages per PP rank")
+    _add(g, "--context-parallel-size", int, 1, "CP size")
+    _add(g, "--cp-comm-type", str, "p2p", "p2p | all_gather | a2a")
+    _add(g, "--expert-model-parallel-size", int, 1, "EP size")
+    _add(g, "--expert-tensor-parallel-size", int, None, "TP size inside experts")
+    _add(g, "--sequence-parallel", bool, help_="sequence parallelism (needs TP > 1)")
+    _add(g, "--tp-comm-overlap", bool, help_="overlap the SP all-gather with GEMMs (gigatron's)")
+    _add(g, "--use-distributed-optimizer", bool, help_="shard optimizer state over DP")
+    _add(g, "--overlap-grad-reduce", bool, help_="reduce gradients during backward")
+    _add(g, "--overlap-param-gather", bool, help_="gather parameters during forward")
+    g.add_argument(
+        "--no-gradient-accumulation-fusion",
+        dest="gradient_accumulation_fusion",
+        action="store_false",
+        help="compute each weight gradient apart and let DDP add it to main_grad (default: "
+        "the linears add it into main_grad with one addmm_, as Megatron's apex kernel does)",
+    )
+    g.add_argument(
+        "--no-wgrad-gemm-accum-fp32",
+        dest="wgrad_gemm_accum_fp32",
+        action="store_false",
+        help="gigatron-only: with fp32 gradient buffers and bf16/fp16 activations, compute dW "
+        "in the activation dtype and add it to main_grad in fp32 (default on CUDA: one GEMM "
+        "accumulating into fp32, as apex's wgrad_gemm_accum_fp32); for A/B measurements",
+    )
+    _add(
+        g,
+        "--distributed-backend",
+        str,
+        None,
+        "nccl | gloo (default: nccl with GPUs, else gloo)",
+        choices=["nccl", "gloo"],
+    )
+    _add(g, "--distributed-timeout-minutes", int, 10, "timeout of collectives")
+    _add(g, "--ddp-bucket-size", int, None, "gradient bucket size (elements)")
+    _add(g, "--accumulate-allreduce-grads-in-fp32", bool, help_="fp32 gradient buffers")
+
+
+def _training_args(p):
+    g = p.add_argument_group("training")
+    _add(g, "--micro-batch-size", int, None, "samples per microbatch per DP rank")
+    _add(g, "--global-batch-size", int, None, "samples per step (default micro x DP)")
+    _add(g, "--rampup-batch-size", str, None, "start increment samples", nargs=3)
+    _add(g, "--train-iters", int, None, "training iterations")
+    _add(g, "--train-samples", int, None, "training samples (instead of --train-iters)")
+    _add(g, "--lr", float, None, "peak learning rate")
+    _add(g, "--min-lr", float, 0.0, "minimum learning rate")
+    _add(
+        g,
+        "--lr-decay-style",
+        str,
+        "linear",
+        "constant | linear | cosine | inverse-square-root | WSD",
+        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
+    )
+    _add(g, "--lr-warmup-iters", int, 0, "warmup iterations")
+    _add(g, "--lr-warmup-fraction", float, None, "warmup as a fraction of decay iterations")
+    _add(g, "--lr-decay-iters", int, None, "decay iterations (default train iters)")
+    _add(g, "--lr-wsd-decay-iters", int, None, "WSD decay iterations")
+    _add(g, "--lr-wsd-decay-style", str, "exponential", "WSD decay shape")
+    _add(g, "--lr-warmup-samples", int, 0, "warmup samples (with --train-samples)")
+    _add(g, "--lr-decay-samples", int, None, "decay samples (default train samples)")
+    _add(g, "--lr-wsd-decay-samples", int, None, "WSD decay samples (with --train-samples)")
+    _add(g, "--weight-decay", float, 0.01, "weight decay")
+    _add(g, "--clip-grad", float, 1.0, "gradient clipping by global norm (0 disables)")
+    _add(g, "--adam-beta1", float, 0.9, "Adam beta1")
+    _add(g, "--adam-beta2", float, 0.999, "Adam beta2")
+    _add(g, "--adam-eps", float, 1e-8, "Adam epsilon")
+    _add(g, "--optimizer", str, "adam", "adam | sgd", choices=["adam", "sgd"])
+    _add(g, "--sgd-momentum", float, 0.9, "SGD momentum")
+    _add(g, "--seed", int, 1234, "random seed")
+    _add(g, "--bf16", bool, help_="bf16 parameters with fp32 main weights")
+    _add(g, "--fp16", bool, help_="fp16 parameters with loss scaling")
+    _add(g, "--loss-scale", float, None, "static loss scale (default dynamic)")
+    _add(g, "--initial-loss-scale", float, 2.0**32, "initial dynamic loss scale")
+    _add(g, "--recompute-granularity", str, None, "full | selective", choices=["full", "selective"])
+    _add(g, "--recompute-method", str, None, "uniform | block", choices=["uniform", "block"])
+    _add(g, "--recompute-num-layers", int, None, "layers recomputed")
+    _add(g, "--calculate-per-token-loss", bool, help_="average the loss over all tokens of a step")
+    _add(g, "--cross-entropy-loss-fusion", bool, help_="output layer + cross entropy in chunks")
+    _add(
+        g,
+        "--cross-entropy-fusion-impl",
+        str,
+        "native",
+        "native (gigatron's chunked kernel) or native_grad_in_forward (gigatron-only: gradients "
+        "computed in forward, one logits matmul fewer); 'te' needs Transformer Engine",
+        choices=["native", "native_grad_in_forward"],
+    )
+    _add(
+        g,
+        "--torch-compile",
+        str,
+        "none",
+        "gigatron addition: 'layers' compiles every TransformerLayer with torch.compile, "
+        "'model' the whole model (fewer graphs, less launch overhead; needs PP = 1)",
+        choices=["none", "layers", "model"],
+    )
+    _add(
+        g,
+        "--torch-compile-mode",
+        str,
+        None,
+        "gigatron addition: torch.compile mode of --torch-compile; 'reduce-overhead' adds CUDA "
+        "graphs (per layer: DDP overlap kept, less launch overhead)",
+        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+    )
+    _add(
+        g,
+        "--torch-compile-layers-per-graph",
+        str,
+        "1",
+        "gigatron addition: compile runs of this many consecutive layers as one graph each, or "
+        "a comma list of group sizes in layer order (4,20) "
+        "(--torch-compile layers: fusion across layer boundaries; --torch-compile model: the "
+        "model's graphs stop around the groups, so DDP buckets start after each group's "
+        "backward instead of after the whole backward)",
+    )
+    _add(
+        g,
+        "--skip-nan-steps",
+        bool,
+        help_="skip a step with a non-finite loss or grad (default: stop)",
+    )
+    g.add_argument(
+        "--flat-adam-step",
+        dest="flat_adam_step",
+        action="store_const",
+        const=True,
+        default=None,
+        help="gigatron-only: force the distributed optimizer's flat fused Adam step (default: "
+        "used where it applies: CUDA, Adam / AdamW, fp32 grad buffers, no loss scaler)",
+    )
+    g.add_argument(
+        "--no-flat-adam-step",
+        dest="flat_adam_step",
+        action="store_const",
+        const=False,
+        default=None,
+        help="gigatron-only: torch's fused Adam instead of the flat fused Adam step",
+    )
+    _add(
+        g,
+        "--sync-free-step",
+        bool,
+        help_="gigatron-only, experimental: an optimizer step with no host sync (clipping and "
+        "the skip of a NaN/Inf step on the GPU; a NaN/Inf step is reported at the next log line)",
+    )
+
+
+def _data_args(p):
+    g = p.add_argument_group("data")
+    _add(g, "--data-path", str, None, "weight prefix [weight prefix ...]", nargs="*")
+    _add(g, "--split", str, "969, 30, 1", "train, valid, test proportions")
+    _add(g, "--mock-data", bool, help_="random tokens instead of a corpus")
+    _add(g, "--data-cache-path", str, None, "where dataset indices are cached")
+    _add(g, "--num-workers", int, 2, "dataloader workers")
+    _add(
+        g,
+        "--tokenizer-type",
+        str,
+        None,
+        "NullTokenizer | GPT2BPETokenizer | HuggingFaceTokenizer ...",
+    )
+    _add(g, "--vocab-file", str, None, "tokenizer vocabulary file")
+    _add(g, "--merge-file", str, None, "BPE merges file")
+    _add(g, "--tokenizer-model", str, None, "tokenizer model file or directory")
+    _add(g, "--vocab-size", int, None, "vocabulary size (NullTokenizer)")
+    _add(g, "--vocab-extra-ids", int, 0, "T5 sentinels <extra_id_i> added to the vocabulary")
+    _add(g, "--reset-position-ids", bool, help_="reset position ids at end of document")
+    _add(g, "--reset-attention-mask", bool, help_="reset attention at end of document")
+    _add(
+        g,
+        "--dataloader-inter-document-masking",
+        bool,
+        help_="packed sequences: cu_seqlens at document bounds, no attention across them",
+    )
+    _add(g, "--eod-mask-loss", bool, help_="mask the loss on end-of-document tokens")
+
+
+def _checkpoint_logging_args(p):
+    g = p.add_argument_group("checkpoints")
+    _add(g, "--save", str, None, "checkpoint directory to save to")
+    _add(g, "--load", str, None, "checkpoint directory to load from")
+    _add(g, "--save-interval", int, None, "iterations between saves")
+    _add(g, "--async-save", bool, help_="write checkpoints in the background")
+    _add(g, "--no-load-optim", bool, help_="do not load the optimizer and scheduler state")
+    _add(g, "--no-load-rng", bool, help_="do not load the RNG state")
+    _add(
+        g,
+        "--finetune",
+        bool,
+        help_="load the weights only: iteration 0, fresh optimizer, scheduler and RNG, no check "
+        "of the model flags against the checkpoint's",
+    )
+    _add(
+        g,
+        "--ckpt-format",
+        str,
+        "torch_dist",
+        "torch_dist (gigatron's only format; Megatron's other values are refused)",
+        choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
+    )
+    _add(
+        g,
+        "--dist-ckpt-strictness",
+        str,
+        None,
+        "unexpected/missing keys on load",
+        choices=[
+            "assume_ok_unexpected",
+            "log_unexpected",
+            "log_all",
+            "raise_unexpected",
+            "raise_all",
+            "return_unexpected",
+            "return_all",
+            "ignore_all",
+        ],
+    )
+    _add(g, "--ckpt-verify-integrity", bool, help_="check the SHA-256 manifest on load (gigatron)")
+    g = p.add_argument_group("logging")
+    _add(g, "--log-interval", int, 100, "iterations between log lines")
+    _add(g, "--eval-interval", int, 1000, "iterations between evaluations")
+    _add(g, "--eval-iters", int, 100, "iterations per evaluation")
+    _add(g, "--tensorboard-dir", str, None, "TensorBoard log directory")
+    _add(g, "--wandb-project", str, None, "Weights & Biases project")
+    _add(g, "--wandb-exp-name", str, None, "Weights & Biases run name")
+    _add(g, "--wandb-save-dir", str, None, "Weights & Biases directory")
+    _add(g, "--log-throughput", bool, help_="log throughput (always on in gigatron)")
+    _add(g, "--log-num-zeros-in-grad", bool, help_="log the number of zero gradient entries")
+    _add(g, "--no-progress-bar", bool, help_="no progress bar")
+    _add(g, "--profile", bool, help_="profile iterations --profile-step-start .. end")
+    _add(g, "--use-pytorch-profiler", bool, help_="torch.profiler trace into --tensorboard-dir")
+    _add(g, "--profile-step-start", int, 10, "first profiled iteration")
+    _add(g, "--profile-step-end", int, 12, "iteration at which profiling stops")
+    _add(g, "--profile-ranks", int, [0], "global ranks to profile", nargs="+")
+    _add(g, "--no-profile-stacks", bool, help_="gigatron: record no shapes/Python stacks (light)")
+    _add(g, "--timeline", str, None,
+         "gigatron: write the pipeline timeline (each forward, backward, send, receive per rank) "
+         "of the --timeline-iters iterations to this Chrome trace JSON file")  # fmt: skip
+    _add(g, "--timeline-iters", int, [1], "gigatron: iterations --timeline records", nargs="+")
+    g = p.add_argument_group("exit")
+    _add(g, "--exit-signal-handler", bool, help_="save and exit on --exit-signal")
+    _add(g, "--exit-signal", str, "SIGTERM", "the signal --exit-signal-handler saves and exits on",
+         choices=["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])  # fmt: skip
+    _add(g, "--exit-duration-in-mins", float, None, "save and exit after this many minutes")
+    _add(g, "--exit-interval", int, None, "exit after this iteration")
+    _add(g, "--yaml-cfg", str, None, "YAML file holding any of these flags")
+
+
+def _resume_args(p) -> None:
+    """Megatron's resume switches; a flag an extra-args provider already defines is left to it
+    (`gigatron generate` has its own --use-checkpoint-args)."""
+    g = next(g for g in p._action_groups if g.title == "checkpoints")
+    taken = p._option_string_actions
+    flags = [
+        (
+            ("--use-checkpoint-args",),
+            "take the model flags (and unset tokenizer flags) from the --load checkpoint's saved "
+            "args before the model is built (Megatron's load_args_from_checkpoint)",
+        ),
+        (
+            ("--override-opt_param-scheduler", "--override-opt-param-scheduler"),
+            "resuming: run the learning-rate / weight-decay schedule of these flags, not the "
+            "checkpoint's (a mismatch is an error without one of these two)",
+        ),
+        (
+            ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"),
+            "resuming: keep the checkpoint's learning-rate / weight-decay schedule",
+        ),
+    ]
+    for names, help_ in flags:
+        if not any(n in taken for n in names):
+            g.add_argument(*names, action="store_true", help=help_)
+
+
+def _fp8_args(p):
+    """Megatron's FP8 flags (transformer_engine group); gigatron runs them on torchao."""
+    g = p.add_argument_group("fp8 (needs the fp8 extra: torchao)")
+    _add(
+        g, "--fp8-format", str, None,
+        "FP8 GEMMs in the transformer layers: e4m3 (gradients too) or hybrid (e5m2 gradients)",
+        choices=["e4m3", "hybrid"], dest="fp8",
+    )  # fmt: skip
+    _add(
+        g, "--fp8-recipe", str, "delayed",
+        "tensorwise | rowwise | rowwise_with_gw_hp (current scaling); Megatron's delayed "
+        "(its default), mxfp8, blockwise and custom are refused",
+        choices=["tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed", "mxfp8", "blockwise",
+                 "custom"],
+    )  # fmt: skip
+    _add(g, "--fp8-margin", int, 0, "scales are divided by 2**margin")
+    g.add_argument(
+        "--no-fp8-wgrad", dest="fp8_wgrad", action="store_false",
+        help="weight-gradient GEMM in the model dtype",
+    )  # fmt: skip
+    _add(g, "--first-last-layers-bf16", bool, help_="keep the first / last layers out of FP8")
+    _add(g, "--num-layers-at-start-in-bf16", int, 1, "with --first-last-layers-bf16")
+    _add(g, "--num-layers-at-end-in-bf16", int, 1, "with --first-last-layers-bf16")
+
+
+def _mla_args(p):
+    """Megatron's --multi-latent-attention group (its names and defaults; docs/mla.md). The
+    --yarn-* flags, Megatron's for YaRN positions, set MLA's YaRN too (else its defaults)."""
+    g = p.add_argument_group("multi-latent attention")
+    _add(g, "--multi-latent-attention", bool, help_="DeepSeek MLA (MLATransformerConfig)")
+    _add(g, "--q-lora-rank", int, None, "query latent rank (None: one full-rank q projection)")
+    _add(g, "--kv-lora-rank", int, 32, "key/value latent rank")
+    _add(g, "--qk-head-dim", int, 128, "q/k head dim without RoPE")
+    _add(g, "--qk-pos-emb-head-dim", int, 64, "q/k rotary head dim")
+    _add(g, "--v-head-dim", int, 128, "value head dim")
+    _add(g, "--rope-type", str, None, "rope | yarn (MLA default: yarn)", choices=["rope", "yarn"])
+    _add(g, "--rotary-scaling-factor", float, 1.0, "YaRN scaling factor")
+    _add(g, "--mscale", float, 1.0, "YaRN mscale")
+    _add(g, "--mscale-all-dim", float, 0.0, "YaRN mscale_all_dim")
+    _add(g, "--yarn-original-max-position-embeddings", int, None, "YaRN original context")
+    _add(g, "--yarn-beta-fast", float, None, "YaRN beta_fast")
+    _add(g, "--yarn-beta-slow", float, None, "YaRN beta_slow")
