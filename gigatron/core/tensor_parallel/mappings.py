@@ -31,9 +31,8 @@ from gigatron.core.tensor_parallel._collectives import (
     _reduce_scatter_along_last_dim,
     _split_along_first_dim,
     _split_along_last_dim,
-    _start_all_to_all,
-    _wait,
 )
+from gigatron.core.tensor_parallel.async_mappings import all_to_all_async
 from gigatron.core.utils import (
     get_tensor_model_parallel_group_if_none,
     group_size,
@@ -235,42 +234,6 @@ class _AllToAll(torch.autograd.Function):
         return None, grad_in, None, None
 
 
-class _AllToAllStart(torch.autograd.Function):
-    """The forward half of `all_to_all_async`: issue the exchange, do not wait for it.
-
-    forward:  [n_in, ...]  -> [n_out, ...] (complete once the work handle put in `handles` is
-              waited; under torch.compile a traced collective that `_AllToAllWait` waits)
-    backward: [n_out, ...] grad -> reverse all-to-all (blocking) -> [n_in, ...]
-    """
-
-    @staticmethod
-    def forward(ctx, group, x, output_split_sizes, input_split_sizes, handles):
-        ctx.group = group
-        ctx.output_split_sizes = output_split_sizes
-        ctx.input_split_sizes = input_split_sizes
-        out, handle = _start_all_to_all(x, group, output_split_sizes, input_split_sizes)
-        if handle is not None:  # eager; the traced collective has none
-            handles.append(handle)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad_in = _all_to_all(grad, ctx.group, ctx.input_split_sizes, ctx.output_split_sizes)
-        return None, grad_in, None, None, None
-
-
-class _AllToAllWait(torch.autograd.Function):
-    """Wait for a traced `_AllToAllStart` (torch.compile); the backward is the identity."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return _wait(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
-
-
 # ---------------------------------------------------------------------------------------------
 # Public functions (Megatron's names and argument order).
 
@@ -339,29 +302,6 @@ def all_to_all(
     """
     group = get_tensor_model_parallel_group_if_none(group)
     return _AllToAll.apply(group, input_, output_split_sizes_, input_split_sizes)
-
-
-def all_to_all_async(group, input_, output_split_sizes_=None, input_split_sizes=None):
-    """`all_to_all` that returns before the exchange ends: a function `wait()` -> the output.
-
-    Work issued between this call and `wait()` overlaps the exchange (eager: an async
-    `torch.distributed` work handle; under torch.compile the traced functional collective and its
-    `wait_tensor`). The backward is `all_to_all`'s (the reverse exchange, blocking). A gigatron
-    addition (Megatron overlaps on a side CUDA stream instead).
-    """
-    group = get_tensor_model_parallel_group_if_none(group)
-    if group_size(group) == 1:
-        return lambda: input_
-    handles: list = []
-    out = _AllToAllStart.apply(group, input_, output_split_sizes_, input_split_sizes, handles)
-
-    def wait() -> torch.Tensor:
-        if handles:
-            handles.pop().wait()
-            return out
-        return _AllToAllWait.apply(out)
-
-    return wait
 
 
 def _token_rows(input_, group):

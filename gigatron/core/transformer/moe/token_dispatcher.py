@@ -15,8 +15,8 @@ steps (`dispatch_preprocess`, `token_dispatch`, `dispatch_postprocess`, expert c
   (`set_shared_experts`: `moe_shared_expert_overlap=True` and ep > 1) both all-to-alls are
   issued asynchronously and the shared experts' fc1 + activation run while the dispatch one is
   in flight, their fc2 while the combine one is (Megatron's split); `combine_postprocess` adds
-  their output. The backward runs the reverse all-to-alls and the shared experts' backward one
-  after the other (no backward overlap).
+  their output. In the eager backward the reverse all-to-alls overlap the shared experts'
+  backward the same way (`all_to_all_async`); under torch.compile they block.
 The routing probs travel with the tokens and are applied inside the experts. When one rank
 holds every expert and nothing is dropped (`dropless_local`), both permute with
 `moe_utils.permute_dropless` instead: T*k rows, counts on device, no host sync (compiled MoE
