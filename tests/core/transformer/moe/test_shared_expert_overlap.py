@@ -5,6 +5,7 @@ the unsharded one-rank twin, at EP 2 (x expert-DP 2) and TP 2 x EP 2 (SP, expert
 spawn of 4 ranks. The twin runs every DP rank's micro-batch (helpers and the loss as in
 test_expert_parallel.py). Also: the allgather dispatcher refuses the flag (Megatron's rule)."""
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -17,6 +18,7 @@ from gigatron.core.distributed import (
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
+from gigatron.core.tensor_parallel import async_mappings
 from gigatron.core.transformer.moe.experts import GroupedMLP
 from gigatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
 from gigatron.core.transformer.moe.shared_experts import SharedExpertMLP
@@ -79,6 +81,45 @@ def _load_all(layer, weights, shared, experts_idx, etp, etp_rank, tp, tp_rank):
         layer.shared_experts.linear_fc2.weight.copy_(fc2)
 
 
+# forward: dispatch tokens + probs started, shared fc1, their waits, combine started, shared
+# fc2, its wait; backward: the reverse combine started, shared fc2's weight grad, its wait, the
+# reverse dispatch started, shared fc1's weight grad, the waits
+OVERLAP_ORDER = (
+    "start start fc1 wait wait start fc2 wait start dW2 wait start start dW1 wait wait".split()
+)
+
+
+@contextlib.contextmanager
+def _events(shared):
+    """Record the async all-to-alls' starts and waits, and the shared experts' fc1 / fc2
+    forwards and weight grads, in order."""
+    events, start, finish = [], async_mappings._start_all_to_all, async_mappings._finish
+    wait_fn = async_mappings._AllToAllWait
+
+    class _Wait:
+        @staticmethod
+        def apply(*args):
+            events.append("wait")
+            return wait_fn.apply(*args)
+
+    async_mappings._start_all_to_all = lambda *a: events.append("start") or start(*a)
+    async_mappings._finish = lambda *a: events.append("wait") or finish(*a)
+    async_mappings._AllToAllWait = _Wait
+    hooks = [
+        shared.linear_fc1.register_forward_hook(lambda *_: events.append("fc1")),
+        shared.linear_fc2.register_forward_hook(lambda *_: events.append("fc2")),
+        shared.linear_fc1.weight.register_hook(lambda _: events.append("dW1")),
+        shared.linear_fc2.weight.register_hook(lambda _: events.append("dW2")),
+    ]
+    try:
+        yield events
+    finally:
+        async_mappings._start_all_to_all, async_mappings._finish = start, finish
+        async_mappings._AllToAllWait = wait_fn
+        for hook in hooks:
+            hook.remove()
+
+
 def _grad(p):
     return p.main_grad if hasattr(p, "main_grad") else p.grad
 
@@ -131,8 +172,10 @@ def _layout(tp, ep, etp, self_pg):
         )  # fmt: skip
         ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(), layer)
         x = x_full[s_sl, b_sl].clone().requires_grad_()
-        out, _ = ddp(x)
-        (out * dy_full[s_sl, b_sl]).sum().backward()
+        with _events(layer.shared_experts) as events:
+            out, _ = ddp(x)
+            (out * dy_full[s_sl, b_sl]).sum().backward()
+        assert events == (OVERLAP_ORDER if overlap else ["fc1", "fc2", "dW2", "dW1"]), events
         finalize_model_grads([ddp])
         got = [out.detach(), x.grad, _grad(layer.router.weight)]
         got += [t for pair in _expert_grads(layer) for t in pair]
