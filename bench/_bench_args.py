@@ -266,6 +266,12 @@ def parse_args(argv=None, doc: str | None = None):
         help="MoE configs: GroupedMLP (torch._grouped_mm, sync-free) or SequentialMLP",
     )
     p.add_argument(
+        "--moe-shared-expert-overlap",
+        action="store_true",
+        help="MoE configs with shared experts, EP > 1: the shared experts run while the "
+        "dispatcher's all-to-alls are in flight (moe_shared_expert_overlap)",
+    )
+    p.add_argument(
         "--aux-loss-coeff",
         type=float,
         default=1e-2,

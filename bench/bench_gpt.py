@@ -139,6 +139,7 @@ def _moe_fields(shape: dict, a) -> dict:
         moe_grouped_gemm=a.experts == "grouped",
         moe_token_dispatcher_type="alltoall",
         moe_aux_loss_coeff=a.aux_loss_coeff,
+        moe_shared_expert_overlap=a.moe_shared_expert_overlap,
     )
 
 
@@ -458,6 +459,7 @@ def main(argv=None) -> dict:
         "tp": a.tp,
         "sp": a.sp,
         "ep": a.ep,
+        "shared_expert_overlap": a.moe_shared_expert_overlap,
         "dp": dp,
         "micro_batch": b,
         "seq": s,

@@ -204,6 +204,13 @@ t_moe() {  # MoE fast path: gigatron mixtral-8l + deepseek-fg (fwd+bwd, host syn
   python3 bench/compare_moe.py "$RES"
 }
 
+t_moe_ep2() {  # [2 GPUs] deepseek-fg (shared experts) at EP 2 x DP 2, forward + backward, without and with --moe-shared-expert-overlap
+  local G="--optimizer none --no-input-checks"
+  run moe.log 200 $T2 --config deepseek-fg --ep 2 $G --label fast-moe-ep2
+  run moe.log 200 $T2 --config deepseek-fg --ep 2 $G --moe-shared-expert-overlap \
+    --label fast-moe-ep2-shared-overlap
+}
+
 t_moe_more() {  # MoE: the torch anchor at deepseek-fg's expert shape (no shared experts), gigatron whole-model compile and SequentialMLP; MOE {json}
   sed -e 's/^L, H, A, KV, FFN, E, K, S, B, V = .*/L, H, A, KV, FFN, E, K, S, B, V = 8, 2048, 16, 16, 1024, 64, 8, 2048, 4, 50304/' \
     -e 's/"config": "moe-8x-h200"/"config": "deepseek-fg-no-shared"/' $A/torch_moe_bench.py >/tmp/torch_moe_fg.py

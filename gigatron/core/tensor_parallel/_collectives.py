@@ -278,6 +278,32 @@ def _reduce_scatter_along_last_dim(x: torch.Tensor, group) -> torch.Tensor:
     return _reduce_scatter_along_first_dim(stacked, group).reshape(out_shape)
 
 
+def _start_all_to_all(x: torch.Tensor, group, output_split_sizes=None, input_split_sizes=None):
+    """Issue `_all_to_all` (group size > 1) without waiting; `_finish` the `(result, handle)`.
+
+    Eager gives the output buffer and an async work handle, torch.compile a graph tensor and
+    None (the traced collective, waited by `_wait`)."""
+    world_size = group_size(group)
+    x = _contiguous(x)
+    if output_split_sizes is None:
+        _check_divisible("dim 0", x.size(0), world_size, "all_to_all")
+        out_sizes = in_sizes = [x.size(0) // world_size] * world_size
+    else:
+        out_sizes, in_sizes = list(output_split_sizes), list(input_split_sizes)
+    if torch.compiler.is_compiling():
+        return _C10D.all_to_all_single(x, out_sizes, in_sizes, _group_name(group)), None
+    out = x.new_empty((sum(out_sizes), *x.shape[1:]))
+    handle = dist.all_to_all_single(
+        out,
+        x,
+        output_split_sizes=out_sizes,
+        input_split_sizes=in_sizes,
+        group=group,
+        async_op=True,
+    )
+    return out, handle
+
+
 def _all_to_all(x: torch.Tensor, group, output_split_sizes=None, input_split_sizes=None):
     """All-to-all along dim 0: chunk i of `x` goes to rank i; received chunks stack in rank order.
 

@@ -32,6 +32,7 @@ from gigatron.core.tensor_parallel._collectives import (
     _split_along_first_dim,
     _split_along_last_dim,
 )
+from gigatron.core.tensor_parallel.async_mappings import all_to_all_async
 from gigatron.core.utils import (
     get_tensor_model_parallel_group_if_none,
     group_size,
@@ -48,6 +49,7 @@ __all__ = [
     "all_gather_last_dim_from_tensor_parallel_region",
     "reduce_scatter_last_dim_to_tensor_parallel_region",
     "all_to_all",
+    "all_to_all_async",
     "all_to_all_sp2hp",
     "all_to_all_hp2sp",
 ]

@@ -88,17 +88,20 @@ class MLP(MegatronModule):
 
     def forward(self, hidden_states: Tensor, per_token_scale=None, **kwargs):
         """[s(/tp), b, h] -> (output [s(/tp), b, h], fc2 bias [h] or None)."""
+        x = self._fc1_and_activation(hidden_states)
+        if per_token_scale is not None:
+            x = (x * per_token_scale.unsqueeze(-1)).to(x.dtype)
+        return self.linear_fc2(x)  # ([s(/tp), b, h], bias)
+
+    def _fc1_and_activation(self, hidden_states: Tensor) -> Tensor:
+        """[s(/tp), b, h] -> fc1 (+ bias), activation -> [s, b, f/tp]."""
         x, bias = self.linear_fc1(hidden_states)  # [s, b, f/tp] (2f/tp for GLU)
         if bias is not None:
             x = x + bias
         if self.config.gated_linear_unit:
             gate, up = torch.chunk(x, 2, dim=-1)  # [s, b, f/tp] each
-            x = self.activation_func(gate) * (up + self.config.glu_linear_offset)
-        else:
-            x = self.activation_func(x)
-        if per_token_scale is not None:
-            x = (x * per_token_scale.unsqueeze(-1)).to(x.dtype)
-        return self.linear_fc2(x)  # ([s(/tp), b, h], bias)
+            return self.activation_func(gate) * (up + self.config.glu_linear_offset)
+        return self.activation_func(x)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
         """fc1 and fc2's entries; with GLU fc1's weight and bias as swiglu factories."""

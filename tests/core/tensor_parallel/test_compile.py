@@ -173,6 +173,9 @@ def _mappings_chain(x, group):
     y = M.all_gather_last_dim_from_tensor_parallel_region(y[..., : H // TP], group=group)
     y = M.reduce_scatter_last_dim_to_tensor_parallel_region(y.cos(), group=group)  # [s, b, h/tp]
     y = M.reduce_from_tensor_model_parallel_region(y, group=group)
+    wait = M.all_to_all_async(group, y * 0.5)  # [s, b, h/tp]: chunks of s exchanged
+    z = y.sigmoid()  # issued while the exchange is in flight
+    y = wait() + z
     y = M.all_to_all_hp2sp(M.all_to_all_sp2hp(y, group=group), group=group)
     y = M.reduce_scatter_to_sequence_parallel_region(y.reshape(S, B, -1), group=group)
     z = M.gather_from_sequence_parallel_region(

@@ -1,8 +1,8 @@
 """Validation of the MoE fields of TransformerConfig (run when an MoE layer is built).
 
 Each check raises ValueError naming the field, its value and the rule, before any collective.
-Megatron features gigatron's MoE lacks (sinkhorn / global aux loss, the flex dispatcher, shared-
-expert overlap, MoE layer recompute) are rejected rather than ignored.
+Megatron features gigatron's MoE lacks (sinkhorn / global aux loss, the flex dispatcher, MoE
+layer recompute) are rejected rather than ignored.
 """
 
 from __future__ import annotations
@@ -101,6 +101,17 @@ def _check_dispatch(config, etp_size: int) -> None:
             _where(
                 f"moe_token_dispatcher_type ({kind!r}) must be 'allgather' or 'alltoall' "
                 "('flex' needs DeepEP/HybridEP kernels gigatron does not have)"
+            )
+        )
+    if (
+        config.moe_shared_expert_overlap
+        and config.moe_shared_expert_intermediate_size is not None
+        and kind != "alltoall"
+    ):
+        raise ValueError(
+            _where(
+                f"moe_shared_expert_overlap=True requires moe_token_dispatcher_type='alltoall' "
+                f"(got {kind!r}; as Megatron, which also allows 'flex')"
             )
         )
     cap = config.moe_expert_capacity_factor

@@ -5,6 +5,10 @@ sits in a TransformerLayer's `mlp` slot and returns `(output, None)` like an MLP
 owns `num_moe_experts / ep` consecutive experts (`local_expert_indices`). Aux losses are not in
 the output: the router attaches them to the probs (see `moe_utils.MoEAuxLossAutoScaler`).
 
+With `moe_shared_expert_overlap=True` and EP > 1 the shared experts run inside the alltoall
+dispatcher, overlapping its all-to-alls (see `token_dispatcher`); with EP = 1 the flag changes
+nothing (Megatron still moves them after the router there; the sums are the same).
+
 Shapes: s: seq (s/tp under sequence parallel), b: micro-batch, h: hidden.
 """
 
@@ -95,6 +99,10 @@ class MoELayer(BaseMoELayer):
             self.shared_experts = build_module(
                 submodules.shared_experts, config=config, pg_collection=pg
             )
+            if self.shared_expert_overlap and group_size(self.ep_group) > 1:
+                # the alltoall dispatcher runs them while its all-to-alls are in flight; with one
+                # EP rank there is no all-to-all to hide, and they run before the router as usual
+                self.token_dispatcher.set_shared_experts(self.shared_experts)
 
     def _prepare_loss_tracker(self) -> None:
         """The tracker entries this layer's router writes, created now on the router's device
@@ -144,7 +152,9 @@ class MoELayer(BaseMoELayer):
             raise ValueError("MoELayer: intermediate_tensors (CUDA-graph partial runs) unsupported")
         if padding_mask is not None:
             padding_mask = padding_mask.transpose(0, 1).bool()  # [s, b]
-        shared_out = self.shared_experts(hidden_states) if self.use_shared_expert else None
+        shared_out = None
+        if self.use_shared_expert and self.token_dispatcher.shared_experts is None:
+            shared_out = self.shared_experts(hidden_states)  # else inside dispatch / combine
         probs, routing_map = self.route(hidden_states, padding_mask)
         dispatcher = self.token_dispatcher
         x, probs = dispatcher.dispatch_preprocess(hidden_states, routing_map, probs)

@@ -11,7 +11,12 @@ steps (`dispatch_preprocess`, `token_dispatch`, `dispatch_postprocess`, expert c
 - `MoEAlltoAllTokenDispatcher` ("alltoall"): permute this rank's tokens by expert, all-to-all-v
   over EP with per-expert counts, all-gather over expert TP, regroup the received chunks by local
   expert; the combine reverses each step (reduce-scatter over expert TP, all-to-all back,
-  un-permute with a sum over the k copies of each token).
+  un-permute with a sum over the k copies of each token). With shared experts set
+  (`set_shared_experts`: `moe_shared_expert_overlap=True` and ep > 1) both all-to-alls are
+  issued asynchronously and the shared experts' fc1 + activation run while the dispatch one is
+  in flight, their fc2 while the combine one is (Megatron's split); `combine_postprocess` adds
+  their output. In the eager backward the reverse all-to-alls overlap the shared experts'
+  backward the same way (`all_to_all_async`); under torch.compile they block.
 The routing probs travel with the tokens and are applied inside the experts. When one rank
 holds every expert and nothing is dropped (`dropless_local`), both permute with
 `moe_utils.permute_dropless` instead: T*k rows, counts on device, no host sync (compiled MoE
@@ -29,6 +34,7 @@ from torch import Tensor
 from gigatron.core.tensor_parallel.mappings import (
     _gather_along_first_dim,  # Megatron's path to the raw gather
     all_to_all,
+    all_to_all_async,
     gather_from_sequence_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
 )
@@ -73,6 +79,7 @@ class MoETokenDispatcher:
         self.topk = config.moe_router_topk
 
     def set_shared_experts(self, shared_experts) -> None:
+        """Run `shared_experts` (a SharedExpertMLP) inside the dispatch and combine (overlap)."""
         self.shared_experts = shared_experts
 
     def combine_postprocess(self, hidden_states: Tensor) -> Tensor:
@@ -169,12 +176,23 @@ class MoEAlltoAllTokenDispatcher(MoETokenDispatcher):
             )
             return permuted, permuted_probs
         self._count(routing_map)
+        if self.shared_experts is not None:
+            self.shared_experts.pre_forward_comm(hidden_states.view(self.hidden_shape))
         permuted, permuted_probs, self.sorted_indices = permute(hidden_states, routing_map, probs)
         return permuted, permuted_probs
 
     def token_dispatch(self, hidden_states: Tensor, probs: Tensor):
-        """All-to-all over EP, then all-gather over expert TP."""
-        if self.ep_size > 1:
+        """All-to-all over EP (shared experts' fc1 meanwhile), then all-gather over expert TP."""
+        if self.ep_size > 1 and self.shared_experts is not None:
+            wait_tokens = all_to_all_async(
+                self.ep_group, hidden_states, self.output_splits, self.input_splits
+            )
+            wait_probs = all_to_all_async(
+                self.ep_group, probs, self.output_splits, self.input_splits
+            )
+            self.shared_experts.linear_fc1_forward_and_act()
+            hidden_states, probs = wait_tokens(), wait_probs()
+        elif self.ep_size > 1:
             hidden_states = all_to_all(
                 self.ep_group, hidden_states, self.output_splits, self.input_splits
             )
@@ -214,11 +232,26 @@ class MoEAlltoAllTokenDispatcher(MoETokenDispatcher):
         return expert_output
 
     def token_combine(self, hidden_states: Tensor) -> Tensor:
-        """All-to-all back over EP and sum each token's k expert outputs -> [T, h]."""
-        if self.ep_size > 1:
+        """All-to-all back over EP (shared experts' fc2 meanwhile) and sum each token's k
+        expert outputs -> [T, h]."""
+        if self.ep_size > 1 and self.shared_experts is not None:
+            wait = all_to_all_async(
+                self.ep_group, hidden_states, self.input_splits, self.output_splits
+            )
+            self.shared_experts.linear_fc2_forward()
+            self.shared_experts.post_forward_comm()
+            hidden_states = wait()
+        elif self.ep_size > 1:
             hidden_states = all_to_all(
                 self.ep_group, hidden_states, self.input_splits, self.output_splits
             )
         if self.dropless_local:
             return unpermute_dropless(hidden_states, self.sorted_indices, self.topk)
         return unpermute(hidden_states, self.sorted_indices, self.tokens_shape)
+
+    def combine_postprocess(self, hidden_states: Tensor) -> Tensor:
+        """[T, h] -> [s, b, h], plus the overlapped shared experts' output when set."""
+        output = hidden_states.view(self.hidden_shape)
+        if self.shared_experts is not None:
+            output = output + self.shared_experts.get_output()
+        return output

@@ -48,7 +48,7 @@ def test_permute_dropless_equals_permute():
         torch.testing.assert_close(got, want)
 
 
-def _block(dispatcher: str, dtype=torch.float32):
+def _block(dispatcher: str, dtype=torch.float32, shared_overlap: bool = False):
     """Two MoE layers (GroupedMLP, shared experts, aux and z losses), the same weights per call."""
     cfg = TransformerConfig(
         num_layers=2,
@@ -63,6 +63,7 @@ def _block(dispatcher: str, dtype=torch.float32):
         moe_aux_loss_coeff=1e-2,
         moe_z_loss_coeff=1e-3,
         moe_shared_expert_intermediate_size=32,
+        moe_shared_expert_overlap=shared_overlap,
         moe_token_dispatcher_type=dispatcher,
         add_bias_linear=False,
         gated_linear_unit=True,
@@ -92,8 +93,9 @@ def _run(block, x):
 
 
 def test_compiled_moe_layers_equal_eager_in_one_graph():
+    """The compiled block has moe_shared_expert_overlap on: at EP 1 it changes nothing."""
     torch._dynamo.reset()
-    block, twin = _block("alltoall"), _block("alltoall")
+    block, twin = _block("alltoall", shared_overlap=True), _block("alltoall")
     x = torch.randn(8, 2, 32)
     counter = CompileCounterWithBackend("aot_eager")
     compile_transformer_layers(block, fullgraph=True, backend=counter)
