@@ -47,6 +47,11 @@ from gigatron.core.datasets._blend_keys import (
     _key_rows,
     _keys_hold,
 )
+from gigatron.core.datasets._blend_marks import (
+    _marked_steps,
+    _marker_guard,
+    _rare_counts,
+)
 from gigatron.core.datasets._blend_rare import _first_rare_win, _rare_datasets, _rare_edges
 
 _INT32_MAX = numpy.iinfo(numpy.int32).max
@@ -142,6 +147,8 @@ _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there ar
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
 _WIDE_DATASETS = 12  # more: float lanes as [P, D] rows (three NumPy calls per step)
 _TWO_WAY_MAX = 1 << 20  # longer chunks of two datasets run in lanes (faster per step)
+_RARE_PICK = 0.2  # first guess of the error at which a dataset picked less than once a lane wins
+_RARE_PER_LANE = 0.25  # "rare": picked fewer times than this in a lane's length of steps
 _SEGMENT = 1 << 23  # steps per `_lane_choice` call from `_blend_choice` (buffers ~18 bytes/step)
 
 
@@ -154,6 +161,7 @@ def _lane_choice(
     out: tuple[numpy.ndarray, numpy.ndarray] | None = None,
     end_counts: list[int] | None = None,
     want_sample: bool = True,
+    tiny: bool = False,
 ) -> tuple[numpy.ndarray, numpy.ndarray | None]:
     """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact, and
     int64 `[size]` the chosen dataset's count before each step (its sample index), or None for
@@ -164,6 +172,10 @@ def _lane_choice(
     `counts0` are the exact counts before step `begin` (zeros by default); samples of step
     `begin` not in them went to datasets outside `w`. The lanes step with `_key_lane_steps` when
     its exactness conditions hold at `begin` and stay true (checked), else with `_lane_steps`.
+    `tiny=True`: weights too small to be exact keys (`_blend_marks`): the counts of datasets
+    picked less than once a lane are read from the lanes (`_rare_counts`) and the lanes rerun
+    where they were guessed wrong; with `keys` and under 32 datasets the lanes step with
+    `_marker_lane_steps` (lanes where a tiny weight may win run again in float64).
     """
     weights = numpy.asarray(w, dtype=numpy.float64)
     counts0 = [0] * len(w) if counts0 is None else counts0
@@ -178,15 +190,26 @@ def _lane_choice(
     counts = _guess_counts(weights, first, begin - sum(counts0))  # [D, P]
     counts[:, 0] = counts0
     rows = _key_rows(w, begin)
-    keys = keys and _keys_hold(weights, rows, begin, counts0)
-    tops = keys and not rows[1]  # pure keys: winning keys kept per step, checked at the end
+    marks = keys and tiny and short
+    rare = numpy.flatnonzero((weights * length < _RARE_PER_LANE) & (weights > 0.0))
+    rare = rare if marks and track and lanes > 1 else []
+    if len(rare):  # picked when their error passes the others' lows, not at 0.5
+        x = numpy.ceil(weights[rare][:, None] * first[None, 1:] - _RARE_PICK)
+        numpy.maximum(x, 0.0, out=x)
+        counts[int(weights.argmax()), 1:] += (counts[rare, 1:] - x).sum(axis=0)
+        counts[rare, 1:] = x
+    guess = counts.copy()
+    keys = keys and not tiny and _keys_hold(weights, rows, begin, counts0)
+    tops = marks or (keys and not rows[1])  # winning keys kept per step, checked at the end
     top = numpy.empty((warm + length, lanes if tops else 0), dtype=numpy.int64)
     guard = numpy.full((2, lanes), [[numpy.inf], [-numpy.inf]])  # winning errors per lane
 
-    def steps(t0, c, n, out, g, tk, sp):
+    def steps(t0, c, n, out, g, tk, sp, mins=None):
         t0 = t0.astype(numpy.float64)
         sp = sp if track else None
-        if tops:
+        if marks:
+            _marked_steps(weights, t0, c, n, out, tk, sp, mins)
+        elif tops:
             _key_lane_steps(w, rows, t0, c, n, out, top_keys=tk, samp=sp)
         elif keys:
             _key_lane_steps(w, rows, t0, c, n, out, g, samp=sp)
@@ -199,7 +222,27 @@ def _lane_choice(
     guard[:, 1:] = [[numpy.inf], [-numpy.inf]]  # warm-up steps count for lane 0 only
     top[:warm, 1:] = top[:warm, :1]  # (valid keys, checked anyway)
     start = counts.copy()  # [D, P] counts at global step first + W
-    steps(first + warm, counts, length, buf[warm:], guard, top[warm:], samp[warm:])
+    mins = numpy.empty(lanes) if len(rare) else None  # smallest winning error per lane
+    steps(first + warm, counts, length, buf[warm:], guard, top[warm:], samp[warm:], mins)
+    if len(rare):  # rare datasets' counts read from the lanes' lows; rerun where guessed wrong
+        ends = first + warm + length - 1  # each lane's last kept step
+        est = _rare_counts(weights, rare, ends, mins, start[rare], counts[rare])
+        redo = 1 + numpy.flatnonzero((est[:, 1:] != start[rare, 1:]).any(axis=0))
+        fixed = guess[:, redo]
+        fixed[int(weights.argmax())] += (fixed[rare] - est[:, redo]).sum(axis=0)
+        fixed[rare] = est[:, redo]
+        part = numpy.empty((warm + length, redo.size), dtype=numpy.int16)
+        part_samp = numpy.empty((warm + length, redo.size))
+        part_top = numpy.empty((warm + length, redo.size), dtype=numpy.int64)
+        steps(first[redo], fixed, warm, part[:warm], None, part_top[:warm], part_samp[:warm])
+        start[:, redo] = fixed
+        steps(
+            first[redo] + warm, fixed, length, part[warm:], None, part_top[warm:], part_samp[warm:]
+        )
+        buf[:, redo] = part
+        samp[:, redo] = part_samp
+        top[warm:, redo] = part_top[warm:]
+        counts[:, redo] = fixed
     for _ in range(_LANE_MAX_PASSES):  # many lanes disagree: run them again side by side
         redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
         if redo.size == 0 or redo.size < _LANE_SWEEP:
@@ -222,8 +265,11 @@ def _lane_choice(
     guard[:, swept] = 0.0  # the plain loop is exact in any range
     if tops and swept:
         top[warm:, swept] = top[:1, :1]  # lane 0's first key: checked anyway
-    ok = _key_guard(top, len(w)) if tops else guard[0].min() > -0.5 and guard[1].max() < 2.5
-    if keys and not ok:
+    if marks:
+        ok = _marker_guard(top, len(w))
+    else:
+        ok = _key_guard(top, len(w)) if tops else guard[0].min() > -0.5 and guard[1].max() < 2.5
+    if (keys or marks) and not ok:
         return _lane_choice(w, size, begin, counts0, False, out, end_counts, want_sample)
     if end_counts is not None:  # the last lane's exact start, plus the steps it keeps
         last = lanes - 1
@@ -252,6 +298,9 @@ def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) 
     """
     size, num = choice.shape[0], len(w)
     ready = _key_ready_step(w)
+    # Tiny weights (`_blend_marks`): marker lanes. Not for 32 datasets or more: there dozens of
+    # datasets are picked a few times a lane, too often for markers or for `_rare_counts`.
+    tiny = _KEY_MIN_DATASETS <= num < 32 and ready > size // 2
     if num < _KEY_MIN_DATASETS or ready > size // 2:
         ready = size
     counts = [0] * num
@@ -265,7 +314,8 @@ def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) 
         if size - end < _LANE_MIN_SIZE:
             end = size
         part = (choice[begin:end], sample[begin:end])
-        _lane_choice(w, end - begin, begin, counts, begin >= ready, part, counts)
+        keys = tiny or begin >= ready
+        _lane_choice(w, end - begin, begin, counts, keys, part, counts, tiny=tiny)
         begin = end
     return num > 4
 
