@@ -147,7 +147,8 @@ _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there ar
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
 _WIDE_DATASETS = 12  # more: float lanes as [P, D] rows (three NumPy calls per step)
 _TWO_WAY_MAX = 1 << 20  # longer chunks of two datasets run in lanes (faster per step)
-_RARE_PICK = 0.2  # first guess of the error at which a dataset picked less than once a lane wins
+_SLOW_PER_WARM = 0.2  # "slow": picked fewer times than this in a warm-up's length of steps
+_RARE_PICK = 0.25  # first guess of the error at which a dataset picked less than once a lane wins
 _RARE_PER_LANE = 0.25  # "rare": picked fewer times than this in a lane's length of steps
 _SEGMENT = 1 << 23  # steps per `_lane_choice` call from `_blend_choice` (buffers ~18 bytes/step)
 
@@ -191,16 +192,18 @@ def _lane_choice(
     counts[:, 0] = counts0
     rows = _key_rows(w, begin)
     marks = keys and tiny and short
-    rare = numpy.flatnonzero((weights * length < _RARE_PER_LANE) & (weights > 0.0))
-    rare = rare if marks and track and lanes > 1 else []
-    if len(rare):  # picked when their error passes the others' lows, not at 0.5
-        x = numpy.ceil(weights[rare][:, None] * first[None, 1:] - _RARE_PICK)
-        numpy.maximum(x, 0.0, out=x)
-        counts[int(weights.argmax()), 1:] += (counts[rare, 1:] - x).sum(axis=0)
-        counts[rare, 1:] = x
-    guess = counts.copy()
     keys = keys and not tiny and _keys_hold(weights, rows, begin, counts0)
     tops = marks or (keys and not rows[1])  # winning keys kept per step, checked at the end
+    # Datasets picked less than once a lane: counts read from the lanes' lows (`_rare_counts`).
+    rare = numpy.flatnonzero((weights * length < _RARE_PER_LANE) & (weights > 0.0))
+    rare = rare if marks and track and lanes > 1 else []
+    if len(rare):  # slow datasets are picked when their error passes the others' lows, not at 0.5
+        slow = numpy.flatnonzero((weights * warm < _SLOW_PER_WARM) & (weights > 0.0))
+        x = numpy.ceil(weights[slow][:, None] * first[None, 1:] - _RARE_PICK)
+        numpy.maximum(x, 0.0, out=x)
+        counts[int(weights.argmax()), 1:] += (counts[slow, 1:] - x).sum(axis=0)
+        counts[slow, 1:] = x
+    guess = counts.copy()
     top = numpy.empty((warm + length, lanes if tops else 0), dtype=numpy.int64)
     guard = numpy.full((2, lanes), [[numpy.inf], [-numpy.inf]])  # winning errors per lane
 
@@ -228,21 +231,28 @@ def _lane_choice(
         ends = first + warm + length - 1  # each lane's last kept step
         est = _rare_counts(weights, rare, ends, mins, start[rare], counts[rare])
         redo = 1 + numpy.flatnonzero((est[:, 1:] != start[rare, 1:]).any(axis=0))
-        fixed = guess[:, redo]
-        fixed[int(weights.argmax())] += (fixed[rare] - est[:, redo]).sum(axis=0)
-        fixed[rare] = est[:, redo]
-        part = numpy.empty((warm + length, redo.size), dtype=numpy.int16)
-        part_samp = numpy.empty((warm + length, redo.size))
-        part_top = numpy.empty((warm + length, redo.size), dtype=numpy.int64)
-        steps(first[redo], fixed, warm, part[:warm], None, part_top[:warm], part_samp[:warm])
-        start[:, redo] = fixed
-        steps(
-            first[redo] + warm, fixed, length, part[warm:], None, part_top[warm:], part_samp[warm:]
-        )
-        buf[:, redo] = part
-        samp[:, redo] = part_samp
-        top[warm:, redo] = part_top[warm:]
-        counts[:, redo] = fixed
+        if redo.size:
+            fixed = guess[:, redo]
+            fixed[int(weights.argmax())] += (fixed[rare] - est[:, redo]).sum(axis=0)
+            fixed[rare] = est[:, redo]
+            part = numpy.empty((warm + length, redo.size), dtype=numpy.int16)
+            part_samp = numpy.empty((warm + length, redo.size))
+            part_top = numpy.empty((warm + length, redo.size), dtype=numpy.int64)
+            steps(first[redo], fixed, warm, part[:warm], None, part_top[:warm], part_samp[:warm])
+            start[:, redo] = fixed
+            steps(
+                first[redo] + warm,
+                fixed,
+                length,
+                part[warm:],
+                None,
+                part_top[warm:],
+                part_samp[warm:],
+            )
+            buf[:, redo] = part
+            samp[:, redo] = part_samp
+            top[warm:, redo] = part_top[warm:]
+            counts[:, redo] = fixed
     for _ in range(_LANE_MAX_PASSES):  # many lanes disagree: run them again side by side
         redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
         if redo.size == 0 or redo.size < _LANE_SWEEP:
@@ -298,9 +308,10 @@ def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) 
     """
     size, num = choice.shape[0], len(w)
     ready = _key_ready_step(w)
-    # Tiny weights (`_blend_marks`): marker lanes. Not for 32 datasets or more: there dozens of
-    # datasets are picked a few times a lane, too often for markers or for `_rare_counts`.
-    tiny = _KEY_MIN_DATASETS <= num < 32 and ready > size // 2
+    # Until the keys are ready: marker lanes (`_blend_marks`). Not for 32 datasets or more:
+    # there dozens of datasets are picked a few times a lane, too often for markers or for
+    # `_rare_counts`; those take float lanes.
+    tiny = _KEY_MIN_DATASETS <= num < 32
     if num < _KEY_MIN_DATASETS or ready > size // 2:
         ready = size
     counts = [0] * num
@@ -314,8 +325,10 @@ def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) 
         if size - end < _LANE_MIN_SIZE:
             end = size
         part = (choice[begin:end], sample[begin:end])
-        keys = tiny or begin >= ready
-        _lane_choice(w, end - begin, begin, counts, keys, part, counts, tiny=tiny)
+        marks = tiny and begin < ready
+        _lane_choice(
+            w, end - begin, begin, counts, marks or begin >= ready, part, counts, tiny=marks
+        )
         begin = end
     return num > 4
 
