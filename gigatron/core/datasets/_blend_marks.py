@@ -16,6 +16,10 @@ import numpy
 from gigatron.core.datasets._blend_indices import _count
 from gigatron.core.datasets._blend_keys import _KEY_OFFSET
 
+_RARE_PER_LANE = 0.25  # "rare": picked fewer times than this in a lane's length of steps
+_SLOW_PER_WARM = 0.2  # "slow": picked fewer times than this in a warm-up's length of steps
+_RARE_PICK = 0.25  # first guess of the error at which a slow dataset is picked
+
 # Marker lanes: keys for weights too small to be exact keys (blends with tiny weights). A row k
 # is exact in a lane once fl(w_k * t) >= 2^(b + 1) at the lane's first step t, now with
 # 2^b > D: its tag is `low - 1 - k`. Every other row of that lane gets the tag `low` (all tag
@@ -160,3 +164,57 @@ def _running_counts(after: numpy.ndarray, c0: numpy.ndarray) -> numpy.ndarray:
     numpy.maximum(after[:, :-1], c0[:, None], out=est[:, 1:])
     numpy.maximum.accumulate(est[:, 1:], axis=1, out=est[:, 1:])
     return est
+
+
+def _rare_rows(w: numpy.ndarray, length: int) -> numpy.ndarray:
+    """The datasets picked fewer than `_RARE_PER_LANE` times in `length` steps (a lane)."""
+    return numpy.flatnonzero((w * length < _RARE_PER_LANE) & (w > 0.0))
+
+
+def _slow_guess(w: numpy.ndarray, counts: numpy.ndarray, first: numpy.ndarray, warm: int) -> None:
+    """Guess again, in `counts` (`[D, P]`, lanes 1 on), the datasets picked fewer than
+    `_SLOW_PER_WARM` times in `warm` steps: a count of ceil(w * t - `_RARE_PICK`) at each lane's
+    first step t (a dataset that the warm-up may not pick is picked when its error passes the
+    others' lows, not at 0.5 as `_guess_counts` assumes); the largest weight takes the rest.
+    """
+    rows = numpy.flatnonzero((w * warm < _SLOW_PER_WARM) & (w > 0.0))
+    x = numpy.ceil(w[rows][:, None] * first[None, 1:] - _RARE_PICK)
+    numpy.maximum(x, 0.0, out=x)
+    counts[int(w.argmax()), 1:] += (counts[rows, 1:] - x).sum(axis=0)
+    counts[rows, 1:] = x
+
+
+def _rare_rerun(w, rare, first, warm, guess, state, mins, steps, bufs) -> None:
+    """Run again, from `guess` with the `rare` datasets' counts from `_rare_counts`, the lanes
+    whose kept start disagrees with those counts (lane 0 is exact).
+
+    Args:
+        w: float64 `[D]` weights; rare: int `[R]` the rare datasets.
+        first: int `[P]` each lane's first step; warm: warm-up steps per lane.
+        guess: float64 `[D, P]` the lanes' first guessed counts.
+        state: (start, end) float64 `[D, P]` counts at each lane's kept start and end (updated).
+        mins: float64 `[P]` each lane's smallest winning error.
+        steps: `steps(t0, counts, n, out, guard, top_keys, samp)` runs lanes (`helpers`).
+        bufs: (choices `[W + L, P]`, samples `[W + L, P]`, winning keys `[W + L, P]`), updated.
+    """
+    length = bufs[0].shape[0] - warm
+    start, end = state
+    est = _rare_counts(w, rare, first + warm + length - 1, mins, start[rare], end[rare])
+    redo = 1 + numpy.flatnonzero((est[:, 1:] != start[rare, 1:]).any(axis=0))
+    if redo.size == 0:
+        return
+    fixed = guess[:, redo]
+    fixed[int(w.argmax())] += (fixed[rare] - est[:, redo]).sum(axis=0)
+    fixed[rare] = est[:, redo]
+    part = numpy.empty((warm + length, redo.size), dtype=numpy.int16)
+    part_samp = numpy.empty((warm + length, redo.size))
+    part_top = numpy.empty((warm + length, redo.size), dtype=numpy.int64)
+    steps(first[redo], fixed, warm, part[:warm], None, part_top[:warm], part_samp[:warm])
+    start[:, redo] = fixed
+    kept = (part[warm:], None, part_top[warm:], part_samp[warm:])
+    steps(first[redo] + warm, fixed, length, *kept)
+    buf, samp, top = bufs
+    buf[:, redo] = part
+    samp[:, redo] = part_samp
+    top[warm:, redo] = part_top[warm:]
+    end[:, redo] = fixed

@@ -50,7 +50,9 @@ from gigatron.core.datasets._blend_keys import (
 from gigatron.core.datasets._blend_marks import (
     _marked_steps,
     _marker_guard,
-    _rare_counts,
+    _rare_rerun,
+    _rare_rows,
+    _slow_guess,
 )
 from gigatron.core.datasets._blend_rare import _first_rare_win, _rare_datasets, _rare_edges
 
@@ -147,9 +149,6 @@ _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there ar
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
 _WIDE_DATASETS = 12  # more: float lanes as [P, D] rows (three NumPy calls per step)
 _TWO_WAY_MAX = 1 << 20  # longer chunks of two datasets run in lanes (faster per step)
-_SLOW_PER_WARM = 0.2  # "slow": picked fewer times than this in a warm-up's length of steps
-_RARE_PICK = 0.25  # first guess of the error at which a dataset picked less than once a lane wins
-_RARE_PER_LANE = 0.25  # "rare": picked fewer times than this in a lane's length of steps
 _SEGMENT = 1 << 23  # steps per `_lane_choice` call from `_blend_choice` (buffers ~18 bytes/step)
 
 
@@ -162,7 +161,7 @@ def _lane_choice(
     out: tuple[numpy.ndarray, numpy.ndarray] | None = None,
     end_counts: list[int] | None = None,
     want_sample: bool = True,
-    tiny: bool = False,
+    marks: bool = False,
 ) -> tuple[numpy.ndarray, numpy.ndarray | None]:
     """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact, and
     int64 `[size]` the chosen dataset's count before each step (its sample index), or None for
@@ -173,10 +172,9 @@ def _lane_choice(
     `counts0` are the exact counts before step `begin` (zeros by default); samples of step
     `begin` not in them went to datasets outside `w`. The lanes step with `_key_lane_steps` when
     its exactness conditions hold at `begin` and stay true (checked), else with `_lane_steps`.
-    `tiny=True`: weights too small to be exact keys (`_blend_marks`): the counts of datasets
-    picked less than once a lane are read from the lanes (`_rare_counts`) and the lanes rerun
-    where they were guessed wrong; with `keys` and under 32 datasets the lanes step with
-    `_marker_lane_steps` (lanes where a tiny weight may win run again in float64).
+    `marks=True` (with `keys`): weights too small to be exact keys yet; the lanes step with
+    `_marker_lane_steps` (`_blend_marks`) and, under 32 datasets, the counts of datasets picked
+    less than once a lane are read from the lanes (`_rare_counts`), lanes guessed wrong rerun.
     """
     weights = numpy.asarray(w, dtype=numpy.float64)
     counts0 = [0] * len(w) if counts0 is None else counts0
@@ -191,18 +189,12 @@ def _lane_choice(
     counts = _guess_counts(weights, first, begin - sum(counts0))  # [D, P]
     counts[:, 0] = counts0
     rows = _key_rows(w, begin)
-    marks = keys and tiny and short
-    keys = keys and not tiny and _keys_hold(weights, rows, begin, counts0)
+    marks = keys and marks
+    keys = keys and not marks and _keys_hold(weights, rows, begin, counts0)
     tops = marks or (keys and not rows[1])  # winning keys kept per step, checked at the end
-    # Datasets picked less than once a lane: counts read from the lanes' lows (`_rare_counts`).
-    rare = numpy.flatnonzero((weights * length < _RARE_PER_LANE) & (weights > 0.0))
-    rare = rare if marks and track and lanes > 1 else []
-    if len(rare):  # slow datasets are picked when their error passes the others' lows, not at 0.5
-        slow = numpy.flatnonzero((weights * warm < _SLOW_PER_WARM) & (weights > 0.0))
-        x = numpy.ceil(weights[slow][:, None] * first[None, 1:] - _RARE_PICK)
-        numpy.maximum(x, 0.0, out=x)
-        counts[int(weights.argmax()), 1:] += (counts[slow, 1:] - x).sum(axis=0)
-        counts[slow, 1:] = x
+    rare = _rare_rows(weights, length) if marks and short and track and lanes > 1 else []
+    if len(rare):
+        _slow_guess(weights, counts, first, warm)
     guess = counts.copy()
     top = numpy.empty((warm + length, lanes if tops else 0), dtype=numpy.int64)
     guard = numpy.full((2, lanes), [[numpy.inf], [-numpy.inf]])  # winning errors per lane
@@ -228,31 +220,9 @@ def _lane_choice(
     mins = numpy.empty(lanes) if len(rare) else None  # smallest winning error per lane
     steps(first + warm, counts, length, buf[warm:], guard, top[warm:], samp[warm:], mins)
     if len(rare):  # rare datasets' counts read from the lanes' lows; rerun where guessed wrong
-        ends = first + warm + length - 1  # each lane's last kept step
-        est = _rare_counts(weights, rare, ends, mins, start[rare], counts[rare])
-        redo = 1 + numpy.flatnonzero((est[:, 1:] != start[rare, 1:]).any(axis=0))
-        if redo.size:
-            fixed = guess[:, redo]
-            fixed[int(weights.argmax())] += (fixed[rare] - est[:, redo]).sum(axis=0)
-            fixed[rare] = est[:, redo]
-            part = numpy.empty((warm + length, redo.size), dtype=numpy.int16)
-            part_samp = numpy.empty((warm + length, redo.size))
-            part_top = numpy.empty((warm + length, redo.size), dtype=numpy.int64)
-            steps(first[redo], fixed, warm, part[:warm], None, part_top[:warm], part_samp[:warm])
-            start[:, redo] = fixed
-            steps(
-                first[redo] + warm,
-                fixed,
-                length,
-                part[warm:],
-                None,
-                part_top[warm:],
-                part_samp[warm:],
-            )
-            buf[:, redo] = part
-            samp[:, redo] = part_samp
-            top[warm:, redo] = part_top[warm:]
-            counts[:, redo] = fixed
+        _rare_rerun(
+            weights, rare, first, warm, guess, (start, counts), mins, steps, (buf, samp, top)
+        )
     for _ in range(_LANE_MAX_PASSES):  # many lanes disagree: run them again side by side
         redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
         if redo.size == 0 or redo.size < _LANE_SWEEP:
@@ -275,10 +245,8 @@ def _lane_choice(
     guard[:, swept] = 0.0  # the plain loop is exact in any range
     if tops and swept:
         top[warm:, swept] = top[:1, :1]  # lane 0's first key: checked anyway
-    if marks:
-        ok = _marker_guard(top, len(w))
-    else:
-        ok = _key_guard(top, len(w)) if tops else guard[0].min() > -0.5 and guard[1].max() < 2.5
+    ok = (_marker_guard if marks else _key_guard)(top, len(w)) if tops else guard[0].min() > -0.5
+    ok = ok and (tops or guard[1].max() < 2.5)
     if (keys or marks) and not ok:
         return _lane_choice(w, size, begin, counts0, False, out, end_counts, want_sample)
     if end_counts is not None:  # the last lane's exact start, plus the steps it keeps
@@ -308,10 +276,9 @@ def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) 
     """
     size, num = choice.shape[0], len(w)
     ready = _key_ready_step(w)
-    # Until the keys are ready: marker lanes (`_blend_marks`). Not for 32 datasets or more:
-    # there dozens of datasets are picked a few times a lane, too often for markers or for
-    # `_rare_counts`; those take float lanes.
-    tiny = _KEY_MIN_DATASETS <= num < 32
+    # Until the keys are ready: marker lanes (`_blend_marks`). With 32 datasets or more only
+    # when the keys are never ready (ready > size / 2): else float lanes, a little faster there.
+    marks = _KEY_MIN_DATASETS <= num and (num < 32 or ready > size // 2)
     if num < _KEY_MIN_DATASETS or ready > size // 2:
         ready = size
     counts = [0] * num
@@ -325,10 +292,9 @@ def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) 
         if size - end < _LANE_MIN_SIZE:
             end = size
         part = (choice[begin:end], sample[begin:end])
-        marks = tiny and begin < ready
-        _lane_choice(
-            w, end - begin, begin, counts, marks or begin >= ready, part, counts, tiny=marks
-        )
+        lanes_marks = marks and begin < ready
+        keys = lanes_marks or begin >= ready
+        _lane_choice(w, end - begin, begin, counts, keys, part, counts, marks=lanes_marks)
         begin = end
     return num > 4
 
