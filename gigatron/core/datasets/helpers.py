@@ -9,15 +9,17 @@ it runs in parallel "lanes" over time (`_lane_choice`): blocks of steps side by 
 counts, kept only where they agree with their neighbour, so the result is the sequential rule's.
 Each lane step compares the errors either in float64 (`_blend_indices._lane_steps`) or, once
 every weight times the step is large enough, as int64 keys that carry the dataset index in
-their low bits, one max per lane (`_blend_keys._key_lane_steps`). The exhaustive variant runs
-one phase per set of unspent datasets, with datasets of a handful of samples left out of the
-lanes and their picks found as events (`_blend_rare._first_rare_win`). Inputs where lanes would
+their low bits, one max per lane (`_blend_keys._key_lane_steps`); before that, weights too
+small to be exact keys are compared as rounded keys and the steps where one of them may win are
+redone in float64 (`_blend_marks._marker_lane_steps`). The exhaustive variant runs one phase per
+set of unspent datasets, with datasets of a handful of samples left out of the lanes and their
+picks found as events (`_blend_rare._first_rare_win`). Inputs where lanes would
 not pay (unnormalised or negative weights, NaN, short runs) take the plain loop, which is the
 reference.
 
 Layout: this module holds the public builders and the lane scheduling (`_lane_choice`,
 `_blend_choice`, `_exhaustive_choice`); the step rules and lane kernels they call are in
-`_blend_indices.py`, `_blend_keys.py` and `_blend_rare.py`.
+`_blend_indices.py`, `_blend_keys.py`, `_blend_marks.py` and `_blend_rare.py`.
 """
 
 from __future__ import annotations
@@ -270,7 +272,8 @@ def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) 
     """`_lane_choice` from step 0 into `choice` (int16) and `sample` (int64), `[size]` each.
 
     Keys (`_key_lane_steps`) need every weight times the step to reach a bound: the steps before
-    that run in float lanes (or the plain loop, when few). Segments of at most `_SEGMENT` steps
+    that run in marker lanes (`_blend_marks`; float lanes for 32+ datasets whose keys are ready
+    by half the size) or the plain loop, when few. Segments of at most `_SEGMENT` steps
     keep the lane buffers small; each starts from the exact counts the previous one ends with.
     Returns whether `sample` was filled (not for four datasets or fewer).
     """
