@@ -17,8 +17,7 @@ from gigatron.core.datasets._blend_indices import _count
 from gigatron.core.datasets._blend_keys import _KEY_OFFSET
 
 _RARE_PER_LANE = 0.25  # "rare": picked fewer times than this in a lane's length of steps
-_SLOW_PER_WARM = 0.2  # "slow": picked fewer times than this in a warm-up's length of steps
-_RARE_PICK = 0.25  # first guess of the error at which a slow dataset is picked
+_RARE_PICK = 0.25  # first guess of the error at which a rare dataset is picked
 
 # Marker lanes: keys for weights too small to be exact keys (blends with tiny weights). A row k
 # is exact in a lane once fl(w_k * t) >= 2^(b + 1) at the lane's first step t, now with
@@ -171,17 +170,15 @@ def _rare_rows(w: numpy.ndarray, length: int) -> numpy.ndarray:
     return numpy.flatnonzero((w * length < _RARE_PER_LANE) & (w > 0.0))
 
 
-def _slow_guess(w: numpy.ndarray, counts: numpy.ndarray, first: numpy.ndarray, warm: int) -> None:
-    """Guess again, in `counts` (`[D, P]`, lanes 1 on), the datasets picked fewer than
-    `_SLOW_PER_WARM` times in `warm` steps: a count of ceil(w * t - `_RARE_PICK`) at each lane's
-    first step t (a dataset that the warm-up may not pick is picked when its error passes the
-    others' lows, not at 0.5 as `_guess_counts` assumes); the largest weight takes the rest.
+def _rare_guess(w: numpy.ndarray, rare: numpy.ndarray, counts: numpy.ndarray, first: numpy.ndarray):
+    """Guess again, in `counts` (`[D, P]`, lanes 1 on), the `rare` datasets' counts: ceil(w * t -
+    `_RARE_PICK`) at each lane's first step t (a rare dataset is picked when its error passes
+    the others' lows, not at 0.5 as `_guess_counts` assumes); the largest weight takes the rest.
     """
-    rows = numpy.flatnonzero((w * warm < _SLOW_PER_WARM) & (w > 0.0))
-    x = numpy.ceil(w[rows][:, None] * first[None, 1:] - _RARE_PICK)
+    x = numpy.ceil(w[rare][:, None] * first[None, 1:] - _RARE_PICK)
     numpy.maximum(x, 0.0, out=x)
-    counts[int(w.argmax()), 1:] += (counts[rows, 1:] - x).sum(axis=0)
-    counts[rows, 1:] = x
+    counts[int(w.argmax()), 1:] += (counts[rare, 1:] - x).sum(axis=0)
+    counts[rare, 1:] = x
 
 
 def _rare_rerun(w, rare, first, warm, guess, state, mins, steps, bufs) -> None:

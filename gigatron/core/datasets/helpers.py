@@ -52,9 +52,9 @@ from gigatron.core.datasets._blend_keys import (
 from gigatron.core.datasets._blend_marks import (
     _marked_steps,
     _marker_guard,
+    _rare_guess,
     _rare_rerun,
     _rare_rows,
-    _slow_guess,
 )
 from gigatron.core.datasets._blend_rare import _first_rare_win, _rare_datasets, _rare_edges
 
@@ -196,7 +196,7 @@ def _lane_choice(
     tops = marks or (keys and not rows[1])  # winning keys kept per step, checked at the end
     rare = _rare_rows(weights, length) if marks and short and track and lanes > 1 else []
     if len(rare):
-        _slow_guess(weights, counts, first, warm)
+        _rare_guess(weights, rare, counts, first)
     guess = counts.copy()
     top = numpy.empty((warm + length, lanes if tops else 0), dtype=numpy.int64)
     guard = numpy.full((2, lanes), [[numpy.inf], [-numpy.inf]])  # winning errors per lane

@@ -16,7 +16,7 @@ except Exception:  # megatron-core missing or its C++ helper not built
     mcore_helpers = None
 
 # 8 datasets, two picked a dozen times in 60K steps (rare: counts read from the lanes), one
-# every ~250 steps (slow: never picked in a warm-up), none an exact key before step 16 / 3e-4.
+# every ~250 steps; none is an exact key before step 16 / 3e-4 (the smallest not by step 60K).
 _TINY = numpy.array([2e-4, 0.3, 3.3e-4, 0.2, 4e-3, 0.15, 0.1, 0.25])
 _TINY /= _TINY.sum()
 
@@ -80,19 +80,26 @@ def test_marker_lanes_equal_greedy_rule(marked):
 
 
 def test_tiny_weight_blend_equals_sequential_rule(monkeypatch, marked):
-    """A whole blend through marker lanes, rare counts read from the lanes, lanes rerun; then
-    with the first guesses of the slow datasets far off (every repair path): all exact."""
+    """A whole blend through marker lanes, rare counts read from the lanes, lanes rerun, and
+    the plain-loop sweep; then with the rare datasets' first guesses far off: all exact."""
     size = 60_000
     want = _greedy(_TINY, [0] * 8, 0, size)
-    reruns = []
-    real = helpers._rare_rerun
+    reruns, swept = [], []
+    real, sweep = helpers._rare_rerun, helpers._sweep_lanes
+
+    def spy_sweep(*args):
+        lanes = sweep(*args)
+        swept.extend(lanes)
+        return lanes
+
     monkeypatch.setattr(helpers, "_rare_rerun", lambda *a: reruns.append(1) or real(*a))
+    monkeypatch.setattr(helpers, "_sweep_lanes", spy_sweep)
     for pick in (_blend_marks._RARE_PICK, -2.0):
         monkeypatch.setattr(_blend_marks, "_RARE_PICK", pick)
         got = _blend(_TINY, size)
         numpy.testing.assert_array_equal(got[0], want[0], err_msg=str(pick))
         numpy.testing.assert_array_equal(got[1], want[1], err_msg=str(pick))
-    assert reruns and sum(marked) > 0
+    assert reruns and swept and sum(marked) > 0
     assert numpy.count_nonzero(want[0] == 0) >= 10  # the rare datasets were picked
 
 
