@@ -26,7 +26,8 @@ _RARE_PICK = 0.25  # first guess of the error at which a rare dataset is picked
 # grid reaches the best exact row's: a "marker", and that step of that lane is done again in
 # float64, the C++ way. A step without a marker is exact: the winning exact key K_j beats every
 # inexact v_r whose truncation is below K_j, so fl(e_r + 1.5) < e_j + 1.5 and, rounding being
-# monotone and 1.5 a whole number of ulps in [1, 4), fl(e_r) < e_j: the C++ picks j too.
+# monotone (1.5 an even number of ulps in [1, 4): halfway cases round alike), fl(e_r) < e_j:
+# the C++ picks j too.
 
 
 def _marker_bits(num: int) -> int:
