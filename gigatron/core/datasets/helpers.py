@@ -149,6 +149,7 @@ _LANE_TARGET = 8192  # lanes per op: large enough that NumPy's per-call cost is 
 _LANE_MIN_LENGTH = 128  # steps per lane (1/8 warm-up) for key lanes of 6 to 31 datasets, else 256
 _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there are many of them
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
+_MARK_SWEEP = 12  # the same for marker lanes (their leftovers are short chains: fewer passes pay)
 _WIDE_DATASETS = 12  # more: float lanes as [P, D] rows (three NumPy calls per step)
 _TWO_WAY_MAX = 1 << 20  # longer chunks of two datasets run in lanes (faster per step)
 _SEGMENT = 1 << 23  # steps per `_lane_choice` call from `_blend_choice` (buffers ~18 bytes/step)
@@ -227,7 +228,7 @@ def _lane_choice(
         )
     for _ in range(_LANE_MAX_PASSES):  # many lanes disagree: run them again side by side
         redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
-        if redo.size == 0 or redo.size < _LANE_SWEEP:
+        if redo.size == 0 or redo.size < (_MARK_SWEEP if marks else _LANE_SWEEP):
             break
         start[:, redo] = counts[:, redo - 1]
         fixed = start[:, redo].copy()
