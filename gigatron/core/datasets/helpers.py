@@ -9,15 +9,17 @@ it runs in parallel "lanes" over time (`_lane_choice`): blocks of steps side by 
 counts, kept only where they agree with their neighbour, so the result is the sequential rule's.
 Each lane step compares the errors either in float64 (`_blend_indices._lane_steps`) or, once
 every weight times the step is large enough, as int64 keys that carry the dataset index in
-their low bits, one max per lane (`_blend_keys._key_lane_steps`). The exhaustive variant runs
-one phase per set of unspent datasets, with datasets of a handful of samples left out of the
-lanes and their picks found as events (`_blend_rare._first_rare_win`). Inputs where lanes would
+their low bits, one max per lane (`_blend_keys._key_lane_steps`); before that, weights too
+small to be exact keys are compared as rounded keys and the steps where one of them may win are
+redone in float64 (`_blend_marks._marker_lane_steps`). The exhaustive variant runs one phase per
+set of unspent datasets, with datasets of a handful of samples left out of the lanes and their
+picks found as events (`_blend_rare._first_rare_win`). Inputs where lanes would
 not pay (unnormalised or negative weights, NaN, short runs) take the plain loop, which is the
 reference.
 
 Layout: this module holds the public builders and the lane scheduling (`_lane_choice`,
 `_blend_choice`, `_exhaustive_choice`); the step rules and lane kernels they call are in
-`_blend_indices.py`, `_blend_keys.py` and `_blend_rare.py`.
+`_blend_indices.py`, `_blend_keys.py`, `_blend_marks.py` and `_blend_rare.py`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ from gigatron.core.datasets._blend_keys import (
     _key_ready_step,
     _key_rows,
     _keys_hold,
+)
+from gigatron.core.datasets._blend_marks import (
+    _marked_steps,
+    _marker_guard,
+    _rare_guess,
+    _rare_rerun,
+    _rare_rows,
 )
 from gigatron.core.datasets._blend_rare import _first_rare_win, _rare_datasets, _rare_edges
 
@@ -140,6 +149,7 @@ _LANE_TARGET = 8192  # lanes per op: large enough that NumPy's per-call cost is 
 _LANE_MIN_LENGTH = 128  # steps per lane (1/8 warm-up) for key lanes of 6 to 31 datasets, else 256
 _LANE_MAX_PASSES = 8  # side-by-side reruns of disagreeing lanes, while there are many of them
 _LANE_SWEEP = 32  # fewer disagreeing lanes than this: rerun them one by one in the plain loop
+_MARK_SWEEP = 12  # the same for marker lanes (their leftovers are short chains: fewer passes pay)
 _WIDE_DATASETS = 12  # more: float lanes as [P, D] rows (three NumPy calls per step)
 _TWO_WAY_MAX = 1 << 20  # longer chunks of two datasets run in lanes (faster per step)
 _SEGMENT = 1 << 23  # steps per `_lane_choice` call from `_blend_choice` (buffers ~18 bytes/step)
@@ -154,6 +164,7 @@ def _lane_choice(
     out: tuple[numpy.ndarray, numpy.ndarray] | None = None,
     end_counts: list[int] | None = None,
     want_sample: bool = True,
+    marks: bool = False,
 ) -> tuple[numpy.ndarray, numpy.ndarray | None]:
     """int16 `[size]` choices of the greedy rule for steps [begin, begin + size), exact, and
     int64 `[size]` the chosen dataset's count before each step (its sample index), or None for
@@ -164,6 +175,9 @@ def _lane_choice(
     `counts0` are the exact counts before step `begin` (zeros by default); samples of step
     `begin` not in them went to datasets outside `w`. The lanes step with `_key_lane_steps` when
     its exactness conditions hold at `begin` and stay true (checked), else with `_lane_steps`.
+    `marks=True` (with `keys`): weights too small to be exact keys yet; the lanes step with
+    `_marker_lane_steps` (`_blend_marks`) and, under 32 datasets, the counts of datasets picked
+    less than once a lane are read from the lanes (`_rare_counts`), lanes guessed wrong rerun.
     """
     weights = numpy.asarray(w, dtype=numpy.float64)
     counts0 = [0] * len(w) if counts0 is None else counts0
@@ -178,15 +192,22 @@ def _lane_choice(
     counts = _guess_counts(weights, first, begin - sum(counts0))  # [D, P]
     counts[:, 0] = counts0
     rows = _key_rows(w, begin)
-    keys = keys and _keys_hold(weights, rows, begin, counts0)
-    tops = keys and not rows[1]  # pure keys: winning keys kept per step, checked at the end
+    marks = keys and marks
+    keys = keys and not marks and _keys_hold(weights, rows, begin, counts0)
+    tops = marks or (keys and not rows[1])  # winning keys kept per step, checked at the end
+    rare = _rare_rows(weights, length) if marks and short and track and lanes > 1 else []
+    if len(rare):
+        _rare_guess(weights, rare, counts, first)
+    guess = counts.copy()
     top = numpy.empty((warm + length, lanes if tops else 0), dtype=numpy.int64)
     guard = numpy.full((2, lanes), [[numpy.inf], [-numpy.inf]])  # winning errors per lane
 
-    def steps(t0, c, n, out, g, tk, sp):
+    def steps(t0, c, n, out, g, tk, sp, mins=None):
         t0 = t0.astype(numpy.float64)
         sp = sp if track else None
-        if tops:
+        if marks:
+            _marked_steps(weights, t0, c, n, out, tk, sp, mins)
+        elif tops:
             _key_lane_steps(w, rows, t0, c, n, out, top_keys=tk, samp=sp)
         elif keys:
             _key_lane_steps(w, rows, t0, c, n, out, g, samp=sp)
@@ -199,10 +220,15 @@ def _lane_choice(
     guard[:, 1:] = [[numpy.inf], [-numpy.inf]]  # warm-up steps count for lane 0 only
     top[:warm, 1:] = top[:warm, :1]  # (valid keys, checked anyway)
     start = counts.copy()  # [D, P] counts at global step first + W
-    steps(first + warm, counts, length, buf[warm:], guard, top[warm:], samp[warm:])
+    mins = numpy.empty(lanes) if len(rare) else None  # smallest winning error per lane
+    steps(first + warm, counts, length, buf[warm:], guard, top[warm:], samp[warm:], mins)
+    if len(rare):  # rare datasets' counts read from the lanes' lows; rerun where guessed wrong
+        _rare_rerun(
+            weights, rare, first, warm, guess, (start, counts), mins, steps, (buf, samp, top)
+        )
     for _ in range(_LANE_MAX_PASSES):  # many lanes disagree: run them again side by side
         redo = 1 + numpy.flatnonzero((start[:, 1:] != counts[:, :-1]).any(axis=0))
-        if redo.size == 0 or redo.size < _LANE_SWEEP:
+        if redo.size == 0 or redo.size < (_MARK_SWEEP if marks else _LANE_SWEEP):
             break
         start[:, redo] = counts[:, redo - 1]
         fixed = start[:, redo].copy()
@@ -222,8 +248,9 @@ def _lane_choice(
     guard[:, swept] = 0.0  # the plain loop is exact in any range
     if tops and swept:
         top[warm:, swept] = top[:1, :1]  # lane 0's first key: checked anyway
-    ok = _key_guard(top, len(w)) if tops else guard[0].min() > -0.5 and guard[1].max() < 2.5
-    if keys and not ok:
+    ok = (_marker_guard if marks else _key_guard)(top, len(w)) if tops else guard[0].min() > -0.5
+    ok = ok and (tops or guard[1].max() < 2.5)
+    if (keys or marks) and not ok:
         return _lane_choice(w, size, begin, counts0, False, out, end_counts, want_sample)
     if end_counts is not None:  # the last lane's exact start, plus the steps it keeps
         last = lanes - 1
@@ -246,12 +273,16 @@ def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) 
     """`_lane_choice` from step 0 into `choice` (int16) and `sample` (int64), `[size]` each.
 
     Keys (`_key_lane_steps`) need every weight times the step to reach a bound: the steps before
-    that run in float lanes (or the plain loop, when few). Segments of at most `_SEGMENT` steps
+    that run in marker lanes (`_blend_marks`; float lanes for 32+ datasets whose keys are ready
+    by half the size) or the plain loop, when few. Segments of at most `_SEGMENT` steps
     keep the lane buffers small; each starts from the exact counts the previous one ends with.
     Returns whether `sample` was filled (not for four datasets or fewer).
     """
     size, num = choice.shape[0], len(w)
     ready = _key_ready_step(w)
+    # Until the keys are ready: marker lanes (`_blend_marks`). With 32 datasets or more only
+    # when the keys are never ready (ready > size / 2): else float lanes, a little faster there.
+    marks = _KEY_MIN_DATASETS <= num and (num < 32 or ready > size // 2)
     if num < _KEY_MIN_DATASETS or ready > size // 2:
         ready = size
     counts = [0] * num
@@ -265,7 +296,9 @@ def _blend_choice(w: list[float], choice: numpy.ndarray, sample: numpy.ndarray) 
         if size - end < _LANE_MIN_SIZE:
             end = size
         part = (choice[begin:end], sample[begin:end])
-        _lane_choice(w, end - begin, begin, counts, begin >= ready, part, counts)
+        lanes_marks = marks and begin < ready
+        keys = lanes_marks or begin >= ready
+        _lane_choice(w, end - begin, begin, counts, keys, part, counts, marks=lanes_marks)
         begin = end
     return num > 4
 
