@@ -125,6 +125,19 @@ def test_gradient_gemms_take_operands_from_fp8_transpose():
         assert torch.equal(a, b)  # the dispatch mode changed nothing
 
 
+def test_fp8_transpose_copies_bytes_and_never_aliases():
+    """`fp8_transpose` (ATen on CPU) equals `.t().contiguous()` byte for byte, from a row-major
+    tensor and from a transposed view, and always returns new storage (a custom op's output must
+    not alias its input, even where `.t()` is already contiguous)."""
+    from gigatron.core.tensor_parallel.fp8_transpose import fp8_transpose
+
+    x = _rand(3, 5, 7).to(torch.float8_e5m2)
+    for src in (x, x.t()):
+        got = fp8_transpose(src)
+        assert got.is_contiguous() and got.untyped_storage().data_ptr() != x.data_ptr()
+        assert torch.equal(got.view(torch.uint8), src.t().contiguous().view(torch.uint8))
+
+
 def _copy_shard(layer, full_weight, full_bias, dim, tp_rank, tp):
     n = full_weight.size(dim) // tp
     with torch.no_grad():
