@@ -285,11 +285,12 @@ def _start_all_to_all(x: torch.Tensor, group, output_split_sizes=None, input_spl
     None (the traced collective, waited by `_wait`)."""
     world_size = group_size(group)
     x = _contiguous(x)
-    if output_split_sizes is None:
+    even = None  # a side without split sizes is split evenly (as `_all_to_all`)
+    if output_split_sizes is None or input_split_sizes is None:
         _check_divisible("dim 0", x.size(0), world_size, "all_to_all")
-        out_sizes = in_sizes = [x.size(0) // world_size] * world_size
-    else:
-        out_sizes, in_sizes = list(output_split_sizes), list(input_split_sizes)
+        even = [x.size(0) // world_size] * world_size
+    out_sizes = even if output_split_sizes is None else list(output_split_sizes)
+    in_sizes = even if input_split_sizes is None else list(input_split_sizes)
     if torch.compiler.is_compiling():
         return _C10D.all_to_all_single(x, out_sizes, in_sizes, _group_name(group)), None
     out = x.new_empty((sum(out_sizes), *x.shape[1:]))

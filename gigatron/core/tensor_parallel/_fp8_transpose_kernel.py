@@ -7,6 +7,7 @@ are both coalesced.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -14,8 +15,10 @@ import triton.language as tl
 @triton.jit
 def _transpose_tiles(x_ptr, y_ptr, rows, cols, BLOCK: tl.constexpr):
     """`y [cols, rows] = x [rows, cols]^T` (both contiguous, one-byte elements)."""
-    r = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
-    c = (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    col_tiles = tl.cdiv(cols, BLOCK)  # one grid axis (axis 1 stops at 65,535 tiles)
+    tile_r, tile_c = tl.program_id(0) // col_tiles, tl.program_id(0) % col_tiles
+    r = (tile_r * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    c = (tile_c * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
     tile = tl.load(
         x_ptr + r[:, None] * cols + c[None, :], mask=(r[:, None] < rows) & (c[None, :] < cols)
     )
@@ -29,5 +32,6 @@ def _transpose_tiles(x_ptr, y_ptr, rows, cols, BLOCK: tl.constexpr):
 def transpose_bytes(x, y, block: int = 64) -> None:
     """`y [c, r] <- x [r, c]^T` for contiguous uint8 CUDA tensors."""
     rows, cols = x.shape
-    grid = (triton.cdiv(rows, block), triton.cdiv(cols, block))
-    _transpose_tiles[grid](x, y, rows, cols, BLOCK=block, num_warps=4)
+    grid = (triton.cdiv(rows, block) * triton.cdiv(cols, block),)
+    with torch.cuda.device(x.device):  # Triton launches on the current device
+        _transpose_tiles[grid](x, y, rows, cols, BLOCK=block, num_warps=4)

@@ -19,6 +19,11 @@ import torch
 @torch.library.custom_op("gigatron::fp8_transpose", mutates_args=())
 def fp8_transpose(x: torch.Tensor) -> torch.Tensor:
     """`x [r, c]` (any one-byte dtype, any strides) -> `x^T [c, r]`, contiguous."""
+    if x.dim() != 2:
+        raise ValueError(
+            f"fp8_transpose takes a 2-D tensor [r, c], got shape {tuple(x.shape)} "
+            "(gigatron/core/tensor_parallel/fp8_transpose.py)"
+        )
     if x.is_cuda and x.element_size() == 1 and x.numel() > 0 and _triton_available():
         from gigatron.core.tensor_parallel._fp8_transpose_kernel import transpose_bytes
 

@@ -284,6 +284,18 @@ def _run_all_to_all(tp):
     torch.testing.assert_close(y3, want3)
     torch.testing.assert_close(x3.grad, torch.ones_like(x3))
     out["all_to_all"] = (fwd3, bwd3)
+
+    # The async all-to-all equals the blocking one when only one side's split sizes are given
+    # (the other side is split evenly), forward and backward.
+    x4 = _rand(900 + rank, 2 * tp, 3)
+    for splits in ((None, [2] * tp), ([2] * tp, None), (None, None)):
+        a, b = x4.clone().requires_grad_(True), x4.clone().requires_grad_(True)
+        got = M.all_to_all_async(group, a, *splits)()
+        want = M.all_to_all(group, b, *splits)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        (got * torch.arange(got.numel()).view_as(got)).sum().backward()
+        (want * torch.arange(want.numel()).view_as(want)).sum().backward()
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
     return out
 
 

@@ -77,7 +77,13 @@ class SharedExpertMLP(MLP):
         """Megatron syncs its side stream here; gigatron has none (a no-op)."""
 
     def pre_forward_comm(self, input: Tensor, wait_current_stream: bool = True) -> None:
-        """Keep the input [s, b, h] (Megatron's SP all-gather happens in gigatron's fc1)."""
+        """Keep the input [s, b, h] (Megatron's SP all-gather happens in gigatron's fc1). A
+        forward that raised midway (out of memory, a failed collective) left its state and
+        cached tensors behind: they are dropped here, so the next forward starts clean."""
+        if self._overlap_state != SharedExpertState.IDLE:
+            self._overlap_state = SharedExpertState.IDLE
+            self.cached_fc1_input = self.cached_fc2_input = None
+            self.cached_fc2_output = self.cached_output = None
         self._step(
             SharedExpertState.IDLE, SharedExpertState.PRE_FORWARD_COMM_DONE, "pre_forward_comm"
         )

@@ -21,7 +21,7 @@ from gigatron.core.distributed import (
 from gigatron.core.tensor_parallel import async_mappings
 from gigatron.core.transformer.moe.experts import GroupedMLP
 from gigatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
-from gigatron.core.transformer.moe.shared_experts import SharedExpertMLP
+from gigatron.core.transformer.moe.shared_experts import SharedExpertMLP, SharedExpertState
 from gigatron.core.transformer.spec_utils import ModuleSpec
 from gigatron.testing import run_distributed
 from tests.core.transformer.moe.test_expert_parallel import (
@@ -172,6 +172,9 @@ def _layout(tp, ep, etp, self_pg):
         )  # fmt: skip
         ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(), layer)
         x = x_full[s_sl, b_sl].clone().requires_grad_()
+        if overlap:  # as if an earlier forward raised after fc1: the next one starts clean
+            layer.shared_experts._overlap_state = SharedExpertState.FC1_FORWARD_DONE
+            layer.shared_experts.cached_fc2_input = torch.ones(1)
         with _events(layer.shared_experts) as events:
             out, _ = ddp(x)
             (out * dy_full[s_sl, b_sl]).sum().backward()
