@@ -258,3 +258,21 @@ def test_trace_prices_the_compiled_cross_entropy_helpers_as_fused_kernels(monkey
     monkeypatch.setattr(trace, "_compiled_ce_helpers", lambda tracer: contextlib.nullcontext())
     (unswapped,) = estimate_rank(args, 0, keep_traces=True)["traces"]
     assert unswapped.other_bytes > 2 * model.other_bytes, (unswapped, model)
+
+
+def test_optimizer_state_follows_the_optimizer_and_flat_step_rules():
+    """bf16 with the distributed optimizer: Adam keeps a main copy and two moments plus the flat
+    step's group id (19 bytes per parameter with the 2-byte parameter and 4-byte gradient), SGD
+    one momentum buffer (none at momentum 0); a forced flat Adam step under SGD is refused in one
+    line, as training refuses it."""
+    from gigatron.tools.estimate.memory import precision_of
+
+    dist_opt = [*BASE, "--bf16", "--use-distributed-optimizer", "--world-size", "2"]
+    adam = precision_of(estimate_args(dist_opt))
+    assert (adam.optimizer, adam.param + adam.grad + adam.optimizer) == (13, 19)
+    sgd = precision_of(estimate_args([*dist_opt, "--optimizer", "sgd"]))
+    assert sgd.optimizer == 4 + 4  # main copy + momentum
+    plain = precision_of(estimate_args([*dist_opt, "--optimizer", "sgd", "--sgd-momentum", "0"]))
+    assert plain.optimizer == 4
+    with pytest.raises(ValueError, match="--flat-adam-step needs Adam"):
+        precision_of(estimate_args([*dist_opt, "--optimizer", "sgd", "--flat-adam-step"]))

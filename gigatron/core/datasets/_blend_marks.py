@@ -92,6 +92,8 @@ def _marker_lane_steps(
             err = wk * t[at] - (c[:, at] + _KEY_OFFSET)  # [D, n] fl(fl(w * t) - count)
             best = err.argmax(axis=0)  # first maximum: ties to the lowest index
             v[at] = low - 1 - best
+            # clipped into the key range: these steps were just resolved exactly in float64,
+            # so the guard never has to vouch for their keys
             win = numpy.clip(err[best, numpy.arange(at.size)], -0.49, 2.49) + _KEY_OFFSET
             top_keys[j, at] = win.view(numpy.int64) & ~low
         numpy.subtract(low - 1, v, out=out[j], casting="unsafe")

@@ -6,7 +6,8 @@ them and the flags:
 
     gradients    DDP's buffer, one element per parameter, fp32 with --bf16 or
                  --accumulate-allreduce-grads-in-fp32, else the parameter dtype
-    optimizer    Adam's two fp32 moments, plus an fp32 main copy of bf16 / fp16 parameters
+    optimizer    Adam's two fp32 moments (SGD: its momentum buffer), plus an fp32 main copy of
+                 bf16 / fp16 parameters
                  (`Precision`: another recipe, such as bench_gpt's all-bf16 AdamW, is passed in),
                  and the flat Adam step's uint8 group id per element (`flat_adam_step_of`: the
                  distributed optimizer's default step on CUDA); divided over the DP x CP
@@ -37,12 +38,13 @@ class Precision:
     param: int
     grad: int
     master: int  # the optimizer's fp32 copy of low-precision parameters (0: none)
-    moment: int  # each of Adam's two moments
+    moment: int  # each of the optimizer's moments
     group_id: int = 0  # the flat Adam step's uint8 param-group index per element (1: kept)
+    moments: int = 2  # Adam's two; SGD's momentum buffer (one, none without momentum)
 
     @property
     def optimizer(self) -> int:
-        return self.master + 2 * self.moment + self.group_id
+        return self.master + self.moments * self.moment + self.group_id
 
     @property
     def update_traffic(self) -> int:
@@ -50,7 +52,8 @@ class Precision:
         and the main copy read and written, the model parameter written (and read when it is
         its own main copy), the flat step's group id read."""
         param_traffic = self.param if self.master else 2 * self.param
-        return self.grad + 2 * (self.master + 2 * self.moment) + param_traffic + self.group_id
+        state = self.master + self.moments * self.moment
+        return self.grad + 2 * state + param_traffic + self.group_id
 
 
 def flat_adam_step_of(args, grad_bytes: int) -> bool:
@@ -60,9 +63,14 @@ def flat_adam_step_of(args, grad_bytes: int) -> bool:
     `--no-flat-adam-step` (gigatron/core/optimizer/_flat_adam_step.py)."""
     if not args.use_distributed_optimizer:
         return False
-    if args.flat_adam_step is not None:
-        return bool(args.flat_adam_step)
-    return args.optimizer == "adam" and grad_bytes == 4 and not args.fp16
+    applies = args.optimizer == "adam" and grad_bytes == 4 and not args.fp16
+    if args.flat_adam_step and not applies:  # training refuses it too (FlatAdamStep._check)
+        raise ValueError(
+            f"--flat-adam-step needs Adam with fp32 gradients and no fp16 loss scaler, got "
+            f"--optimizer {args.optimizer}, {grad_bytes}-byte gradients, fp16={args.fp16} "
+            "(gigatron/tools/estimate/memory.py)"
+        )
+    return applies if args.flat_adam_step is None else bool(args.flat_adam_step)
 
 
 def precision_of(args) -> Precision:
@@ -72,7 +80,10 @@ def precision_of(args) -> Precision:
     p = args.params_dtype.itemsize
     grad = 4 if (p == 4 or args.accumulate_allreduce_grads_in_fp32 or args.bf16) else p
     flat = int(flat_adam_step_of(args, grad))
-    return Precision(param=p, grad=grad, master=0 if p == 4 else 4, moment=4, group_id=flat)
+    moments = 2 if args.optimizer == "adam" else int(bool(getattr(args, "sgd_momentum", 0.9)))
+    return Precision(
+        param=p, grad=grad, master=0 if p == 4 else 4, moment=4, group_id=flat, moments=moments
+    )
 
 
 def shape_of(args) -> act.Shape:

@@ -18,8 +18,10 @@ layer reads:
 
 With it the layers' own code runs on meta (SequentialMLP, GroupedMLP, both dispatchers, any EP /
 expert-TP layout), each expert receiving its even share: the load pretrain_gpt's MFU formula
-assumes (FLOPs of the active parameters, `gigatron.training.flops`). An imbalanced router (a hot
-expert) is not modelled.
+assumes (FLOPs of the active parameters, `gigatron.training.flops`). Not modelled: an
+imbalanced router (a hot expert), and the expert capacity factor (dropped tokens under
+`--moe-expert-capacity-factor`, padding under `--moe-pad-expert-input-to-capacity`): expert
+GEMMs are priced as dropless.
 """
 
 from __future__ import annotations
