@@ -211,3 +211,37 @@ def test_shared_expert_overlap_matches_sequential_and_ep1():
     worst = max(max(r) for r in reports)
     print(f"shared-expert overlap EP2 / TP2xEP2: worst error / max |value| {worst:.2e}")
     assert worst <= 1e-6
+
+
+def _compiled_ep2():
+    """EP 2, overlap on: the layer compiled (AOT autograd; its graphs break at the host-side
+    split sizes, so the all-to-alls run between graphs) equals eager over two steps, and the
+    shared experts end each step IDLE."""
+    ps.initialize_model_parallel(expert_model_parallel_size=2)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    n_local = E // 2
+    experts = range(
+        ps.get_expert_model_parallel_rank() * n_local,
+        (ps.get_expert_model_parallel_rank() + 1) * n_local,
+    )
+    outs = []
+    for compiled in (False, True):
+        layer = _layer(_shared_config(1, 2, 1, True))
+        _load_all(layer, _full_weights(), _shared_weights(), experts, 1, 0, 1, 0)
+        g = torch.Generator().manual_seed(5 + torch.distributed.get_rank())
+        x = torch.randn(S, B_LOCAL, H, generator=g).requires_grad_()
+        run = torch.compile(layer, backend="aot_eager") if compiled else layer
+        for _ in range(2):
+            x.grad = None
+            out, _ = run(x)
+            out.sum().backward()
+            assert layer.shared_experts._overlap_state == SharedExpertState.IDLE
+        outs.append((out.detach(), x.grad.clone(), layer.shared_experts.linear_fc1.weight.grad))
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    ps.destroy_model_parallel()
+
+
+def test_compiled_layer_with_overlap_equals_eager_at_ep2():
+    torch._dynamo.reset()
+    run_distributed(_compiled_ep2, 2, timeout=240)
