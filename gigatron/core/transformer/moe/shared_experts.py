@@ -54,6 +54,9 @@ class SharedExpertMLP(MLP):
         super().__init__(cfg, submodules, tp_group=tp_group)
         self.name = name
         self.use_shared_expert_gate = False
+        self._reset_overlap()
+
+    def _reset_overlap(self) -> None:
         self._overlap_state = SharedExpertState.IDLE
         self.cached_fc1_input = self.cached_fc2_input = None
         self.cached_fc2_output = self.cached_output = None
@@ -81,9 +84,7 @@ class SharedExpertMLP(MLP):
         forward that raised midway (out of memory, a failed collective) left its state and
         cached tensors behind: they are dropped here, so the next forward starts clean."""
         if self._overlap_state != SharedExpertState.IDLE:
-            self._overlap_state = SharedExpertState.IDLE
-            self.cached_fc1_input = self.cached_fc2_input = None
-            self.cached_fc2_output = self.cached_output = None
+            self._reset_overlap()
         self._step(
             SharedExpertState.IDLE, SharedExpertState.PRE_FORWARD_COMM_DONE, "pre_forward_comm"
         )

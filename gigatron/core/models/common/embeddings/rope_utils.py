@@ -21,6 +21,10 @@ def rope_cos_sin(freqs: Tensor, mscale: float, dtype: torch.dtype) -> tuple[Tens
     inline, torch.compile fuses `cos`/`sin` into the kernels that rotate q and k (forward and
     backward) and evaluates them again for every batch row and head: on an H200 those kernels took
     ~0.2-0.4 ms each at Llama-3-8B's shape, several times their memory traffic."""
+    return _cos_sin(freqs, mscale, dtype)
+
+
+def _cos_sin(freqs: Tensor, mscale: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     cos = (torch.cos(freqs) * mscale).to(dtype).contiguous()
     return cos, (torch.sin(freqs) * mscale).to(dtype).contiguous()
 
@@ -61,10 +65,7 @@ def apply_rotary_pos_emb(
     interleaved = bool(config.rotary_interleaved) if config is not None else False
     rot_dim = freqs.shape[-1]
     t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]
-    if freqs.requires_grad:  # learned or differentiated angles: plain ops (autograd)
-        cos = (torch.cos(freqs) * mscale).to(t.dtype)
-        sin = (torch.sin(freqs) * mscale).to(t.dtype)
-    else:
-        cos, sin = rope_cos_sin(freqs, mscale, t.dtype)
+    # learned or differentiated angles take the plain ops (autograd); others the opaque op
+    cos, sin = (_cos_sin if freqs.requires_grad else rope_cos_sin)(freqs, mscale, t.dtype)
     t_rot = t_rot * cos + _rotate_half(t_rot, interleaved) * sin
     return torch.cat((t_rot, t_pass), dim=-1)
