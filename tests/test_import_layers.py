@@ -60,6 +60,7 @@ LAYERS: list[list[str]] = [
         "gigatron.core.model_parallel_config",
         "gigatron.core.num_microbatches_calculator",
         "gigatron.core.optimizer_param_scheduler",
+        "gigatron.core.untrusted_files",
     ],
     # the process groups (the only globals) and the utilities over them
     [
