@@ -8,6 +8,12 @@ corpus preprocessed by either project loads in the other. `.idx` layout (little-
     | i8[N] sequence modes (multimodal only)
 
 Document indices start at 0 and hold the sequence count after each document (last == N).
+
+gigatron checks every value when it opens a dataset (Megatron checks none), one line naming the
+file and the record on failure: lengths are non-negative, each pointer is the sum of the byte
+lengths before it (what every Megatron writer produces), the `.bin` is exactly as long as the
+sequences, and document indices start at 0, never decrease and end at N. The checks are a few
+vectorised passes over the index (chunked, so memory stays bounded on a large corpus).
 """
 
 from __future__ import annotations
@@ -21,8 +27,11 @@ from typing import Any
 import numpy
 import torch
 
+from gigatron.core.untrusted_files import check_regular_file
+
 _INDEX_HEADER = b"MMIDIDX\x00\x00"
 _HEADER_BYTES = 34  # magic 9 + version 8 + dtype 1 + sequence count 8 + document count 8
+_CHECK_CHUNK = 1 << 22  # index entries checked per vectorised pass
 
 
 class DType(Enum):
@@ -72,9 +81,9 @@ class _IndexReader:
     """Parse and memory-map an `.idx` file, validating it against the format and its `.bin`."""
 
     def __init__(self, idx_path: str, multimodal: bool) -> None:
-        if not os.path.isfile(idx_path):
+        if not os.path.exists(idx_path):
             raise FileNotFoundError(f"index file {idx_path} does not exist")
-        file_size = os.path.getsize(idx_path)
+        file_size = check_regular_file(idx_path, what="index file")
         with open(idx_path, "rb") as stream:
             header = stream.read(_HEADER_BYTES)
         if len(header) < _HEADER_BYTES:
@@ -124,6 +133,47 @@ class _IndexReader:
             raise ValueError(
                 f"{idx_path}: last document index ({last}) must equal the sequence count ({n})"
             )
+        self.data_bytes = self._check_values(idx_path)
+
+    def _check_values(self, idx_path: str) -> int:
+        """Check lengths, pointers and document indices; return the bytes the `.bin` must hold."""
+        lengths, pointers, docs = (
+            self.sequence_lengths,
+            self.sequence_pointers,
+            self.document_indices,
+        )
+        end = 0  # byte where the previous chunk's last sequence ends
+        for lo in range(0, len(lengths), _CHECK_CHUNK):
+            chunk = lengths[lo : lo + _CHECK_CHUNK].astype(numpy.int64)
+            bad = numpy.flatnonzero(chunk < 0)
+            if bad.size:
+                i = lo + int(bad[0])
+                raise ValueError(
+                    f"{idx_path}: sequence {i} has length {int(lengths[i])}; lengths must be >= 0"
+                )
+            ends = numpy.cumsum(chunk * self.dtype_size) + end
+            starts = numpy.concatenate(([end], ends[:-1]))
+            bad = numpy.flatnonzero(pointers[lo : lo + _CHECK_CHUNK] != starts)
+            if bad.size:
+                i = lo + int(bad[0])
+                raise ValueError(
+                    f"{idx_path}: sequence {i} starts at byte {int(pointers[i])} but the lengths "
+                    f"before it put it at byte {int(starts[bad[0]])} (a damaged or hand-edited "
+                    "index)"
+                )
+            end = int(ends[-1])
+        if len(docs) and int(docs[0]) != 0:
+            raise ValueError(f"{idx_path}: document index 0 is {int(docs[0])}; the first must be 0")
+        for lo in range(0, len(docs), _CHECK_CHUNK):
+            chunk = docs[max(lo - 1, 0) : lo + _CHECK_CHUNK]
+            bad = numpy.flatnonzero(numpy.diff(chunk) < 0)
+            if bad.size:
+                i = max(lo - 1, 0) + int(bad[0]) + 1
+                raise ValueError(
+                    f"{idx_path}: document index {i} ({int(docs[i])}) is below the one before it "
+                    f"({int(docs[i - 1])}); document indices never decrease"
+                )
+        return end
 
     def __len__(self) -> int:
         return self.sequence_count
@@ -202,7 +252,7 @@ class IndexedDataset(torch.utils.data.Dataset):
     def initialize(self, path_prefix: str, multimodal: bool, mmap: bool) -> None:
         idx_path, bin_path = get_idx_path(path_prefix), get_bin_path(path_prefix)
         for path in (idx_path, bin_path):
-            if not os.path.isfile(path):
+            if not os.path.exists(path):
                 raise FileNotFoundError(
                     f"{path} does not exist (an indexed dataset needs both {idx_path} "
                     f"and {bin_path})"
@@ -211,18 +261,22 @@ class IndexedDataset(torch.utils.data.Dataset):
         self.multimodal = multimodal
         self.mmap = mmap
         self.index = _IndexReader(idx_path, multimodal)
-        n = len(self.index)
-        if n:
-            needed = (
-                int(self.index.sequence_pointers[-1])
-                + int(self.index.sequence_lengths[-1]) * self.index.dtype_size
+        have = check_regular_file(bin_path, what="data file")
+        needed = self.index.data_bytes
+        if have < needed:
+            lengths, pointers = self.index.sequence_lengths, self.index.sequence_pointers
+            ends = pointers + lengths.astype(numpy.int64) * self.index.dtype_size
+            i = int(numpy.argmax(ends > have))
+            raise ValueError(
+                f"{idx_path}: sequence {i} ends at byte {int(ends[i])}, past the end of "
+                f"{bin_path} ({have} bytes; truncated .bin, or an .idx of another corpus?)"
             )
-            have = os.path.getsize(bin_path)
-            if have < needed:
-                raise ValueError(
-                    f"{bin_path}: data file is {have} bytes but {idx_path} says its "
-                    f"{n} sequences end at byte {needed} (truncated .bin?)"
-                )
+        if have > needed:
+            raise ValueError(
+                f"{bin_path}: data file has {have - needed} bytes after the last sequence of "
+                f"{idx_path} (it ends at byte {needed}): the two files are not one corpus"
+            )
+        self.fingerprint = corpus_fingerprint(idx_path, bin_path)
         self.bin_reader = _MMapBinReader(bin_path) if mmap else _FileBinReader(bin_path)
 
     def __getstate__(self) -> tuple[str, bool, bool]:
@@ -294,6 +348,16 @@ class IndexedDataset(torch.utils.data.Dataset):
         return os.path.exists(get_idx_path(path_prefix)) and os.path.exists(
             get_bin_path(path_prefix)
         )
+
+
+def corpus_fingerprint(idx_path: str, bin_path: str) -> dict[str, list[int]]:
+    """Size and mtime_ns of the `.idx` and the `.bin`: what keys the index cache to these files,
+    so a corpus regenerated under the same prefix gets fresh cached indices."""
+    out = {}
+    for name, path in (("idx", idx_path), ("bin", bin_path)):
+        st = os.stat(path)
+        out[name] = [st.st_size, st.st_mtime_ns]
+    return out
 
 
 def write_index(
@@ -388,8 +452,16 @@ class IndexedDatasetBuilder:
         self.document_indices.extend((index.document_indices[1:] + offset).tolist())
         if self.multimodal:
             self.sequence_modes.extend(index.sequence_modes.tolist())
+        data_bytes = index.data_bytes
         del index
-        with open(get_bin_path(path_prefix), "rb") as f:
+        bin_path = get_bin_path(path_prefix)
+        have = check_regular_file(bin_path, what="data file")
+        if have != data_bytes:  # the merged pointers assume exactly the indexed bytes
+            raise ValueError(
+                f"add_index: {bin_path} is {have} bytes but {get_idx_path(path_prefix)} indexes "
+                f"{data_bytes}: the two files are not one corpus"
+            )
+        with open(bin_path, "rb") as f:
             shutil.copyfileobj(f, self.data_file)
 
     def finalize(self, idx_path: str) -> None:

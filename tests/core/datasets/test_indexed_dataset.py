@@ -136,7 +136,9 @@ def test_clear_errors_name_the_file(tmp_path):
     expect(good_idx[:9] + struct.pack("<Q", 2) + good_idx[17:], good_bin, r"e\.idx: bad version 2")
     expect(good_idx[:17] + b"\x63" + good_idx[18:], good_bin, r"e\.idx: unknown dtype code 99")
     expect(good_idx[:-8], good_bin, r"e\.idx: index file is \d+ bytes")
-    expect(good_idx, good_bin[:-2], r"e\.bin: data file is \d+ bytes .* end at byte")
+    expect(
+        good_idx, good_bin[:-2], r"e\.idx: sequence \d+ ends at byte \d+, past the end of .*e\.bin"
+    )
     expect(good_idx[:20], good_bin, "shorter than the 34-byte header")
 
 
