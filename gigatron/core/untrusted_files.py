@@ -44,6 +44,7 @@ LIMITS: dict[str, int] = {
     "common_pt": 4 * _GiB,  # common.pt: args, RNG states, scheduler, non-sharded state
     "tokenizer": 2 * _GiB,  # tokenizer.json, vocab / merges files, sentencepiece models
     "calibration": 256 * _MiB,  # estimate calibration, schedule timelines
+    "index_description": 64 * _MiB,  # dataset index cache description.txt (JSON per corpus)
 }
 
 

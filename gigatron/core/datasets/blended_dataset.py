@@ -19,8 +19,11 @@ import torch
 
 from gigatron.core.datasets import helpers
 from gigatron.core.datasets._index_cache import (
+    cache_description,
+    check,
     description_matches,
     load_index,
+    out_of_range,
     save_description,
     save_index,
 )
@@ -109,13 +112,8 @@ class BlendedDataset(torch.utils.data.Dataset):
         writer = not dist_on or torch.distributed.get_rank() == 0
         if path_to_cache and (cache_hit or not writer):
             log_single_rank(logger, logging.INFO, f"Load the {type(self).__name__} indices")
-            cached = (
-                load_index(paths["dataset_index.npy"], ndim=1),
-                load_index(paths["dataset_sample_index.npy"], ndim=1),
-            )
-            if description_matches(paths["description.txt"], self.unique_description) and all(
-                a is not None for a in cached
-            ):
+            cached = self._load_cached_indices(paths)
+            if cached is not None:
                 return cached
 
         n = len(self.datasets)
@@ -143,7 +141,38 @@ class BlendedDataset(torch.utils.data.Dataset):
                 )
         if path_to_cache and writer:
             os.makedirs(path_to_cache, exist_ok=True)
-            save_description(paths["description.txt"], self.unique_description)
+            save_description(paths["description.txt"], self._cache_description())
             save_index(paths["dataset_index.npy"], dataset_index)
             save_index(paths["dataset_sample_index.npy"], dataset_sample_index)
         return dataset_index, dataset_sample_index
+
+    def _cache_description(self) -> str:
+        """description.txt: Megatron's description and every corpus file's fingerprint."""
+        fingerprints = [getattr(d.dataset, "fingerprint", None) for d in self.datasets]
+        return cache_description(self.unique_description, fingerprints)
+
+    def _load_cached_indices(self, paths: dict[str, str]) -> tuple | None:
+        """The two cached indices, or None (stale, warned): a dataset id out of range, a sample
+        id past its dataset's length, or another length than this blend draws is rebuilt."""
+        if not description_matches(paths["description.txt"], self._cache_description()):
+            return None
+        dataset_index = load_index(paths["dataset_index.npy"], ndim=1)
+        sample_index = load_index(paths["dataset_sample_index.npy"], ndim=1)
+        if dataset_index is None or sample_index is None:
+            return None
+        size = self.size if self.size is not None else int(sum(self.weights))
+        problem = None
+        if dataset_index.shape != (size,):
+            problem = f"{dataset_index.shape[0]} entries, the blend draws {size}"
+        problem = problem or out_of_range(dataset_index, 0, len(self.datasets), "it")
+        if not check(paths["dataset_index.npy"], problem):
+            return None
+        lengths = numpy.array([len(d) for d in self.datasets], dtype=numpy.int64)
+        problem = None
+        if sample_index.shape != (size,):
+            problem = f"{sample_index.shape[0]} entries, the blend draws {size}"
+        elif size and ((sample_index < 0) | (sample_index >= lengths[dataset_index])).any():
+            problem = "a sample id lies past the end of its dataset"
+        if not check(paths["dataset_sample_index.npy"], problem):
+            return None
+        return dataset_index, sample_index

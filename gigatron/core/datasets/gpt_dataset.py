@@ -22,8 +22,12 @@ import torch
 
 from gigatron.core.datasets import helpers
 from gigatron.core.datasets._index_cache import (
+    cache_description,
+    check,
     description_matches,
+    is_permutation,
     load_index,
+    out_of_range,
     save_description,
     save_index,
 )
@@ -269,21 +273,65 @@ class GPTDataset(MegatronDataset):
         indices = self._build_indices()
         if path_to_cache and writer:
             os.makedirs(path_to_cache, exist_ok=True)
-            save_description(paths["description.txt"], self.unique_description)
+            save_description(paths["description.txt"], self._cache_description())
             for name, array in zip(("document_index", "sample_index", "shuffle_index"), indices):
                 save_index(paths[f"{name}.npy"], array)
         return indices
 
+    def _cache_description(self) -> str:
+        """description.txt: Megatron's description and the corpus files' fingerprint."""
+        return cache_description(
+            self.unique_description, [getattr(self.dataset, "fingerprint", None)]
+        )
+
     def _load_cached_indices(self, paths: dict[str, str]) -> tuple | None:
         """The three cached indices, or None (stale cache, warned) to rebuild them."""
-        if not description_matches(paths["description.txt"], self.unique_description):
+        if not description_matches(paths["description.txt"], self._cache_description()):
             return None
         out = (
             load_index(paths["document_index.npy"], ndim=1),
             load_index(paths["sample_index.npy"], ndim=2, width=2),
             load_index(paths["shuffle_index.npy"], ndim=1),
         )
-        return None if any(a is None for a in out) else out
+        if any(a is None for a in out):
+            return None
+        problems = self._cached_index_problems(*out)
+        for name, problem in zip(("document_index", "sample_index", "shuffle_index"), problems):
+            if not check(paths[f"{name}.npy"], problem):
+                return None
+        return out
+
+    def _cached_index_problems(self, document_index, sample_index, shuffle_index) -> list:
+        """Why each cached index cannot be this dataset's (None when it can). O(n) passes: the
+        document index tiles this split's sequences over the epochs; the sample index walks the
+        document index forward with offsets inside each document; the shuffle index is a
+        permutation of the samples."""
+        problems: list[str | None] = [None, None, None]
+        num_docs = len(self.indices)
+        expected = self._get_num_epochs(self._get_num_tokens_per_epoch()) * num_docs
+        if document_index.shape != (expected,):
+            problems[0] = f"{document_index.shape[0]} entries, this split needs {expected}"
+        elif num_docs:
+            low, high = int(numpy.min(self.indices)), int(numpy.max(self.indices)) + 1
+            problems[0] = out_of_range(document_index, low, high, "it")
+        if problems[0] is not None:
+            return problems
+        docs, offsets = sample_index[:, 0], sample_index[:, 1]
+        problems[1] = out_of_range(docs, 0, max(len(document_index), 1), "column 0")
+        if problems[1] is None and len(docs) > 1:
+            step, advance = numpy.diff(docs), numpy.diff(offsets)
+            if ((step < 0) | ((step == 0) & (advance < 0))).any():
+                problems[1] = "its samples do not walk the document index forward"
+        if problems[1] is None and len(document_index):
+            lengths = numpy.asarray(self.dataset.sequence_lengths)[document_index[docs]]
+            if (offsets < 0).any() or (offsets > lengths).any():
+                problems[1] = "an offset lies outside its document"
+        if problems[1] is not None:
+            return problems
+        num_samples = max(sample_index.shape[0] - 1, 0)
+        if not is_permutation(shuffle_index, num_samples):
+            problems[2] = f"it is not a permutation of the {num_samples} samples"
+        return problems
 
     def _build_indices(self) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
         seq_len = self.config.sequence_length

@@ -20,6 +20,8 @@ import numpy
 import torch
 
 from gigatron.core.datasets._index_cache import (
+    cache_description,
+    check,
     description_matches,
     load_index,
     save_description,
@@ -258,10 +260,15 @@ class MaskedWordPieceDataset(MegatronDataset):
         num_epochs = numpy.iinfo(numpy.int32).max - 1 if self.num_samples is not None else 1
         dist_on = torch.distributed.is_available() and torch.distributed.is_initialized()
         writer = not dist_on or torch.distributed.get_rank() == 0
+        description = cache_description(
+            self.unique_description, [getattr(self.dataset, "fingerprint", None)]
+        )
         if cache_hit or not writer:
-            cached = load_index(path_index, ndim=2)
-            if cached is not None and description_matches(
-                path_description, self.unique_description
+            cached = load_index(path_index, ndim=2, width=3)
+            if (
+                cached is not None
+                and description_matches(path_description, description)
+                and check(path_index, self._cached_index_problem(cached, sequence_length))
             ):
                 return cached
         # no cache or a stale one: build it (only the writer rank stores it)
@@ -280,9 +287,26 @@ class MaskedWordPieceDataset(MegatronDataset):
         )
         if writer:
             os.makedirs(path_to_cache, exist_ok=True)
-            save_description(path_description, self.unique_description)
+            save_description(path_description, description)
             save_index(path_index, sample_index)
         return sample_index
+
+    def _cached_index_problem(self, sample_index: numpy.ndarray, sequence_length: int):
+        """Why a cached `[n, 3]` (first sequence, end sequence, target length) index cannot be
+        this split's, or None: sequences outside the split's documents, an empty or reversed
+        range, a target length outside [0, sequence_length]."""
+        if not len(sample_index):
+            return None
+        if not len(self.indices):
+            return "this split has no documents"
+        docs = self.dataset.document_indices
+        low, high = int(docs[self.indices[0]]), int(docs[self.indices[-1] + 1])
+        beg, end, target = sample_index[:, 0], sample_index[:, 1], sample_index[:, 2]
+        if int(beg.min()) < low or int(end.max()) > high or (end <= beg).any():
+            return f"a sample's sequences lie outside this split's [{low}, {high}) or are empty"
+        if int(target.min()) < 0 or int(target.max()) > sequence_length:
+            return f"a target length lies outside [0, {sequence_length}]"
+        return None
 
     def _create_masked_lm_predictions(self, token_ids: list[int], target_sequence_length: int,
                                       numpy_random_state: numpy.random.RandomState):  # fmt: skip

@@ -27,6 +27,8 @@ class _Payload:
 
 
 def _corpus(prefix, seed):
+    if os.path.exists(prefix + ".idx"):  # written once: a rewritten corpus gets fresh indices
+        return prefix
     rng = numpy.random.default_rng(seed)
     builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
     for _ in range(12):
