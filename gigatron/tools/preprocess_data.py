@@ -51,23 +51,26 @@ def _quiet(args: argparse.Namespace) -> argparse.Namespace:
 def _sentence_splitter(args: argparse.Namespace) -> Any:
     try:
         import nltk
-    except ImportError as err:
-        raise ImportError("--split-sentences needs nltk: pip install nltk") from err
+    except ImportError:
+        raise ValueError(
+            "--split-sentences needs nltk: pip install nltk (or pip install 'gigatron[data]'), "
+            "then fetch its sentence data with python -m nltk.downloader punkt_tab"
+        ) from None
     # punkt_tab (plain-text parameters), never the pickled `punkt` models: NLTK >= 3.8.2 reads
     # them with PunktTokenizer; older releases only had the pickles (which can run code).
     punkt = getattr(getattr(nltk, "tokenize", None), "PunktTokenizer", None)
     if punkt is None:
-        raise ImportError(
+        raise ValueError(
             f"--split-sentences needs nltk >= 3.8.2 (found {getattr(nltk, '__version__', '?')}): "
             "older releases load sentence splitters from pickles, which gigatron refuses"
         )
     try:
         return punkt(args.lang)
-    except LookupError as err:
-        raise LookupError(
+    except LookupError:
+        raise ValueError(
             f"--split-sentences needs nltk's punkt_tab data for {args.lang!r}; install it with "
             "python -m nltk.downloader punkt_tab (gigatron downloads nothing)"
-        ) from err
+        ) from None
 
 
 def _encode_batch(batch: list[tuple[int, str]]) -> list[tuple[int, dict, dict, int]]:
@@ -75,20 +78,25 @@ def _encode_batch(batch: list[tuple[int, str]]) -> list[tuple[int, dict, dict, i
     tokenizer, splitter, args = _state["tokenizer"], _state["splitter"], _state["args"]
     out = []
     for doc_no, line in batch:
+        where = f"{args.input}: line {doc_no + 1}"
         if args.input_format == "text":
             record = {key: line.rstrip("\n") for key in args.json_keys}
         else:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
+                raise ValueError(f"{where} is not JSON ({err.msg})") from None
+            if not isinstance(record, dict):
                 raise ValueError(
-                    f"{args.input}: document {doc_no} is not JSON ({err.msg})"
-                ) from None
+                    f"{where} is a JSON {_json_type(record)}; each line must be an object with "
+                    f"the key(s) {args.json_keys}"
+                )
         ids, lens = {}, {}
         for key in args.json_keys:
             if key not in record:
-                raise ValueError(f"{args.input}: document {doc_no} has no key {key!r}")
+                raise ValueError(f"{where} has no key {key!r}")
             text = record[key]
+            _check_text(text, where, key)
             sentences = text if isinstance(text, list) else [text]
             if splitter is not None and not isinstance(text, list):
                 sentences = splitter.tokenize(text)
@@ -103,21 +111,52 @@ def _encode_batch(batch: list[tuple[int, str]]) -> list[tuple[int, dict, dict, i
                 doc_ids.append(tokenizer.eod)
                 sentence_lens[-1] += 1
             # Check and convert here, in the worker: the parent only writes bytes.
-            arr = _checked_array(doc_ids, tokenizer.vocab_size, doc_no, key, args.input)
+            arr = _checked_array(doc_ids, tokenizer.vocab_size, where, key)
             ids[key], lens[key] = arr, sentence_lens
         out.append((doc_no, ids, lens, len(line.encode("utf-8"))))
     return out
 
 
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def _check_text(text: Any, where: str, key: str) -> None:
+    """A value to tokenize is a string or a list of strings, each valid Unicode (JSON's \\ud800
+    escapes can spell a lone surrogate, which no tokenizer can encode)."""
+    for item in text if isinstance(text, list) else [text]:
+        if not isinstance(item, str):
+            raise ValueError(
+                f"{where}: key {key!r} holds {type(item).__name__} {str(item)[:40]!r}; its value "
+                "must be a string (or a list of strings)"
+            )
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(
+                f"{where}: key {key!r} holds a lone surrogate {item[err.start]!r} at character "
+                f"{err.start}; text must be valid Unicode"
+            ) from None
+
+
 def _batches(path: str, begin: int, end: int | None) -> Iterator[list[tuple[int, str]]]:
-    """Lines [begin, end) of `path` (numbered from 0), skipping blank lines, in batches."""
+    """Lines [begin, end) of `path` (numbered from 0), skipping blank lines, in batches.
+    A line that is not UTF-8 is an error naming the file, the line and the byte."""
     batch: list[tuple[int, str]] = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f):
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f):
             if line_no < begin:
                 continue
             if end is not None and line_no >= end:
                 break
+            try:
+                line = raw.decode("utf-8-sig" if line_no == 0 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{path}: line {line_no + 1} is not valid UTF-8 (byte 0x{raw[err.start]:02x} "
+                    f"at byte {err.start} of the line: {err.reason})"
+                ) from None
             if not line.strip():
                 continue
             batch.append((line_no, line))
@@ -133,16 +172,14 @@ def _output_prefix(args: argparse.Namespace, key: str) -> str:
     return f"{args.output_prefix}_{key}_{level}"
 
 
-def _checked_array(
-    doc_ids: list[int], vocab_size: int, doc_no: int, key: str, path: str
-) -> numpy.ndarray:
+def _checked_array(doc_ids: list[int], vocab_size: int, where: str, key: str) -> numpy.ndarray:
     """`[len]` token ids in the output dtype; an id outside [0, vocab_size) is an error."""
     arr = numpy.asarray(doc_ids, dtype=numpy.int64)
     bad = numpy.flatnonzero((arr >= vocab_size) | (arr < 0))
     if bad.size:
         pos = int(bad[0])
         raise ValueError(
-            f"{path}: document {doc_no} (key {key!r}) has token id {int(arr[pos])} at position "
+            f"{where} (key {key!r}) has token id {int(arr[pos])} at position "
             f"{pos}, outside the tokenizer's vocabulary [0, {vocab_size})"
         )
     return arr.astype(DType.optimal_dtype(vocab_size))

@@ -82,7 +82,7 @@ def test_plain_text_input_and_null_tokenizer_range_error(tmp_path):
     path.write_text("1 2 3\n4 5\n6 7 99 8\n")
     prefix = str(tmp_path / "t")
     flags = ["--tokenizer-type", "NullTokenizer", "--output-prefix", prefix, "--log-interval", "0"]
-    with pytest.raises(ValueError, match=r"document 2 .* token id 99 at position 2"):
+    with pytest.raises(ValueError, match=r"line 3 .* token id 99 at position 2"):
         cli_run(["preprocess", "--input", str(path), "--vocab-size", "50"] + flags)
     assert cli_main(["preprocess", "--input", str(path), "--vocab-size", "100"] + flags) == 0
     ds = IndexedDataset(prefix + "_text_document")
@@ -97,8 +97,8 @@ def test_split_sentences_needs_nltk(tmp_path):
         path.write_text('{"text": "A. B."}\n')
         argv = ["preprocess", "--input", str(path), "--output-prefix", str(tmp_path / "o")]
         argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", "10", "--split-sentences"]
-        with pytest.raises(ImportError, match="pip install nltk"):
-            cli_main(argv)
+        with pytest.raises(ValueError, match="pip install nltk"):
+            cli_run(argv)
     else:
         pytest.skip("nltk is installed")
 
@@ -126,6 +126,43 @@ def test_sentence_splitter_never_loads_nltk_pickles(monkeypatch):
     assert isinstance(_sentence_splitter(argparse.Namespace(lang="english")), PunktTokenizer)
     assert calls == [("punkt_tab", "english")]
     fake.tokenize = types.SimpleNamespace()  # an NLTK that only has the pickled models
-    with pytest.raises(ImportError, match="3.8.2"):
+    with pytest.raises(ValueError, match="3.8.2"):
         _sentence_splitter(argparse.Namespace(lang="english"))
     assert all(c[0] != "load" for c in calls)
+
+
+@pytest.mark.parametrize(
+    "raw, pattern",
+    [
+        (b'{"text": "1 2"}\n{"text": "caf\xe9"}\n', r"c\.jsonl: line 2 is not valid UTF-8 .*0xe9"),
+        (b'{"text": "1 2"}\n{"text": 5}\n', r"c\.jsonl: line 2: key 'text' holds int"),
+        (b'{"text": "1 2"}\n[1, 2]\n', r"c\.jsonl: line 2 is a JSON array; each line must be"),
+        (b'{"text": "a \\ud800 b"}\n', r"c\.jsonl: line 1: key 'text' holds a lone surrogate"),
+        (b'{"text": ["a", 3]}\n', r"c\.jsonl: line 1: key 'text' holds int"),
+    ],
+    ids=["bad-utf8", "non-string", "array-line", "lone-surrogate", "list-with-int"],
+)
+def test_bad_input_lines_are_one_line_errors_naming_file_and_line(tmp_path, capsys, raw, pattern):
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(raw)
+    argv = ["preprocess", "--input", str(path), "--output-prefix", str(tmp_path / "o")]
+    argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", "10", "--log-interval", "0"]
+    with pytest.raises(ValueError, match=pattern):
+        cli_run(argv)
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_split_sentences_without_nltk_is_one_line(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "nltk", None)  # import nltk raises ImportError
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "A. B."}\n')
+    argv = ["preprocess", "--input", str(path), "--output-prefix", str(tmp_path / "o")]
+    argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", "10", "--split-sentences"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "pip install nltk" in err and "python -m nltk.downloader punkt_tab" in err
