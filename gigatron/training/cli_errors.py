@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import sys
 
@@ -130,10 +131,21 @@ def launch_hint(world_size: int, needed: int) -> str:
 def check_data_prefixes(data_path: list[str]) -> None:
     """Each --data-path prefix names a `.bin` / `.idx` pair; `gigatron preprocess` writes
     `<output-prefix>_text_document.bin/.idx`, so a prefix without that suffix is the usual slip."""
-    prefixes, _ = get_blend_from_list(data_path)
+    prefixes, weights = get_blend_from_list(data_path)
+    for prefix, weight in zip(prefixes, weights or [None] * len(prefixes)):
+        if weight is not None and not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(
+                f"--data-path: weight {weight:g} of {prefix} must be a finite number >= 0"
+            )
     for prefix in prefixes:
         if os.path.exists(prefix + ".bin") and os.path.exists(prefix + ".idx"):
             continue
+        stem, ext = os.path.splitext(prefix)
+        if ext in (".bin", ".idx") and os.path.exists(stem + ".bin"):
+            raise ValueError(
+                f"--data-path {prefix}: --data-path takes the prefix without .bin / .idx: did "
+                f"you mean --data-path {stem}?"
+            )
         for suffix in ("_text_document", "_text_sentence"):
             if os.path.exists(prefix + suffix + ".bin"):
                 raise ValueError(

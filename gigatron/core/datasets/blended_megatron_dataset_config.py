@@ -29,7 +29,10 @@ def _check_blend(name: str, blend: Any) -> None:
             f"{name}: {len(prefixes)} prefixes but {len(weights)} weights; they must be equal "
             "in number"
         )
-    normalize(weights)  # raises on negative weights or a non-positive sum
+    try:
+        normalize(weights)  # raises on non-finite or negative weights, or a non-positive sum
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
 @dataclass

@@ -89,12 +89,17 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     the batch becomes a packed (thd) one (megatron-core 0.19+; docs/packed_sequences.md)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        # Every problem in one message (as TransformerConfig does), not one per run.
+        problems = []
+        try:
+            super().__post_init__()
+        except ValueError as e:
+            problems.append(str(e))
         if self.tokenizer is None:
-            raise ValueError("GPTDatasetConfig.tokenizer must be set (it provides eod and pad)")
+            problems.append("tokenizer must be set (it provides eod and pad)")
         for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
             if getattr(self, name) is None:
-                raise ValueError(f"GPTDatasetConfig.{name} must be set to True or False")
+                problems.append(f"{name} must be set to True or False")
         unsupported = {
             "object_storage_cache_path": (self.object_storage_cache_path, None),
             "hybrid_context_parallel": (self.hybrid_context_parallel, False),
@@ -102,7 +107,9 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
         }
         for name, (value, default) in unsupported.items():
             if value != default:
-                raise ValueError(f"{name} ({value}) is not supported by gigatron; leave it unset")
+                problems.append(f"{name} ({value}) is not supported by gigatron; leave it unset")
+        if problems:
+            raise ValueError(f"GPTDatasetConfig: {'; '.join(problems)}")
         vocab_size = self.tokenizer.vocab_size
         self.token_dtype_code = None if vocab_size is None else (4 if vocab_size > 65536 else 8)
 
@@ -237,10 +244,27 @@ class GPTDataset(MegatronDataset):
                 length = end_offset + extra if i == end else None
                 parts.append(self.dataset.get(self.document_index[i], offset=offset, length=length))
         lengths = [len(p) for p in parts]
+        self._check_token_ids(parts, idx)
         want = self.config.sequence_length + extra
         if sum(lengths) < want:
             parts.append(numpy.full(want - sum(lengths), self._pad_token_id, dtype=numpy.int64))
         return numpy.concatenate(parts, dtype=numpy.int64), lengths
+
+    def _check_token_ids(self, parts: list[numpy.ndarray], sample: int) -> None:
+        """A token id outside [0, vocab_size) of the tokenizer is an error naming the corpus
+        (the model's own check cannot say which file the id came from). Two reductions over the
+        sample's tokens; skipped without a vocab size."""
+        vocab_size = getattr(self.config.tokenizer, "vocab_size", None)
+        if not isinstance(vocab_size, int) or not parts:
+            return
+        for part in parts:
+            if part.size and (int(part.min()) < 0 or int(part.max()) >= vocab_size):
+                bad = int(part.min()) if int(part.min()) < 0 else int(part.max())
+                raise ValueError(
+                    f"token id {bad} in --data-path {self.dataset_path} ({self.index_split.name}"
+                    f" sample {sample}) is outside the tokenizer's vocabulary [0, {vocab_size}): "
+                    "was the corpus written with another tokenizer?"
+                )
 
     def _cache_dir(self) -> str | None:
         if self.config.path_to_cache is not None:

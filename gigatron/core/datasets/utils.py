@@ -34,8 +34,11 @@ def log_single_rank(logger: logging.Logger, *args, rank: int = 0, **kwargs) -> N
 
 
 def normalize(weights: list[float]) -> list[float]:
-    """Divide by the sum (float64, like Megatron); negative or zero-sum weights are an error."""
+    """Divide by the sum (float64, like Megatron); negative, infinite, NaN or zero-sum weights
+    are an error (Megatron divides by an infinite sum and blends NaN)."""
     w = numpy.array(weights, dtype=numpy.float64)
+    if not numpy.isfinite(w).all():
+        raise ValueError(f"blend weights {list(weights)} must be finite numbers")
     if (w < 0).any():
         raise ValueError(f"blend weights {list(weights)} must be non-negative")
     total = numpy.sum(w)

@@ -171,3 +171,30 @@ def test_inter_document_masking_gives_the_reset_mask_as_bounds(tmp_path):
         assert torch.equal(~allowed, m["attention_mask"][0]), (i, bounds)
         assert torch.equal(p["position_ids"], m["position_ids"]), i
         assert p["max_seqlen"] == max(torch.tensor(bounds).diff())
+
+
+@pytest.mark.parametrize("weight", [float("inf"), float("nan")])
+def test_non_finite_blend_weight_is_refused(weight):
+    with pytest.raises(ValueError, match=r"blend: blend weights .* must be finite"):
+        _config(blend=(["a", "b"], [weight, 1.0]), split="1,0,0")
+
+
+def test_config_lists_every_missing_field_at_once():
+    with pytest.raises(ValueError) as err:
+        GPTDatasetConfig(random_seed=1, sequence_length=0)
+    text = str(err.value)
+    assert len(text.splitlines()) == 1
+    for name in ("sequence_length", "tokenizer", "reset_position_ids", "reset_attention_mask",
+                 "eod_mask_loss"):  # fmt: skip
+        assert name in text, (name, text)
+
+
+def test_token_id_outside_the_vocabulary_names_the_data_path(tmp_path):
+    prefix = _corpus(str(tmp_path / "corpus"), [[1, 70, 3, 4, 5, 6], [7, 70, 9, 10, 11, 12]])
+    cfg = _config(blend=([prefix], None), split="1,0,0", path_to_cache=str(tmp_path / "cache"))
+    (train, _, _) = BlendedMegatronDatasetBuilder(
+        GPTDataset, [None, None, None], lambda: True, cfg
+    ).build()
+    with pytest.raises(ValueError, match=r"token id 70 .*corpus.* outside the tokenizer's voc"):
+        for i in range(len(train)):
+            train[i]
