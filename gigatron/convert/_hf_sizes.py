@@ -60,6 +60,13 @@ def _shape(shapes: dict, name: str, dims, path: str) -> None:
     )
 
 
+def check_layer_count(cfg: dict, layers: set[int], path: str) -> None:
+    """config.json's layer count (at `path`) against the layer indices a checkpoint holds."""
+    key = "n_layer" if cfg.get("model_type") == "gpt2" else "num_hidden_layers"
+    if key in cfg:
+        _count(cfg, key, path, layers, "layers")
+
+
 def check_config_sizes(cfg: dict, shapes: dict[str, tuple], path: str) -> None:
     """Refuse a config.json (at `path`) whose sizes disagree with the tensors `shapes`
     ({HF name: shape}, from the safetensors headers). Unknown families are left to
