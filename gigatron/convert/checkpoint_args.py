@@ -23,6 +23,7 @@ from gigatron.convert.hf_config import (
     tokenizer_args,
 )
 from gigatron.core import dist_checkpointing
+from gigatron.core.untrusted_yaml import read_yaml
 from gigatron.training import checkpoint_files as ckpt_files
 
 
@@ -31,10 +32,7 @@ def command_line_dests(parser: argparse.ArgumentParser, argv: list[str], yaml_cf
     actions = parser._option_string_actions
     given = {actions[a.split("=")[0]].dest for a in argv if a.split("=")[0] in actions}
     if yaml_cfg:
-        import yaml
-
-        with open(yaml_cfg) as f:
-            values = yaml.safe_load(f) or {}
+        values = read_yaml(yaml_cfg, what="--yaml-cfg") or {}
         if isinstance(values, dict):
             given |= {str(k).lstrip("-").replace("-", "_") for k in values}
     return given

@@ -18,8 +18,9 @@ import os
 import torch
 
 from gigatron.convert._ckpt_layout import entry_shape, load_entry, per_layer_entries
+from gigatron.convert._hf_sizes import check_layer_count
 from gigatron.convert._recipes import _Every, family_recipes, recipes_for_keys
-from gigatron.convert.hf_config import spec_from_hf_config
+from gigatron.convert.hf_config import parse_config_json, spec_from_hf_config
 from gigatron.convert.hf_io import write_safetensors
 from gigatron.convert.hf_to_gigatron import copy_side_files
 from gigatron.core import dist_checkpointing
@@ -51,8 +52,7 @@ def _hf_config(load: str, ckpt_dir: str, hf_config) -> tuple[dict, str | None]:
     for c in candidates:
         path = os.path.join(c, "config.json") if os.path.isdir(c) else c
         if os.path.isfile(path):
-            with open(path) as f:
-                return json.load(f), os.path.dirname(path)
+            return parse_config_json(path), os.path.dirname(path)
     if hf_config:
         raise ValueError(
             f"hf_config ({hf_config!r}) is neither config.json nor a directory with one"
@@ -89,6 +89,10 @@ def convert_gigatron_to_hf(
     emb = entries.get("embedding.word_embeddings.weight")
     if emb is None:
         raise ValueError(f"{ckpt_dir}: no embedding.word_embeddings.weight (not a GPT checkpoint?)")
+    parts = [k.split(".") for k in entries if k.startswith("decoder.layers.")]
+    layers = {int(p[2]) for p in parts if p[2].isdigit()}  # per-layer names: decoder.layers.{i}.
+    source = os.path.join(side_dir, "config.json") if side_dir else "the HF config.json"
+    check_layer_count(cfg, layers, source)  # before a recipe is planned per declared layer
     spec = spec_from_hf_config(cfg)
     recipes = recipes_for_keys(spec, entries, entry_shape(emb)[0])
     _check_complete(spec, recipes, entries)

@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 
 import torch.nn.functional as F
 
+from gigatron.convert._hf_sizes import check_config_sizes
 from gigatron.convert.hf_config_deepseek import DEEPSEEK_FAMILIES, parse_deepseek
+from gigatron.convert.hf_io import HFReader
 from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
 from gigatron.core.models.gpt import GPTModel
 from gigatron.core.models.gpt import gpt_layer_specs as specs
 from gigatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+from gigatron.core.untrusted_files import UntrustedFileError, read_text
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", *DEEPSEEK_FAMILIES)
 _GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
@@ -219,12 +222,34 @@ def tokenizer_args(hf_dir: str, *, path: str) -> dict:
     return dict(tokenizer_type="NullTokenizer")
 
 
-def read_hf_config(hf_dir: str) -> dict:
+def parse_config_json(path: str) -> dict:
+    """A HF config.json from elsewhere: a regular UTF-8 file within `LIMITS["json_small"]`
+    holding a JSON object; anything else is one line naming the file."""
+    text = read_text(path, what="Hugging Face config", max_bytes="json_small")
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UntrustedFileError(
+            f"{path} is not JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        ) from None
+    if not isinstance(cfg, dict):
+        raise UntrustedFileError(f"{path} holds a {type(cfg).__name__}, not a JSON object")
+    return cfg
+
+
+def read_hf_config(hf_dir: str, reader: HFReader | None = None) -> dict:
+    """`hf_dir`/config.json, its sizes checked against the tensors in the directory's
+    safetensors headers (`reader`, or one opened here when the directory holds safetensors)
+    before anything is built from it."""
     path = os.path.join(hf_dir, "config.json")
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise ValueError(f"{hf_dir}: no config.json (a Hugging Face model directory needs one)")
-    with open(path) as f:
-        return json.load(f)
+    cfg = parse_config_json(path)
+    if reader is None and any(n.endswith(".safetensors") for n in os.listdir(hf_dir)):
+        reader = HFReader(hf_dir)
+    if reader is not None:
+        check_config_sizes(cfg, reader.shapes(), path)
+    return cfg
 
 
 def is_hf_dir(path: str) -> bool:

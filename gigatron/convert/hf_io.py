@@ -20,6 +20,13 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
+from gigatron.core.untrusted_files import (
+    UntrustedFileError,
+    confined_path,
+    open_regular_file,
+    read_text,
+)
+
 INDEX_FNAME = "model.safetensors.index.json"
 SINGLE_FNAME = "model.safetensors"
 
@@ -42,12 +49,39 @@ _NAMES = {v: k for k, v in _DTYPES.items()}
 _NP_SAME_WIDTH = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
+def read_weight_map(index: str) -> dict[str, str]:
+    """The `weight_map` of `model.safetensors.index.json` at `index`: a regular file within
+    `LIMITS["index_json"]`, a JSON object whose weight_map maps tensor names to file names;
+    anything else is one line naming the file and the rule."""
+    text = read_text(index, what="safetensors index", max_bytes="index_json")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UntrustedFileError(
+            f"{index} is not JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        ) from None
+    if not isinstance(data, dict):
+        raise UntrustedFileError(f"{index} holds a {type(data).__name__}, not a JSON object")
+    if "weight_map" not in data:
+        raise UntrustedFileError(f"{index} has no weight_map (tensor name -> safetensors file)")
+    weight_map = data["weight_map"]
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise UntrustedFileError(
+            f"{index}: weight_map must map tensor names to safetensors file names (strings)"
+        )
+    if not weight_map:
+        raise UntrustedFileError(f"{index}: weight_map names no tensors")
+    return weight_map
+
+
 def _read_header(path: str) -> tuple[dict, int]:
     """(JSON header, byte offset where the data section starts), checked against the file: every
     tensor's dtype, shape and byte range must be consistent and inside the file. The file comes
     from elsewhere: anything else is a ValueError naming it, before any tensor is mapped."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with open_regular_file(path, what="safetensors file") as f:
+        size = os.fstat(f.fileno()).st_size
         raw = f.read(8)
         n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
         if not 0 < n <= size - 8:
@@ -89,9 +123,8 @@ class HFReader:
     def __init__(self, hf_dir: str):
         self.hf_dir = hf_dir
         index = os.path.join(hf_dir, INDEX_FNAME)
-        if os.path.exists(index):
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
+        if os.path.lexists(index):
+            weight_map = read_weight_map(index)
         elif os.path.exists(os.path.join(hf_dir, SINGLE_FNAME)):
             weight_map = None
         else:
@@ -103,8 +136,8 @@ class HFReader:
         self._entries: dict[str, tuple[str, dict, int]] = {}
         self.file_metadata: dict = {}
         files = sorted(set(weight_map.values())) if weight_map else [SINGLE_FNAME]
-        for fname in files:
-            path = os.path.join(hf_dir, fname)
+        for fname in files:  # each file the index names stays inside hf_dir
+            path = confined_path(hf_dir, fname, what="safetensors file", source=index)
             header, start = _read_header(path)
             self.file_metadata = header.pop("__metadata__", None) or self.file_metadata
             for name, info in header.items():
@@ -116,6 +149,10 @@ class HFReader:
 
     def keys(self) -> list[str]:
         return list(self._entries)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """{tensor name: stored shape}, from the headers."""
+        return {name: tuple(info["shape"]) for name, (_, info, _) in self._entries.items()}
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries

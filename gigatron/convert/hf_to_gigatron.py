@@ -145,8 +145,9 @@ def convert_hf_to_gigatron(
         pipeline_model_parallel_size,
         expert_model_parallel_size,
     )
+    reader = HFReader(hf_dir)  # headers only: config.json's sizes are checked against them
     spec = spec_from_hf_config(
-        read_hf_config(hf_dir),
+        read_hf_config(hf_dir, reader),
         tensor_model_parallel_size=tp,
         make_vocab_size_divisible_by=make_vocab_size_divisible_by,
     )
@@ -162,7 +163,6 @@ def convert_hf_to_gigatron(
             f"num_layers ({spec.config_kwargs['num_layers']}) must be divisible by "
             f"pipeline_model_parallel_size ({pp})"
         )
-    reader = HFReader(hf_dir)
     recipes = recipes_for(spec, reader.keys())
     ckpt_dir = os.path.join(out_dir, "release")
     scratch = os.path.join(out_dir, _SCRATCH)
@@ -208,7 +208,7 @@ def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
         _unwrap(c) for c in (model_chunks if isinstance(model_chunks, list) else [model_chunks])
     ]
     reader = HFReader(hf_dir)
-    spec = spec_from_hf_config(read_hf_config(hf_dir))
+    spec = spec_from_hf_config(read_hf_config(hf_dir, reader))
     for chunk in chunks:
         sharded = chunk.sharded_state_dict()
         vocab = next(

@@ -16,6 +16,8 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 
+from gigatron.core.untrusted_files import open_regular_file
+
 EOD_TOKEN = "<|endoftext|>"
 
 
@@ -23,8 +25,15 @@ def iter_texts(paths: list[str], json_keys: list[str]) -> Iterator[str]:
     """Texts from JSON-lines files (the `json_keys` fields) or plain text files (one per line)."""
     for path in paths:
         is_json = path.endswith((".json", ".jsonl"))
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
+        with open_regular_file(path, what="--input") as raw:
+            for line_no, data in enumerate(raw, 1):
+                try:
+                    line = data.decode("utf-8").replace("\r\n", "\n")
+                except UnicodeDecodeError as e:
+                    raise ValueError(
+                        f"{path}:{line_no}: not valid UTF-8 (byte 0x{data[e.start]:02x} at "
+                        f"column {e.start + 1})"
+                    ) from None
                 if not line.strip():
                     continue
                 if not is_json:
@@ -108,6 +117,15 @@ def main(argv: list[str] | None = None) -> int:
         args.special_tokens,
     )
     print(f"wrote {path} and vocab.json / merges.txt in {args.output_dir}")
+    with open(os.path.join(args.output_dir, "vocab.json"), encoding="utf-8") as f:
+        reached = len(json.load(f))
+    if reached < args.vocab_size:
+        print(
+            f"warning: --vocab-size {args.vocab_size} asked for, {reached} tokens reached: the "
+            f"corpus has too few distinct merges occurring at least --min-frequency "
+            f"{args.min_frequency} times (use a larger corpus or ask for fewer tokens)",
+            flush=True,
+        )
     return 0
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import difflib
 
+from gigatron.core.untrusted_yaml import read_yaml as read_yaml_file
+
 
 def _actions_by_key(parser) -> tuple[dict, dict]:
     by_flag = {s[2:]: a for a in parser._actions for s in a.option_strings if s.startswith("--")}
@@ -68,13 +70,10 @@ def _action_for(key: str, value, by_flag: dict, by_dest: dict, where: str):
 
 
 def read_yaml(path: str) -> dict:
-    """The mapping in `path` (ValueError when the file holds something else)."""
-    try:
-        import yaml
-    except ImportError as e:  # pragma: no cover - pyyaml is in the test/train extras
-        raise RuntimeError("--yaml-cfg needs PyYAML: pip install pyyaml") from e
-    with open(path) as f:
-        values = yaml.safe_load(f) or {}
+    """The mapping in `path` (ValueError when the file holds something else). The file is
+    untrusted: a regular file within `LIMITS["yaml"]`, plain values only (no tags), aliases
+    expanding to a bounded number of values (`gigatron.core.untrusted_yaml`)."""
+    values = read_yaml_file(path, what="--yaml-cfg") or {}
     if not isinstance(values, dict):
         raise ValueError(f"--yaml-cfg {path}: expected a mapping of flag names to values")
     return values

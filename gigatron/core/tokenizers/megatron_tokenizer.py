@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from gigatron.core.tokenizers.null_tokenizer import NullTokenizer
+from gigatron.core.untrusted_files import read_text
 
 _NULL_LIBRARIES = ("null", "null-text")
 
@@ -46,8 +47,13 @@ class MegatronTokenizer:
         if metadata_path is None and tokenizer_path is not None:
             metadata_path = os.path.join(tokenizer_path, "metadata.json")
         if isinstance(metadata_path, str):
-            with open(metadata_path) as f:
-                metadata = json.load(f)
+            text = read_text(metadata_path, what="tokenizer metadata", max_bytes="json_small")
+            try:
+                metadata = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"tokenizer metadata {metadata_path} is not JSON ({e})") from None
+            if not isinstance(metadata, dict):
+                raise ValueError(f"tokenizer metadata {metadata_path} is not a JSON object")
         elif isinstance(metadata_path, dict):
             metadata = metadata_path
         else:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
-from gigatron.training.tokenizer._common import _import_tokenizers
+from gigatron.training.tokenizer._common import _import_tokenizers, read_tokenizer_text
 
 _MAX_CHARS_PER_WORD = 200  # bert_tokenization.WordpieceTokenizer's default
 
@@ -28,9 +28,12 @@ _MAX_CHARS_PER_WORD = 200  # bert_tokenization.WordpieceTokenizer's default
 def _load_vocab(vocab_file: str) -> dict[str, int]:
     """token -> line number (bert_tokenization.load_vocab: stripped lines, a repeat overwrites)."""
     vocab: dict[str, int] = {}
-    with open(vocab_file, encoding="utf-8") as f:
-        for index, line in enumerate(f):
-            vocab[line.strip()] = index
+    text = read_tokenizer_text(vocab_file, "BERT vocabulary")
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as file lines
+    if lines and lines[-1] == "":
+        lines.pop()
+    for index, line in enumerate(lines):
+        vocab[line.strip()] = index
     return vocab
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
+from gigatron.core.untrusted_files import read_bytes
 from gigatron.training.tokenizer._common import _WithoutBertSpecials
 
 
@@ -19,7 +20,14 @@ def _load_sentencepiece(model_file: str) -> Any:
             f"SentencePiece tokenizers need the `sentencepiece` package to read {model_file}: "
             "pip install sentencepiece"
         ) from err
-    return sentencepiece.SentencePieceProcessor(model_file=model_file)
+    data = read_bytes(model_file, what="SentencePiece model", max_bytes="tokenizer")
+    try:
+        return sentencepiece.SentencePieceProcessor(model_proto=data)
+    except Exception as e:  # the C++ library's message
+        raise ValueError(
+            f"SentencePiece model {model_file} is not a model sentencepiece reads "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+        ) from None
 
 
 class _SentencePieceTokenizer(MegatronLegacyTokenizer):

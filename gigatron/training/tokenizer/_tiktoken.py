@@ -11,11 +11,10 @@ of the merged token, so the ranks are converted to (vocab, merges) once and run 
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
-from gigatron.training.tokenizer._common import _import_tokenizers
+from gigatron.training.tokenizer._common import _import_tokenizers, read_json_file
 
 PATTERN_TIKTOKEN = (
     r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"
@@ -44,17 +43,18 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def load_mergeable_ranks(path: str, max_vocab: int | None = None) -> dict[bytes, int]:
     """Megatron's `reload_mergeable_ranks`: token bytes -> rank, checked."""
-    with open(path) as f:
-        vocab = json.load(f)
-    if not isinstance(vocab, list):
-        raise ValueError(f"{path}: a TikTokenizer vocabulary is a JSON list of rank entries")
+    vocab = read_json_file(path, "TikTokenizer vocabulary", list)
     if max_vocab is not None:
         vocab = vocab[:max_vocab]
     ranks: dict[bytes, int] = {}
     for i, entry in enumerate(vocab):
-        if entry.get("rank") != i:
-            raise ValueError(f"{path}: entry {i} has rank {entry.get('rank')}, expected {i}")
-        token = base64.b64decode(entry["token_bytes"])
+        if not isinstance(entry, dict) or entry.get("rank") != i:
+            rank = entry.get("rank") if isinstance(entry, dict) else entry
+            raise ValueError(f"{path}: entry {i} has rank {rank!r}, expected {i}")
+        try:
+            token = base64.b64decode(entry["token_bytes"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: entry {i} has no base64 token_bytes ({e})") from None
         if i < 256 and token != bytes([i]):
             raise ValueError(f"{path}: rank {i} < 256 must be the single byte {i}")
         ranks[token] = i

@@ -9,7 +9,6 @@ the same ids as GPT-2's reference byte-level BPE; SentencePiece needs `sentencep
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
@@ -17,7 +16,12 @@ from typing import Any
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
 from gigatron.core.tokenizers.null_tokenizer import NullTokenizer
 from gigatron.training.tokenizer._bert_wordpiece import _BertWordPieceTokenizer
-from gigatron.training.tokenizer._common import _import_tokenizers
+from gigatron.training.tokenizer._common import (
+    _import_tokenizers,
+    read_json_file,
+    read_merges,
+    read_tokenizer_text,
+)
 from gigatron.training.tokenizer._sentencepiece import (
     _GPTSentencePieceTokenizer,
     _Llama2Tokenizer,
@@ -178,9 +182,22 @@ class _GPT2BPETokenizer(_HFTokenizerBase):
         super().__init__(vocab_file, merge_file)
         tk = _import_tokenizers()
         for path in (vocab_file, merge_file):
-            if not os.path.isfile(path):
+            if not os.path.lexists(path):  # what is there is checked when read
                 raise FileNotFoundError(f"GPT2BPETokenizer: {path} does not exist")
-        model = tk.models.BPE.from_file(vocab_file, merge_file)
+        vocab = read_json_file(vocab_file, "GPT2BPETokenizer vocabulary")
+        if not all(type(i) is int and i >= 0 for i in vocab.values()):
+            raise ValueError(
+                f"GPT2BPETokenizer vocabulary {vocab_file}: every value must be a token id "
+                "(an integer >= 0)"
+            )
+        merges = read_merges(merge_file)
+        try:
+            model = tk.models.BPE(vocab, merges)
+        except Exception as e:  # the Rust library's message, e.g. a merge of an unknown token
+            raise ValueError(
+                f"GPT2BPETokenizer: {vocab_file} + {merge_file} do not form a BPE model "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            ) from None
         self._tokenizer = tk.Tokenizer(model)
         # GPT-2's pre-tokenizer regex and byte-to-unicode map; no prefix space, as in GPT-2.
         self._tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -225,18 +242,24 @@ class _HuggingFaceTokenizer(_HFTokenizerBase):
         path = pretrained_model_name_or_path
         directory = path if os.path.isdir(path) else os.path.dirname(path)
         json_path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-        if not os.path.isfile(json_path):
+        if not os.path.lexists(json_path):
             raise FileNotFoundError(
                 f"HuggingFaceTokenizer: {json_path} does not exist (gigatron loads local "
                 "tokenizer.json files only; nothing is downloaded)"
             )
-        self._tokenizer = tk.Tokenizer.from_file(json_path)
+        text = read_tokenizer_text(json_path, "HuggingFaceTokenizer")
+        try:
+            self._tokenizer = tk.Tokenizer.from_str(text)
+        except Exception as e:  # the Rust library's message (bad JSON, unknown model type)
+            raise ValueError(
+                f"HuggingFaceTokenizer {json_path} is not a tokenizer.json the `tokenizers` "
+                f"library reads ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            ) from None
         special: dict[str, Any] = {}
         for name in ("special_tokens_map.json", "tokenizer_config.json"):
             cfg_path = os.path.join(directory, name)
-            if os.path.isfile(cfg_path):
-                with open(cfg_path) as f:
-                    special.update(json.load(f))
+            if os.path.lexists(cfg_path):
+                special.update(read_json_file(cfg_path, "HuggingFaceTokenizer settings"))
         self._eos_id = self._id_of(special.get("eos_token"))
         if self._eos_id is None:
             self._eos_id = next(
