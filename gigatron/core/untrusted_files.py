@@ -158,6 +158,6 @@ def confined_path(root: str | os.PathLike, name: str, *, what: str, source: str)
     if os.path.commonpath([real_root, real]) != real_root:
         raise UntrustedFileError(
             f"{source} names {what} {name!r}, which resolves to {real}, outside {real_root}; "
-            "only a path inside the checkpoint directory is read"
+            "only a path inside that directory is read"
         )
     return joined
