@@ -1,5 +1,6 @@
-"""Documented training commands that are demos (under 100 iterations) set --eval-iters: at
-Megatron's default of 100 evaluation iterations they spend most of their time evaluating."""
+"""Documented commands as a user pastes them: demo training runs (under 100 iterations) set
+--eval-iters (at Megatron's default of 100 they spend most of their time evaluating), and prompts
+with escapes are quoted so that bash passes them on."""
 
 import re
 
@@ -34,3 +35,13 @@ def test_short_documented_runs_set_eval_iters():
 
 def test_some_commands_are_found():
     assert sum(1 for _ in _commands()) >= 5
+
+
+def test_prompts_with_escapes_use_ansi_c_quoting():
+    """`--prompt "...\\n"` passes a backslash and an n; bash's $'...' passes a newline."""
+    literal = []
+    for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:
+        for m in re.finditer(r"--prompt (\$?)(['\"])(.*?)\2", path.read_text()):
+            if "\\" in m.group(3) and not (m.group(1) == "$" and m.group(2) == "'"):
+                literal.append(f"{path.name}: {m.group(0)}")
+    assert not literal, literal
