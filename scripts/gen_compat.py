@@ -9,8 +9,8 @@ tutorials use that Megatron never had, misuse errors, Megatron-LM flags gigatron
 or refuses. The API coverage table needs megatron-core (`make oracle`,
 `PYTHONPATH=.venv-oracle`; CPU is enough): for every public class / function defined in the
 listed `megatron.core` modules, and every field of `ModelParallelConfig` / `TransformerConfig`,
-it says whether gigatron has it at the same path: **supported** (same name, every Megatron parameter accepted), **partial** (exists, some
-parameters missing; they are listed), **default only** (a config field accepted only at its
+it says whether gigatron has it at the same path: **supported** (same name, every Megatron
+parameter accepted), **partial** (exists, some parameters missing; they are listed), **default only** (a config field accepted only at its
 default value, with a clear error otherwise), or **not supported**. Without megatron-core (or with
 another version than the committed table's) the committed table is kept as it is.
 
