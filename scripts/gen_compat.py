@@ -4,15 +4,15 @@
     python scripts/gen_compat.py --check    # exit 1 when docs/compat.md is out of date
     python scripts/gen_compat.py --megatron-source /tmp/Megatron-LM   # table of a source tree
 
-The first sections come from the compat package alone: Megatron-only config fields, names
-tutorials use that Megatron never had, misuse errors, Megatron-LM flags gigatron accepts as no-ops
-or refuses. The API coverage table needs megatron-core (`make oracle`,
-`PYTHONPATH=.venv-oracle`; CPU is enough): for every public class / function defined in the
-listed `megatron.core` modules, and every field of `ModelParallelConfig` / `TransformerConfig`,
-it says whether gigatron has it at the same path: **supported** (same name, every Megatron
-parameter accepted), **partial** (exists, some parameters missing; they are listed), **default only** (a config field accepted only at its
-default value, with a clear error otherwise), or **not supported**. Without megatron-core (or with
-another version than the committed table's) the committed table is kept as it is.
+The first sections come from the compat package alone: Megatron-only config fields, names tutorials
+use that Megatron never had, misuse errors, Megatron-LM flags gigatron accepts as no-ops or refuses.
+The API coverage table needs megatron-core (`make oracle`, `PYTHONPATH=.venv-oracle`; CPU is
+enough): for every public class / function defined in the listed `megatron.core` modules, and every
+field of `ModelParallelConfig` / `TransformerConfig`, it says whether gigatron has it at the same
+path: **supported** (same name, every Megatron parameter accepted), **partial** (exists, some
+parameters missing; they are listed), **default only** (a config field accepted only at its default
+value, with a clear error otherwise), or **not supported**. Without megatron-core (or with another
+version than the committed table's) the committed table is kept as it is.
 
 The committed table is of megatron-core 0.20 (no wheel yet): made from a Megatron-LM checkout with
 `--megatron-source DIR`, which imports `DIR/megatron/core` ahead of any installed megatron-core
