@@ -1,10 +1,16 @@
 # gigatron developer commands. Everything is set up from scratch on a fresh machine.
+# `make help` lists the targets.
 PY ?= python3
 VENV ?= .venv
+# megatron-core, the tests' parity oracle: installed apart from $(VENV) (see requirements-oracle.txt)
+ORACLE ?= .venv-oracle
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint format train clean
+.PHONY: help setup oracle test lint format train train-fresh clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 20
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -15,21 +21,32 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml requirements-dev.txt
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed  ## create .venv with torch, gigatron and its extras (no megatron package)
 
-lint: setup
+$(ORACLE)/.installed: $(BIN)/python requirements-oracle.txt
+	rm -rf $(ORACLE)
+	$(BIN)/python -m pip install -q --no-deps --target $(ORACLE) -r requirements-oracle.txt
+	touch $@
+
+oracle: $(ORACLE)/.installed  ## install megatron-core into .venv-oracle/ (tests only, not .venv)
+
+lint: setup  ## ruff check and ruff format --check
 	$(BIN)/ruff check gigatron tests bench examples scripts
 	$(BIN)/ruff format --check gigatron tests bench examples scripts
 
-format: setup
+format: setup  ## ruff format and ruff check --fix
 	$(BIN)/ruff format gigatron tests bench examples scripts
 	$(BIN)/ruff check --fix gigatron tests bench examples scripts
 
-test: setup lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: setup lint oracle  ## lint, then the test suite with the megatron-core oracle (what CI runs)
+	MEGATRON_ORACLE=$(ORACLE) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-train: setup
-	$(BIN)/python -m gigatron.cli train
+train: setup  ## the demo: tokenizer, data, GPT with TP=2 on 2 ranks, sample (DEMO_ITERS=400)
+	$(BIN)/python -m gigatron.cli train --demo
 
-clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+train-fresh: setup  ## the demo from scratch (drops the demo checkpoint and curves first)
+	rm -rf $${DEMO_DIR:-runs/demo}/checkpoints $${DEMO_DIR:-runs/demo}/tensorboard
+	$(BIN)/python -m gigatron.cli train --demo
+
+clean:  ## remove .venv, .venv-oracle and the caches
+	rm -rf $(VENV) $(ORACLE) .pytest_cache .ruff_cache

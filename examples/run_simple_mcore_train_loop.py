@@ -96,7 +96,7 @@ def loss_func(loss_mask, output_tensor):
     losses = output_tensor.float()
     loss_mask = loss_mask.view(-1).float()
     loss = torch.sum(losses.view(-1) * loss_mask) / loss_mask.sum()
-    return loss, {"lm loss": loss}
+    return loss, {"lm loss": loss.detach()}  # a report: no graph kept, read with float()
 
 
 def forward_step_func(data_iterator, model):
@@ -127,7 +127,9 @@ def load_distributed_checkpoint(checkpoint_path, gpt_model):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=5)
-    parser.add_argument("--ckpt-dir", default=os.path.join(os.getcwd(), "ckpt"))
+    parser.add_argument(  # its own folder: docs/learn.md's programs save to ckpt/
+        "--ckpt-dir", default=os.path.join(os.getcwd(), "runs", "run_simple_mcore_train_loop")
+    )
     args = parser.parse_args()
 
     initialize_distributed(tensor_model_parallel_size=2, pipeline_model_parallel_size=1)

@@ -4,15 +4,15 @@
     python scripts/gen_compat.py --check    # exit 1 when docs/compat.md is out of date
     python scripts/gen_compat.py --megatron-source /tmp/Megatron-LM   # table of a source tree
 
-The first sections come from the compat package alone: Megatron-only config fields, names
-tutorials use that Megatron never had, misuse errors, Megatron-LM flags gigatron accepts as no-ops
-or refuses. The API coverage table needs megatron-core (`pip install megatron-core==0.16.1`, CPU
-is enough): for every public class / function defined in the listed `megatron.core` modules, and
-every field of `ModelParallelConfig` / `TransformerConfig`, it says whether gigatron has it at the
-same path: **supported** (same name, every Megatron parameter accepted), **partial** (exists, some
-parameters missing; they are listed), **default only** (a config field accepted only at its
-default value, with a clear error otherwise), or **not supported**. Without megatron-core (or with
-another version than the committed table's) the committed table is kept as it is.
+The first sections come from the compat package alone: Megatron-only config fields, names tutorials
+use that Megatron never had, misuse errors, Megatron-LM flags gigatron accepts as no-ops or refuses.
+The API coverage table needs megatron-core (`make oracle`, `PYTHONPATH=.venv-oracle`; CPU is
+enough): for every public class / function defined in the listed `megatron.core` modules, and every
+field of `ModelParallelConfig` / `TransformerConfig`, it says whether gigatron has it at the same
+path: **supported** (same name, every Megatron parameter accepted), **partial** (exists, some
+parameters missing; they are listed), **default only** (a config field accepted only at its default
+value, with a clear error otherwise), or **not supported**. Without megatron-core (or with another
+version than the committed table's) the committed table is kept as it is.
 
 The committed table is of megatron-core 0.20 (no wheel yet): made from a Megatron-LM checkout with
 `--megatron-source DIR`, which imports `DIR/megatron/core` ahead of any installed megatron-core
@@ -300,9 +300,19 @@ _MISUSE = [
     "schedule's num_microbatches ...` | `num_microbatches=accumulation_steps`; average the "
     "reports |",
     "| `torch.cuda.set_device`, `.cuda()`, nccl, `torch.cuda.device_count()` as world size, run "
-    "through `python -m gigatron.compat.megatron` without CUDA | the launcher adds a RuntimeError "
-    'naming the script\'s CUDA lines and the CPU path | gloo, `int(os.environ["WORLD_SIZE"])`, '
-    "CPU tensors, `use_cpu_initialization=True` |",
+    "through `python -m gigatron.compat.megatron` without CUDA | when the traceback shows a CUDA "
+    "call of the script failed, the launcher adds a RuntimeError naming the line it stopped at, "
+    "all of the script's CUDA lines and the CPU path (an error that only mentions CUDA passes "
+    'through unchanged) | gloo, `int(os.environ["WORLD_SIZE"])`, CPU tensors, '
+    "`use_cpu_initialization=True` |",
+    "| a model with dropout run without `model_parallel_cuda_manual_seed` (taken for a GPU-only "
+    "call) | `ValueError: cuda rng state model-parallel-rng is not added: call tensor_parallel."
+    "model_parallel_cuda_manual_seed(seed) ...` | call it after `initialize_model_parallel`, "
+    "before building the model, on CPU too |",
+    "| `import megatron.core` in plain `python` / `torchrun` (no launcher) | `ModuleNotFoundError: "
+    "No module named 'megatron'` (gigatron ships no top-level `megatron` package) | "
+    "`python -m gigatron.compat.megatron script.py` (also `-m MODULE`, `-c CODE`), "
+    "`torchrun ... -m gigatron.compat.megatron script.py`, or `gigatron.core` imports |",
     "",
     "Mistakes in how a hand-built program sets up parallelism (config sizes that are not "
     "`parallel_state`'s, `pre_process` / `post_process` on every stage, a dense spec with experts, "

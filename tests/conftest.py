@@ -1,7 +1,18 @@
 import os
+import sys
 
 import pytest
 import torch
+
+from tests._paths import MEGATRON_ORACLE
+
+# megatron-core, the parity oracle, lives outside the venv (`make oracle`, requirements-oracle.txt):
+# on sys.path for this session only. Spawned ranks inherit sys.path; a test that starts a fresh
+# interpreter and needs the oracle passes its env through `tests._paths.with_oracle`.
+if MEGATRON_ORACLE.is_dir():
+    sys.path.append(str(MEGATRON_ORACLE))
+elif os.environ.get("MEGATRON_ORACLE"):
+    raise pytest.UsageError(f"MEGATRON_ORACLE={MEGATRON_ORACLE} is no folder (`make oracle`)")
 
 # Single-threaded torch keeps spawned-rank tests from oversubscribing the 2 CI cores.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

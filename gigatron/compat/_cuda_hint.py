@@ -4,8 +4,12 @@ Megatron's examples assume GPUs: `torch.cuda.set_device(local_rank)`, `model.cud
 `init_process_group("nccl")`, `world_size = torch.cuda.device_count()`. Without CUDA these fail
 with messages that do not say what to change ("Torch not compiled with CUDA enabled", "module
 'torch._C' has no attribute '_cuda_setDevice'", or, with a world size of 0, an error far from the
-cause). The launcher knows there is no GPU, so it adds one hint naming the CPU path and the lines
-of the script that call CUDA.
+cause). The launcher knows there is no GPU, so it adds one hint naming the CPU path and every
+line of the script that calls CUDA (the run stops at the first; the others fail next).
+
+Whether a CUDA call failed is read from the traceback, never from the message: an error that
+only mentions CUDA (`cuda rng state ... is not added`, a TypeError naming torch.cuda.amp) is
+the script's own mistake and passes through unchanged.
 """
 
 from __future__ import annotations
@@ -14,13 +18,12 @@ import os
 import re
 import traceback
 
-# a message, or a line of the script in the traceback, that comes from a CUDA / NCCL call (whole
-# words: `model_parallel_cuda_manual_seed` in a message is no CUDA call)
-_CUDA_TEXT = re.compile(r"\b(cuda|nccl|nvidia|gpus?)\b|ProcessGroupNCCL", re.IGNORECASE)
-# source lines worth pointing at in the script
+# source lines of the script that call CUDA / NCCL
 _CUDA_CALL = re.compile(
-    r"\.cuda\(|torch\.cuda\.|device=['\"]cuda|['\"]nccl['\"]|device_count\(|cuda_device"
+    r"\.cuda\(|torch\.cuda\.|device=['\"]cuda|\.to\(['\"]cuda|['\"]nccl['\"]|device_count\("
+    r"|cuda_device"
 )
+_SHOWN = 20  # CUDA lines listed at most
 
 CPU_PATH = (
     "take the CPU path: skip torch.cuda.set_device and .cuda() (or guard them with "
@@ -31,50 +34,83 @@ CPU_PATH = (
 )
 
 
-def _mentions_cuda(script: str, err: BaseException) -> bool:
-    """`err` (or its cause) says CUDA / NCCL, was raised inside torch.cuda, or passed through a
-    line of `script` that calls them (library frames are not read: their CUDA branches are
-    not taken on the CPU)."""
-    script = os.path.abspath(script)
+def _in_package(filename: str, *parts: str) -> bool:
+    path = filename.replace("\\", "/")
+    return any(f"/{p}/" in path for p in parts)
+
+
+def _failed_cuda_line(frames, source: str, lines: list[str]) -> int | None:
+    """The script's line where a CUDA call failed: torch.cuda raised (lazy init, set_device) below
+    it, or the script's innermost line calls CUDA and only torch ran after it (nccl in
+    init_process_group, a CUDA generator built in C). None when no CUDA call failed."""
+    own = [i for i, f in enumerate(frames) if os.path.abspath(f.filename) == source]
+    if not own:
+        return None
+    last = own[-1]
+    lineno = frames[last].lineno or 0
+    if any(_in_package(f.filename, "torch/cuda") for f in frames):
+        return lineno
+    text = lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+    below = frames[last + 1 :]
+    if _CUDA_CALL.search(text) and all(_in_package(f.filename, "torch") for f in below):
+        return lineno
+    return None
+
+
+def _world_from_device_count(frames, calls: list[tuple[int, str]]) -> bool:
+    """The script takes its world size from torch.cuda.device_count() (0 here) and the error
+    comes from setting up the process group or the model-parallel groups."""
+    if not any("device_count(" in text for _, text in calls):
+        return False
+    return any(
+        _in_package(f.filename, "torch/distributed")
+        or f.filename.replace("\\", "/").endswith("gigatron/core/parallel_state.py")
+        for f in frames
+    )
+
+
+def _chain(err: BaseException):
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if _CUDA_TEXT.search(str(err)):
-            return True
-        for frame in traceback.extract_tb(err.__traceback__):
-            if "/torch/cuda/" in frame.filename.replace("\\", "/"):
-                return True
-            if os.path.abspath(frame.filename) == script and _CUDA_TEXT.search(frame.line or ""):
-                return True
+        yield err
         err = err.__cause__ or err.__context__
-    return False
 
 
-def _cuda_lines(script: str) -> list[str]:
-    try:
-        with open(script, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    return [
-        f"line {i}: {text.strip()}"
+def cuda_hint(script: str, err: BaseException, source_text: str | None = None) -> str | None:
+    """The hint for `err` raised by `script` (a file, or `source_text` run under that name, as
+    `-c` does) on a machine without CUDA, or None when no CUDA call of the script failed."""
+    if source_text is None:
+        try:
+            with open(script, encoding="utf-8") as f:
+                source_text = f.read()
+        except (OSError, UnicodeDecodeError):
+            source_text = ""
+    lines = source_text.splitlines()
+    calls = [
+        (i, text.strip())
         for i, text in enumerate(lines, 1)
         if _CUDA_CALL.search(text) and not text.lstrip().startswith("#")
     ]
-
-
-def cuda_hint(script: str, err: BaseException) -> str | None:
-    """The hint for `err` raised by `script` on a machine without CUDA, or None when `err`
-    does not come from a CUDA call (nor from a world size of 0 read from device_count())."""
-    calls = _cuda_lines(script)
-    from_device_count = any("device_count(" in line for line in calls)
-    if not (_mentions_cuda(script, err) or from_device_count):
+    source = os.path.abspath(script)
+    where = None
+    for e in _chain(err):
+        frames = traceback.extract_tb(e.__traceback__)
+        failed = _failed_cuda_line(frames, source, lines)
+        if failed is not None:
+            where = f" It stopped at line {failed}."
+        elif _world_from_device_count(frames, calls):
+            n = next(i for i, text in calls if "device_count(" in text)
+            where = f" Its world size is torch.cuda.device_count() (line {n}), 0 here."
+        if where is not None:
+            break
+    if where is None:
         return None
-    where = ""
     if calls:
-        shown = calls[:6] + ([f"... {len(calls) - 6} more"] if len(calls) > 6 else [])
-        where = f" {script} calls CUDA at " + "; ".join(shown) + "."
+        shown = [f"line {i}: {text}" for i, text in calls[:_SHOWN]]
+        more = [f"... {len(calls) - _SHOWN} more"] if len(calls) > _SHOWN else []
+        where += f" All of {script}'s CUDA lines: " + "; ".join(shown + more) + "."
     return (
-        f"this machine has no CUDA device (torch.cuda.is_available() is False) and the script "
-        f"failed with {type(err).__name__}.{where} To run it here, {CPU_PATH}"
+        f"this machine has no CUDA device (torch.cuda.is_available() is False) and a CUDA call "
+        f"of the script failed with {type(err).__name__}.{where} To run it here, {CPU_PATH}"
     )

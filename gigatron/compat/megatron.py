@@ -1,15 +1,21 @@
 """Run scripts written for `megatron.core` on gigatron, unchanged.
 
     python -m gigatron.compat.megatron my_script.py --flags ...        # one process
+    python -m gigatron.compat.megatron -m package.module ... / -c "code"  # as python's -m / -c
     torchrun --nproc-per-node 2 -m gigatron.compat.megatron my_script.py ...
+
+Alone (no torchrun) it sets what torchrun sets for one process (RANK=0, LOCAL_RANK=0,
+WORLD_SIZE=1, MASTER_ADDR=127.0.0.1, a free MASTER_PORT) unless WORLD_SIZE is already set.
 
 or, inside Python, `import gigatron.compat.megatron as m; m.install()` before the script's own
 imports. After `install()`, `import megatron.core.X` and `import megatron.training.X` resolve to
 `gigatron.core.X` and `gigatron.training.X` (the same module objects). Nothing named `megatron`
 is touched unless this module is used, so gigatron installs beside the real megatron-core.
 A `megatron` module gigatron does not provide fails with ImportError naming it. On a machine
-without CUDA, a script that fails in a CUDA call (`torch.cuda.set_device`, `.cuda()`, nccl, a
-world size from `torch.cuda.device_count()`) gets a hint naming the CPU path (`_cuda_hint`).
+without CUDA, a script whose CUDA call fails (`torch.cuda.set_device`, `.cuda()`, nccl, a world
+size from `torch.cuda.device_count()`; read from the traceback) gets a hint naming the CPU path
+(`_cuda_hint`). Without this launcher (or `install()`), `import megatron` is Python's own
+ModuleNotFoundError: gigatron ships no top-level `megatron` package.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import runpy
 import sys
 import types
@@ -113,25 +120,71 @@ def _is_alias(module) -> bool:
     return name.startswith("gigatron") or name == "megatron" and not hasattr(module, "__file__")
 
 
+_USAGE = "usage: python -m gigatron.compat.megatron (SCRIPT.py | -m MODULE | -c CODE) [args ...]"
+
+
+def _single_process_env() -> None:
+    """Run alone (no torchrun): the environment torchrun gives one process, so that
+    init_process_group's env:// rendezvous works unchanged. A launcher's values are kept."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    import socket
+
+    with socket.socket() as s:  # a free port, as torchrun --standalone picks one
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    defaults = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m gigatron.compat.megatron SCRIPT.py [script args ...]")
+        print(_USAGE)
         return 0 if argv else 2
+    first = argv[0]
+    if first in ("-c", "-m") and len(argv) < 2:
+        print(f"gigatron.compat.megatron: error: argument expected for {first}\n{_USAGE}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if first.startswith("-") and first not in ("-c", "-m"):
+        print(f"gigatron.compat.megatron: error: unknown option {first} (the options are -m MODULE "
+              f"and -c CODE, as python's; a script's own flags go after it)\n{_USAGE}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     install()
-    script, rest = argv[0], argv[1:]
-    sys.argv = [script, *rest]
+    _single_process_env()
+    source_text = None
+    if first == "-c":
+        source_text, rest = argv[1], argv[2:]
+        name = "<string>"
+        sys.argv = ["-c", *rest]
+        code = compile(source_text, name, "exec")
+        run = lambda: exec(code, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
+    elif first == "-m":
+        module, rest = argv[1], argv[2:]
+        spec = importlib.util.find_spec(module)
+        name = spec.origin if spec is not None and spec.origin else module
+        sys.argv = [name, *rest]
+        run = lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        name, rest = first, argv[1:]
+        sys.argv = [name, *rest]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(name)))  # as `python SCRIPT.py`
+        run = lambda: runpy.run_path(name, run_name="__main__")
     try:
-        runpy.run_path(script, run_name="__main__")
+        run()
     except Exception as err:
-        hint = _no_cuda_hint(script, err)
+        hint = _no_cuda_hint(name, err, source_text)
         if hint is None:
             raise
         raise RuntimeError(f"gigatron.compat.megatron: {hint}") from err
     return 0
 
 
-def _no_cuda_hint(script: str, err: Exception) -> str | None:
+def _no_cuda_hint(script: str, err: Exception, source_text: str | None = None) -> str | None:
     """On a machine without CUDA, what to change when `err` comes from the script's CUDA calls."""
     import torch
 
@@ -139,7 +192,7 @@ def _no_cuda_hint(script: str, err: Exception) -> str | None:
         return None
     from gigatron.compat._cuda_hint import cuda_hint
 
-    return cuda_hint(script, err)
+    return cuda_hint(script, err, source_text)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@
    DEMO_DIR/curves.png, when tensorboard and matplotlib are installed (`make setup` installs both).
 
 Every step is skipped when its output already exists, so a second `make train` resumes training
-from the checkpoint instead of starting over. Settings: environment variables DEMO_ITERS,
-DEMO_DIR, DEMO_NPROC.
+from the checkpoint instead of starting over; when the checkpoint already holds DEMO_ITERS
+iterations it says so in one line and only samples (`DEMO_ITERS=800 make train` trains on,
+`make train-fresh` starts over). Settings: environment variables DEMO_ITERS, DEMO_DIR,
+DEMO_NPROC.
 """
 
 from __future__ import annotations
@@ -85,6 +87,17 @@ def _model_flags(prefix: Path, tokenizer: Path, ckpt: Path, out: Path, iters: in
     )
 
 
+def trained_iterations(ckpt: Path) -> int | None:
+    """The iteration of the demo's last checkpoint (Megatron's tracker file), None without one."""
+    from gigatron.training.checkpoint_files import TRACKER_FNAME
+
+    try:
+        text = (ckpt / TRACKER_FNAME).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
 def _can_plot() -> bool:
     import importlib.util
 
@@ -117,7 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     curves = _can_plot()
     if curves:
         flags += ["--tensorboard-dir", str(out / "tensorboard")]
-    _run(torchrun + ["-m", "gigatron.training.pretrain_gpt", *flags], env=env)
+    done = trained_iterations(ckpt)
+    if done is not None and done >= iters:
+        _log(
+            f"{ckpt} already holds iteration {done} (DEMO_ITERS={iters}): no training this time. "
+            f"`DEMO_ITERS={done + iters} make train` trains on from it, `make train-fresh` starts "
+            "over"
+        )
+    else:
+        _run(torchrun + ["-m", "gigatron.training.pretrain_gpt", *flags], env=env)
     prompt = "def read_config(path):\n"
     _run(torchrun + ["-m", "gigatron.cli", "generate", "--load", str(ckpt),
                      "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
@@ -125,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                      "--top-k", "20", "--temperature", "0.8", "--seed", "7"], env=env)  # fmt: skip
     if curves:
         _run(cli + ["plot", str(out / "tensorboard"), "--out", str(out / "curves.png")])
-    _log(f"done: checkpoint in {ckpt}; `make train` again continues from it (raise DEMO_ITERS)")
+    _log(f"done: checkpoint in {ckpt}; `DEMO_ITERS=<more> make train` trains on from it")
     return 0
 
 

@@ -1,8 +1,8 @@
 """`gigatron train` / `python -m gigatron.training.pretrain_gpt`: Megatron's pretrain_gpt.py.
 
 Accepts Megatron's flags (see `gigatron.training.arguments`). Launch under `torchrun` for
-several ranks; without GPUs it runs on CPU through gloo. With no flags at all it runs the
-built-in demo (`gigatron.training.demo`), which is what `make train` does.
+several ranks; without GPUs it runs on CPU through gloo. `--demo` (alone) runs the built-in
+demo (`gigatron.training.demo`), which is what `make train` does; no flags at all is an error.
 """
 
 from __future__ import annotations
@@ -131,10 +131,18 @@ train_valid_test_datasets_provider.is_distributed = True
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
+    if argv == ["--demo"]:
         from gigatron.training import demo
 
         return demo.main([])
+    if not argv:  # no silent multi-minute demo: say what to pass
+        print(
+            "gigatron train: error: no flags given: pass Megatron's pretrain_gpt.py flags "
+            "(`gigatron train --help`), or --demo for the built-in demo that `make train` runs "
+            "(minutes)",
+            file=sys.stderr,
+        )
+        return 2
     pretrain(
         train_valid_test_datasets_provider,
         model_provider,

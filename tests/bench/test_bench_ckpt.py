@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests._paths import REPO
+from tests._paths import REPO, with_oracle
 
 ROOT = str(REPO)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -22,7 +22,7 @@ from gigatron.core.dist_checkpointing import ShardedTensor  # noqa: E402
 
 
 def _run(*argv) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = with_oracle(dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
     env.pop("WORLD_SIZE", None)
     proc = subprocess.run(
         [sys.executable, "bench/bench_ckpt.py", *argv],

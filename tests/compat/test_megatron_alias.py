@@ -1,5 +1,6 @@
 """The opt-in `megatron` alias: off by default, resolves to the same gigatron modules when on."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -60,3 +61,62 @@ def test_runs_a_script(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "tp 1 ['--x', '1']"
+
+
+def _launch(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gigatron.compat.megatron", *args],
+        capture_output=True, text=True, timeout=120, cwd=cwd, env=env,
+    )  # fmt: skip
+
+
+def test_dash_c_runs_code_with_python_argv():
+    r = _launch("-c", "import sys\nfrom megatron.core import parallel_state\nprint(sys.argv)", "a")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['-c', 'a']"
+
+
+def test_dash_m_runs_a_module(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "job.py").write_text(
+        "import sys\nfrom megatron.core import parallel_state\n"
+        "if __name__ == '__main__':\n    print('job', sys.argv[1:])\n"
+    )
+    r = _launch("-m", "pkg.job", "--x", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "job ['--x']"
+
+
+def test_unknown_option_is_one_line():
+    r = _launch("--nproc-per-node", "2", "script.py")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "unknown option --nproc-per-node" in r.stderr.splitlines()[0]
+
+
+def test_one_process_gets_torchrun_environment(tmp_path):
+    script = tmp_path / "init.py"
+    script.write_text(
+        "import torch.distributed as dist\nfrom megatron.core import parallel_state\n"
+        "dist.init_process_group('gloo')\nparallel_state.initialize_model_parallel()\n"
+        "print('world', dist.get_world_size(), 'rank', dist.get_rank())\n"
+        "dist.destroy_process_group()\n"
+    )
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in keys}
+    r = _launch(str(script), env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "world 1 rank 0"
+
+
+def test_missing_seed_call_is_not_blamed_on_cuda(tmp_path):
+    script = tmp_path / "no_seed.py"
+    script.write_text(
+        "from megatron.core.tensor_parallel import get_cuda_rng_tracker\n"
+        "with get_cuda_rng_tracker().fork():\n    pass\n"
+    )
+    r = _launch(str(script))
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert "model_parallel_cuda_manual_seed(seed)" in last and "needed on CPU too" in last, last
+    assert "no CUDA device" not in r.stderr

@@ -22,15 +22,18 @@ pytestmark = pytest.mark.multirank
 ROOT = REPO
 
 
-def _torchrun(nproc: int, *args: str, timeout: int = 150, gpu: bool = False) -> str:
+def _torchrun(nproc: int, *args: str, timeout: int = 150, gpu: bool = False, cwd=ROOT,
+              quiet: bool = False) -> str:  # fmt: skip
+    """stdout of `torchrun args`; `quiet`: stderr holds no Python warning either."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if not gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks over gloo
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", *args]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
+    assert not quiet or "Warning" not in proc.stderr, proc.stderr[-3000:]
     return proc.stdout
 
 
@@ -40,13 +43,15 @@ def _losses(out: str) -> list[float]:
 
 @pytest.mark.timeout(180)
 def test_simple_mcore_train_loop_through_alias(tmp_path):
-    script = "examples/run_simple_mcore_train_loop.py"
-    out = _torchrun(2, "-m", "gigatron.compat.megatron", script, "--ckpt-dir", str(tmp_path / "c"))
+    """Without warnings, and by default into its own folder under runs/ (not learn.md's ckpt/)."""
+    script = os.path.join(ROOT, "examples", "run_simple_mcore_train_loop.py")
+    out = _torchrun(2, "-m", "gigatron.compat.megatron", script, cwd=tmp_path, quiet=True)
     losses = _losses(out)
     assert len(losses) == 5, out
     assert losses[-1] < losses[0], losses
     assert "loaded back equal" in out
-    assert (tmp_path / "c" / "metadata.json").exists()
+    assert (tmp_path / "runs" / "run_simple_mcore_train_loop" / "metadata.json").exists()
+    assert not (tmp_path / "ckpt").exists()
 
 
 @pytest.mark.gpu

@@ -95,7 +95,10 @@ class CudaRNGStatesTracker:
         """Run the block on state `name`, then store its advanced state and restore the caller's."""
         if name not in self.states_:
             raise ValueError(
-                f"cuda rng state {name} is not added (call model_parallel_cuda_manual_seed first)"
+                f"cuda rng state {name} is not added: call tensor_parallel."
+                "model_parallel_cuda_manual_seed(seed) once after initialize_model_parallel and "
+                "before building the model (it seeds each rank's model-parallel RNG; needed on CPU "
+                "too, despite its name)"
             )
         orig = _get_cuda_rng_state()
         _set_cuda_rng_state(self.states_[name])

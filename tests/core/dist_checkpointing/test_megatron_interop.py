@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from tests._paths import FIXTURES as FIXTURE_ROOT
-from tests._paths import REPO
+from tests._paths import REPO, with_oracle
 
 pytestmark = pytest.mark.multirank
 
@@ -253,7 +253,7 @@ def _launch(worker: str, world: int, tmp_path, *extra: str) -> list[str]:
         f"import sys; from tests.core.dist_checkpointing.test_megatron_interop import {worker}; "
         f"{worker}(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:])"
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = with_oracle(dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
     logs = [tempfile.TemporaryFile() for _ in range(world)]
     procs = [
         subprocess.Popen(

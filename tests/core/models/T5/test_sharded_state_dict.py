@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from gigatron.testing import run_distributed
-from tests._paths import FIXTURES, REPO
+from tests._paths import FIXTURES, REPO, with_oracle
 from tests.core.models._sharded_structure import describe, differences
 from tests.core.models.bert.test_sharded_state_dict import _layout  # key -> global shape
 
@@ -374,7 +374,7 @@ def test_t5_checkpoint_interop_with_megatron_core(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", code + "w(sys.argv[1])", str(tmp_path)],
         cwd=root,
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+        env=with_oracle(dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")),
         capture_output=True,
         text=True,
         timeout=220,
