@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
+from gigatron.core.untrusted_pickle import StateCheckingUnpickler
+
 _CTX = None
 # Imported once by the forkserver, so every rank forked from it starts with them loaded: a rank
 # that imports the models, optimizer, checkpointing and training itself pays ~0.3 s each (about
@@ -103,8 +105,10 @@ def _storage_from_bytes(data: bytes):
         ) from None
 
 
-class _ResultUnpickler(pickle.Unpickler):
-    """Unpickler whose `find_class` builds only allow-listed globals (plus `extra`)."""
+class _ResultUnpickler(StateCheckingUnpickler):
+    """Unpickler whose `find_class` builds only allow-listed globals (plus `extra`); its BUILD
+    sets state only on objects the result itself created (never on an allowed class or
+    function, which would change it for the whole test process)."""
 
     def __init__(self, file, extra: dict[tuple[str, str], Any]):
         super().__init__(file)

@@ -35,6 +35,7 @@ import shutil
 
 from gigatron.core.dist_checkpointing import CheckpointingException
 from gigatron.core.dist_checkpointing.core import check_is_distributed_checkpoint
+from gigatron.core.untrusted_files import UntrustedFileError, read_text
 
 TRACKER_FNAME = "latest_checkpointed_iteration.txt"
 CHECKPOINT_VERSION = 3.0
@@ -66,8 +67,10 @@ def read_tracker(root: str) -> tuple[int, bool] | None:
     path = os.path.join(root, TRACKER_FNAME)
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        text = f.read().strip()
+    try:  # a regular file of at most a few bytes: never a link to /dev/zero, never a FIFO
+        text = read_text(path, what="checkpoint tracker", max_bytes="tracker").strip()
+    except UntrustedFileError as e:
+        raise CheckpointingException(f"{e}: the tracker is damaged") from None
     if text == "release":
         return 0, True
     try:
@@ -236,3 +239,24 @@ def tracked_dir(root: str, *, warn: bool = True) -> str | None:
     saved args) goes through this, so all of them see the same checkpoint."""
     found = read_tracker(root)
     return None if found is None else resolve(root, *found, warn=warn)
+
+
+_ITER_DIR = re.compile(r"^iter_(\d{7,})$")
+
+
+def newest_complete_before(root: str, iteration: int | None) -> int | None:
+    """The newest iteration under `root` older than `iteration` (any, if None) whose directory
+    is a complete checkpoint (its `metadata.json` is valid); None when there is none."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return None
+    found = []
+    for entry in entries:
+        m = _ITER_DIR.match(entry.name)
+        if m and (iteration is None or int(m.group(1)) < iteration):
+            found.append(int(m.group(1)))
+    for n in sorted(found, reverse=True):
+        if check_is_distributed_checkpoint(checkpoint_dir(root, n)):
+            return n
+    return None

@@ -247,7 +247,10 @@ def load_checkpoint(
     root = getattr(args, load_arg, None)
     if not root:
         raise ValueError(f"args.{load_arg} ({root!r}) must name a checkpoint directory")
-    found = cs.read_tracker(root)
+    try:
+        found = cs.read_tracker(root)
+    except CheckpointingException as e:
+        raise _damaged(e, root, None) from None
     if found is None and getattr(args, "exit_on_missing_checkpoint", False):
         raise CheckpointingException(
             f"--exit-on-missing-checkpoint: no {cs.TRACKER_FNAME} in --load {root}"
@@ -257,37 +260,39 @@ def load_checkpoint(
             print(f"WARNING: no {cs.TRACKER_FNAME} in {root}; starting from scratch", flush=True)
         return 0, 0
     iteration, release = found
-    ckpt_dir = commit.resolve(root, iteration, release, warn=_rank() == 0)
-    if not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
-        raise CheckpointingException(
-            f"tracker {cs.TRACKER_FNAME} points at {ckpt_dir}, which is missing or incomplete "
-            "(no valid metadata.json)"
-        )
-    finetune = bool(getattr(args, "finetune", False)) or release
-    with_optim = not finetune and not getattr(args, "no_load_optim", False)
-    with_rng = not finetune and not getattr(args, "no_load_rng", False)
-    saved_args = dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")
-    if not finetune and saved_args is not None:  # Megatron's check, before any tensor is read
-        ca.check_checkpoint_args(saved_args, args, where=ckpt_dir)
-    _check_parts_saved(ckpt_dir, with_optim, with_rng)
-    if with_rng and not _rng_layout_matches(ckpt_dir):
-        with_rng = False
-        if _rank() == 0:
-            print("WARNING: parallel layout changed since the save; RNG states not loaded")
-    from gigatron.core.dist_checkpointing.strategies.torch import read_dcp_metadata
+    try:  # a damaged file: name the older complete iteration the user can load instead
+        ckpt_dir = commit.resolve(root, iteration, release, warn=_rank() == 0)
+        if not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
+            raise CheckpointingException(_incomplete(ckpt_dir))
+        finetune = bool(getattr(args, "finetune", False)) or release
+        with_optim = not finetune and not getattr(args, "no_load_optim", False)
+        with_rng = not finetune and not getattr(args, "no_load_rng", False)
+        saved_args = dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")
+        if not finetune and saved_args is not None:  # Megatron's check, before any tensor is read
+            ca.check_checkpoint_args(saved_args, args, where=ckpt_dir)
+        _check_parts_saved(ckpt_dir, with_optim, with_rng)
+        if with_rng and not _rng_layout_matches(ckpt_dir):
+            with_rng = False
+            if _rank() == 0:
+                print("WARNING: parallel layout changed since the save; RNG states not loaded")
+        from gigatron.core.dist_checkpointing.strategies.torch import read_dcp_metadata
 
-    keys = read_dcp_metadata(ckpt_dir).state_dict_metadata
-    request = _sharded_state(
-        model, optimizer, opt_param_scheduler, with_optim=with_optim, with_rng=with_rng,
-        legacy_moe_layout=legacy_moe.uses_legacy_moe_layout(keys),
-    )  # fmt: skip
-    strictness = getattr(args, "dist_ckpt_strictness", None) or (
-        "assume_ok_unexpected" if strict else "log_unexpected"
-    )
-    state = dist_checkpointing.load(
-        request, ckpt_dir, strict=strictness,
-        verify_integrity=bool(getattr(args, "ckpt_verify_integrity", False)),
-    )  # fmt: skip
+        keys = read_dcp_metadata(ckpt_dir).state_dict_metadata
+        request = _sharded_state(
+            model, optimizer, opt_param_scheduler, with_optim=with_optim, with_rng=with_rng,
+            legacy_moe_layout=legacy_moe.uses_legacy_moe_layout(keys),
+        )  # fmt: skip
+        strictness = getattr(args, "dist_ckpt_strictness", None) or (
+            "assume_ok_unexpected" if strict else "log_unexpected"
+        )
+        state = dist_checkpointing.load(
+            request, ckpt_dir, strict=strictness,
+            verify_integrity=bool(getattr(args, "ckpt_verify_integrity", False)),
+        )  # fmt: skip
+    except CheckpointingException as e:
+        if not _is_damage(e):
+            raise
+        raise _damaged(e, root, None if release else iteration) from None
     override = with_optim and getattr(opt_param_scheduler, "override_opt_param_scheduler", False)
     flags_lr = _lr_bounds(optimizer) if override else None  # before the saved groups replace them
     try:
@@ -310,6 +315,40 @@ def load_checkpoint(
     )
     _say(line)
     return state["iteration"], state.get("num_floating_point_operations_so_far", 0)
+
+
+def _incomplete(ckpt_dir: str) -> str:
+    from gigatron.core.dist_checkpointing.core import maybe_load_config
+
+    try:
+        maybe_load_config(ckpt_dir)
+        reason = "no metadata.json"
+    except CheckpointingException as e:
+        reason = str(e)
+    return (
+        f"tracker {cs.TRACKER_FNAME} points at {ckpt_dir}, which is missing or incomplete "
+        f"({reason})"
+    )
+
+
+# what the messages of a damaged or refused file say (not a user's flag mismatch)
+_DAMAGE = ("damaged", "missing or incomplete", "only a regular file", "-byte limit", "outside")
+
+
+def _is_damage(e: CheckpointingException) -> bool:
+    return any(word in str(e) for word in _DAMAGE)
+
+
+def _damaged(e: CheckpointingException, root: str, iteration) -> CheckpointingException:
+    """`e`, plus the newest complete checkpoint older than `iteration` the user could load."""
+    older = commit.newest_complete_before(root, iteration)
+    if older is None:
+        return CheckpointingException(f"{e}; no older complete checkpoint under {root}")
+    name = os.path.basename(cs.checkpoint_dir(root, older))
+    return CheckpointingException(
+        f"{e}; {name} is complete: write {older} into {get_checkpoint_tracker_filename(root)} "
+        "to load it"
+    )
 
 
 def _say(line: str) -> None:

@@ -100,3 +100,15 @@ def test_other_classes_need_safe_globals():
         _load_result(data)
     got = _load_result(data, safe_globals=[_Report])
     assert got.loss == 1.0 and got.grads["w"].tolist() == [1.0, 1.0]
+
+
+def test_a_result_cannot_set_state_on_an_allowed_function():
+    fn = torch._utils._rebuild_tensor_v2
+    name = b"\x8c\x0ctorch._utils\x8c\x12_rebuild_tensor_v2\x93"  # STACK_GLOBAL
+    payload = b"\x80\x04" + name + b"}\x8c\x08poisonedK\x01sb."  # BUILD {"poisoned": 1}
+    try:
+        with pytest.raises(pickle.UnpicklingError, match="BUILD on the function"):
+            _load_result(payload)
+        assert not hasattr(fn, "poisoned")
+    finally:
+        fn.__dict__.pop("poisoned", None)

@@ -11,6 +11,12 @@ import json
 import os
 
 from gigatron.core.dist_checkpointing.core import CONFIG_FNAME, CheckpointingException
+from gigatron.core.untrusted_files import (
+    UntrustedFileError,
+    confined_path,
+    open_regular_file,
+    read_text,
+)
 
 MANIFEST_FNAME = "integrity_sha256.json"
 
@@ -19,7 +25,7 @@ __all__ = ["MANIFEST_FNAME", "verify_manifest", "write_manifest"]
 
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular_file(path, what="checkpoint file") as f:  # never a FIFO or a device
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
@@ -48,20 +54,23 @@ def verify_manifest(checkpoint_dir: str) -> None:
     """Raise CheckpointingException naming the first file whose hash differs or is absent."""
     path = os.path.join(checkpoint_dir, MANIFEST_FNAME)
     try:
-        with open(path) as f:
-            manifest = json.load(f)
-        files = manifest["files"]
+        manifest = json.loads(read_text(path, what="integrity manifest", max_bytes="json_small"))
+        files = dict(manifest["files"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointingException(
             f"{path}: integrity manifest missing or unreadable ({e})"
-        ) from e
+        ) from None
     for name, digest in sorted(files.items()):
-        full = os.path.join(checkpoint_dir, name)
-        if not os.path.exists(full):
-            raise CheckpointingException(
-                f"{checkpoint_dir}: file {name} listed in {MANIFEST_FNAME} is missing"
-            )
-        if _sha256(full) != digest:
+        try:  # a name inside the manifest stays inside the checkpoint, a regular file
+            full = confined_path(checkpoint_dir, name, what="file", source=path)
+            if not os.path.exists(full):
+                raise CheckpointingException(
+                    f"{checkpoint_dir}: file {name} listed in {MANIFEST_FNAME} is missing"
+                )
+            actual = _sha256(full)
+        except UntrustedFileError as e:
+            raise CheckpointingException(str(e)) from None
+        if actual != digest:
             raise CheckpointingException(
                 f"{checkpoint_dir}: {name} fails its SHA-256 check: the checkpoint is damaged"
             )

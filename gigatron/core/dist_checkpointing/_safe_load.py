@@ -13,6 +13,9 @@ process-wide); gigatron keeps the list local to its own loads instead.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
+import importlib
 import io
 import pathlib
 import pickle
@@ -22,6 +25,7 @@ import numpy as np
 import torch
 
 from gigatron.core.dist_checkpointing.core import CheckpointingException
+from gigatron.core.untrusted_pickle import StateCheckingUnpickler
 
 __all__ = ["SAFE_GLOBALS", "add_safe_globals", "restricted_pickle_load", "safe_torch_load"]
 
@@ -62,7 +66,7 @@ def safe_torch_load(f, *, what: str) -> object:
     # Only add what is not registered yet: leaving the context removes what it added, and must
     # not unregister globals other libraries (e.g. megatron-core) registered process-wide.
     registered = torch.serialization.get_safe_globals()
-    extra = [g for g in SAFE_GLOBALS if g not in registered]
+    extra = [_torch_safe_global(g) for g in SAFE_GLOBALS if g not in registered]
     try:
         with torch.serialization.safe_globals(extra):
             return torch.load(f, map_location="cpu", weights_only=True)
@@ -77,6 +81,23 @@ def safe_torch_load(f, *, what: str) -> object:
             f"{what} is damaged (truncated or not a torch file): {type(e).__name__}: "
             f"{_first_line(e)}"
         ) from None
+
+
+def _torch_safe_global(g):
+    """An enum class is allowed through a function that calls it, under the class's name.
+
+    torch's weights-only unpickler lets BUILD set state on any object whose type is allowed;
+    an enum's members are process-wide singletons (`Color(1)` returns the one member), so with
+    the class itself allowed a pickle could rename or revalue a member for the whole process.
+    Calling the function still returns the member; its type is no longer on the list, so BUILD
+    on it is refused."""
+    if not (isinstance(g, type) and issubclass(g, enum.Enum)):
+        return g
+
+    def member(*args):
+        return g(*args)
+
+    return (member, f"{g.__module__}.{g.__qualname__}")
 
 
 def _first_line(e: BaseException) -> str:
@@ -129,8 +150,16 @@ _METADATA_ALLOWED = frozenset(
 )  # fmt: skip
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Builds only the allow-listed globals; never imports a module the list does not name."""
+class _MetadataUnpickler(StateCheckingUnpickler):
+    """Builds only the allow-listed globals; never imports a module the list does not name.
+    BUILD sets state only on DCP data objects this load created (never on a class, a function
+    or an enum member, which would change them for the whole process)."""
+
+    def may_set_state(self, obj, state) -> bool:
+        if type(obj) not in _METADATA_CLASSES and type(obj) is not _Placeholder:
+            return False
+        # the (dict, slots) form would `setattr` through the class's descriptors
+        return isinstance(state, dict) or hasattr(type(obj), "__setstate__")
 
     def find_class(self, module: str, name: str):
         if (module, name) in _METADATA_ALLOWED:
@@ -147,6 +176,20 @@ class _MetadataUnpickler(pickle.Unpickler):
         ):
             return _Placeholder  # megatron-core's data-less marker classes (MCoreMetadata, ...)
         raise pickle.UnpicklingError(f"global '{module}.{name}' is forbidden in DCP metadata")
+
+
+def _metadata_classes() -> frozenset:
+    """The DCP dataclasses of the allow-list (the only objects BUILD may set state on)."""
+    out = set()
+    for module, name in _METADATA_ALLOWED:
+        if module.startswith(_DCP):
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj):
+                out.add(obj)
+    return frozenset(out)
+
+
+_METADATA_CLASSES = _metadata_classes()
 
 
 class _Placeholder:

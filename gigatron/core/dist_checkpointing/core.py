@@ -11,6 +11,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields
 
+from gigatron.core.untrusted_files import UntrustedFileError, read_text
+
 CONFIG_FNAME = "metadata.json"
 
 __all__ = [
@@ -42,9 +44,10 @@ def maybe_load_config(checkpoint_dir: str) -> CheckpointingConfig | None:
     path = os.path.join(str(checkpoint_dir), CONFIG_FNAME)
     if not checkpoint_dir or not os.path.exists(path):
         return None
-    try:
-        with open(path) as f:
-            raw = json.load(f)
+    try:  # a regular file within the small-JSON limit (never /dev/zero, never a FIFO)
+        raw = json.loads(read_text(path, what="checkpoint config", max_bytes="json_small"))
+    except UntrustedFileError as e:
+        raise CheckpointingException(f"{e}: damaged checkpoint") from None
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointingException(f"{path} is not valid JSON ({e}): damaged checkpoint") from e
     if not isinstance(raw, dict) or "sharded_backend" not in raw:

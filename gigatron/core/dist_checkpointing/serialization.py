@@ -54,6 +54,7 @@ from gigatron.core.dist_checkpointing.validation import (
     parse_strict_flag,
     validate_sharding_integrity,
 )
+from gigatron.core.untrusted_files import UntrustedFileError, open_regular_file
 
 logger = logging.getLogger(__name__)
 
@@ -367,7 +368,11 @@ def load_common_state_dict(checkpoint_dir: str | Path) -> StateDict:
     _verify_checkpoint(checkpoint_dir)
     path = os.path.join(checkpoint_dir, COMMON_STATE_FNAME)
     if os.path.exists(path):
-        with open(path, "rb") as f:
+        try:  # a regular file within the common.pt limit (never a FIFO or a device)
+            f = open_regular_file(path, what="common state", max_bytes="common_pt")
+        except UntrustedFileError as e:
+            raise CheckpointingException(str(e)) from None
+        with f:
             return safe_torch_load(f, what=path)
     keys = [
         k

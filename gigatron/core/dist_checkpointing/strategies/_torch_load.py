@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import io
 import math
-import os
 from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import FileSystemReader, Metadata
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint.api import CheckpointException as DCPCheckpointException
+from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -36,22 +36,38 @@ from gigatron.core.dist_checkpointing.core import CheckpointingException
 from gigatron.core.dist_checkpointing.mapping import (
     ShardedTensor,
 )
+from gigatron.core.untrusted_files import (
+    UntrustedFileError,
+    check_regular_file,
+    confined_path,
+    open_regular_file,
+)
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """FileSystemReader whose `.metadata` unpickling is restricted to DCP's classes."""
+    """FileSystemReader whose `.metadata` unpickling is restricted to DCP's classes, and whose
+    files are regular files inside the checkpoint directory, read within the sizes declared."""
 
     def read_metadata(self, *args, **kwargs):
         from torch.distributed.checkpoint.metadata import StorageMeta
 
         path = self._get_metadata_path(kwargs.get("rank"))
         try:
-            with self.fs.create_stream(path, "rb") as f:
-                metadata = restricted_pickle_load(f, what=f"DCP metadata {path}")
+            f = open_regular_file(path, what="DCP metadata", max_bytes="dcp_metadata")
         except FileNotFoundError as e:
             raise CheckpointingException(
                 f"{path} is missing: not a torch_dist checkpoint or an unfinished save"
             ) from e
+        except UntrustedFileError as e:
+            raise CheckpointingException(f"{e}: the checkpoint is damaged") from None
+        with f:
+            metadata = restricted_pickle_load(f, what=f"DCP metadata {path}")
+        if not isinstance(metadata, Metadata):
+            raise CheckpointingException(
+                f"DCP metadata {path} holds {_kind(metadata)}, not torch.distributed.checkpoint "
+                "Metadata: the checkpoint is damaged or not a torch_dist checkpoint"
+            )
+        _check_storage_data(metadata, self.path, path)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -68,7 +84,7 @@ class SafeFileSystemReader(FileSystemReader):
                 item
             )
         for relative_path, items in per_file.items():
-            path = self.fs.concat_path(self.path, relative_path)
+            path = self._data_path(relative_path)
             self._check_size(path, items)
             try:
                 super().read_data(replace(plan, items=items), planner).wait()
@@ -83,20 +99,68 @@ class SafeFileSystemReader(FileSystemReader):
         fut.set_result(None)
         return fut
 
+    def _data_path(self, relative_path: str) -> str:
+        """The data file a `.metadata` entry names, confined to the checkpoint directory."""
+        try:
+            return confined_path(self.path, relative_path, what="data file",
+                                 source=f"DCP metadata {self._get_metadata_path()}")  # fmt: skip
+        except UntrustedFileError as e:
+            raise CheckpointingException(str(e)) from None
+
     def _check_size(self, path, items: list[ReadItem]) -> None:
         need = max(self.storage_data[i.storage_index].offset
                    + self.storage_data[i.storage_index].length for i in items)  # fmt: skip
         try:
-            size = os.path.getsize(path)
+            size = check_regular_file(path, what="checkpoint data file")
         except OSError as e:
             raise CheckpointingException(
                 f"{path} is missing or unreadable: the checkpoint is damaged ({e.strerror})"
             ) from None
+        except UntrustedFileError as e:
+            raise CheckpointingException(f"{e}: the checkpoint is damaged") from None
         if size < need:
             raise CheckpointingException(
                 f"{path} is damaged: truncated to {size} bytes, the checkpoint's metadata needs "
                 f"at least {need}"
             )
+
+
+def _kind(value) -> str:
+    return "None" if value is None else f"a {type(value).__module__}.{type(value).__qualname__}"
+
+
+def _check_storage_data(metadata: Metadata, root, path: str) -> None:
+    """Every data file `.metadata` names lies inside `root` (no absolute path, no `..`, no
+    symlink out), and every byte range it declares is a non-negative offset and length."""
+    storage = metadata.storage_data
+    if storage is None:
+        return
+    if not isinstance(storage, dict):
+        raise CheckpointingException(
+            f"DCP metadata {path} holds storage data of {_kind(storage)}, not a dict: the "
+            "checkpoint is damaged"
+        )
+    names = set()
+    for index, info in storage.items():
+        if not isinstance(info, _StorageInfo):
+            raise CheckpointingException(
+                f"DCP metadata {path}: the storage entry of {getattr(index, 'fqn', index)!r} is "
+                f"{_kind(info)}, not a data file range: the checkpoint is damaged"
+            )
+        for field in ("offset", "length"):
+            value = getattr(info, field)
+            if type(value) is not int or value < 0:
+                raise CheckpointingException(
+                    f"DCP metadata {path} declares {field} {value!r} in {info.relative_path!r} "
+                    f"for {getattr(index, 'fqn', index)!r}: a byte {field} is an integer >= 0; "
+                    "the checkpoint is damaged"
+                )
+        names.add(info.relative_path)
+    for name in sorted(names, key=str):
+        try:
+            confined_path(root, name, what="data file", source=f"DCP metadata {path}")
+        except UntrustedFileError as e:
+            raise CheckpointingException(str(e)) from None
 
 
 def _first_line(e: BaseException) -> str:
