@@ -101,7 +101,7 @@ def _shared_embedding_weight(model: list, ps):
     if ps.get_pipeline_model_parallel_world_size() == 1 or not ps.is_rank_in_embedding_group():
         return None
     module = _embedding_stage_module(model, ps)
-    if module is None:
+    if module is None or not hasattr(module, "shared_embedding_or_output_weight"):
         return None  # not a Megatron-style language model: nothing is tied
     weight = module.shared_embedding_or_output_weight()
     tied = getattr(module, "share_embeddings_and_output_weights", False)
