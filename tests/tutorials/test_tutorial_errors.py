@@ -7,8 +7,9 @@ KeyError (1, 0) at construction; a (8, 64)-vs-(64, 8, h) shape error, or a buffe
 a garbage header ("Storage size calculation overflowed"); CP and dense-MoE models built without a
 word; one unknown field per TypeError; a bare "cannot import name 'MoEMLP'"; a bare TypeError
 for `/`; masked_fill_'s "only supports boolean masks" deep in attention; a checkpoint saved
-over differing replicas; the BERT sample index looping forever (the launch times out); AttributeError "_cuda_setDevice" without a hint; the T5 tokenizer error naming
-pretrain_bert.py; no --vocab-extra-ids flag; --attention-dropout accepted under CP.
+over differing replicas; the BERT sample index looping forever (the launch times out);
+AttributeError "_cuda_setDevice" without a hint; the T5 tokenizer error naming pretrain_bert.py;
+no --vocab-extra-ids flag; --attention-dropout accepted under CP.
 """
 
 from __future__ import annotations
