@@ -29,6 +29,11 @@ from megatron.core.tokenizers import MegatronTokenizer
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch.utils.data import DataLoader, default_collate
 
+try:  # gigatron: every component draws its weights from its own seed (not in megatron-core)
+    from megatron.core.layout_invariant_init import set_layout_invariant_init_seed
+except ImportError:  # megatron-core: each stage's layers come from its own point of the stream
+    set_layout_invariant_init_seed = None
+
 SEQ_LENGTH, MICRO_BATCH_SIZE, NUM_MICROBATCHES, VOCAB_SIZE = 32, 4, 2, 64
 USE_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda") if USE_CUDA else torch.device("cpu")
@@ -44,6 +49,10 @@ def initialize_distributed(tp: int, pp: int, seed: int = 1234) -> None:
     )
     torch.manual_seed(seed)  # the same on every rank: replicated weights start equal
     model_parallel_cuda_manual_seed(seed)  # TP-sharded weights: one stream per TP rank
+    if set_layout_invariant_init_seed is not None:
+        # the embedding, layer n and the output layer are drawn from (seed, their name) with
+        # use_cpu_initialization: the same full model at every TP x PP layout
+        set_layout_invariant_init_seed(seed)
 
 
 def model_provider() -> GPTModel:
@@ -168,7 +177,7 @@ def main():
         finalize_model_grads([ddp_model])  # DP grad all-reduce, tied embedding grads across PP
         update_successful, grad_norm, _ = optimizer.step()
         if loss is not None:
-            print_once(f"step {step}: loss {loss:.4f} grad norm {float(grad_norm):.4f}")
+            print_once(f"step {step}: loss {loss:.6f} grad norm {float(grad_norm):.6f}")
 
     if args.save:
         if torch.distributed.get_rank() == 0:

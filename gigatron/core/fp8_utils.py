@@ -21,7 +21,9 @@ amax reduced over the TP group where the tensor is split, so TP never changes th
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -107,11 +109,38 @@ def _same_tensorwise(c1: Fp8Cast, c2: Fp8Cast) -> bool:
     return c1 == c2 and c1.dtype is not None and not c1.rowwise
 
 
+class _TorchaoImportNoise(logging.Filter):
+    """Drops what importing torchao logs on every run and no user can act on: one "Failed to
+    load .../torchao/_C_...so" line per GPU-only kernel library (mxfp8, cutlass), and torch's
+    deprecation line about torchao registering an Enum with the pytree. Everything else passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Failed to load ") and "/_C" in message and ".so" in message:
+            return False
+        return not (record.name == "torch.utils._pytree" and "is an Enum subclass" in message)
+
+
+@contextlib.contextmanager
+def _quiet_torchao_import():
+    """Attach _TorchaoImportNoise to the two loggers while torchao is first imported."""
+    noise = _TorchaoImportNoise()
+    loggers = [logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")]
+    for log in loggers:
+        log.addFilter(noise)
+    try:
+        yield
+    finally:
+        for log in loggers:
+            log.removeFilter(noise)
+
+
 def _torchao():
     """torchao's float8 modules, or one clear error naming the extra."""
     try:
-        from torchao.float8 import config as ao_config
-        from torchao.float8 import float8_ops, float8_utils
+        with _quiet_torchao_import():
+            from torchao.float8 import config as ao_config
+            from torchao.float8 import float8_ops, float8_utils
     except ImportError as e:
         raise ImportError(
             f"FP8 training needs torchao: pip install 'gigatron[fp8]' (import failed: {e})"

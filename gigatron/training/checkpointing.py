@@ -304,8 +304,7 @@ def load_checkpoint(
             group.update(bounds)
         opt_param_scheduler.step(increment=0)
     if finetune:
-        _say(f"loaded the weights of {ckpt_dir} (saved at iteration {state['iteration']}) for a "
-             "fine-tune (--finetune): iteration 0, fresh optimizer, scheduler and RNG")  # fmt: skip
+        _say(_weights_only_line(ckpt_dir, state.get("iteration", 0), release, optimizer))
         return 0, 0
     for name in ("consumed_train_samples", "consumed_valid_samples"):
         if saved_args is not None and hasattr(saved_args, name):
@@ -349,6 +348,17 @@ def _damaged(e: CheckpointingException, root: str, iteration) -> CheckpointingEx
         f"{e}; {name} is complete: write {older} into {get_checkpoint_tracker_filename(root)} "
         "to load it"
     )
+
+
+def _weights_only_line(ckpt_dir: str, iteration: int, release: bool, optimizer) -> str:
+    """What a weights-only load did: a release checkpoint (what `gigatron convert` writes) is
+    just weights; only a training run (an optimizer) starts over from them."""
+    what = "a release checkpoint" if release else f"saved at iteration {iteration}"
+    line = f"loaded the weights of {ckpt_dir} ({what})"
+    if optimizer is None:  # generation, evaluation: nothing else to restore
+        return line
+    why = "a release checkpoint starts a new run" if release else "--finetune"
+    return f"{line}: iteration 0, fresh optimizer, scheduler and RNG ({why})"
 
 
 def _say(line: str) -> None:

@@ -2,6 +2,7 @@
 parallel linears, minus the first / last layers under first_last_layers_bf16; never the output
 layer. A config with fp8 off imports no torchao."""
 
+import os
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  #
 from gigatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear  # noqa: E402
 from gigatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 from tests._one_rank import one_rank_fixtures  # noqa: E402
+from tests._paths import REPO  # noqa: E402
 
 gloo_world, single_rank = one_rank_fixtures()
 
@@ -66,3 +68,31 @@ def test_rowwise_recipe_on_a_torch_without_cpu_row_scales_is_refused_by_name(mon
         fp8_utils.get_fp8_recipe(cfg)
     cfg.fp8_recipe = "tensorwise"
     assert fp8_utils.get_fp8_recipe(cfg).name == "tensorwise"
+
+
+def test_torchao_import_prints_no_failed_kernel_library_lines():
+    """torchao logs one "Failed to load .../_C_mxfp8...so" line per GPU-only kernel library at
+    import; FP8 runs import it through fp8_utils, which drops exactly those lines."""
+    pytest.importorskip("torchao")
+    code = "from gigatron.core.fp8_utils import _torchao; _torchao(); print('imported')"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and "imported" in proc.stdout, proc.stderr
+    assert "Failed to load" not in proc.stderr, proc.stderr
+    assert "is an Enum subclass" not in proc.stderr, proc.stderr
+
+
+def test_the_torchao_import_filter_drops_only_its_import_noise():
+    import logging
+
+    from gigatron.core.fp8_utils import _TorchaoImportNoise
+
+    def record(name, message):
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, message, None, None)
+
+    noise = _TorchaoImportNoise()
+    assert not noise.filter(record("torchao", "Failed to load /x/torchao/_C_mxfp8.so: no GPU"))
+    assert noise.filter(record("torchao", "Skipping import of cpp extensions due to ..."))
+    assert noise.filter(record("torchao", "Failed to load config.json"))

@@ -1,7 +1,8 @@
 """`gigatron generate` smoke test on a tiny model: save a TP = 2 checkpoint (GQA + RoPE +
 SwiGLU, NullTokenizer), then `generate --load DIR --prompt ... --greedy` (model flags and
 tokenizer read from the checkpoint) under TP = 2 gives the tokens the in-memory model gave,
-and so does a one-process run (TP = 1, resharded); PP > 1 is a clear error."""
+and so does a one-process run (TP = 1, resharded), also from the checkpoint laid out as a
+converted (release) one, which loads without a word of fine-tuning; PP > 1 is a clear error."""
 
 import contextlib
 import io
@@ -60,6 +61,19 @@ def _generate_one_process(ckpt_dir):
     return [r.generated_tokens for r in results], out.getvalue()
 
 
+def _as_release(ckpt_dir):
+    """The layout `gigatron convert hf-to-gigatron` writes: `release/` and tracker 'release'."""
+    import os
+
+    from gigatron.training.checkpoint_files import TRACKER_FNAME
+
+    with open(os.path.join(ckpt_dir, TRACKER_FNAME)) as f:
+        iteration = int(f.read().strip())
+    os.rename(os.path.join(ckpt_dir, f"iter_{iteration:07d}"), os.path.join(ckpt_dir, "release"))
+    with open(os.path.join(ckpt_dir, TRACKER_FNAME), "w") as f:
+        f.write("release")
+
+
 @pytest.mark.timeout(300)
 def test_generate_cli_tp2_and_tp1_from_checkpoint(tmp_path):
     ckpt = str(tmp_path / "ckpt")
@@ -72,3 +86,10 @@ def test_generate_cli_tp2_and_tp1_from_checkpoint(tmp_path):
     tokens_tp1, printed_tp1 = run_distributed(_generate_one_process, 1, args=(ckpt,))[0]
     assert tokens_tp1 == ref
     assert "TP=1" in printed_tp1
+    assert "fine-tune" not in printed_tp1, printed_tp1
+    # a converted (release) checkpoint: its weights, with no word of fine-tuning
+    _as_release(ckpt)
+    tokens_release, printed_release = run_distributed(_generate_one_process, 1, args=(ckpt,))[0]
+    assert tokens_release == ref
+    assert "release checkpoint" in printed_release, printed_release
+    assert "fine-tune" not in printed_release and "--finetune" not in printed_release

@@ -153,7 +153,8 @@ def test_a_different_model_is_refused_unless_finetune_or_use_checkpoint_args(tmp
     assert "num_query_groups" not in heads[2]  # derived from the heads without GQA
     _one_error_line(*rope[::2], "position_embedding_type rope (checkpoint: learned_absolute)")
     assert finetune[0] == 0 and list(_lrs(finetune[1])) == [1], finetune[2]
-    loaded = f"loaded the weights of {ckpt}/iter_0000003 (saved at iteration 3) for a fine-tune"
+    loaded = (f"loaded the weights of {ckpt}/iter_0000003 (saved at iteration 3): iteration 0, "
+              "fresh optimizer, scheduler and RNG (--finetune)")  # fmt: skip
     assert loaded in finetune[1]
     assert from_ckpt[0] == 0 and list(_lrs(from_ckpt[1])) == [4], from_ckpt[2]
     line = next(s for s in from_ckpt[1].splitlines() if s.startswith("--use-checkpoint-args"))

@@ -143,6 +143,16 @@ def losses_divided(args):
     return losses_reduced / 4
 
 
+def float_mask(args):
+    """The attention mask built as tutorials draw it, `torch.ones(b, 1, s, s)` (1 = attend):
+    Megatron's masks are bool, True = masked out (None: causal)."""
+    parallel_state.initialize_model_parallel()
+    model_parallel_cuda_manual_seed(1)
+    tokens = next(batches())
+    position_ids = torch.arange(SEQ).expand(MB, -1)
+    gpt(TransformerConfig(**SMALL))(tokens, position_ids, torch.ones(MB, 1, SEQ, SEQ))
+
+
 def replica_differs(args):
     """Each rank seeds its own way (as data-parallel tutorials do to vary the data) and skips
     model_parallel_cuda_manual_seed: TP ranks build different copies of the replicated weights
@@ -194,7 +204,7 @@ def bert_single_sentence(args):
 
 
 _ALL = (pp_config, header, cp_config, cp_dropout, moe_dense_spec, unknown_fields,
-        moe_mlp_import, losses_divided, replica_differs, replica_rounding,
+        moe_mlp_import, losses_divided, float_mask, replica_differs, replica_rounding,
         bert_single_sentence)  # fmt: skip
 MISTAKES = {f.__name__: f for f in _ALL}
 ALONE = {f.__name__: f for f in (pp_defaults, pp_pre_process)}

@@ -6,9 +6,10 @@ Against the code before these messages (git archive of the parent commit) each t
 KeyError (1, 0) at construction; a (8, 64)-vs-(64, 8, h) shape error, or a buffer allocated from
 a garbage header ("Storage size calculation overflowed"); CP and dense-MoE models built without a
 word; one unknown field per TypeError; a bare "cannot import name 'MoEMLP'"; a bare TypeError
-for `/`; a checkpoint saved over differing replicas; the BERT sample index looping forever (the
-launch times out); AttributeError "_cuda_setDevice" without a hint; the T5 tokenizer error naming
-pretrain_bert.py; no --vocab-extra-ids flag; --attention-dropout accepted under CP.
+for `/`; masked_fill_'s "only supports boolean masks" deep in attention; a checkpoint saved
+over differing replicas; the BERT sample index looping forever (the launch times out);
+AttributeError "_cuda_setDevice" without a hint; the T5 tokenizer error naming pretrain_bert.py;
+no --vocab-extra-ids flag; --attention-dropout accepted under CP.
 """
 
 from __future__ import annotations
@@ -128,6 +129,12 @@ def test_moe_mlp_imported_from_mlp(mistakes):
 def test_dividing_the_schedule_losses_points_to_num_microbatches(mistakes):
     _everywhere(mistakes, "losses_divided", "num_microbatches", "one per microbatch",
                 kind="TypeError")  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_a_float_attention_mask_names_the_bool_convention(mistakes):
+    _everywhere(mistakes, "float_mask", "torch.float32", "bool mask", "True where attention is "
+                "masked out", "None for causal", kind="TypeError")  # fmt: skip
 
 
 @pytest.mark.timeout(300)

@@ -1,8 +1,9 @@
 """The tutorial programs of docs/learn.md (examples/tutorials/*.py), written against
 `megatron.core`, run unchanged through `python -m gigatron.compat.megatron` on CPU ranks.
 
-- the simple training loop at TP 2 (saving a distributed checkpoint), PP 2 and TP 2 x PP 2 (both
-  loading it: the reloaded model's loss equals the saved one's at the other layout);
+- the simple training loop at TP 2 (saving a distributed checkpoint), PP 2 (the same losses and
+  grad norms as TP 2 from the same initial weights) and PP 2 and TP 2 x PP 2 loading it (the
+  reloaded model's loss equals the saved one's at the other layout);
 - a hand-built context-parallel model: CP 2 gives the loss of the whole sequence on one rank;
 - MoE with expert parallelism 2: each rank holds 2 of the 4 experts;
 - BERT and T5 from a preprocessed corpus with Megatron's BertWordPieceLowerCase tokenizer.
@@ -41,6 +42,21 @@ def test_gpt_train_loop_tensor_parallel_saves(tp2_checkpoint):
     assert "tp rank 1, pp rank 0, layers [1, 2]" in out, out
     losses = _floats(r"step \d: loss ([0-9.]+)", out)
     assert len(losses) == 4 and losses[-1] < losses[0], losses
+
+
+@pytest.mark.timeout(180)
+def test_gpt_train_loop_pipeline_parallel_trains_as_tensor_parallel(tp2_checkpoint):
+    """docs/learn.md: every layout starts from the same weights and computes the same losses
+    (layer 2 and the output layer of stage 1 are drawn as at PP 1; no dropout)."""
+    _, _, tp2_out = tp2_checkpoint
+    out = launch(2, GPT, "--pp", "2")
+    pattern = r"step \d: loss ([0-9.]+) grad norm ([0-9.]+)"
+    tp2 = [tuple(map(float, m)) for m in re.findall(pattern, tp2_out)]
+    pp2 = [tuple(map(float, m)) for m in re.findall(pattern, out)]
+    assert len(pp2) == len(tp2) == 4, (tp2, pp2)
+    for (loss_tp, norm_tp), (loss_pp, norm_pp) in zip(tp2, pp2):
+        assert loss_pp == pytest.approx(loss_tp, abs=2e-6), (tp2, pp2)
+        assert norm_pp == pytest.approx(norm_tp, abs=2e-6), (tp2, pp2)
 
 
 @pytest.mark.timeout(180)

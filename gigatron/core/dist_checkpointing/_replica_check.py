@@ -84,6 +84,14 @@ def _checksum(data: torch.Tensor) -> torch.Tensor:
     return sums
 
 
+def _is_tied_output_copy(t) -> bool:
+    """A last pipeline stage's tied output weight, saved as a non-main copy of the word
+    embedding (replica id (1, tp, dp): LanguageModule's tying)."""
+    replica_id = getattr(t, "replica_id", 0)
+    first = replica_id[0] if isinstance(replica_id, tuple) and replica_id else replica_id
+    return first == 1 and str(t.key).endswith("word_embeddings.weight")
+
+
 def _comm_device(group) -> torch.device:
     if "nccl" in str(dist.get_backend(group)):
         return torch.device("cuda", torch.cuda.current_device())
@@ -128,27 +136,44 @@ def _projections(data: torch.Tensor) -> list[float]:
 
 def _report(mismatched: list[int], local: dict, group) -> None:
     """Gather names and projections of the differing copies; raise, or warn for drift."""
-    mine = {i: (local[i].key, _projections(local[i].data)) for i in mismatched if i in local}
+    mine = {
+        i: (local[i].key, _projections(local[i].data), _is_tied_output_copy(local[i]))
+        for i in mismatched
+        if i in local
+    }
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, mine, group=group)
-    different, drifted = [], []
+    different, drifted, tied = [], [], []
     for shard in mismatched:
         copies = [(r, got[shard]) for r, got in enumerate(everyone) if shard in got]
-        key, ref = copies[0][1]
-        norm2 = max(max(stats[0] for _, (_, stats) in copies), 1e-30)
+        key, ref, _ = copies[0][1]
+        norm2 = max(max(stats[0] for _, (_, stats, _) in copies), 1e-30)
         # mean squared projection difference estimates ||a - b||^2 (Johnson-Lindenstrauss)
         worst = max(
             sum((a - b) ** 2 for a, b in zip(stats[1:], ref[1:])) / _NUM_PROJECTIONS / norm2
-            for _, (_, stats) in copies
+            for _, (_, stats, _) in copies
         )
         ranks = [r for r, _ in copies]
         entry = f"{key!r} (ranks {ranks}, relative difference ~{math.sqrt(worst):.2g})"
         (different if worst > _DIFFERENT else drifted).append(entry)
+        if worst > _DIFFERENT and any(is_tied for _, (_, _, is_tied) in copies):
+            tied.append(entry)
     if drifted and dist.get_rank() == 0:
         logger.warning(
             "replicated tensors differ across ranks at rounding level (the main replica is "
             "saved): %s",
             "; ".join(drifted[:5]),
+        )
+    if tied:
+        raise CheckpointingException(
+            f"the tied word embedding differs between the pipeline stages that hold it: "
+            f"{'; '.join(tied)}. With share_embeddings_and_output_weights=True the first "
+            "stage's word embedding and the last stage's output-layer copy start equal and "
+            "stay equal only if their gradients are summed over the embedding group before "
+            "each optimizer step; only one copy would be saved. Wrap each model chunk in "
+            "DistributedDataParallel and call finalize_model_grads(model) after the schedule "
+            "(a plain torch optimizer needs finalize_model_grads too), or all-reduce that "
+            "weight's grad over parallel_state.get_embedding_group()"
         )
     if different:
         more = f"; ... {len(different) - 5} more" if len(different) > 5 else ""

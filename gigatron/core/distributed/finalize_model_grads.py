@@ -19,11 +19,15 @@ mirrors `megatron.core.distributed.finalize_model_grads`.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.distributed as dist
 
 from gigatron.core import parallel_state as ps
 from gigatron.core.utils import get_attr_wrapped_model, get_model_config
+
+logger = logging.getLogger(__name__)
 
 
 def _main_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
@@ -90,21 +94,87 @@ def _embedding_stage_module(model: list, ps):
         return None
 
 
-def _allreduce_word_embedding_grads(model: list, ps) -> None:
-    """Sum the shared word-embedding / output weight grad over the embedding group (first and
-    last PP stage by default): tied weights, or word embeddings two stages both embed with."""
+def _shared_embedding_weight(model: list, ps):
+    """(module, weight) of this rank's copy of a weight shared over the embedding group (tied
+    word embedding / output weight, or word embeddings two stages both embed with); None where
+    nothing is shared: one stage, a rank outside the group, or not a language model."""
     if ps.get_pipeline_model_parallel_world_size() == 1 or not ps.is_rank_in_embedding_group():
-        return
+        return None
     module = _embedding_stage_module(model, ps)
-    if module is None:
-        return  # not a Megatron-style language model: nothing is tied
+    if module is None or not hasattr(module, "shared_embedding_or_output_weight"):
+        return None  # not a Megatron-style language model: nothing is tied
     weight = module.shared_embedding_or_output_weight()
     tied = getattr(module, "share_embeddings_and_output_weights", False)
     if weight is None or not (tied or getattr(weight, "shared_embedding", False)):
+        return None
+    return module, weight
+
+
+def _allreduce_word_embedding_grads(model: list, ps) -> None:
+    """Sum the shared word-embedding / output weight grad over the embedding group (first and
+    last PP stage by default): tied weights, or word embeddings two stages both embed with."""
+    shared = _shared_embedding_weight(model, ps)
+    if shared is None:
         return
+    _, weight = shared
     grad = _main_grad(weight)
+    if grad is None and weight.requires_grad:  # a stage without a grad still joins the sum
+        grad = weight.grad = torch.zeros_like(weight)
     if grad is not None:
         dist.all_reduce(grad, group=ps.get_embedding_group())
+
+
+_TIED_CHECK_STEPS = 3  # training steps after which the copies are compared (then never again)
+
+
+def check_tied_embedding_copies(model: list) -> None:
+    """Warn (one line) when the copies of a weight shared over the embedding group differ, e.g.
+    the first stage's word embedding and the last stage's tied output weight of a hand-built
+    loop whose optimizer stepped grads nobody summed. Collective over the embedding group;
+    the schedules call it at the start of each of the first training calls, so it compares
+    the copies after 1 .. _TIED_CHECK_STEPS optimizer steps, stopping at the first warning.
+    Skipped under DDP's overlap_param_gather (parameters are gathered during the forward)."""
+    shared = _shared_embedding_weight(model, ps)
+    if shared is None:
+        return
+    module, weight = shared
+    if any(getattr(getattr(c, "ddp_config", None), "overlap_param_gather", False) for c in model):
+        return
+    calls = module.__dict__.get("_tied_copy_checks", 0)
+    if calls > _TIED_CHECK_STEPS:
+        return
+    module.__dict__["_tied_copy_checks"] = calls + 1
+    if calls == 0:
+        return  # before the first step: the copies start equal (tied at construction)
+    group = ps.get_embedding_group()
+    data = weight.detach().float()
+    stats = torch.stack([data.sum(), torch.linalg.vector_norm(data)]).double()
+    gathered = [torch.empty_like(stats) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, stats, group=group)
+    if all(torch.equal(g, gathered[0]) for g in gathered):
+        return
+    module.__dict__["_tied_copy_checks"] = _TIED_CHECK_STEPS + 1  # warn once
+    ranks = dist.get_process_group_ranks(group)
+    first = data.clone()
+    dist.broadcast(first, src=ranks[0], group=group)
+    diff = float(torch.linalg.vector_norm(data - first))
+    diffs = [torch.zeros(1, dtype=torch.float64, device=data.device) for _ in ranks]
+    dist.all_gather(diffs, torch.tensor([diff], dtype=torch.float64, device=data.device), group)
+    worst = max(float(d) for d in diffs) / max(float(torch.linalg.vector_norm(first)), 1e-30)
+    if dist.get_rank() != ranks[0] or ps.get_tensor_model_parallel_rank() != 0:
+        return
+    if ps.get_data_parallel_rank(with_context_parallel=True) != 0:
+        return
+    steps = "1 training step" if calls == 1 else f"{calls} training steps"
+    logger.warning(
+        "the copies of the tied word-embedding / output weight differ across the pipeline "
+        "stages of the embedding group (ranks %s, relative difference ~%.2g) after %s: their "
+        "gradients were not summed over the embedding group, so each stage trains its own "
+        "copy; wrap each model chunk in DistributedDataParallel and call "
+        "finalize_model_grads(model) before optimizer.step() (with a plain torch optimizer "
+        "too), or all-reduce that weight's grad over parallel_state.get_embedding_group()",
+        ranks, worst, steps,
+    )  # fmt: skip
 
 
 def _position_embedding_weight(module) -> torch.Tensor | None:
@@ -148,6 +218,20 @@ def _allreduce_position_embedding_grads(model: list, ps) -> None:
     dist.all_reduce(grad, group=group)
 
 
+def _check_bare_chunk(index: int, chunk, dp_cp_group) -> None:
+    """A chunk not wrapped in DistributedDataParallel keeps its grads in `.grad`: the TP and
+    embedding all-reduces below handle them, but nothing would average them over data-parallel
+    copies, so more than one copy is refused (the same answer on every rank)."""
+    dp = dist.get_world_size(dp_cp_group) if dp_cp_group is not None else 1
+    if dp > 1:
+        raise ValueError(
+            f"finalize_model_grads: model chunk {index} is a bare {type(chunk).__name__}, not "
+            f"wrapped in DistributedDataParallel, and the data-parallel size is {dp}: its grads "
+            "would not be averaged over the copies; wrap each chunk in "
+            "DistributedDataParallel(config=..., ddp_config=..., module=chunk)"
+        )
+
+
 def _model_config(chunk):
     try:
         return get_model_config(chunk)
@@ -164,7 +248,9 @@ def finalize_model_grads(
     """Finish DP reduction, TP and (position) embedding all-reduces, per-token scaling (module
     doc).
 
-    `model`: list of DDP-wrapped model chunks (one per virtual PP stage).
+    `model`: list of DDP-wrapped model chunks (one per virtual PP stage). A bare module (grads
+    in `.grad`, e.g. stepped by a plain torch optimizer) is accepted when there is one
+    data-parallel copy: its TP and tied-embedding grads are all-reduced as under DDP.
     `num_tokens`: 0-dim/1-element tensor with this rank's token count, or None.
     """
 
@@ -177,8 +263,11 @@ def finalize_model_grads(
         pp_group = ps.get_pipeline_model_parallel_group()
         dp_cp_group = ps.get_data_parallel_group(with_context_parallel=True)
 
-    for chunk in model:
-        chunk.finish_grad_sync(force_all_reduce=force_all_reduce)
+    for index, chunk in enumerate(model):
+        if hasattr(chunk, "finish_grad_sync"):
+            chunk.finish_grad_sync(force_all_reduce=force_all_reduce)
+        else:
+            _check_bare_chunk(index, chunk, dp_cp_group)
     config = _model_config(model[0])
     _allreduce_non_tensor_model_parallel_grads(model, config, tp_group)
     _allreduce_word_embedding_grads(model, ps)
@@ -195,4 +284,9 @@ def finalize_model_grads(
         dist.all_reduce(num_tokens, group=dp_cp_group)
         if num_tokens.item() > 0:
             for chunk in model:
-                chunk.scale_gradients(1.0 / num_tokens.item())
+                if hasattr(chunk, "scale_gradients"):
+                    chunk.scale_gradients(1.0 / num_tokens.item())
+                else:  # a bare module: its grads live in .grad
+                    for param in chunk.parameters():
+                        if param.grad is not None:
+                            param.grad.div_(num_tokens.item())

@@ -19,6 +19,7 @@ import torch
 
 from gigatron.compat.loss_reports import LossReports
 from gigatron.core import parallel_state
+from gigatron.core.distributed.finalize_model_grads import check_tied_embedding_copies
 from gigatron.core.pipeline_parallel._executor import RunSpec, run_table
 from gigatron.core.pipeline_parallel._steps import (  # noqa: F401  (Megatron's public names)
     backward_step,
@@ -183,6 +184,8 @@ def _run(
             recv_shapes, send_shapes = adjust_tensor_shapes_fn(recv_shapes, send_shapes)
         recv_shape, grad_shape = tuple(recv_shapes[0]), tuple(send_shapes[0])
         comm = p2p_communicator or P2PCommunicator(pp_group, config)
+        if not forward_only and pg_collection is None:  # tied copies that drift: one warning
+            check_tied_embedding_copies(models)
 
     steps, warmup = _table(
         kind, config, pp_size, pp_rank, num_microbatches, len(models), forward_only,

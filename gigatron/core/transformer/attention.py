@@ -27,6 +27,7 @@ from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
 from gigatron.core.transformer.transformer_config import MLATransformerConfig  # noqa: F401  (Megatron imports it from here)
+from gigatron.core.transformer.utils import check_attention_mask
 from gigatron.core.utils import divide
 
 
@@ -170,6 +171,7 @@ class Attention(MegatronModule):
         packed_seq_params (thd, b = 1; see gigatron.core.packed_seq_params): RoPE positions
         restart at every document and no token attends to another document's tokens."""
         inference_context = inference_context if inference_context is not None else inference_params
+        check_attention_mask(attention_mask)
         cu_seqlens = None
         if packed_seq_params is not None:
             if self.attention_type != "self" or inference_context is not None:

@@ -31,7 +31,7 @@ from gigatron.core.transformer.transformer_layer import (
     TransformerLayer,
     get_num_layers_to_build,
 )
-from gigatron.core.transformer.utils import sharded_state_dict_default
+from gigatron.core.transformer.utils import check_attention_mask, sharded_state_dict_default
 from gigatron.core.utils import make_viewless_tensor
 
 
@@ -251,6 +251,8 @@ class TransformerBlock(MegatronModule):
             raise ValueError(
                 "extract_layer_indices is not supported by gigatron's TransformerBlock"
             )
+        check_attention_mask(attention_mask)
+        check_attention_mask(context_mask, "context_mask")
         if not self.pre_process:
             hidden_states = self.input_tensor
         if packed_seq_params is not None:  # once per forward: it reads the bounds on the host

@@ -21,6 +21,7 @@ from gigatron.core.utils import (
 
 __all__ = [
     "attention_mask_func",
+    "check_attention_mask",
     "get_default_causal_mask",
     "init_method_normal",
     "make_sharded_object_for_checkpoint",
@@ -47,6 +48,20 @@ def scaled_init_method_normal(sigma: float, num_layers: int, multiplier: float =
 def attention_mask_func(attention_scores: torch.Tensor, attention_mask: torch.Tensor):
     """Megatron's mask function: positions where the bool mask is True get -10000."""
     return attention_scores.masked_fill(attention_mask, -10000.0)
+
+
+def check_attention_mask(attention_mask, name: str = "attention_mask") -> None:
+    """Refuse a mask that is not Megatron's: a bool tensor [b|1, 1, sq, sk], True where a score
+    is masked out (or None: the layer's mask type, causal for GPT). A float or integer mask
+    (`torch.ones(b, 1, s, s)`, 1 = attend) would otherwise fail deep inside attention."""
+    if attention_mask is None or not isinstance(attention_mask, torch.Tensor):
+        return
+    if attention_mask.dtype != torch.bool:
+        raise TypeError(
+            f"{name} has dtype {attention_mask.dtype}; Megatron Core takes a bool mask "
+            "[b|1, 1, sq, sk] with True where attention is masked out, or None for causal "
+            f"attention (a mask of 1 = attend converts with `{name} < 0.5`)"
+        )
 
 
 @functools.lru_cache(maxsize=32)

@@ -17,8 +17,18 @@ from gigatron.core.fusions.chunked_cross_entropy import chunked_linear_cross_ent
 from gigatron.core.models.common.language_module.language_module import LanguageModule
 from gigatron.core.transformer.enums import ModelType
 from gigatron.core.transformer.transformer_block import TransformerBlock
+from gigatron.core.transformer.utils import check_attention_mask
 
 _POSITION_TYPES = ("learned_absolute", "rope", "none")
+
+
+def _check_integer_ids(name: str, ids) -> None:
+    """Token ids, positions and labels index tables: an integer tensor (torch.long), not float."""
+    if isinstance(ids, Tensor) and (ids.is_floating_point() or ids.dtype == torch.bool):
+        raise TypeError(
+            f"{name} has dtype {ids.dtype}; GPTModel takes integer {name} [b, s] (torch.long): "
+            f"pass {name}.long()"
+        )
 
 
 class GPTModel(LanguageModule):
@@ -115,6 +125,10 @@ class GPTModel(LanguageModule):
         runtime_gather_output, context (= `output_processor_context`),
         compute_language_model_loss, scale_logits (identity: no muP) and config; its result is
         the model's output."""
+        check_attention_mask(attention_mask)  # before the embedding's collectives
+        for name, ids in (("input_ids", input_ids), ("position_ids", position_ids),
+                          ("labels", labels)):  # fmt: skip
+            _check_integer_ids(name, ids)
         inference_context = inference_context if inference_context is not None else inference_params
         if inference_context is not None:  # KV-cache decoding: positions continue the cache
             position_ids = _inference_position_ids(self, inference_context, input_ids, position_ids)
