@@ -7,7 +7,8 @@ a crash harmless (`checkpoint_files` has the details): every rank writes its par
 barrier, and only then rank 0 fsyncs it, renames it to `iter_N/` (an existing `iter_N/` is first
 renamed aside, deleted after the tracker moved) and replaces the tracker file atomically (temp
 file, fsync, rename). No save writes into a directory the tracker can name, so a save killed at
-any point leaves a complete checkpoint under the tracked iteration.
+any point leaves a complete checkpoint under the tracked iteration. One job saves into a root
+at a time: rank 0 holds `<save>/.gigatron-save.lock` (`lock_save_dir`), a second job is refused.
 
 Flags (read from the args object, or passed as keyword overrides): `save`, `load`,
 `async_save`, `no_save_optim` / `no_save_rng` (the optimizer + scheduler / RNG states are left

@@ -47,7 +47,6 @@ from gigatron.core.dist_checkpointing.mapping import (
     StateDict,
 )
 from gigatron.core.dist_checkpointing.strategies import torch as torch_dist
-from gigatron.core.dist_checkpointing.strategies._torch_save import write_on_every_rank
 from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
 from gigatron.core.dist_checkpointing.validation import (
     StrictHandling,
@@ -216,7 +215,7 @@ def save(
         validate_sharding_integrity(global_md)
         check_replicas_equal(tensors, process_group)
     common_path = os.path.join(checkpoint_dir, COMMON_STATE_FNAME)
-    write_on_every_rank(
+    torch_dist.write_on_every_rank(
         lambda: rank == 0 and _atomic_torch_save(_common_part(sd), common_path),
         checkpoint_dir,
         process_group,
@@ -235,10 +234,10 @@ def save(
                     _integrity.write_manifest(checkpoint_dir)
                 save_config(CheckpointingConfig(*_BACKEND), checkpoint_dir)
 
-        write_on_every_rank(config, checkpoint_dir, process_group)
+        torch_dist.write_on_every_rank(config, checkpoint_dir, process_group)
 
     if not async_sharded_save:
-        write_on_every_rank(pending.write, checkpoint_dir, process_group)
+        torch_dist.write_on_every_rank(pending.write, checkpoint_dir, process_group)
         finalize()
         return None
     pending.stage()
