@@ -42,7 +42,12 @@ from gigatron.convert.hf_config import (
 )
 from gigatron.convert.hf_io import HFReader, iter_planned, write_safetensors
 from gigatron.core import dist_checkpointing
-from gigatron.training.checkpoint_files import CHECKPOINT_VERSION, TRACKER_FNAME
+from gigatron.training.checkpoint_files import (
+    CHECKPOINT_VERSION,
+    TRACKER_FNAME,
+    lock_save_dir,
+    unlock_save_dir,
+)
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -167,6 +172,16 @@ def convert_hf_to_gigatron(
     ckpt_dir = os.path.join(out_dir, "release")
     scratch = os.path.join(out_dir, _SCRATCH)
     args = _checkpoint_args(spec, hf_dir, tp, pp, ep, make_vocab_size_divisible_by)
+    taken = lock_save_dir(out_dir)  # one writer per save root: a job saving there is refused
+    try:
+        _write_release(out_dir, hf_dir, ckpt_dir, scratch, spec, reader, recipes, args)
+    finally:
+        if taken:
+            unlock_save_dir(out_dir)
+    return spec
+
+
+def _write_release(out_dir, hf_dir, ckpt_dir, scratch, spec, reader, recipes, args) -> None:
     os.makedirs(ckpt_dir, exist_ok=True)
     try:
         tensors = megatron_tensors(reader, recipes, scratch)
@@ -187,7 +202,6 @@ def convert_hf_to_gigatron(
     copy_side_files(hf_dir, out_dir)
     with open(os.path.join(out_dir, FLAGS_FNAME), "w") as f:
         f.write(" ".join(training_flags(args, out_dir)) + "\n")
-    return spec
 
 
 def _unwrap(chunk):

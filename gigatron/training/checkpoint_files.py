@@ -12,7 +12,8 @@ broadcasts:
   `iter_N/`              the published checkpoint, only ever created by a rename
   `iter_N.old-<token>/`  an existing `iter_N/`, moved aside while the new one is renamed in
 
-1. `prepare` (rank 0, before any rank writes): repair and remove what crashed saves left
+1. `prepare` (rank 0, before any rank writes): take the save directory's lock
+   (`lock_save_dir`: one job per save root), repair and remove what crashed saves left
    (`repair_leftovers`), then create the empty staging directory.
 2. Every rank writes into staging; DCP's `.metadata`, then `metadata.json` complete it.
 3. Barrier: every rank's files are complete.
@@ -29,12 +30,19 @@ complete copy is `iter_N.old-<token>/`: `resolve` (load) reads that copy and `re
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
+import socket
+import sys
+import time
 
 from gigatron.core.dist_checkpointing import CheckpointingException
-from gigatron.core.dist_checkpointing.core import check_is_distributed_checkpoint
+from gigatron.core.dist_checkpointing.core import (
+    check_is_distributed_checkpoint,
+    describe_write_error,
+)
 from gigatron.core.untrusted_files import UntrustedFileError, read_text
 
 TRACKER_FNAME = "latest_checkpointed_iteration.txt"
@@ -88,7 +96,15 @@ STAGING_TAG = ".tmp-"
 ASIDE_TAG = ".old-"
 _LEFTOVER = re.compile(r"^(iter_\d{7,})(\.tmp-|\.old-)[0-9a-f]+$")
 
-__all__ = ["prepare", "publish", "repair_leftovers", "resolve", "staging_dir"]
+__all__ = [
+    "lock_save_dir",
+    "prepare",
+    "publish",
+    "repair_leftovers",
+    "resolve",
+    "staging_dir",
+    "unlock_save_dir",
+]
 
 
 def staging_dir(root: str, iteration: int, token: str) -> str:
@@ -181,9 +197,83 @@ def repair_leftovers(root: str) -> None:
         _fsync_dir(root)
 
 
-def prepare(root: str, iteration: int, token: str) -> str:
-    """Rank 0: create `root` if needed, repair leftovers, make the empty staging dir."""
+LOCK_FNAME = ".gigatron-save.lock"
+_HELD: dict[str, int] = {}  # realpath of a save root -> the open file holding its lock
+
+
+def lock_save_dir(root: str) -> bool:
+    """Hold `<root>/.gigatron-save.lock` for this process, or refuse: one job per save root.
+
+    Two jobs saving into one root replace each other's `iter_N/` and tracker, so the first
+    writer takes an exclusive `flock` on the lock file and keeps it until it calls
+    `unlock_save_dir` or dies (the kernel drops it with the process, so a killed job leaves no
+    stale lock). The file records who holds it (host, pid, start time, command) for the
+    refusal. Idempotent within a process. A filesystem without `flock` (some network mounts)
+    gets one warning and no lock. Readers (`--load`) take no lock. True when this call took
+    the lock (False: this process held it already, or the filesystem has no flock).
+    """
     os.makedirs(root, exist_ok=True)
+    key = os.path.realpath(root)
+    if key in _HELD:
+        return False
+    path = os.path.join(root, LOCK_FNAME)
+    try:  # O_NOFOLLOW: a symlink planted under that name is not followed elsewhere
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise CheckpointingException(
+            f"cannot open the save lock {path}: {describe_write_error(e)}"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_holder(fd)
+        os.close(fd)
+        raise CheckpointingException(
+            f"--save {root} is in use by another job ({holder}): two jobs saving into one "
+            f"directory replace each other's checkpoints; give this job its own --save or stop "
+            f"that one (lock: {path})"
+        ) from None
+    except OSError as e:  # ENOLCK / EOPNOTSUPP: no flock on this filesystem
+        os.close(fd)
+        print(
+            f"WARNING: cannot lock {path} ({describe_write_error(e)}): nothing stops another job "
+            f"from saving into {root}",
+            flush=True,
+        )
+        return False
+    _HELD[key] = fd
+    command = " ".join(sys.argv)[:300]
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    line = f"host {socket.gethostname()}, pid {os.getpid()}, since {stamp}, command: {command}\n"
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, line.encode("utf-8", "replace"), 0)
+    except OSError:  # a full disk: the lock holds all the same, only the note is missing
+        pass
+    return True
+
+
+def _read_holder(fd: int) -> str:
+    """The holder's note from the lock file (written by whoever holds it: shown, never run)."""
+    try:
+        raw = os.pread(fd, 1024, 0)
+    except OSError:
+        raw = b""
+    text = raw.decode("utf-8", "replace").split("\n")[0]
+    text = "".join(c if c.isprintable() else "?" for c in text)[:400]
+    return text or "holder unknown: its lock file is empty"
+
+
+def unlock_save_dir(root: str) -> None:
+    """Release this process's lock on `root` (nothing when it holds none). The file stays."""
+    fd = _HELD.pop(os.path.realpath(root), None)
+    if fd is not None:
+        os.close(fd)  # closing the only descriptor drops the flock
+
+
+def prepare(root: str, iteration: int, token: str) -> str:
+    """Rank 0: create `root` if needed, take its lock, repair leftovers, make the staging dir."""
+    lock_save_dir(root)
     repair_leftovers(root)
     path = staging_dir(root, iteration, token)
     os.mkdir(path)

@@ -7,7 +7,8 @@ a crash harmless (`checkpoint_files` has the details): every rank writes its par
 barrier, and only then rank 0 fsyncs it, renames it to `iter_N/` (an existing `iter_N/` is first
 renamed aside, deleted after the tracker moved) and replaces the tracker file atomically (temp
 file, fsync, rename). No save writes into a directory the tracker can name, so a save killed at
-any point leaves a complete checkpoint under the tracked iteration.
+any point leaves a complete checkpoint under the tracked iteration. One job saves into a root
+at a time: rank 0 holds `<save>/.gigatron-save.lock` (`lock_save_dir`), a second job is refused.
 
 Flags (read from the args object, or passed as keyword overrides): `save`, `load`,
 `async_save`, `no_save_optim` / `no_save_rng` (the optimizer + scheduler / RNG states are left
@@ -26,12 +27,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 
 import torch.distributed as dist
 
 from gigatron.compat import legacy_moe_checkpoint as legacy_moe
 from gigatron.core import dist_checkpointing
 from gigatron.core.dist_checkpointing import CheckpointingException
+from gigatron.core.dist_checkpointing.core import describe_write_error
 from gigatron.core.dist_checkpointing.optimizer import (
     load_optimizer_state_dict,
     optimizer_sharded_state_dict,
@@ -52,6 +55,7 @@ __all__ = [
     "get_checkpoint_name",
     "get_checkpoint_tracker_filename",
     "load_args_from_checkpoint",
+    "lock_save_dir",
     "load_checkpoint",
     "maybe_finalize_async_save",
     "read_metadata",
@@ -59,6 +63,7 @@ __all__ = [
 ]
 
 _ASYNC_QUEUE: AsyncCallsQueue | None = None
+_IN_FLIGHT: list = []  # (root, iteration, staging) of the async save not yet finalized
 
 
 def get_checkpoint_tracker_filename(checkpoints_path: str) -> str:
@@ -96,22 +101,44 @@ def _barrier() -> None:
 
 def _on_rank0(fn, what: str):
     """`fn()` on rank 0; every rank returns its result, or raises when it failed (so no rank is
-    left waiting in a collective). Also a barrier: other ranks return after rank 0's `fn`."""
-    result, error = None, None
+    left waiting in a collective). Also a barrier: other ranks return after rank 0's `fn`.
+
+    A CheckpointingException of rank 0, or an OSError (disk full, permissions), is raised on
+    every rank as the same one-line CheckpointingException; any other error (a bug) is raised
+    as is on rank 0 and named on the others."""
+    result, error, line = None, None, None
     if _rank() == 0:
         try:
             result = fn()
         except Exception as e:
-            error = e
+            error, line = e, _user_line(e, what)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        box = [result, None if error is None else f"{type(error).__name__}: {error}"]
+        failure = None if error is None else (line, f"{type(error).__name__}: {error}")
+        box = [result, failure]
         dist.broadcast_object_list(box, src=0)
-        result, message = box
-        if message is not None and error is None:
-            raise CheckpointingException(f"rank 0 failed to {what}: {message}")
+        result, failure = box
+        if failure is not None and error is None:
+            raise CheckpointingException(failure[0] or f"rank 0 failed to {what}: {failure[1]}")
+    if error is not None and line is not None:
+        raise CheckpointingException(line) from error
     if error is not None:
         raise error
     return result
+
+
+def _user_line(err: Exception, what: str) -> str | None:
+    """The one line every rank raises for rank 0's `err`; None for a bug (traceback)."""
+    if isinstance(err, CheckpointingException):
+        return str(err)
+    if isinstance(err, OSError):
+        return f"rank 0 could not {what}: {describe_write_error(err)}"
+    return None
+
+
+def lock_save_dir(root: str) -> None:
+    """Collective: rank 0 takes `<root>/.gigatron-save.lock` for this job's life, or every rank
+    raises the same one-line refusal naming the job that holds it (`checkpoint_files`)."""
+    _on_rank0(lambda: commit.lock_save_dir(root), f"lock {root}")
 
 
 def _prepare_staging(root: str, iteration: int) -> str:
@@ -168,10 +195,29 @@ def maybe_finalize_async_save(blocking: bool = False, terminate: bool = False) -
     """Finish background saves whose writes completed on all ranks (all of them if blocking).
 
     Call it now and then during training and with `blocking=True` before exiting; a save's
-    tracker update happens here.
+    tracker update happens here, and rank 0 prints `published checkpoint at iteration N`.
     """
-    if _ASYNC_QUEUE is not None:
-        _ASYNC_QUEUE.maybe_finalize_async_calls(blocking=blocking or terminate)
+    if _ASYNC_QUEUE is None or not _IN_FLIGHT:
+        return
+    try:
+        done = _ASYNC_QUEUE.maybe_finalize_async_calls(blocking=blocking or terminate)
+    except CheckpointingException as err:  # every rank: the write or the publish failed
+        raise _save_failed(*_IN_FLIGHT.pop(0), err) from err
+    for _ in done:
+        root, iteration, _staging = _IN_FLIGHT.pop(0)
+        _say(f"published checkpoint at iteration {iteration} to {root}")
+
+
+def _save_failed(root: str, iteration: int, staging: str, err: Exception):
+    """Every rank's one line for a save that failed after its staging dir was made. Rank 0
+    removes the partial staging dir (every rank is done with it: the failure was agreed)."""
+    if _rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+    return CheckpointingException(
+        f"could not save iteration {iteration} into {root}: {err}; the partial "
+        f"{os.path.basename(staging)}/ was removed and the checkpoints already published "
+        "there are untouched"
+    )
 
 
 def save_checkpoint(
@@ -185,7 +231,14 @@ def save_checkpoint(
     args=None,
     **_unused,
 ) -> None:
-    """Write `iter_{iteration:07d}/` under `args.save` and then move the tracker to it."""
+    """Write `iter_{iteration:07d}/` under `args.save` and then move the tracker to it.
+
+    With `async_save` the files are written in the background and the checkpoint is only
+    published (renamed into place, tracker moved) by a later `maybe_finalize_async_save`.
+    A write that fails on any rank (disk full, quota, permissions) raises the same one-line
+    CheckpointingException on every rank, naming the directory and the cause; nothing
+    published is touched.
+    """
     global _ASYNC_QUEUE
     args = _args(args)
     if not getattr(args, "save", None):
@@ -194,6 +247,34 @@ def save_checkpoint(
     root = args.save
     token = _prepare_staging(root, iteration)  # the dir exists when any rank gets the token
     staging = commit.staging_dir(root, iteration, token)
+    try:
+        request = _write(iteration, model, optimizer, opt_param_scheduler, args, staging,
+                         num_floating_point_operations_so_far)  # fmt: skip
+    except CheckpointingException as err:
+        raise _save_failed(root, iteration, staging, err) from err
+
+    def update_tracker():
+        _barrier()  # every rank's files and metadata.json are complete
+        _on_rank0(  # rename into place, tracker last
+            lambda: commit.publish(root, iteration, token), f"publish {staging} as {iteration}"
+        )
+
+    if request is None:
+        try:
+            update_tracker()
+        except CheckpointingException as err:
+            raise _save_failed(root, iteration, staging, err) from err
+        return
+    request.add_finalize_fn(update_tracker)
+    if _ASYNC_QUEUE is None:
+        _ASYNC_QUEUE = AsyncCallsQueue()
+    _ASYNC_QUEUE.schedule_async_request(request)
+    _IN_FLIGHT.append((root, iteration, staging))
+
+
+def _write(iteration, model, optimizer, opt_param_scheduler, args, staging, flops):
+    """Every rank writes its part of the checkpoint into `staging` (the data files in the
+    background with `async_save`: the AsyncRequest to schedule, else None)."""
     state = _sharded_state(
         model,
         optimizer,
@@ -205,26 +286,12 @@ def save_checkpoint(
         args=cs.safe_args(args),
         checkpoint_version=cs.CHECKPOINT_VERSION,
         iteration=iteration,
-        num_floating_point_operations_so_far=num_floating_point_operations_so_far,
+        num_floating_point_operations_so_far=flops,
     )
-    request = dist_checkpointing.save(
+    return dist_checkpointing.save(
         state, staging, async_sharded_save=bool(getattr(args, "async_save", False)),
         verify_integrity=bool(getattr(args, "ckpt_verify_integrity", False)),
     )  # fmt: skip
-
-    def update_tracker():
-        _barrier()  # every rank's files and metadata.json are complete
-        _on_rank0(  # rename into place, tracker last
-            lambda: commit.publish(root, iteration, token), f"publish {staging} as {iteration}"
-        )
-
-    if request is None:
-        update_tracker()
-        return
-    request.add_finalize_fn(update_tracker)
-    if _ASYNC_QUEUE is None:
-        _ASYNC_QUEUE = AsyncCallsQueue()
-    _ASYNC_QUEUE.schedule_async_request(request)
 
 
 def load_checkpoint(

@@ -217,7 +217,10 @@ def _save(iteration, model, optimizer, scheduler, flops_so_far) -> None:
         return  # already saved at this step (interval and end of training coincide)
     save_checkpoint(iteration, model, optimizer, scheduler, flops_so_far)
     args.last_saved_iteration = iteration
-    print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
+    if args.async_save:  # written in the background: published (and said so) when finalized
+        print_rank_0(f"scheduled checkpoint at iteration {iteration} to {args.save} (async)")
+    else:
+        print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
 
 
 def _finalize_async_save(blocking: bool) -> None:
@@ -388,6 +391,10 @@ def pretrain(
         args.micro_batch_size,
         args.data_parallel_size,
     )
+    if args.save and not getattr(args, "skip_train", False):
+        from gigatron.training.checkpointing import lock_save_dir
+
+        lock_save_dir(args.save)  # one job per --save: a second one is refused before any work
     tlog.setup_writers(args)
     print_startup_banner(args, build_parser(extra_args_provider))
     model, optimizer, scheduler = setup_model_and_optimizer(model_provider, model_type)
@@ -451,4 +458,8 @@ def pretrain(
     result["history"] = getattr(args, "train_history", [])
     if math.isfinite(flops_so_far):
         result["flops"] = flops_so_far
+    if args.save:  # the job is done with --save (every save published above)
+        from gigatron.training.checkpoint_files import unlock_save_dir
+
+        unlock_save_dir(args.save)
     return result

@@ -129,7 +129,7 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError("disk full")  # ... but the save never finishes
 
     monkeypatch.setattr(torch_strategy.PendingSave, "write", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(dc.CheckpointingException, match="OSError: disk full"):
         ckpt.save_checkpoint(2, model, opt, sched, args=_args(tmp_path))
     monkeypatch.undo()
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "1"

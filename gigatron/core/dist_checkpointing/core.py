@@ -7,6 +7,7 @@ holds `metadata.json` = {"sharded_backend": "torch_dist", "sharded_backend_versi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import asdict, dataclass, fields
@@ -20,6 +21,7 @@ __all__ = [
     "CheckpointingConfig",
     "CheckpointingException",
     "check_is_distributed_checkpoint",
+    "describe_write_error",
     "maybe_load_config",
     "save_config",
 ]
@@ -27,6 +29,22 @@ __all__ = [
 
 class CheckpointingException(Exception):
     """A checkpoint cannot be written or read as asked (the message says which key and why)."""
+
+
+def describe_write_error(err: BaseException) -> str:
+    """`ENOSPC (No space left on device)` for the first OSError in `err`'s chain (torch's zip
+    writer reports a short write as `unexpected pos ...`, its cause is the OSError); the
+    exception's first line when the chain holds none."""
+    seen, e = set(), err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            name = errno.errorcode.get(e.errno, f"errno {e.errno}")
+            where = f" on {e.filename}" if e.filename else ""
+            return f"{name} ({e.strerror or os.strerror(e.errno)}){where}"
+        e = e.__cause__ or e.__context__
+    first = (str(err).strip().splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 @dataclass

@@ -80,11 +80,6 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def _barrier(group=None) -> None:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.barrier(group=group)
-
-
 def _check_strategy(strategy, name: str) -> None:
     if strategy is None:
         return
@@ -220,23 +215,30 @@ def save(
         _, global_md = gather_compact_metadata(tensors, objects, process_group)
         validate_sharding_integrity(global_md)
         check_replicas_equal(tensors, process_group)
-    if rank == 0:
-        _atomic_torch_save(_common_part(sd), os.path.join(checkpoint_dir, COMMON_STATE_FNAME))
+    common_path = os.path.join(checkpoint_dir, COMMON_STATE_FNAME)
+    torch_dist.write_on_every_rank(
+        lambda: rank == 0 and _atomic_torch_save(_common_part(sd), common_path),
+        checkpoint_dir,
+        process_group,
+    )
     threads = getattr(sharded_strategy, "thread_count", 1)  # TorchDistSaveShardedStrategy's
     pending = torch_dist.plan_save(
         tensors, objects, checkpoint_dir, thread_count=threads, group=process_group
     )
 
     def finalize():
-        pending.finalize()  # DCP .metadata on rank 0, then barrier
-        if rank == 0:
-            if verify_integrity:
-                _integrity.write_manifest(checkpoint_dir)
-            save_config(CheckpointingConfig(*_BACKEND), checkpoint_dir)
-        _barrier(process_group)
+        pending.finalize()  # DCP .metadata on rank 0; every rank raises if that failed
+
+        def config():
+            if rank == 0:
+                if verify_integrity:
+                    _integrity.write_manifest(checkpoint_dir)
+                save_config(CheckpointingConfig(*_BACKEND), checkpoint_dir)
+
+        torch_dist.write_on_every_rank(config, checkpoint_dir, process_group)
 
     if not async_sharded_save:
-        pending.write()
+        torch_dist.write_on_every_rank(pending.write, checkpoint_dir, process_group)
         finalize()
         return None
     pending.stage()

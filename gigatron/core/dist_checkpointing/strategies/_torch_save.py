@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.planner import (
 )
 
 from gigatron.core.dist_checkpointing._boxes import box_view, sharded_tensor_boxes
-from gigatron.core.dist_checkpointing.core import CheckpointingException
+from gigatron.core.dist_checkpointing.core import CheckpointingException, describe_write_error
 from gigatron.core.dist_checkpointing.mapping import (
     ShardedObject,
     ShardedTensor,
@@ -124,6 +124,45 @@ def _object_payloads(sharded_objects: list[ShardedObject]) -> dict:
     return out
 
 
+def write_on_every_rank(write, checkpoint_dir: str, group=None) -> None:
+    """This rank's file writes `write()`, then every rank learns whether any rank's failed and
+    raises the same one-line CheckpointingException (ranks, directory, first cause: `ENOSPC
+    (No space left on device)`), so no rank waits in the save's next collective. Also a
+    barrier. A failure without an OSError behind it (a bug) is re-raised as is where it
+    happened."""
+    error = None
+    try:
+        write()
+    except Exception as e:
+        error = e
+    mine = None if error is None else describe_write_error(error)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, mine, group=group)
+    else:
+        everyone = [mine]
+    failed = [(r, m) for r, m in enumerate(everyone) if m is not None]
+    if not failed:
+        return
+    if error is not None and not _has_os_error(error):
+        raise error
+    ranks = ", ".join(str(r) for r, _ in failed)
+    raise CheckpointingException(
+        f"rank{'s' if len(failed) > 1 else ''} {ranks} could not write {checkpoint_dir}: "
+        f"{failed[0][1]}"
+    ) from error
+
+
+def _has_os_error(err: BaseException | None) -> bool:
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 @dataclass
 class PendingSave:
     """A planned save: `write()` does file I/O only; `finalize()` is collective."""
@@ -151,10 +190,12 @@ class PendingSave:
 
     def finalize(self) -> None:
         all_results = _all_gather_object(self.results, self.group)
-        if _rank_world(self.group)[0] == 0:
-            self.writer.finish(metadata=self.metadata, results=all_results)
-        if _rank_world(self.group)[1] > 1:
-            dist.barrier(group=self.group)
+
+        def finish():  # rank 0 writes `.metadata`; every rank raises if that failed
+            if _rank_world(self.group)[0] == 0:
+                self.writer.finish(metadata=self.metadata, results=all_results)
+
+        write_on_every_rank(finish, self.writer.path, self.group)
 
 
 def plan_save(

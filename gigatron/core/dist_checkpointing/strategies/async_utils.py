@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-__all__ = ["AsyncCallsQueue", "AsyncRequest"]
+from gigatron.core.dist_checkpointing.core import CheckpointingException, describe_write_error
+
+__all__ = ["AsyncCallsQueue", "AsyncRequest", "AsyncWriteError"]
+
+
+class AsyncWriteError(CheckpointingException, RuntimeError):
+    """A background write failed on some rank; raised on every rank, nothing finalized."""
 
 
 @dataclass
@@ -89,15 +95,16 @@ class AsyncCallsQueue:
                 break
             call.thread.join()
             self._calls.pop(0)
-            failed = [call.error is not None]
+            causes = [None if call.error is None else describe_write_error(call.error)]
             if not no_dist and dist.is_available() and dist.is_initialized():
                 out = [None] * dist.get_world_size()
-                dist.all_gather_object(out, failed[0])
-                failed = out
-            if any(failed):  # every rank raises, so no rank waits in a finalize collective
-                raise RuntimeError(
-                    f"background checkpoint write failed on ranks "
-                    f"{[r for r, f in enumerate(failed) if f]}; nothing was finalized"
+                dist.all_gather_object(out, causes[0])
+                causes = out
+            failed = [(r, c) for r, c in enumerate(causes) if c is not None]
+            if failed:  # every rank raises the same line: none waits in a finalize collective
+                raise AsyncWriteError(
+                    f"background checkpoint write failed on ranks {[r for r, _ in failed]} "
+                    f"({failed[0][1]}); nothing was finalized"
                 ) from call.error
             for fn in call.request.finalize_fns:
                 fn()

@@ -45,6 +45,7 @@ from gigatron.core.dist_checkpointing.strategies._torch_save import (  # noqa: F
     _all_gather_object,  # validation / serialization gather through these
     _rank_world,
     plan_save,
+    write_on_every_rank,
 )
 
 __all__ = [
