@@ -96,7 +96,7 @@ _LOWEST = {
         tensor_model_parallel_size pipeline_model_parallel_size context_parallel_size
         expert_model_parallel_size expert_tensor_parallel_size num_experts num_query_groups
         num_layers_per_virtual_pipeline_stage virtual_pipeline_model_parallel_size kv_channels
-        ffn_hidden_size make_vocab_size_divisible_by log_interval""".split(),
+        ffn_hidden_size make_vocab_size_divisible_by log_interval vocab_size""".split(),
         1,
     ),
     **dict.fromkeys(
