@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from gigatron.core.pipeline_parallel.schedule_plan import FORWARD, SchedulePlan
+from gigatron.core.untrusted_files import read_text
 
 
 def simulate(plan: SchedulePlan, forward_time: float = 1.0, backward_time: float = 2.0) -> list:
@@ -67,9 +68,14 @@ def formula_bubble(pp_size: int, num_microbatches: int, chunks: int = 1) -> floa
 def read_trace(path: str) -> list[dict]:
     """A `--timeline` Chrome trace -> rows {"rank", "pp", "iteration", "kind", "name",
     "microbatch", "chunk", "start", "end"} (ms), "kind" forward/backward/recv/send."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
+    text = read_text(path, what="--from-timeline", max_bytes="calibration")  # regular files only
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--from-timeline {path}: not JSON ({e})") from None
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+        raise ValueError(f"{path} holds no pipeline timeline events (pretrain --timeline FILE)")
     rows = []
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in ("forward", "backward", "recv", "send"):

@@ -25,6 +25,11 @@ from gigatron.core.parallel_state import RankLayout, rank_layout
 from gigatron.tools import _plotting
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
+# The groups are listed rank by rank and the picture draws one box per rank per axis: above
+# these sizes the tool refuses (or leaves the per-rank table out) rather than grow for minutes.
+MAX_RANKS = 65_536  # ranks (and pp x vpp model chunks) listed
+MAX_TABLE_RANKS = 4_096  # ranks in the per-rank table; above, the groups alone are printed
+MAX_DRAWN_RANKS = 1_024  # ranks in a picture (--out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -217,9 +222,32 @@ def _node_origin(n: int, nodes_per_line: int, node_w: int, node_h: int) -> tuple
     return (n % nodes_per_line) * (node_w + 1), (n // nodes_per_line) * (node_h + 1)
 
 
+def _check_sizes(args) -> None:
+    """One line for a world size below 1 or above the listed / drawn limits."""
+    if args.world_size < 1:
+        raise ValueError(f"--world-size ({args.world_size}) must be >= 1")
+    if args.world_size > MAX_RANKS:
+        raise ValueError(
+            f"--world-size ({args.world_size}) is above gigatron layout's {MAX_RANKS:,} ranks "
+            "(every group is listed rank by rank)"
+        )
+    if args.vpp is not None and args.pp * args.vpp > MAX_RANKS:
+        raise ValueError(
+            f"--pp x --vpp ({args.pp} x {args.vpp}) is above gigatron layout's {MAX_RANKS:,} "
+            "model chunks (each is listed)"
+        )
+    if args.out and args.world_size > MAX_DRAWN_RANKS:
+        raise ValueError(
+            f"--out {args.out}: a picture of {args.world_size} ranks is above the "
+            f"{MAX_DRAWN_RANKS:,} drawn (one box per rank per axis); leave out --out for the "
+            "text, or draw a smaller world of the same shape"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     _plotting.check_out(args.out)
+    _check_sizes(args)
     if args.vpp is not None and (args.pp <= 1 or args.vpp < 1):
         raise ValueError(
             f"--vpp ({args.vpp}) needs --pp > 1 (got {args.pp}) and must be >= 1, as "
@@ -237,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     data = describe(layout, args.gpus_per_node)
     if args.pp > 1 and (args.vpp is not None or args.num_layers is not None):
         data["chunks"] = model_chunks(args.pp, args.vpp, args.num_layers)
-    print(format_text(layout, data, table=not args.no_table))
+    table = not args.no_table and args.world_size <= MAX_TABLE_RANKS
+    print(format_text(layout, data, table=table))
+    if not args.no_table and not table:
+        print(f"(per-rank table left out: {args.world_size} ranks, above {MAX_TABLE_RANKS:,})")
     if args.out:
         draw(data, args.out)
         print(f"picture: {args.out}")

@@ -22,6 +22,19 @@ from gigatron.tools import _plotting
 from gigatron.tools import _schedule_times as times
 
 PHASE_COLORS = {"warmup": "#fff3c4", "steady": "#e3f1e0", "cooldown": "#e4e9f7"}
+# Above these sizes the tool refuses rather than grow for minutes: the forward and backward
+# steps of a planned schedule (2 x pp x V x M) simulated, and the boxes of a picture (--out).
+MAX_STEPS = 262_144
+MAX_DRAWN = 8_192
+
+
+def _check_drawn(out: str | None, boxes: int, what: str) -> None:
+    if out and boxes > MAX_DRAWN:
+        raise ValueError(
+            f"--out {out}: {what} has {boxes:,} forward / backward boxes, above the "
+            f"{MAX_DRAWN:,} drawn; leave out --out for the printed bubbles, or draw fewer "
+            "microbatches"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +62,14 @@ def phases(steps, warmup: int) -> list[str]:
 def planned(args) -> int:
     if args.pp is None or args.num_microbatches is None:
         raise ValueError("give --pp and --num-microbatches (or --from-timeline FILE)")
+    steps = 2 * args.pp * args.num_microbatches * (args.vpp or 1)
+    if steps > MAX_STEPS:  # (sizes below 1: schedule_plan names them)
+        raise ValueError(
+            f"--pp {args.pp} x --num-microbatches {args.num_microbatches} x --vpp "
+            f"{args.vpp or 1}: {steps:,} forward / backward steps, above gigatron schedule's "
+            f"{MAX_STEPS:,} (each is simulated and listed)"
+        )
+    _check_drawn(args.out, steps, "the schedule")
     plan = schedule_plan(
         args.pp, args.num_microbatches, virtual_pipeline_model_parallel_size=args.vpp,
         microbatch_group_size_per_vp_stage=args.microbatch_group_size_per_vp_stage,
@@ -94,6 +115,7 @@ def measured(args) -> int:
         if it not in iters:
             raise ValueError(f"--iteration {it} is not in {args.from_timeline} (has {iters})")
         rows = [r for r in rows if r["iteration"] == it]
+    _check_drawn(args.out, sum(r["kind"] in ("forward", "backward") for r in rows), "the trace")
     m = times.measure(rows)
     print(f"timeline {args.from_timeline}, iteration {it}: step span {m['span_ms']:.2f} ms")
     for pp, s in m["stages"].items():

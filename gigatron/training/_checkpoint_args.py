@@ -14,6 +14,10 @@ Part of `gigatron.training.checkpointing` (mirrors `megatron.training.checkpoint
 - `load_args_from_checkpoint` (`--use-checkpoint-args`): Megatron's model fields, before the model
   is built; the ones Megatron forces replace command-line values, the others fill unset ones.
 - `schedule_mismatch`: the scheduler's ScheduleMismatchError told in flags.
+- `check_seed` / `optimizer_drift` (gigatron: Megatron checks neither): a resumed training run
+  with another --seed (the data order) or other optimizer hyperparameters (Adam's betas and
+  epsilon and SGD's momentum, which the checkpoint's param groups would silently replace;
+  --clip-grad) is refused naming both values and the way out, as a schedule mismatch is.
 """
 
 from __future__ import annotations
@@ -233,9 +237,94 @@ def _schedule_source(scheduler) -> str:
     return "scheduler (same values as the flags)"
 
 
-def load_line(ckpt_dir: str, iteration: int, args, optimizer, scheduler, with_optim, with_rng):
+def check_seed(checkpoint_args, args, ckpt_dir: str) -> str:
+    """ValueError when a resumed training run's --seed differs from the checkpoint's (the data
+    order is drawn from it: the rest of the epoch would repeat or skip samples), unless
+    --override-seed; returns the load line's note of an overridden seed ('' when the same)."""
+    seed, saved = getattr(args, "seed", None), getattr(checkpoint_args, "seed", None)
+    if seed is None or saved is None or seed == saved:
+        return ""
+    if not getattr(args, "override_seed", False):
+        raise ValueError(
+            f"--seed {seed} differs from the checkpoint {ckpt_dir}'s {saved}: the data order is "
+            "drawn from the seed, so the rest of the run would repeat or skip samples; pass "
+            f"--seed {saved} to continue the checkpoint's order, or --override-seed to draw a "
+            "new one"
+        )
+    return f"seed {seed} (checkpoint: {saved}; --override-seed: the data in a new order)"
+
+
+# optimizer flag -> the --optimizer it applies to (None: every one)
+OPTIMIZER_FIELDS = {
+    "adam_beta1": "adam",
+    "adam_beta2": "adam",
+    "adam_eps": "adam",
+    "sgd_momentum": "sgd",
+    "clip_grad": None,
+}
+
+
+def _resume_switch(args, scheduler, name: str) -> bool:
+    value = getattr(args, name, None)
+    return bool(getattr(scheduler, name, False) if value is None else value)
+
+
+def optimizer_drift(checkpoint_args, args, scheduler, ckpt_dir: str) -> tuple[list, str]:
+    """([(field, flags' value, checkpoint's value)], 'flags' | 'checkpoint') for the
+    `OPTIMIZER_FIELDS` where a resumed run's flags differ from the checkpoint's saved args. A
+    difference needs --override-opt_param-scheduler (the flags' values run) or
+    --use-checkpoint-opt_param-scheduler (the checkpoint's), else ValueError naming both values;
+    another --optimizer is always refused (its state does not fit)."""
+    kind, saved_kind = getattr(args, "optimizer", None), getattr(checkpoint_args, "optimizer", None)
+    if kind is not None and saved_kind is not None and kind != saved_kind:
+        raise ValueError(
+            f"--optimizer {kind} differs from the checkpoint {ckpt_dir}'s {saved_kind}: its "
+            f"optimizer state is {saved_kind}'s; pass --optimizer {saved_kind}, or "
+            f"--no-load-optim to resume the weights with a fresh {kind} state"
+        )
+    diffs = []
+    for name, applies in OPTIMIZER_FIELDS.items():
+        if applies not in (None, kind) or not hasattr(checkpoint_args, name):
+            continue
+        value, saved = getattr(args, name, None), getattr(checkpoint_args, name)
+        if value is not None and value != saved:
+            diffs.append((name, value, saved))
+    if not diffs:
+        return [], ""
+    if _resume_switch(args, scheduler, "override_opt_param_scheduler"):
+        return diffs, "flags"
+    if _resume_switch(args, scheduler, "use_checkpoint_opt_param_scheduler"):
+        return diffs, "checkpoint"
+    flags = " / ".join(f"--{n.replace('_', '-')}" for n, _, _ in diffs)
+    told = ", ".join(f"{n} {v} with these flags, {s} in the checkpoint" for n, v, s in diffs)
+    raise ValueError(
+        f"{flags}: the optimizer hyperparameters differ from the checkpoint {ckpt_dir}: {told}; "
+        "pass --override-opt_param-scheduler to continue on the flags' values, or "
+        "--use-checkpoint-opt_param-scheduler to keep the checkpoint's"
+    )
+
+
+def drift_note(diffs: list, source: str) -> str:
+    """The load line's note of which optimizer hyperparameters won ('' when none differ)."""
+    if not diffs:
+        return ""
+    if source == "flags":
+        what = ", ".join(f"{n} {v} (checkpoint: {s})" for n, v, s in diffs)
+        flag = "--override-opt_param-scheduler"
+        return f"optimizer hyperparameters on the flags' values ({flag}): {what}"
+    what = ", ".join(f"{n} {s} (flags: {v})" for n, v, s in diffs)
+    return (
+        "optimizer hyperparameters on the checkpoint's values "
+        f"(--use-checkpoint-opt_param-scheduler): {what}"
+    )
+
+
+def load_line(
+    ckpt_dir: str, iteration: int, args, optimizer, scheduler, with_optim, with_rng, notes=()
+):
     """The one line rank 0 prints after a resume: from where, which iteration and consumed
-    samples, which parts were loaded (and which schedule won) and which start fresh."""
+    samples, which parts were loaded (and which schedule and optimizer hyperparameters won), an
+    overridden seed, and which parts start fresh."""
     parts, fresh = ["model"], []
     if with_optim and optimizer is not None:
         parts += ["optimizer"] + ([_schedule_source(scheduler)] if scheduler is not None else [])
@@ -244,5 +333,5 @@ def load_line(ckpt_dir: str, iteration: int, args, optimizer, scheduler, with_op
     (parts if with_rng else fresh).append("RNG")
     consumed = getattr(args, "consumed_train_samples", 0)
     line = f"loaded {os.path.normpath(ckpt_dir)}: iteration {iteration}, consumed samples "
-    line += f"{consumed}; {', '.join(parts)}"
+    line += f"{consumed}; {', '.join(parts + [n for n in notes if n])}"
     return line + (f"; fresh: {', '.join(fresh)}" if fresh else "")

@@ -353,12 +353,20 @@ def _resume_args(p) -> None:
         ),
         (
             ("--override-opt_param-scheduler", "--override-opt-param-scheduler"),
-            "resuming: run the learning-rate / weight-decay schedule of these flags, not the "
-            "checkpoint's (a mismatch is an error without one of these two)",
+            "resuming: run the learning-rate / weight-decay schedule and the optimizer "
+            "hyperparameters (--adam-beta1/2, --adam-eps, --sgd-momentum, --clip-grad) of these "
+            "flags, not the checkpoint's (a mismatch is an error without one of these two)",
         ),
         (
             ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"),
-            "resuming: keep the checkpoint's learning-rate / weight-decay schedule",
+            "resuming: keep the checkpoint's learning-rate / weight-decay schedule and optimizer "
+            "hyperparameters",
+        ),
+        (
+            ("--override-seed",),
+            "gigatron: resuming: take --seed although the checkpoint was saved with another (the "
+            "data order is drawn from it: the rest of the run may repeat or skip samples; "
+            "without this flag a different --seed is an error)",
         ),
     ]
     for names, help_ in flags:

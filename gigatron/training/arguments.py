@@ -10,6 +10,7 @@ same argparse actions (`_yaml_cfg`); `--help` shows the defaults.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -96,7 +97,7 @@ _LOWEST = {
         tensor_model_parallel_size pipeline_model_parallel_size context_parallel_size
         expert_model_parallel_size expert_tensor_parallel_size num_experts num_query_groups
         num_layers_per_virtual_pipeline_stage virtual_pipeline_model_parallel_size kv_channels
-        ffn_hidden_size make_vocab_size_divisible_by log_interval""".split(),
+        ffn_hidden_size make_vocab_size_divisible_by log_interval vocab_size""".split(),
         1,
     ),
     **dict.fromkeys(
@@ -105,6 +106,36 @@ _LOWEST = {
         0,
     ),
 }
+
+
+# float flags no model config checks -> their rule (unset ones skipped); NaN breaks every rule
+# (the model's float fields are TransformerConfig's table, `_config_checks.FLOAT_FIELDS`)
+_FLOAT_RULES = {
+    ">= 0": lambda v: v >= 0,
+    "> 0": lambda v: v > 0,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+}
+_FLOAT_FLAGS = {
+    **dict.fromkeys(
+        """lr min_lr lr_warmup_init weight_decay start_weight_decay end_weight_decay clip_grad
+        adam_eps sgd_momentum exit_duration_in_mins""".split(),
+        ">= 0",
+    ),
+    **dict.fromkeys(
+        "loss_scale initial_loss_scale loss_scale_window min_loss_scale".split(), "> 0"
+    ),
+    **dict.fromkeys("adam_beta1 adam_beta2".split(), "in [0, 1)"),
+    "lr_warmup_fraction": "in [0, 1]",
+}
+
+
+def _check_float_ranges(args) -> None:
+    """Each `_FLOAT_FLAGS` flag a finite number within its rule (a NaN --lr trained on NaN)."""
+    for name, rule in _FLOAT_FLAGS.items():
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and _FLOAT_RULES[rule](value)):
+            raise ValueError(f"--{name.replace('_', '-')} ({value}) must be a finite number {rule}")
 
 
 def _check_ranges(args) -> None:
@@ -161,6 +192,7 @@ def validate_args(args, world_size: int | None = None):
         if getattr(args, name) is None:
             raise ValueError(f"--{name.replace('_', '-')} is required")
     _check_ranges(args)
+    _check_float_ranges(args)
     tp, pp, cp = (
         args.tensor_model_parallel_size,
         args.pipeline_model_parallel_size,

@@ -337,6 +337,11 @@ def load_checkpoint(
         saved_args = dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")
         if not finetune and saved_args is not None:  # Megatron's check, before any tensor is read
             ca.check_checkpoint_args(saved_args, args, where=ckpt_dir)
+        seed_note, drift = "", ([], "")
+        if not finetune and saved_args is not None and optimizer is not None:  # a resume
+            seed_note = ca.check_seed(saved_args, args, ckpt_dir)
+            if with_optim:
+                drift = ca.optimizer_drift(saved_args, args, opt_param_scheduler, ckpt_dir)
         _check_parts_saved(ckpt_dir, with_optim, with_rng)
         if with_rng and not _rng_layout_matches(ckpt_dir):
             with_rng = False
@@ -361,15 +366,19 @@ def load_checkpoint(
             raise
         raise _damaged(e, root, None if release else iteration) from None
     override = with_optim and getattr(opt_param_scheduler, "override_opt_param_scheduler", False)
-    flags_lr = _lr_bounds(optimizer) if override else None  # before the saved groups replace them
+    override = override or drift[1] == "flags"
+    flags_groups = _group_values(optimizer) if override else None  # before the saved ones
     try:
         _restore(state, request, model, optimizer, opt_param_scheduler, with_optim, with_rng)
     except ScheduleMismatchError as err:
         raise ca.schedule_mismatch(err, args, ckpt_dir) from None
-    if flags_lr is not None:  # Megatron's --override-opt_param-scheduler: the flags' lr bounds
-        for group, bounds in zip(optimizer.param_groups, flags_lr):
-            group.update(bounds)
-        opt_param_scheduler.step(increment=0)
+    if flags_groups is not None:  # --override-opt_param-scheduler: the flags' lr bounds (as
+        for group, values in zip(optimizer.param_groups, flags_groups):  # Megatron), betas, ...
+            group.update(values)
+        if opt_param_scheduler is not None:
+            opt_param_scheduler.step(increment=0)
+    if drift[1] == "checkpoint":
+        _take_checkpoint_values(args, optimizer, drift[0])
     if finetune:
         _say(_weights_only_line(ckpt_dir, state.get("iteration", 0), release, optimizer))
         return 0, 0
@@ -377,8 +386,9 @@ def load_checkpoint(
         if saved_args is not None and hasattr(saved_args, name):
             setattr(args, name, getattr(saved_args, name))
     line = ca.load_line(
-        ckpt_dir, state["iteration"], args, optimizer, opt_param_scheduler, with_optim, with_rng
-    )
+        ckpt_dir, state["iteration"], args, optimizer, opt_param_scheduler, with_optim, with_rng,
+        notes=(ca.drift_note(*drift), seed_note),
+    )  # fmt: skip
     _say(line)
     return state["iteration"], state.get("num_floating_point_operations_so_far", 0)
 
@@ -433,10 +443,27 @@ def _say(line: str) -> None:
         print(line, flush=True)
 
 
-def _lr_bounds(optimizer) -> list[dict]:
-    """Each param group's `max_lr` / `min_lr` (what the flags gave, before a load)."""
-    keys = ("max_lr", "min_lr")
-    return [{k: g[k] for k in keys if k in g} for g in getattr(optimizer, "param_groups", [])]
+def _group_values(optimizer) -> list[dict]:
+    """Each param group's hyperparameters (`max_lr` / `min_lr`, betas, eps, momentum, ...: what
+    the flags gave, before a load replaces them), without its params."""
+    return [
+        {k: v for k, v in g.items() if k != "params"}
+        for g in getattr(optimizer, "param_groups", [])
+    ]
+
+
+def _take_checkpoint_values(args, optimizer, diffs) -> None:
+    """--use-checkpoint-opt_param-scheduler: the param groups hold the checkpoint's values
+    already; the args (saved with the next checkpoint) and the optimizer config (--clip-grad)
+    take them too."""
+    for name, _, saved in diffs:
+        setattr(args, name, saved)
+        if name != "clip_grad":
+            continue
+        for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+            config = getattr(opt, "config", None)
+            if config is not None and hasattr(config, "clip_grad"):
+                config.clip_grad = saved
 
 
 def _check_parts_saved(ckpt_dir: str, with_optim: bool, with_rng: bool) -> None:

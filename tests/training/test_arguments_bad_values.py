@@ -91,3 +91,18 @@ def test_good_values_still_pass():
     assert _validate(argv, 2).virtual_pipeline_model_parallel_size is None  # 1 layer per stage
     argv = ["--rampup-batch-size", "2", "2", "8", "--global-batch-size", "4"]
     assert _validate(argv).rampup_batch_size == ["2", "2", "8"]
+
+
+@pytest.mark.parametrize(
+    "flag, value, rule",
+    [("--lr", "nan", ">= 0"), ("--lr", "-1e-3", ">= 0"), ("--min-lr", "inf", ">= 0"),
+     ("--weight-decay", "-0.1", ">= 0"), ("--clip-grad", "nan", ">= 0"),
+     ("--adam-beta1", "1.0", "in [0, 1)"), ("--adam-beta2", "nan", "in [0, 1)"),
+     ("--adam-eps", "-1e-8", ">= 0"), ("--sgd-momentum", "-0.9", ">= 0"),
+     ("--loss-scale", "0", "> 0"), ("--initial-loss-scale", "nan", "> 0"),
+     ("--lr-warmup-fraction", "1.5", "in [0, 1]")],
+)  # fmt: skip
+def test_float_flags_outside_their_range_are_refused(flag, value, rule):
+    """NaN / negative optimizer values were accepted and trained on NaN (or not at all)."""
+    with pytest.raises(ValueError, match=rf"^{flag} \({float(value)}\) must be a finite number "):
+        _validate([f"{flag}={value}"])

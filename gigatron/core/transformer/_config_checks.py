@@ -5,6 +5,8 @@ Each check raises ValueError naming the field, its value and the rule, before an
 
 from __future__ import annotations
 
+import math
+
 from gigatron.core.transformer._layer_split import layer_split
 
 SUPPORTED_RECOMPUTE_MODULES = ("core_attn", "mlp")
@@ -44,6 +46,54 @@ def check_architecture(cfg) -> None:
         )
     if cfg.num_moe_experts is not None and cfg.num_moe_experts <= 0:
         raise ValueError(f"num_moe_experts ({cfg.num_moe_experts}) must be positive or None")
+
+
+# float fields (TransformerConfig and MLATransformerConfig) -> the values their math needs; an
+# unset (None) field is skipped, a list (moe_aux_loss_coeff per balancing type) checked entrywise.
+# NaN passes every `<` / `<=` test, so each rule is checked as "finite and ...".
+_RULES = {
+    "finite": lambda v: True,
+    ">= 0": lambda v: v >= 0,
+    "> 0": lambda v: v > 0,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+}
+FLOAT_FIELDS = {
+    "layernorm_epsilon": ">= 0",
+    "init_method_std": ">= 0",
+    "embedding_init_method_std": ">= 0",
+    "glu_linear_offset": "finite",
+    "softmax_scale": "> 0",
+    "moe_router_topk_scaling_factor": "> 0",
+    "moe_router_bias_update_rate": ">= 0",
+    "moe_aux_loss_coeff": ">= 0",  # NaN or < 0 turned load balancing off
+    "moe_z_loss_coeff": ">= 0",
+    "moe_input_jitter_eps": "in [0, 1)",  # noise U(1 - eps, 1 + eps) keeps the input's sign
+    "moe_expert_capacity_factor": "> 0",
+    "rotary_base": "> 0",
+    "rotary_percent": "in (0, 1]",
+    "rotary_scaling_factor": "> 0",
+    "beta_fast": "> 0",
+    "beta_slow": "> 0",
+    "mscale": ">= 0",
+    "mscale_all_dim": ">= 0",
+}
+
+
+def check_value_ranges(cfg) -> None:
+    """Each `FLOAT_FIELDS` field set on `cfg` is a finite number within its rule (one
+    ValueError naming the field, the value and the rule)."""
+    for name, rule in FLOAT_FIELDS.items():
+        value = getattr(cfg, name, None)
+        if value is None:
+            continue
+        entries = value if isinstance(value, (list, tuple)) else [value]
+        for i, v in enumerate(entries):
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not (ok and _RULES[rule](v)):
+                where = f"{name}[{i}]" if entries is value else name
+                tail = "" if rule == "finite" else f" {rule}"
+                raise ValueError(f"{where} ({v!r}) must be a finite number{tail}")
 
 
 def fill_defaults(cfg) -> None:

@@ -255,6 +255,7 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
         super().__post_init__()
         megatron_only_fields.check_config(self, "transformer")
         _config_checks.check_architecture(self)
+        _config_checks.check_value_ranges(self)
         _config_checks.fill_defaults(self)
         _config_checks.check_recompute(self)
         _config_checks.check_pipeline(self)

@@ -4,6 +4,7 @@ reused as is) plus the planner's own, validated the way training validates them.
 from __future__ import annotations
 
 import argparse
+import math
 
 from gigatron.training.arguments import parse_args, validate_args
 
@@ -53,6 +54,11 @@ def estimate_args(argv: list[str]) -> argparse.Namespace:
         raise ValueError("give --world-size N (the number of ranks of the planned job)")
     if args.world_size < 1:
         raise ValueError(f"--world-size ({args.world_size}) must be >= 1")
+    if args.gpus_per_node < 1:
+        raise ValueError(f"--gpus-per-node ({args.gpus_per_node}) must be >= 1")
+    gib = args.gpu_memory_gib
+    if gib is not None and not (math.isfinite(gib) and gib > 0):
+        raise ValueError(f"--gpu-memory-gib ({gib}) must be a finite number > 0")
     world_size = args.world_size
     args.mock_data = True
     if args.lr is None:

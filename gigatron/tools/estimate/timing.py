@@ -26,6 +26,7 @@ import json
 import math
 from pathlib import Path
 
+from gigatron.core.untrusted_files import read_text
 from gigatron.tools.estimate.trace import Trace
 
 CALIBRATION_DIR = Path(__file__).parent / "calibration"
@@ -45,7 +46,13 @@ def load_calibration(path: str | None) -> dict | None:
         raise FileNotFoundError(
             f"--calibration {path}: no such file (bench/calibrate.py makes one)"
         )
-    table = json.loads(p.read_text())
+    text = read_text(p, what="--calibration", max_bytes="calibration")  # regular files only
+    try:
+        table = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--calibration {p}: not JSON ({e})") from None
+    if not isinstance(table, dict):
+        raise ValueError(f"--calibration {p}: a JSON object expected, got {type(table).__name__}")
     for key in ("gemm", "attention", "memory_gbps", "op_overhead_us"):
         if key not in table:
             raise ValueError(f"--calibration {p}: no {key!r} entry (bench/calibrate.py writes it)")
