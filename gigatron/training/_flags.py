@@ -273,6 +273,13 @@ def _checkpoint_logging_args(p):
     g = p.add_argument_group("checkpoints")
     _add(g, "--save", str, None, "checkpoint directory to save to")
     _add(g, "--load", str, None, "checkpoint directory to load from")
+    _add(
+        g,
+        "--ckpt-step",
+        int,
+        None,
+        "load this iteration of --load instead of the one its tracker names",
+    )
     _add(g, "--save-interval", int, None, "iterations between saves")
     _add(g, "--async-save", bool, help_="write checkpoints in the background")
     _add(g, "--no-load-optim", bool, help_="do not load the optimizer and scheduler state")

@@ -102,7 +102,7 @@ _LOWEST = {
     ),
     **dict.fromkeys(
         """train_iters train_samples eval_iters eval_interval save_interval exit_interval
-        num_workers""".split(),
+        num_workers ckpt_step""".split(),
         0,
     ),
 }

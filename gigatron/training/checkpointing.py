@@ -314,10 +314,13 @@ def load_checkpoint(
     root = getattr(args, load_arg, None)
     if not root:
         raise ValueError(f"args.{load_arg} ({root!r}) must name a checkpoint directory")
+    step = getattr(args, "ckpt_step", None)
     try:
-        found = cs.read_tracker(root)
+        found = cs.read_tracker(root) if step is None else (int(step), False)
     except CheckpointingException as e:
         raise _damaged(e, root, None) from None
+    if step is not None:
+        _say(f"--ckpt-step {step}: loading iteration {step} of {root}, not the tracker's")
     if found is None and getattr(args, "exit_on_missing_checkpoint", False):
         raise CheckpointingException(
             f"--exit-on-missing-checkpoint: no {cs.TRACKER_FNAME} in --load {root}"
@@ -330,7 +333,7 @@ def load_checkpoint(
     try:  # a damaged file: name the older complete iteration the user can load instead
         ckpt_dir = commit.resolve(root, iteration, release, warn=_rank() == 0)
         if not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
-            raise CheckpointingException(_incomplete(ckpt_dir))
+            raise CheckpointingException(_incomplete(ckpt_dir, step))
         finetune = bool(getattr(args, "finetune", False)) or release
         with_optim = not finetune and not getattr(args, "no_load_optim", False)
         with_rng = not finetune and not getattr(args, "no_load_rng", False)
@@ -393,7 +396,7 @@ def load_checkpoint(
     return state["iteration"], state.get("num_floating_point_operations_so_far", 0)
 
 
-def _incomplete(ckpt_dir: str) -> str:
+def _incomplete(ckpt_dir: str, step: int | None = None) -> str:
     from gigatron.core.dist_checkpointing.core import maybe_load_config
 
     try:
@@ -401,10 +404,8 @@ def _incomplete(ckpt_dir: str) -> str:
         reason = "no metadata.json"
     except CheckpointingException as e:
         reason = str(e)
-    return (
-        f"tracker {cs.TRACKER_FNAME} points at {ckpt_dir}, which is missing or incomplete "
-        f"({reason})"
-    )
+    who = f"tracker {cs.TRACKER_FNAME} points at" if step is None else f"--ckpt-step {step} names"
+    return f"{who} {ckpt_dir}, which is missing or incomplete ({reason})"
 
 
 # what the messages of a damaged or refused file say (not a user's flag mismatch)
@@ -422,8 +423,8 @@ def _damaged(e: CheckpointingException, root: str, iteration) -> CheckpointingEx
         return CheckpointingException(f"{e}; no older complete checkpoint under {root}")
     name = os.path.basename(cs.checkpoint_dir(root, older))
     return CheckpointingException(
-        f"{e}; {name} is complete: write {older} into {get_checkpoint_tracker_filename(root)} "
-        "to load it"
+        f"{e}; {name} is complete: pass --ckpt-step {older} (or write {older} into "
+        f"{get_checkpoint_tracker_filename(root)}) to load it"
     )
 
 

@@ -26,9 +26,9 @@ def _save(root, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:07d}")
 
 
-def _load(root):
+def _load(root, **kw):
     model = torch.nn.Linear(4, 4)
-    args = argparse.Namespace(load=str(root), no_load_optim=True, no_load_rng=True)
+    args = argparse.Namespace(load=str(root), no_load_optim=True, no_load_rng=True, **kw)
     return ckpt.load_checkpoint(model, None, None, args=args)
 
 
@@ -97,11 +97,25 @@ def test_damaged_checkpoint_names_the_older_complete_one(tmp_path):
         _load(root)
     msg = str(err.value)
     assert "\n" not in msg and "iter_0000200" in msg and "damaged" in msg, msg
-    assert "iter_0000100 is complete: write 100 into" in msg, msg
+    assert "iter_0000100 is complete: pass --ckpt-step 100 (or write 100 into" in msg, msg
     assert "latest_checkpointed_iteration.txt" in msg, msg
+    assert _load(root, ckpt_step=100)[0] == 100  # what the message says to do, either way
     with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
-        f.write("100")  # what the message says to do
+        f.write("100")
     assert _load(root)[0] == 100
+
+
+def test_ckpt_step_loads_that_iteration_and_names_itself_when_missing(tmp_path, capsys):
+    root = tmp_path / "ckpt"
+    _save(root, 100)
+    _save(root, 200)
+    assert _load(root, ckpt_step=100)[0] == 100
+    assert "--ckpt-step 100: loading iteration 100" in capsys.readouterr().out
+    with pytest.raises(CheckpointingException) as err:
+        _load(root, ckpt_step=150)
+    msg = str(err.value)
+    assert "\n" not in msg and "--ckpt-step 150 names" in msg and "iter_0000150" in msg, msg
+    assert "iter_0000100 is complete: pass --ckpt-step 100" in msg, msg
 
 
 def test_user_errors_get_no_older_checkpoint_advice(tmp_path):
