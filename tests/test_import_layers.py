@@ -94,6 +94,7 @@ LAYERS: list[list[str]] = [
         "gigatron.core.inference_params",
         "gigatron.core.datasets",
         "gigatron.core.tokenizers",
+        "gigatron.core.safe_globals",
     ],
     # Megatron compatibility over core (flag table, legacy checkpoint layout); tests' helpers
     ["gigatron.compat.training_args", "gigatron.compat.legacy_moe_checkpoint", "gigatron.testing"],
