@@ -61,6 +61,8 @@ LAYERS: list[list[str]] = [
         "gigatron.core.num_microbatches_calculator",
         "gigatron.core.optimizer_param_scheduler",
         "gigatron.core.untrusted_files",
+        "gigatron.core._rank_utils",
+        "gigatron.core._experimental",
     ],
     # the process groups (the only globals) and the utilities over them
     [
