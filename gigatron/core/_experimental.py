@@ -16,7 +16,7 @@ import logging
 from gigatron.core import config
 from gigatron.core._rank_utils import log_single_rank
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("gigatron.core.utils")  # Megatron logs under its utils module
 _ENABLED_MSG = "ENABLE_EXPERIMENTAL is True, running experimental code."
 
 
