@@ -61,6 +61,8 @@ LAYERS: list[list[str]] = [
         "gigatron.core.num_microbatches_calculator",
         "gigatron.core.optimizer_param_scheduler",
         "gigatron.core.untrusted_files",
+        "gigatron.core._rank_utils",
+        "gigatron.core._experimental",
     ],
     # the process groups (the only globals) and the utilities over them
     [
@@ -94,6 +96,7 @@ LAYERS: list[list[str]] = [
         "gigatron.core.inference_params",
         "gigatron.core.datasets",
         "gigatron.core.tokenizers",
+        "gigatron.core.safe_globals",
     ],
     # Megatron compatibility over core (flag table, legacy checkpoint layout); tests' helpers
     ["gigatron.compat.training_args", "gigatron.compat.legacy_moe_checkpoint", "gigatron.testing"],

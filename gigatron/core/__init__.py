@@ -23,6 +23,9 @@ _LAZY = {
     "optimizer": "gigatron.core.optimizer",
     "get_megatron_optimizer": "gigatron.core.optimizer:get_megatron_optimizer",
     "OptimizerConfig": "gigatron.core.optimizer:OptimizerConfig",
+    "safe_globals": "gigatron.core.safe_globals",
+    "register_safe_globals": "gigatron.core.safe_globals:register_safe_globals",
+    "safe_load_from_bytes": "gigatron.core.safe_globals:safe_load_from_bytes",
 }
 
 

@@ -248,3 +248,17 @@ def check_fp8_config(config) -> None:
                 f"num_layers_at_start_in_bf16 ({start}) and num_layers_at_end_in_bf16 ({end}) "
                 f"must be >= 0 and add up to at most num_layers ({config.num_layers})"
             )
+
+
+def get_fp8_context(config, layer_no: int = -1, is_init: bool = False):
+    """Megatron's per-layer FP8 context (Transformer Engine's autocast): a no-op here.
+
+    gigatron's linears choose FP8 themselves (`set_fp8`, with `first_last_layers_bf16`), so
+    the context returned is `contextlib.nullcontext()` for every layer, as Megatron returns
+    without Transformer Engine."""
+    return contextlib.nullcontext()
+
+
+def get_fp8_disabled_context(config, is_init: bool = False):
+    """Megatron's context that turns FP8 off around a region: a no-op here (see above)."""
+    return contextlib.nullcontext()

@@ -6,8 +6,15 @@ import torch
 import torch.distributed as dist
 from torch.torch_version import TorchVersion
 
+from gigatron.compat.errors import StateError
 from gigatron.core import parallel_state
 from gigatron.core import parallel_state as ps
+from gigatron.core._experimental import (  # noqa: F401  (Megatron's names)
+    ExperimentalNotEnabledError,
+    experimental_cls,
+    experimental_fn,
+)
+from gigatron.core._rank_utils import log_single_rank  # noqa: F401  (Megatron's name)
 from gigatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 from gigatron.core.packed_seq_params import PackedSeqParams
 
@@ -444,3 +451,25 @@ def is_te_min_version(version: str, check_equality: bool = True) -> bool:
     if check_equality:
         return get_te_version() >= version
     return get_te_version() > version
+
+
+def log_on_each_pipeline_stage(
+    logger, level: int, msg: object, *args, tp_group=None, dp_cp_group=None, **kwargs
+) -> None:
+    """Log on the first rank (TP rank 0, DP x CP rank 0) of each pipeline stage.
+
+    Needs torch.distributed; `tp_group` and `dp_cp_group` come together or not at all (then
+    parallel_state's groups answer). Nothing is asked when `level` is disabled."""
+    if not dist.is_initialized():
+        raise StateError("log_on_each_pipeline_stage needs torch.distributed initialised")
+    if (tp_group is None) != (dp_cp_group is None):
+        raise ValueError("tp_group and dp_cp_group must be provided or not provided together")
+    if not logger.isEnabledFor(level):
+        return
+    if tp_group is None:
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        dp_cp_rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+    else:
+        tp_rank, dp_cp_rank = tp_group.rank(), dp_cp_group.rank()
+    if tp_rank == 0 and dp_cp_rank == 0:
+        logger.log(level, msg, *args, **kwargs)

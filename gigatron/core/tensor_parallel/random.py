@@ -41,6 +41,9 @@ __all__ = [
 ]
 
 
+HAVE_TE = False  # Megatron's flag: gigatron never uses Transformer Engine
+
+
 def get_expert_parallel_rng_tracker_name() -> str:
     """Name of the expert-parallel stream ("expert-parallel-rng")."""
     return _EXPERT_PARALLEL_RNG_TRACKER_NAME

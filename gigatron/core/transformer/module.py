@@ -84,6 +84,26 @@ def float16_to_fp32(val):
     return _convert(val, lambda t: t.float(), (torch.float16, torch.bfloat16))
 
 
+def mark_keep_in_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """Mark a parameter or buffer that `Float16Module` leaves in FP32; returns the tensor."""
+    tensor.keep_in_fp32 = True
+    return tensor
+
+
+def convert_module_to_dtype_except_fp32_marked(
+    module: torch.nn.Module, dtype: torch.dtype
+) -> torch.nn.Module:
+    """Cast `module`'s floating-point parameters and buffers to `dtype` in place, except those
+    marked with `mark_keep_in_fp32`."""
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point() and not getattr(t, "keep_in_fp32", False):
+            return t.to(dtype)
+        return t
+
+    return module._apply(cast)
+
+
 class Float16Module(MegatronModule):
     """Run `module` in fp16 (config.fp16) or bf16 (config.bf16)."""
 
@@ -95,10 +115,14 @@ class Float16Module(MegatronModule):
         self.vp_size = config.virtual_pipeline_model_parallel_size
         self.vp_stage = getattr(module, "vp_stage", None)
         if self.fp16:
-            self.add_module("module", module.half())
+            self.add_module(
+                "module", convert_module_to_dtype_except_fp32_marked(module, torch.half)
+            )
             self.float16_convertor = lambda t: t.half()
         elif self.bf16:
-            self.add_module("module", module.bfloat16())
+            self.add_module(
+                "module", convert_module_to_dtype_except_fp32_marked(module, torch.bfloat16)
+            )
             self.float16_convertor = lambda t: t.bfloat16()
         else:
             raise ValueError("Float16Module needs config.fp16=True or config.bf16=True")

@@ -69,3 +69,18 @@ def apply_rotary_pos_emb(
     cos, sin = (_cos_sin if freqs.requires_grad else rope_cos_sin)(freqs, mscale, t.dtype)
     t_rot = t_rot * cos + _rotate_half(t_rot, interleaved) * sin
     return torch.cat((t_rot, t_pass), dim=-1)
+
+
+def get_pos_emb_on_this_cp_rank(pos_emb: Tensor, seq_dim: int, cp_group) -> Tensor:
+    """This context-parallel rank's positions of `pos_emb`: of 2 x CP chunks along `seq_dim`,
+    chunks `rank` and `2 * CP - 1 - rank` (the load-balanced split of the sequence)."""
+    if cp_group is None:
+        raise ValueError("cp_group must be provided to get positional embedding per CP rank")
+    cp_size, cp_rank = cp_group.size(), cp_group.rank()
+    if pos_emb.shape[seq_dim] % (2 * cp_size):
+        raise ValueError(
+            f"get_pos_emb_on_this_cp_rank: sequence length {pos_emb.shape[seq_dim]} is not "
+            f"divisible by 2 x context parallel size ({2 * cp_size})"
+        )
+    chunks = pos_emb.chunk(2 * cp_size, dim=seq_dim)
+    return torch.cat([chunks[cp_rank], chunks[2 * cp_size - 1 - cp_rank]], dim=seq_dim)
