@@ -24,8 +24,10 @@ SKIP_RULES = (
     ("needs Transformer Engine", r"transformer.?engine|\bTE\b|\bte\b"),
     ("needs CUDA", r"cuda|gpu|nccl|nvidia|blackwell|hopper|ampere|fp8|mxfp|nvfp4|device"),
     ("needs more ranks", r"world.?size|ranks?\b|processes|at least \d"),
+    ("process group did not form", r"wait timeout|Cannot initialize distributed"),
     ("optional package missing", r"not installed|could not import|requires|No module named|avail"),
     ("xfail", r"^xfail"),
+    ("the test's own choice", r"^Skipping\b"),
 )
 FAILURE_RULES = (
     ("needs Transformer Engine", r"transformer_engine|Transformer.?Engine|\bTE\b"),
@@ -56,6 +58,11 @@ FAILURE_RULES = (
         r"got multiple values",
     ),
     ("gap: not implemented", r"NotImplementedError|not implemented"),
+)
+# Past the exception line, only these unmistakable marks classify (tracebacks name CUDA often).
+DEEP_RULES = (
+    ("needs Transformer Engine", r"No module named 'transformer_engine|transformer_engine\."),
+    ("needs CUDA", r"Torch not compiled with CUDA|No CUDA GPUs|torch\._C\._cuda|NVIDIA driver"),
 )
 UNCLASSIFIED = "unclassified"
 
@@ -120,12 +127,29 @@ def count_tests(source: str) -> int:
 
 
 def classify(message: str, rules=FAILURE_RULES) -> str:
+    """The class of a failure (or, with SKIP_RULES, a skip reason): the first rule matching the
+    exception line, else a DEEP_RULES match anywhere in the message, else unclassified."""
     first = message.strip().splitlines()[0] if message.strip() else ""
-    for text in (first, message):
-        for name, pattern in rules:
-            if re.search(pattern, text, flags=re.IGNORECASE if rules is SKIP_RULES else 0):
-                return name
+    flags = re.IGNORECASE if rules is SKIP_RULES else 0
+    for name, pattern in rules:
+        if re.search(pattern, first, flags=flags):
+            return name
+    for name, pattern in DEEP_RULES:
+        if re.search(pattern, message):
+            return name
     return UNCLASSIFIED
+
+
+def blocker_class(name: str) -> str:
+    """Who can remove a name that stops a file at import."""
+    for pkg in CUDA_ONLY_PACKAGES:
+        if name == pkg or name.startswith(pkg + "."):
+            return "needs Transformer Engine" if "transformer_engine" in pkg else "needs CUDA"
+    if name.startswith(("megatron.core", "megatron.training")):
+        return "gap: missing name"
+    if name.startswith("megatron."):
+        return "outside megatron.core / megatron.training"
+    return "third-party package missing"
 
 
 def missing_name(message: str) -> str | None:
@@ -136,11 +160,8 @@ def missing_name(message: str) -> str | None:
         for pattern in _MISSING:
             m = pattern.search(line)
             if m:
-                return (
-                    ".".join(reversed(m.groups()))
-                    if pattern is _MISSING[0]
-                    else ".".join(m.groups())
-                )
+                name = ".".join(reversed(m.groups()) if pattern is _MISSING[0] else m.groups())
+                return re.sub(r"^gigatron\.(core|training)\b", r"megatron.\1", name)
     return None
 
 
@@ -253,7 +274,7 @@ def _blockers(meta, results, sizes) -> list[str]:
         (name, fs, sum(meta["test_counts"].get(f, 0) for f in fs)) for name, fs in files.items()
     ]
     for name, fs, tests in sorted(rows, key=lambda r: (-len(r[1]), -r[2], r[0])):
-        cls = classify(f"No module named '{name}'")
+        cls = blocker_class(name) if not name.startswith("(other)") else UNCLASSIFIED
         out.append(f"| `{name}` | {len(fs)} | {tests} | {cls} |")
     return out
 
