@@ -61,9 +61,8 @@ def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
         print(f"megatron-on-gigatron N={n}: {c['passed']} passed, {c['failed']} failed, "
               f"{c['skipped']} skipped, {len(results[n]['import_errors'])} files failed to import, "
               f"{len(results[n]['stopped'])} files stopped")  # fmt: skip
-    raw = Path(tempfile.gettempdir()) / f"megatron-unit-tests-{os.getpid()}.json"
-    raw.write_text(json.dumps({str(n): r for n, r in results.items()}))
-    print(f"raw results: {raw}")
+    if "results" in opts:  # every test's outcome and message, as JSON
+        Path(opts["results"]).write_text(json.dumps({str(n): r for n, r in results.items()}))
     if "report" in opts:
         meta = {
             "command": " ".join(

@@ -12,7 +12,8 @@ are pytest's (paths relative to the checkout; default `tests/unit_tests`). With 
 `torchrun --nproc-per-node N`, as Megatron's CI runs them; the files that import a CUDA-only
 package at module level are left out (scripts/megatron_test_results.py says which); rank 0's
 results are read live, a file running longer than --file-timeout seconds (default 120) is
-stopped and the session goes on after it; --report writes the markdown report.
+stopped and the session goes on after it; --report writes the markdown report, --results
+every test's outcome and message as JSON.
 
 Every rank installs `gigatron.compat.megatron`'s alias and skips Megatron's conftests (they
 download data sets and import Transformer Engine; their `tmp_path_dist_ckpt` fixture is provided
@@ -243,7 +244,7 @@ def _options(argv: list[str]) -> tuple[dict, list[str]]:
     opts, rest, i = {}, [], 0
     while i < len(argv):
         key = argv[i]
-        if key in ("--nproc", "--file-timeout", "--report", "--worker"):
+        if key in ("--nproc", "--file-timeout", "--report", "--results", "--worker"):
             if i + 1 >= len(argv):
                 raise SystemExit(f"run_megatron_unit_tests: {key} needs a value")
             opts[key[2:].replace("-", "_")] = argv[i + 1]
