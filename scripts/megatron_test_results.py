@@ -193,6 +193,7 @@ def render(meta: dict, results: dict[int, dict]) -> str:
         f"the other {meta['n_files'] - meta['n_cpu']} import a CUDA-only package at module level "
         "(listed at the end)",
         "",
+        *([meta["note"], ""] if meta.get("note") else []),
         "Results are rank 0's. A skip or failure that needs CUDA or Transformer Engine is never a "
         "pass. Files not importable: collection errors (their tests are not counted).",
         "",
