@@ -151,8 +151,33 @@ def _run_bucket(checkout, script, n, files, timeout, pytest_opts, work: Path, re
 
 
 def _kill(proc) -> None:
+    """Stop this launch: torchrun (SIGTERM, which stops its ranks), then SIGKILL for it and
+    every process under it (torchrun starts each rank in a session of its own)."""
+    family = _descendants(proc.pid)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its ranks: this launch's own group
-    except ProcessLookupError:
+        proc.terminate()
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
         pass
+    for pid in [proc.pid, *family]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children[int(fields[1])].append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

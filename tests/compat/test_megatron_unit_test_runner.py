@@ -86,10 +86,13 @@ FILES = {
             pass
     """,
     "test_b_hangs.py": """
+        import os
         import time
+        from pathlib import Path
 
 
         def test_never_returns():
+            Path(__file__).with_name(f"hung-{os.getpid()}.pid").write_text("")
             time.sleep(600)
     """,
     "test_c_cuda.py": """
@@ -158,3 +161,13 @@ def test_two_rank_run_counts_and_classifies(checkout, tmp_path):
     assert "`tests/unit_tests/test_b_hangs.py`: timeout (10 s)" in text
     assert "`tests/unit_tests/test_e_te.py`: imports `transformer_engine`" in text
     assert "CPU-runnable by their imports: 5" in text
+    hung = [int(f.stem.split("-")[1]) for f in checkout.glob("tests/unit_tests/hung-*.pid")]
+    assert len(hung) == 2 and not [pid for pid in hung if _alive(pid)]  # the ranks were stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
