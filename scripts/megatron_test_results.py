@@ -25,7 +25,10 @@ SKIP_RULES = (
     ("needs CUDA", r"cuda|gpu|nccl|nvidia|blackwell|hopper|ampere|fp8|mxfp|nvfp4|device"),
     ("needs more ranks", r"world.?size|ranks?\b|processes|at least \d"),
     ("process group did not form", r"wait timeout|Cannot initialize distributed"),
-    ("optional package missing", r"not installed|could not import|requires|No module named|avail"),
+    (
+        "optional package missing",
+        r"not installed|could not import|requires?\b|No module named|avail",
+    ),
     ("xfail", r"^xfail"),
     ("the test's own choice", r"^Skipping\b"),
 )
