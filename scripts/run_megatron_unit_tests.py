@@ -3,23 +3,32 @@
     git clone https://github.com/NVIDIA/Megatron-LM /tmp/Megatron-LM   # its tests, not gigatron's
     python scripts/run_megatron_unit_tests.py /tmp/Megatron-LM --collect-only
     python scripts/run_megatron_unit_tests.py /tmp/Megatron-LM tests/unit_tests/test_utils.py -x
+    python scripts/run_megatron_unit_tests.py /tmp/Megatron-LM --nproc 1,2,4,8 \
+        --file-timeout 120 --report bench/reports/megatron-unit-tests.md
 
-Arguments after the checkout are handed to pytest (paths relative to the checkout; default
-`tests/unit_tests`). The runner installs `gigatron.compat.megatron`'s alias and skips Megatron's
-conftests (they download data sets and import Transformer Engine; their `tmp_path_dist_ckpt`
-fixture is provided here, and a small stand-in for pytest-mock's `mocker`). It adapts
-the one piece of their scaffolding that needs CUDA:
-`Utils.initialize_distributed` starts a one-rank gloo world instead of NCCL.
-`megatron.training.argument_utils` (imported by that scaffolding only) is a stub when gigatron
-lacks it, and `mock` is the standard library's `unittest.mock` when not installed. Nothing of
-Megatron's is copied into gigatron. At the end the runner prints how many test files failed to
-import, after pytest's own counts. Megatron's tests mostly expect 8 GPUs: on one CPU rank,
-count import failures and passes, not failures.
+Without --nproc: one pytest session, one rank, in this process; arguments after the checkout
+are pytest's (paths relative to the checkout; default `tests/unit_tests`). With --nproc N[,N..]
+(scripts/megatron_launch.py): for each N, each test directory is one pytest session under
+`torchrun --nproc-per-node N`, as Megatron's CI runs them; the files that import a CUDA-only
+package at module level are left out (scripts/megatron_test_results.py says which); rank 0's
+results are read live, a file running longer than --file-timeout seconds (default 120) is
+stopped and the session goes on after it; --report writes the markdown report, --results
+every test's outcome and message as JSON.
+
+Every rank installs `gigatron.compat.megatron`'s alias and skips Megatron's conftests (they
+download data sets and import Transformer Engine; their `tmp_path_dist_ckpt` fixture is provided
+here, and a small stand-in for pytest-mock's `mocker`). Megatron's `Utils` runs unchanged: inside
+its calls `torch.cuda.set_device` / `synchronize` do nothing and `device_count` is the local world
+size, and an nccl process group is a gloo one. `megatron.training.argument_utils` (imported by
+that scaffolding only) is a stub when gigatron lacks it, and `mock` is the standard library's
+`unittest.mock` when not installed. Nothing of Megatron's is copied into gigatron.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 import types
 from datetime import timedelta
@@ -66,25 +75,65 @@ def _not_here(fn: str):
     return call
 
 
-def _one_rank_gloo() -> None:
+def _cpu_distributed() -> None:
+    """Megatron's `Utils` runs unchanged on gloo CPU ranks: inside its calls, `torch.cuda`'s
+    set_device / synchronize do nothing and device_count is the local world size; everywhere,
+    an nccl process group is a gloo one (with a finite timeout, so a lost rank fails a test)."""
+    import contextlib
+
     import torch
+    import torch.distributed as dist
     from tests.unit_tests.test_utilities import Utils
 
-    def initialize_distributed():
-        if not torch.distributed.is_initialized():
-            store = torch.distributed.HashStore()
-            torch.distributed.init_process_group(
-                "gloo", world_size=1, rank=0, store=store, timeout=timedelta(minutes=1)
-            )
-        Utils.inited = True
+    if torch.cuda.is_available():
+        return
+    timeout = timedelta(seconds=int(os.environ.get("MEGATRON_TESTS_GLOO_TIMEOUT", "60")))
 
-    Utils.world_size, Utils.rank, Utils.local_rank = 1, 0, 0
-    Utils.initialize_distributed = staticmethod(initialize_distributed)
+    def gloo(fn):
+        def call(*args, **kwargs):
+            if args and isinstance(args[0], str):
+                args = ("gloo" if "nccl" in args[0] else args[0], *args[1:])
+            if "nccl" in str(kwargs.get("backend")):
+                kwargs["backend"] = "gloo"
+            if fn is init_process_group:
+                kwargs.setdefault("timeout", timeout)
+            return fn(*args, **kwargs)
+
+        return call
+
+    init_process_group = dist.init_process_group
+    dist.init_process_group = gloo(init_process_group)
+    dist.new_group = gloo(dist.new_group)
+
+    @contextlib.contextmanager
+    def cpu_cuda():
+        saved = torch.cuda.set_device, torch.cuda.device_count, torch.cuda.synchronize
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        torch.cuda.set_device = lambda *a, **k: None
+        torch.cuda.device_count = lambda: local
+        torch.cuda.synchronize = lambda *a, **k: None
+        try:
+            yield
+        finally:
+            torch.cuda.set_device, torch.cuda.device_count, torch.cuda.synchronize = saved
+
+    def on_cpu(fn):
+        def call(*args, **kwargs):
+            with cpu_cuda():
+                return fn(*args, **kwargs)
+
+        return staticmethod(call)
+
+    for name in ("initialize_distributed", "destroy_model_parallel", "set_world_size"):
+        setattr(Utils, name, on_cpu(getattr(Utils, name)))
 
 
 @pytest.fixture(scope="session")
 def tmp_path_dist_ckpt(tmp_path_factory):
-    """Megatron's conftest fixture: one directory shared by the ranks (one rank here)."""
+    """Megatron's conftest fixture: one directory shared by the ranks (the launcher's)."""
+    shared = os.environ.get("MEGATRON_TESTS_SHARED_TMP")
+    if shared:
+        return Path(shared)
     return tmp_path_factory.mktemp("tmp_dist_ckpt")
 
 
@@ -106,6 +155,50 @@ class _Summary:
     def pytest_collectreport(self, report):
         if report.failed:
             self.import_errors.append(report.nodeid)
+
+
+class _Results:
+    """Rank 0's results as JSON lines, written as they come (the launcher reads them live)."""
+
+    def __init__(self, path: str) -> None:
+        self.out = open(path, "a", buffering=1)  # noqa: SIM115 (open for the whole session)
+        self.current = None
+        self.tests: dict[str, dict] = {}
+
+    def _emit(self, **event) -> None:
+        self.out.write(json.dumps(event) + "\n")
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self._emit(kind="import_error", file=report.nodeid, message=_message(report))
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        file = nodeid.split("::")[0]
+        if file != self.current:
+            self.current = file
+            self._emit(kind="file_start", file=file)
+
+    def pytest_runtest_logreport(self, report):
+        t = self.tests.setdefault(report.nodeid, {"outcome": "passed", "message": ""})
+        if report.failed:
+            t.update(outcome="failed", message=_message(report))
+        elif report.skipped and t["outcome"] != "failed":
+            xfail = getattr(report, "wasxfail", None)
+            reason = f"xfail: {xfail}" if xfail is not None else report.longrepr[2]
+            t.update(outcome="skipped", message=re.sub(r"^Skipped: ", "", str(reason)))
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        self._emit(kind="test", nodeid=nodeid, **self.tests.pop(nodeid, {"outcome": "passed"}))
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self._emit(kind="session_end", exitstatus=int(exitstatus))
+
+
+def _message(report) -> str:
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    text = report.longreprtext
+    head = crash.message if crash is not None else ""
+    return (head + "\n" + text[-3000:]).strip()
 
 
 class _Patcher:
@@ -135,6 +228,33 @@ class _Patcher:
         return p.start()
 
 
+def _setup(checkout: Path) -> None:
+    os.chdir(checkout)
+    sys.path.insert(0, str(checkout))
+    import gigatron.compat.megatron as alias
+
+    alias.install()
+    _stub_scaffold_imports()
+    _mock_package()
+    _cpu_distributed()
+
+
+def _options(argv: list[str]) -> tuple[dict, list[str]]:
+    """This runner's options out of argv; the rest is pytest's."""
+    opts, rest, i = {}, [], 0
+    while i < len(argv):
+        key = argv[i]
+        if key in ("--nproc", "--file-timeout", "--report", "--results", "--worker"):
+            if i + 1 >= len(argv):
+                raise SystemExit(f"run_megatron_unit_tests: {key} needs a value")
+            opts[key[2:].replace("-", "_")] = argv[i + 1]
+            i += 2
+        else:
+            rest.append(key)
+            i += 1
+    return opts, rest
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
@@ -143,24 +263,36 @@ def main(argv: list[str]) -> int:
     if not (checkout / "tests" / "unit_tests").is_dir():
         print(f"{checkout}: no tests/unit_tests here (a Megatron-LM checkout?)", file=sys.stderr)
         return 2
-    os.chdir(checkout)
-    sys.path.insert(0, str(checkout))
-    os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0")
+    opts, rest = _options(argv[1:])
+    if "nproc" in opts:
+        from megatron_launch import launch
 
-    import gigatron.compat.megatron as alias
-
-    alias.install()
-    _stub_scaffold_imports()
-    _mock_package()
-    _one_rank_gloo()
-
-    rest = argv[1:] or ["tests/unit_tests"]
+        return launch(checkout, opts, rest, Path(__file__).resolve())
     args = ["--noconftest", "-p", "no:cacheprovider", "-o", "addopts=", "-q"]
-    args += ["--continue-on-collection-errors", *rest]
+    args += ["--continue-on-collection-errors", *(rest or ["tests/unit_tests"])]
+    if "worker" in opts:  # one rank under torchrun: the launcher's environment
+        _setup(checkout)
+        plugins = [sys.modules[__name__]]
+        if os.environ.get("RANK", "0") == "0":
+            plugins.append(_Results(opts["worker"]))
+        return int(pytest.main(args, plugins=plugins))
+    _single_rank_env()
+    _setup(checkout)
     summary = _Summary()
     code = pytest.main(args, plugins=[summary, sys.modules[__name__]])  # + this file's fixtures
     print(f"megatron-on-gigatron: {len(summary.import_errors)} files failed to import")
     return int(code)
+
+
+def _single_rank_env() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(env)
 
 
 if __name__ == "__main__":
