@@ -22,6 +22,9 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml requirements-dev.txt
 	touch $@
 
 setup: $(VENV)/.installed  ## create .venv with torch, gigatron and its extras (no megatron package)
+	@if $(BIN)/python -m pip show -q megatron-core >/dev/null 2>&1; then \
+	  echo "setup: removing megatron-core from $(VENV) (an older setup installed it; the tests' oracle is in $(ORACLE)/)"; \
+	  $(BIN)/python -m pip uninstall -y -q megatron-core; fi
 
 $(ORACLE)/.installed: $(BIN)/python requirements-oracle.txt
 	rm -rf $(ORACLE)

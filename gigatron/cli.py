@@ -94,6 +94,14 @@ def _generate_help() -> str:
     return p.format_help()
 
 
+# bare `gigatron train`: no silent multi-minute demo (pretrain_gpt.main says the same)
+_TRAIN_WITHOUT_FLAGS = (
+    "gigatron train: error: no flags given: pass Megatron's pretrain_gpt.py flags "
+    "(`gigatron train --help`), or --demo for the built-in demo that `make train` runs "
+    "(about 2 minutes on 2 CPU cores)"
+)
+
+
 def run(argv: list[str]) -> int:
     """Run `gigatron <argv[0]> <argv[1:]>`; exceptions propagate."""
     from gigatron.training import cli_errors
@@ -134,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         close = difflib.get_close_matches(name, list(COMMANDS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         print(f"gigatron: error: unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    if name == "train" and len(argv) == 1:  # before importing the training stack (seconds)
+        print(_TRAIN_WITHOUT_FLAGS, file=sys.stderr)
         return 2
     if name == "generate" and ("-h" in argv or "--help" in argv):
         print(_generate_help())

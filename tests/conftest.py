@@ -4,13 +4,14 @@ import sys
 import pytest
 import torch
 
-from tests._paths import MEGATRON_ORACLE
+from tests._paths import MEGATRON_ORACLE, put_oracle_first
 
 # megatron-core, the parity oracle, lives outside the venv (`make oracle`, requirements-oracle.txt):
-# on sys.path for this session only. Spawned ranks inherit sys.path; a test that starts a fresh
-# interpreter and needs the oracle passes its env through `tests._paths.with_oracle`.
+# first on sys.path (ahead of a megatron-core an older .venv may hold) for this session only.
+# Spawned ranks inherit sys.path; a test that starts a fresh interpreter and needs the oracle
+# passes its env through `tests._paths.with_oracle`.
 if MEGATRON_ORACLE.is_dir():
-    sys.path.append(str(MEGATRON_ORACLE))
+    put_oracle_first(sys.path)
 elif os.environ.get("MEGATRON_ORACLE"):
     raise pytest.UsageError(f"MEGATRON_ORACLE={MEGATRON_ORACLE} is no folder (`make oracle`)")
 

@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from tests._paths import REPO
+from tests._paths import REPO, put_oracle_first
 
 
 def _pyproject() -> dict:
@@ -50,7 +50,22 @@ def _recipe(target: str) -> str:
 def test_setup_and_train_leave_megatron_core_out(target):
     recipe = _recipe(target)
     assert "pip install" in recipe
-    assert "oracle" not in recipe and "megatron" not in recipe, recipe
+    installs = [ln for ln in recipe.splitlines() if "uninstall" not in ln and "pip show" not in ln]
+    installs = [ln for ln in installs if "echo" not in ln]
+    assert not [ln for ln in installs if "oracle" in ln.lower() or "megatron" in ln], recipe
+
+
+def test_setup_removes_megatron_core_an_older_setup_installed():
+    recipe = _recipe("setup")
+    assert "pip show -q megatron-core" in recipe, recipe
+    assert "pip uninstall -y -q megatron-core" in recipe, recipe
+    assert "echo" in recipe  # one line saying so
+
+
+def test_oracle_goes_ahead_of_site_packages(tmp_path):
+    paths = ["/repo", "/venv/lib/python3.11/site-packages", str(tmp_path)]
+    put_oracle_first(paths, tmp_path)
+    assert paths == [str(tmp_path), "/repo", "/venv/lib/python3.11/site-packages"]
 
 
 def test_test_target_installs_the_oracle_apart():

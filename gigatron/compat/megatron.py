@@ -123,11 +123,26 @@ def _is_alias(module) -> bool:
 _USAGE = "usage: python -m gigatron.compat.megatron (SCRIPT.py | -m MODULE | -c CODE) [args ...]"
 
 
+# set by srun / mpirun / MPICH-style launchers: the number of processes they started
+_MULTI_TASK = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
 def _single_process_env() -> None:
     """Run alone (no torchrun): the environment torchrun gives one process, so that
-    init_process_group's env:// rendezvous works unchanged. A launcher's values are kept."""
+    init_process_group's env:// rendezvous works unchanged. A launcher's values are kept; under
+    srun / mpirun (several tasks, no WORLD_SIZE) nothing is filled in and one line says why, as
+    N copies each calling itself rank 0 of 1 would train N separate models."""
     if "WORLD_SIZE" in os.environ:
         return
+    for key in _MULTI_TASK:
+        value = os.environ.get(key, "")
+        if value.isdigit() and int(value) > 1:
+            print(f"gigatron.compat.megatron: {key}={value} says this is one of {value} processes, "
+                  "so the one-process defaults (RANK=0, WORLD_SIZE=1) are not set; launch with "
+                  "torchrun, or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT "
+                  "from the launcher's variables (SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK)",
+                  file=sys.stderr)  # fmt: skip
+            return
     import socket
 
     with socket.socket() as s:  # a free port, as torchrun --standalone picks one

@@ -2,6 +2,7 @@
 traceback), never for an error that only mentions CUDA."""
 
 import runpy
+import sys
 
 import pytest
 import torch
@@ -56,3 +57,26 @@ def test_cuda_failure_raised_in_c_is_named(tmp_path):
     source = "import torch\n\ng = torch.Generator(device='cuda')\n"
     hint = _hint(tmp_path, source)
     assert hint is not None and "stopped at line 3" in hint, hint
+
+
+def test_wrong_argument_inside_torch_cuda_gets_no_cuda_hint(tmp_path):
+    source = "import torch\nwith torch.cuda.amp.autocast(dtype='bfloat16'):\n    pass\n"
+    with pytest.warns(UserWarning):  # autocast says CUDA is off before the TypeError
+        assert _hint(tmp_path, source) is None
+
+
+def test_nccl_in_a_helper_module_of_the_user_is_named(tmp_path):
+    (tmp_path / "helper_nccl.py").write_text(
+        "import torch.distributed as dist\n"
+        "def setup():\n"
+        "    dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1)\n"
+    )
+    source = (
+        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+        "from helper_nccl import setup\nsetup()\n"
+    )
+    try:
+        hint = _hint(tmp_path, source)
+    finally:
+        sys.modules.pop("helper_nccl", None)
+    assert hint is not None and "helper_nccl.py line 3" in hint, hint

@@ -5,10 +5,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
     )
 
 
@@ -57,7 +59,7 @@ def test_runs_a_script(tmp_path):
         [sys.executable, "-m", "gigatron.compat.megatron", str(script), "--x", "1"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "tp 1 ['--x', '1']"
@@ -66,7 +68,7 @@ def test_runs_a_script(tmp_path):
 def _launch(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "gigatron.compat.megatron", *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=300, cwd=cwd, env=env,
     )  # fmt: skip
 
 
@@ -120,3 +122,36 @@ def test_missing_seed_call_is_not_blamed_on_cuda(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert "model_parallel_cuda_manual_seed(seed)" in last and "needed on CPU too" in last, last
     assert "no CUDA device" not in r.stderr
+
+
+_TORCHRUN_KEYS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+@pytest.mark.parametrize("launcher", ["SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+def test_several_tasks_of_srun_or_mpirun_get_no_one_process_defaults(launcher, monkeypatch, capsys):
+    from gigatron.compat.megatron import _single_process_env
+
+    for key in _TORCHRUN_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(launcher, "4")
+    _single_process_env()
+    assert not [k for k in _TORCHRUN_KEYS if k in os.environ]
+    err = capsys.readouterr().err
+    assert f"{launcher}=4" in err and "torchrun" in err and err.count("\n") == 1, err
+
+
+def test_one_task_of_srun_gets_one_process_defaults(monkeypatch):
+    from gigatron.compat.megatron import _single_process_env
+
+    for key in _TORCHRUN_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    _single_process_env()
+    assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1"

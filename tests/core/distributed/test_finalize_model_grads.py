@@ -162,3 +162,13 @@ def test_finalize_model_grads():
     assert (res[0]["C_expert_weight"] == res[2]["C_expert_weight"]).all()
     assert (res[1]["C_expert_weight"] == res[3]["C_expert_weight"]).all()
     assert not (res[0]["C_expert_weight"] == res[1]["C_expert_weight"]).all()
+
+
+def test_tied_copies_summed_in_another_order_agree():
+    from gigatron.core.distributed.finalize_model_grads import _copies_agree
+
+    first = torch.tensor([12.5, 40.0], dtype=torch.float64)
+    rounded = first * (1 + 1e-8)  # an all-reduce summed in another order
+    assert _copies_agree([first, rounded], 1000)
+    assert not _copies_agree([first, first * (1 + 1e-3)], 1000)  # a stage trained its own copy
+    assert not _copies_agree([first, torch.tensor([12.5, 41.0], dtype=torch.float64)], 1000)
