@@ -21,6 +21,9 @@ def _hint(tmp_path, source: str) -> str | None:
 
 
 def test_rng_tracker_without_the_seed_call_gets_no_cuda_hint(tmp_path):
+    from gigatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    get_cuda_rng_tracker().reset()  # an earlier test of this process may have seeded it
     source = (
         "from gigatron.core.tensor_parallel import get_cuda_rng_tracker\n"
         "with get_cuda_rng_tracker().fork():\n"

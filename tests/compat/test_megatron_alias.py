@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.multirank
+
 
 def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run(

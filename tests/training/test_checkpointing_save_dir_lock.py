@@ -18,6 +18,8 @@ from tests.training.test_checkpointing import _args, _setup
 
 TRACKER = commit.TRACKER_FNAME
 
+pytestmark = pytest.mark.multirank
+
 # Another job: saves iteration 1 into argv[1], says so, then keeps running until killed.
 _HOLDER = """
 import argparse, sys, torch

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from gigatron.core.dist_checkpointing import CheckpointingException
@@ -16,6 +17,8 @@ from gigatron.training import checkpoint_files as commit
 from gigatron.training import checkpointing as ckpt
 from tests._paths import REPO
 from tests.training.test_checkpointing import _args, _setup
+
+pytestmark = pytest.mark.multirank
 
 # Saves iteration 1, then iteration 2 with files capped at argv[2] bytes (RLIMIT_FSIZE: the
 # kernel's EFBIG, which torch's zip writer reports as "unexpected pos ..."); prints the error.

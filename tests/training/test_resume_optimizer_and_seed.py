@@ -16,6 +16,8 @@ from gigatron.testing import run_distributed
 from gigatron.training import checkpointing as ckpt
 from tests.training.test_resume_contract import MODEL, RUN, _cli, _one_error_line, _saved
 
+pytestmark = pytest.mark.multirank
+
 
 class Tiny(torch.nn.Module):
     def __init__(self):
