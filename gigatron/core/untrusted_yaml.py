@@ -123,7 +123,8 @@ def read_yaml(
         raise
     except ValueError as e:  # a value that failed to build (int digits limit, a bad date)
         raise UntrustedFileError(
-            f"{what} {path}: a value at {_where(last[0])} could not be read: {str(e).splitlines()[0]}"
+            f"{what} {path}: a value at {_where(last[0])} could not be read: "
+            f"{str(e).splitlines()[0]}"
         ) from None
     except RecursionError:
         raise UntrustedFileError(
