@@ -127,3 +127,25 @@ def test_user_errors_get_no_older_checkpoint_advice(tmp_path):
     with pytest.raises(CheckpointingException, match="--no-load-optim") as err:
         ckpt.load_checkpoint(model, torch.optim.SGD(model.parameters(), lr=0.1), None, args=args)
     assert "is complete" not in str(err.value)
+
+
+def test_one_load_unpickles_the_dcp_metadata_once(tmp_path, monkeypatch):
+    """`.metadata` goes through a pure-Python unpickler (slow on a large model): one load reads
+    it once, and a rewritten `.metadata` is read afresh."""
+    from gigatron.core.dist_checkpointing import remove_sharded_tensors
+    from gigatron.core.dist_checkpointing.strategies import _torch_load
+
+    reads = []
+    real = _torch_load.restricted_pickle_load
+
+    def counting(f, *, what):
+        reads.append(what)
+        return real(f, what=what)
+
+    monkeypatch.setattr(_torch_load, "restricted_pickle_load", counting)
+    d = _save(tmp_path / "ckpt", 5)
+    assert _load(tmp_path / "ckpt")[0] == 5
+    assert len(reads) == 1 and reads[0].startswith("DCP metadata"), reads
+    remove_sharded_tensors(d, "bias")
+    keys = _torch_load.read_dcp_metadata(d).state_dict_metadata
+    assert "weight" in keys and "bias" not in keys

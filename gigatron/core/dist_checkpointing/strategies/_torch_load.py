@@ -4,8 +4,11 @@ runs, sizes checked), with coverage and shape checks that name the key and the f
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
+import os
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
@@ -37,6 +40,7 @@ from gigatron.core.dist_checkpointing.mapping import (
     ShardedTensor,
 )
 from gigatron.core.untrusted_files import (
+    LIMITS,
     UntrustedFileError,
     check_regular_file,
     confined_path,
@@ -47,6 +51,8 @@ from gigatron.core.untrusted_files import (
 class SafeFileSystemReader(FileSystemReader):
     """FileSystemReader whose `.metadata` unpickling is restricted to DCP's classes, and whose
     files are regular files inside the checkpoint directory, read within the sizes declared."""
+
+    _memo_metadata = True  # share an unpickled `.metadata` with other reads of the same bytes
 
     def read_metadata(self, *args, **kwargs):
         from torch.distributed.checkpoint.metadata import StorageMeta
@@ -61,12 +67,7 @@ class SafeFileSystemReader(FileSystemReader):
         except UntrustedFileError as e:
             raise CheckpointingException(f"{e}: the checkpoint is damaged") from None
         with f:
-            metadata = restricted_pickle_load(f, what=f"DCP metadata {path}")
-        if not isinstance(metadata, Metadata):
-            raise CheckpointingException(
-                f"DCP metadata {path} holds {_kind(metadata)}, not torch.distributed.checkpoint "
-                "Metadata: the checkpoint is damaged or not a torch_dist checkpoint"
-            )
+            metadata = _unpickle_metadata(f, path, memo=self._memo_metadata)
         _check_storage_data(metadata, self.path, path)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
@@ -123,6 +124,40 @@ class SafeFileSystemReader(FileSystemReader):
                 f"{path} is damaged: truncated to {size} bytes, the checkpoint's metadata needs "
                 f"at least {need}"
             )
+
+
+_METADATA_MEMO: OrderedDict[tuple[str, bytes], Metadata] = OrderedDict()
+_METADATA_MEMO_SIZE = 2
+
+
+def _unpickle_metadata(f, path: str, *, memo: bool = True) -> Metadata:
+    """The `Metadata` pickled in the open file `f`, unpickled once per content.
+
+    The restricted unpickler is pure Python (about 3x the C one: seconds for a large model's
+    `.metadata`), and one load reads the metadata several times (key checks, shape checks,
+    DCP's own read), so the last few are kept, keyed on the resolved path and a digest of the
+    bytes: a rewritten file is read afresh. The object is shared: its readers must not change
+    it (none does; `remove_sharded_tensors` builds a new one)."""
+    data = f.read(LIMITS["dcp_metadata"] + 1)
+    if len(data) > LIMITS["dcp_metadata"]:
+        raise CheckpointingException(f"DCP metadata {path} grew past its size limit while read")
+    key = (os.path.realpath(path), hashlib.blake2b(data, digest_size=32).digest())
+    metadata = _METADATA_MEMO.get(key) if memo else None
+    if metadata is not None:
+        _METADATA_MEMO.move_to_end(key)
+        return metadata
+    metadata = restricted_pickle_load(io.BytesIO(data), what=f"DCP metadata {path}")
+    if not isinstance(metadata, Metadata):
+        raise CheckpointingException(
+            f"DCP metadata {path} holds {_kind(metadata)}, not torch.distributed.checkpoint "
+            "Metadata: the checkpoint is damaged or not a torch_dist checkpoint"
+        )
+    if not memo:
+        return metadata
+    _METADATA_MEMO[key] = metadata
+    while len(_METADATA_MEMO) > _METADATA_MEMO_SIZE:
+        _METADATA_MEMO.popitem(last=False)
+    return metadata
 
 
 def _kind(value) -> str:
