@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from gigatron.compat import legacy_moe_checkpoint as legacy_moe
 from gigatron.core import dist_checkpointing
-from gigatron.core.dist_checkpointing import CheckpointingException
+from gigatron.core.dist_checkpointing import CheckpointingException, DamagedCheckpointError
 from gigatron.core.dist_checkpointing.core import describe_write_error
 from gigatron.core.dist_checkpointing.optimizer import (
     load_optimizer_state_dict,
@@ -333,7 +333,7 @@ def load_checkpoint(
     try:  # a damaged file: name the older complete iteration the user can load instead
         ckpt_dir = commit.resolve(root, iteration, release, warn=_rank() == 0)
         if not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
-            raise CheckpointingException(_incomplete(ckpt_dir, step))
+            raise DamagedCheckpointError(_incomplete(ckpt_dir, step))
         finetune = bool(getattr(args, "finetune", False)) or release
         with_optim = not finetune and not getattr(args, "no_load_optim", False)
         with_rng = not finetune and not getattr(args, "no_load_rng", False)
@@ -364,9 +364,7 @@ def load_checkpoint(
             request, ckpt_dir, strict=strictness,
             verify_integrity=bool(getattr(args, "ckpt_verify_integrity", False)),
         )  # fmt: skip
-    except CheckpointingException as e:
-        if not _is_damage(e):
-            raise
+    except DamagedCheckpointError as e:
         raise _damaged(e, root, None if release else iteration) from None
     override = with_optim and getattr(opt_param_scheduler, "override_opt_param_scheduler", False)
     override = override or drift[1] == "flags"
@@ -409,20 +407,13 @@ def _incomplete(ckpt_dir: str, step: int | None = None) -> str:
 
 
 # what the messages of a damaged or refused file say (not a user's flag mismatch)
-_DAMAGE = ("damaged", "missing or incomplete", "only a regular file", "-byte limit", "outside")
-
-
-def _is_damage(e: CheckpointingException) -> bool:
-    return any(word in str(e) for word in _DAMAGE)
-
-
 def _damaged(e: CheckpointingException, root: str, iteration) -> CheckpointingException:
     """`e`, plus the newest complete checkpoint older than `iteration` the user could load."""
     older = commit.newest_complete_before(root, iteration)
     if older is None:
-        return CheckpointingException(f"{e}; no older complete checkpoint under {root}")
+        return DamagedCheckpointError(f"{e}; no older complete checkpoint under {root}")
     name = os.path.basename(cs.checkpoint_dir(root, older))
-    return CheckpointingException(
+    return DamagedCheckpointError(
         f"{e}; {name} is complete: pass --ckpt-step {older} (or write {older} into "
         f"{get_checkpoint_tracker_filename(root)}) to load it"
     )

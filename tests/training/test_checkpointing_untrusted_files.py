@@ -118,8 +118,10 @@ def test_ckpt_step_loads_that_iteration_and_names_itself_when_missing(tmp_path, 
     assert "iter_0000100 is complete: pass --ckpt-step 100" in msg, msg
 
 
-def test_user_errors_get_no_older_checkpoint_advice(tmp_path):
-    root = tmp_path / "ckpt"
+@pytest.mark.parametrize("dirname", ["ckpt", "outside-runs", "damaged-disk"])
+def test_user_errors_get_no_older_checkpoint_advice(tmp_path, dirname):
+    """Damage is told by the error's type, not by words in it (a path may hold any word)."""
+    root = tmp_path / dirname
     _save(root, 100)
     _save(root, 200)
     model = torch.nn.Linear(4, 4)

@@ -35,7 +35,7 @@ from torch.futures import Future
 
 from gigatron.core.dist_checkpointing._boxes import box_view, sharded_tensor_boxes
 from gigatron.core.dist_checkpointing._safe_load import restricted_pickle_load, safe_torch_load
-from gigatron.core.dist_checkpointing.core import CheckpointingException
+from gigatron.core.dist_checkpointing.core import CheckpointingException, DamagedCheckpointError
 from gigatron.core.dist_checkpointing.mapping import (
     ShardedTensor,
 )
@@ -61,11 +61,11 @@ class SafeFileSystemReader(FileSystemReader):
         try:
             f = open_regular_file(path, what="DCP metadata", max_bytes="dcp_metadata")
         except FileNotFoundError as e:
-            raise CheckpointingException(
+            raise DamagedCheckpointError(
                 f"{path} is missing: not a torch_dist checkpoint or an unfinished save"
             ) from e
         except UntrustedFileError as e:
-            raise CheckpointingException(f"{e}: the checkpoint is damaged") from None
+            raise DamagedCheckpointError(f"{e}: the checkpoint is damaged") from None
         with f:
             metadata = _unpickle_metadata(f, path, memo=self._memo_metadata)
         _check_storage_data(metadata, self.path, path)
@@ -92,7 +92,7 @@ class SafeFileSystemReader(FileSystemReader):
             except CheckpointingException:
                 raise
             except Exception as e:
-                raise CheckpointingException(
+                raise DamagedCheckpointError(
                     f"{path} is damaged (cannot be read as the checkpoint's metadata describes "
                     f"it): {type(e).__name__}: {_first_line(e)}"
                 ) from None
@@ -106,7 +106,7 @@ class SafeFileSystemReader(FileSystemReader):
             return confined_path(self.path, relative_path, what="data file",
                                  source=f"DCP metadata {self._get_metadata_path()}")  # fmt: skip
         except UntrustedFileError as e:
-            raise CheckpointingException(str(e)) from None
+            raise DamagedCheckpointError(str(e)) from None
 
     def _check_size(self, path, items: list[ReadItem]) -> None:
         need = max(self.storage_data[i.storage_index].offset
@@ -114,13 +114,13 @@ class SafeFileSystemReader(FileSystemReader):
         try:
             size = check_regular_file(path, what="checkpoint data file")
         except OSError as e:
-            raise CheckpointingException(
+            raise DamagedCheckpointError(
                 f"{path} is missing or unreadable: the checkpoint is damaged ({e.strerror})"
             ) from None
         except UntrustedFileError as e:
-            raise CheckpointingException(f"{e}: the checkpoint is damaged") from None
+            raise DamagedCheckpointError(f"{e}: the checkpoint is damaged") from None
         if size < need:
-            raise CheckpointingException(
+            raise DamagedCheckpointError(
                 f"{path} is damaged: truncated to {size} bytes, the checkpoint's metadata needs "
                 f"at least {need}"
             )
@@ -148,7 +148,7 @@ def _unpickle_metadata(f, path: str, *, memo: bool = True) -> Metadata:
         return metadata
     metadata = restricted_pickle_load(io.BytesIO(data), what=f"DCP metadata {path}")
     if not isinstance(metadata, Metadata):
-        raise CheckpointingException(
+        raise DamagedCheckpointError(
             f"DCP metadata {path} holds {_kind(metadata)}, not torch.distributed.checkpoint "
             "Metadata: the checkpoint is damaged or not a torch_dist checkpoint"
         )
@@ -171,21 +171,21 @@ def _check_storage_data(metadata: Metadata, root, path: str) -> None:
     if storage is None:
         return
     if not isinstance(storage, dict):
-        raise CheckpointingException(
+        raise DamagedCheckpointError(
             f"DCP metadata {path} holds storage data of {_kind(storage)}, not a dict: the "
             "checkpoint is damaged"
         )
     names = set()
     for index, info in storage.items():
         if not isinstance(info, _StorageInfo):
-            raise CheckpointingException(
+            raise DamagedCheckpointError(
                 f"DCP metadata {path}: the storage entry of {getattr(index, 'fqn', index)!r} is "
                 f"{_kind(info)}, not a data file range: the checkpoint is damaged"
             )
         for field in ("offset", "length"):
             value = getattr(info, field)
             if type(value) is not int or value < 0:
-                raise CheckpointingException(
+                raise DamagedCheckpointError(
                     f"DCP metadata {path} declares {field} {value!r} in {info.relative_path!r} "
                     f"for {getattr(index, 'fqn', index)!r}: a byte {field} is an integer >= 0; "
                     "the checkpoint is damaged"
@@ -195,7 +195,7 @@ def _check_storage_data(metadata: Metadata, root, path: str) -> None:
         try:
             confined_path(root, name, what="data file", source=f"DCP metadata {path}")
         except UntrustedFileError as e:
-            raise CheckpointingException(str(e)) from None
+            raise DamagedCheckpointError(str(e)) from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -290,7 +290,7 @@ def _check_coverage(fqn, md, reqs, read_items) -> None:
     for i, ((offs, sizes, _), _, _sh) in enumerate(reqs):
         inside = math.prod(max(0, min(o + s, g) - o) for o, s, g in zip(offs, sizes, md.size))
         if got[i] != inside:
-            raise CheckpointingException(
+            raise DamagedCheckpointError(
                 f"{fqn}: the checkpoint covers {got[i]} of the {inside} requested elements at "
                 f"offset {offs} size {sizes}: incomplete or damaged checkpoint"
             )
@@ -327,7 +327,7 @@ def _first_failure(e: DCPCheckpointException, checkpoint_dir) -> CheckpointingEx
     first cause as one line, so all ranks report the same thing."""
     for rank, (cause, _trace) in sorted(e.failures.items()):
         if isinstance(cause, CheckpointingException):
-            return CheckpointingException(f"{cause} (seen on rank {rank})")
+            return type(cause)(f"{cause} (seen on rank {rank})")
         return CheckpointingException(
             f"{checkpoint_dir}: loading failed on rank {rank}: {type(cause).__name__}: "
             f"{_first_line(cause)}"
