@@ -148,7 +148,11 @@ def confined_path(root: str | os.PathLike, name: str, *, what: str, source: str)
     root = os.fspath(root)
     if not isinstance(name, str) or not name:
         raise UntrustedFileError(f"{source} names {what} {name!r}; expected a relative file name")
-    if os.path.isabs(name) or name.startswith(("/", "\\")) or "\x00" in name:
+    if "\x00" in name:
+        raise UntrustedFileError(
+            f"{source} names {what} {name!r}: a NUL byte in a file name; no such file is read"
+        )
+    if os.path.isabs(name) or name.startswith(("/", "\\")):
         raise UntrustedFileError(
             f"{source} names {what} {name!r}: an absolute path; only a path inside {root} is read"
         )
