@@ -340,9 +340,10 @@ def load_checkpoint(
         saved_args = dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")
         if not finetune and saved_args is not None:  # Megatron's check, before any tensor is read
             ca.check_checkpoint_args(saved_args, args, where=ckpt_dir)
-        seed_note, drift = "", ([], "")
+        seed_note, clip_note, drift = "", "", ([], "")
         if not finetune and saved_args is not None and optimizer is not None:  # a resume
             seed_note = ca.check_seed(saved_args, args, ckpt_dir)
+            clip_note = ca.clip_grad_note(saved_args, args)
             if with_optim:
                 drift = ca.optimizer_drift(saved_args, args, opt_param_scheduler, ckpt_dir)
         _check_parts_saved(ckpt_dir, with_optim, with_rng)
@@ -379,7 +380,7 @@ def load_checkpoint(
         if opt_param_scheduler is not None:
             opt_param_scheduler.step(increment=0)
     if drift[1] == "checkpoint":
-        _take_checkpoint_values(args, optimizer, drift[0])
+        _take_checkpoint_values(args, drift[0])
     if finetune:
         _say(_weights_only_line(ckpt_dir, state.get("iteration", 0), release, optimizer))
         return 0, 0
@@ -388,7 +389,7 @@ def load_checkpoint(
             setattr(args, name, getattr(saved_args, name))
     line = ca.load_line(
         ckpt_dir, state["iteration"], args, optimizer, opt_param_scheduler, with_optim, with_rng,
-        notes=(ca.drift_note(*drift), seed_note),
+        notes=(ca.drift_note(*drift), clip_note, seed_note),
     )  # fmt: skip
     _say(line)
     return state["iteration"], state.get("num_floating_point_operations_so_far", 0)
@@ -444,18 +445,11 @@ def _group_values(optimizer) -> list[dict]:
     ]
 
 
-def _take_checkpoint_values(args, optimizer, diffs) -> None:
+def _take_checkpoint_values(args, diffs) -> None:
     """--use-checkpoint-opt_param-scheduler: the param groups hold the checkpoint's values
-    already; the args (saved with the next checkpoint) and the optimizer config (--clip-grad)
-    take them too."""
+    already; the args (saved with the next checkpoint) take them too."""
     for name, _, saved in diffs:
         setattr(args, name, saved)
-        if name != "clip_grad":
-            continue
-        for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
-            config = getattr(opt, "config", None)
-            if config is not None and hasattr(config, "clip_grad"):
-                config.clip_grad = saved
 
 
 def _check_parts_saved(ckpt_dir: str, with_optim: bool, with_rng: bool) -> None:
