@@ -76,6 +76,10 @@ def read_weight_map(index: str) -> dict[str, str]:
     return weight_map
 
 
+MAX_HEADER_BYTES = 100_000_000
+"""A safetensors header's largest size (the safetensors library refuses larger ones too)."""
+
+
 def _read_header(path: str) -> tuple[dict, int]:
     """(JSON header, byte offset where the data section starts), checked against the file: every
     tensor's dtype, shape and byte range must be consistent and inside the file. The file comes
@@ -84,6 +88,9 @@ def _read_header(path: str) -> tuple[dict, int]:
         size = os.fstat(f.fileno()).st_size
         raw = f.read(8)
         n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+        if 0 < n <= size - 8 and n > MAX_HEADER_BYTES:  # the safetensors library's own cap
+            raise ValueError(f"{path}: safetensors header of {n} bytes is over the "
+                             f"{MAX_HEADER_BYTES}-byte limit for a header: damaged")  # fmt: skip
         if not 0 < n <= size - 8:
             raise ValueError(f"{path} is not a valid safetensors file (header length {n}, file "
                              f"{size} bytes): damaged or truncated")  # fmt: skip

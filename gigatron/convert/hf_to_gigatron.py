@@ -42,6 +42,7 @@ from gigatron.convert.hf_config import (
 )
 from gigatron.convert.hf_io import HFReader, iter_planned, write_safetensors
 from gigatron.core import dist_checkpointing
+from gigatron.core.untrusted_files import confined_path, read_bytes
 from gigatron.training.checkpoint_files import (
     CHECKPOINT_VERSION,
     TRACKER_FNAME,
@@ -65,14 +66,22 @@ _SCRATCH = ".convert_scratch"
 
 
 def copy_side_files(src_dir: str, out_dir: str, *, with_config: bool = True) -> list[str]:
-    """Copy config.json (optional) and the tokenizer / generation files present in src_dir."""
+    """Copy config.json (optional) and the tokenizer / generation files present in src_dir.
+
+    src_dir is untrusted: each file must resolve inside it (a symlink to a file elsewhere is
+    refused, not copied into the output) and be a regular file within its size limit (a FIFO or
+    a link to a device is refused before a byte is read)."""
     names = (("config.json",) if with_config else ()) + TOKENIZER_FILES
     copied = []
     for name in names:
-        src = os.path.join(src_dir, name)
-        if os.path.exists(src):
-            shutil.copyfile(src, os.path.join(out_dir, name))
-            copied.append(name)
+        if not os.path.lexists(os.path.join(src_dir, name)):
+            continue
+        src = confined_path(src_dir, name, what="side file", source=f"directory {src_dir}")
+        limit = "json_small" if name == "config.json" else "tokenizer"
+        data = read_bytes(src, what="side file", max_bytes=limit)
+        with open(os.path.join(out_dir, name), "wb") as f:
+            f.write(data)
+        copied.append(name)
     return copied
 
 

@@ -39,7 +39,7 @@ LIMITS: dict[str, int] = {
     "tracker": 1 * _KiB,  # latest_checkpointed_iteration.txt: an integer or "release"
     "json_small": 16 * _MiB,  # metadata.json, config.json, tokenizer_config.json, run args
     "index_json": 256 * _MiB,  # model.safetensors.index.json (one line per tensor)
-    "yaml": 16 * _MiB,  # --yaml-cfg
+    "yaml": 1 * _MiB,  # --yaml-cfg (a file of flags)
     "dcp_metadata": 4 * _GiB,  # .metadata of a torch_dist checkpoint (one entry per chunk)
     "common_pt": 4 * _GiB,  # common.pt: args, RNG states, scheduler, non-sharded state
     "tokenizer": 2 * _GiB,  # tokenizer.json, vocab / merges files, sentencepiece models
@@ -148,7 +148,11 @@ def confined_path(root: str | os.PathLike, name: str, *, what: str, source: str)
     root = os.fspath(root)
     if not isinstance(name, str) or not name:
         raise UntrustedFileError(f"{source} names {what} {name!r}; expected a relative file name")
-    if os.path.isabs(name) or name.startswith(("/", "\\")) or "\x00" in name:
+    if "\x00" in name:
+        raise UntrustedFileError(
+            f"{source} names {what} {name!r}: a NUL byte in a file name; no such file is read"
+        )
+    if os.path.isabs(name) or name.startswith(("/", "\\")):
         raise UntrustedFileError(
             f"{source} names {what} {name!r}: an absolute path; only a path inside {root} is read"
         )

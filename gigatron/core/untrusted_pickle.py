@@ -10,7 +10,9 @@ this load created itself (by NEWOBJ or REDUCE) and is not an enum member, a clas
 a module; subclasses may narrow it further (`may_set_state`).
 
 It is built on `pickle._Unpickler`, the pure-Python unpickler of the standard library (the C one
-offers no hook for BUILD); unpickling DCP metadata with it costs about 1.2x the C unpickler.
+offers no hook for BUILD); unpickling DCP metadata with it costs about 3x the C unpickler
+(measured: a 3.3 MB `.metadata` of 5000 tensors x 4 chunks, 1.9 s against 0.67 s), so the
+checkpoint reader unpickles each `.metadata` once per load (`_torch_load._unpickle_metadata`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ The rules of `untrusted_files` (a regular file, a size limit, UTF-8) hold first;
   of values; whoever then prints or walks the result never returns. The composed document is
   measured (each alias counted at its full size) before anything is built from it, and an alias
   that refers to itself is refused.
+- **Numbers are short.** A scalar that reads as an int or a float may be at most
+  `MAX_NUMBER_CHARS` characters: YAML 1.1's base-60 ints (`1:2:3:...`) take quadratic time to
+  build, and Python refuses a decimal int of over 4300 digits with an error that names no file.
+  Any other value that fails to build (a date with month 13) is refused naming its line.
 
 Each refusal is an `UntrustedFileError` (a `ValueError`) on one line naming the file and the rule.
 """
@@ -20,10 +24,15 @@ import os
 
 from gigatron.core.untrusted_files import UntrustedFileError, read_text
 
-__all__ = ["MAX_YAML_VALUES", "read_yaml"]
+__all__ = ["MAX_NUMBER_CHARS", "MAX_YAML_VALUES", "read_yaml"]
 
 MAX_YAML_VALUES = 100_000
 """Values (scalars, lists, mappings) a YAML file may expand to, aliases counted in full."""
+
+MAX_NUMBER_CHARS = 100
+"""Characters of a scalar that YAML resolves to an int or a float."""
+
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
 
 
 def _where(mark) -> str:
@@ -54,6 +63,12 @@ def _expanded_size(root, what: str, path: str, max_values: int) -> int:
             children = [n for pair in node.value for n in pair]
         else:
             children = []
+            if node.tag in _NUMBER_TAGS and len(node.value) > MAX_NUMBER_CHARS:
+                raise UntrustedFileError(
+                    f"{what} {path}: a number of {len(node.value)} characters at "
+                    f"{_where(node.start_mark)}, over the {MAX_NUMBER_CHARS}-character limit "
+                    "for a number; a setting is a short number"
+                )
         for child in children:
             total += size(child)
             if total > max_values:
@@ -84,6 +99,14 @@ def read_yaml(
     path = os.fspath(path)
     text = read_text(path, what=what, max_bytes=max_bytes)
     loader = yaml.SafeLoader(text)
+    last = [None]
+    construct_object = loader.construct_object
+
+    def construct_noting_where(node, deep=False):
+        last[0] = node.start_mark  # on a ValueError: the value whose building failed
+        return construct_object(node, deep=deep)
+
+    loader.construct_object = construct_noting_where
     try:
         root = loader.get_single_node()
         if root is None:
@@ -95,6 +118,13 @@ def read_yaml(
         raise UntrustedFileError(
             f"{what} {path}: {problem} at {_where(e.problem_mark)}; only plain YAML values "
             "(no tags that construct objects) are read"
+        ) from None
+    except UntrustedFileError:
+        raise
+    except ValueError as e:  # a value that failed to build (int digits limit, a bad date)
+        raise UntrustedFileError(
+            f"{what} {path}: a value at {_where(last[0])} could not be read: "
+            f"{str(e).splitlines()[0]}"
         ) from None
     except RecursionError:
         raise UntrustedFileError(

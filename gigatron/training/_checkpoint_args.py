@@ -260,8 +260,16 @@ OPTIMIZER_FIELDS = {
     "adam_beta2": "adam",
     "adam_eps": "adam",
     "sgd_momentum": "sgd",
-    "clip_grad": None,
 }
+
+
+def clip_grad_note(checkpoint_args, args) -> str:
+    """--clip-grad is no optimizer state (the clipping reads the flag every step): when it
+    differs from the checkpoint's, the flag wins and the load line says so ('' otherwise)."""
+    value, saved = getattr(args, "clip_grad", None), getattr(checkpoint_args, "clip_grad", None)
+    if value is None or saved is None or value == saved:
+        return ""
+    return f"--clip-grad {value} (checkpoint: {saved}): the flag's value runs"
 
 
 def _resume_switch(args, scheduler, name: str) -> bool:

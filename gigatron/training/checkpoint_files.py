@@ -38,7 +38,7 @@ import socket
 import sys
 import time
 
-from gigatron.core.dist_checkpointing import CheckpointingException
+from gigatron.core.dist_checkpointing import CheckpointingException, DamagedCheckpointError
 from gigatron.core.dist_checkpointing.core import (
     check_is_distributed_checkpoint,
     describe_write_error,
@@ -78,17 +78,17 @@ def read_tracker(root: str) -> tuple[int, bool] | None:
     try:  # a regular file of at most a few bytes: never a link to /dev/zero, never a FIFO
         text = read_text(path, what="checkpoint tracker", max_bytes="tracker").strip()
     except UntrustedFileError as e:
-        raise CheckpointingException(f"{e}: the tracker is damaged") from None
+        raise DamagedCheckpointError(f"{e}: the tracker is damaged") from None
     if text == "release":
         return 0, True
     try:
         iteration = int(text)
     except ValueError:
-        raise CheckpointingException(
+        raise DamagedCheckpointError(
             f"{path} is damaged: expected an iteration number or 'release', got {text[:40]!r}"
         ) from None
     if iteration < 0:
-        raise CheckpointingException(f"{path} is damaged: negative iteration {iteration}")
+        raise DamagedCheckpointError(f"{path} is damaged: negative iteration {iteration}")
     return iteration, False
 
 

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from gigatron.compat import legacy_moe_checkpoint as legacy_moe
 from gigatron.core import dist_checkpointing
-from gigatron.core.dist_checkpointing import CheckpointingException
+from gigatron.core.dist_checkpointing import CheckpointingException, DamagedCheckpointError
 from gigatron.core.dist_checkpointing.core import describe_write_error
 from gigatron.core.dist_checkpointing.optimizer import (
     load_optimizer_state_dict,
@@ -333,16 +333,17 @@ def load_checkpoint(
     try:  # a damaged file: name the older complete iteration the user can load instead
         ckpt_dir = commit.resolve(root, iteration, release, warn=_rank() == 0)
         if not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
-            raise CheckpointingException(_incomplete(ckpt_dir, step))
+            raise DamagedCheckpointError(_incomplete(ckpt_dir, step))
         finetune = bool(getattr(args, "finetune", False)) or release
         with_optim = not finetune and not getattr(args, "no_load_optim", False)
         with_rng = not finetune and not getattr(args, "no_load_rng", False)
         saved_args = dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")
         if not finetune and saved_args is not None:  # Megatron's check, before any tensor is read
             ca.check_checkpoint_args(saved_args, args, where=ckpt_dir)
-        seed_note, drift = "", ([], "")
+        seed_note, clip_note, drift = "", "", ([], "")
         if not finetune and saved_args is not None and optimizer is not None:  # a resume
             seed_note = ca.check_seed(saved_args, args, ckpt_dir)
+            clip_note = ca.clip_grad_note(saved_args, args)
             if with_optim:
                 drift = ca.optimizer_drift(saved_args, args, opt_param_scheduler, ckpt_dir)
         _check_parts_saved(ckpt_dir, with_optim, with_rng)
@@ -364,9 +365,7 @@ def load_checkpoint(
             request, ckpt_dir, strict=strictness,
             verify_integrity=bool(getattr(args, "ckpt_verify_integrity", False)),
         )  # fmt: skip
-    except CheckpointingException as e:
-        if not _is_damage(e):
-            raise
+    except DamagedCheckpointError as e:
         raise _damaged(e, root, None if release else iteration) from None
     override = with_optim and getattr(opt_param_scheduler, "override_opt_param_scheduler", False)
     override = override or drift[1] == "flags"
@@ -381,7 +380,7 @@ def load_checkpoint(
         if opt_param_scheduler is not None:
             opt_param_scheduler.step(increment=0)
     if drift[1] == "checkpoint":
-        _take_checkpoint_values(args, optimizer, drift[0])
+        _take_checkpoint_values(args, drift[0])
     if finetune:
         _say(_weights_only_line(ckpt_dir, state.get("iteration", 0), release, optimizer))
         return 0, 0
@@ -390,7 +389,7 @@ def load_checkpoint(
             setattr(args, name, getattr(saved_args, name))
     line = ca.load_line(
         ckpt_dir, state["iteration"], args, optimizer, opt_param_scheduler, with_optim, with_rng,
-        notes=(ca.drift_note(*drift), seed_note),
+        notes=(ca.drift_note(*drift), clip_note, seed_note),
     )  # fmt: skip
     _say(line)
     return state["iteration"], state.get("num_floating_point_operations_so_far", 0)
@@ -409,20 +408,13 @@ def _incomplete(ckpt_dir: str, step: int | None = None) -> str:
 
 
 # what the messages of a damaged or refused file say (not a user's flag mismatch)
-_DAMAGE = ("damaged", "missing or incomplete", "only a regular file", "-byte limit", "outside")
-
-
-def _is_damage(e: CheckpointingException) -> bool:
-    return any(word in str(e) for word in _DAMAGE)
-
-
 def _damaged(e: CheckpointingException, root: str, iteration) -> CheckpointingException:
     """`e`, plus the newest complete checkpoint older than `iteration` the user could load."""
     older = commit.newest_complete_before(root, iteration)
     if older is None:
-        return CheckpointingException(f"{e}; no older complete checkpoint under {root}")
+        return DamagedCheckpointError(f"{e}; no older complete checkpoint under {root}")
     name = os.path.basename(cs.checkpoint_dir(root, older))
-    return CheckpointingException(
+    return DamagedCheckpointError(
         f"{e}; {name} is complete: pass --ckpt-step {older} (or write {older} into "
         f"{get_checkpoint_tracker_filename(root)}) to load it"
     )
@@ -453,18 +445,11 @@ def _group_values(optimizer) -> list[dict]:
     ]
 
 
-def _take_checkpoint_values(args, optimizer, diffs) -> None:
+def _take_checkpoint_values(args, diffs) -> None:
     """--use-checkpoint-opt_param-scheduler: the param groups hold the checkpoint's values
-    already; the args (saved with the next checkpoint) and the optimizer config (--clip-grad)
-    take them too."""
+    already; the args (saved with the next checkpoint) take them too."""
     for name, _, saved in diffs:
         setattr(args, name, saved)
-        if name != "clip_grad":
-            continue
-        for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
-            config = getattr(opt, "config", None)
-            if config is not None and hasattr(config, "clip_grad"):
-                config.clip_grad = saved
 
 
 def _check_parts_saved(ckpt_dir: str, with_optim: bool, with_rng: bool) -> None:

@@ -88,14 +88,13 @@ def _model_flags(prefix: Path, tokenizer: Path, ckpt: Path, out: Path, iters: in
 
 
 def trained_iterations(ckpt: Path) -> int | None:
-    """The iteration of the demo's last checkpoint (Megatron's tracker file), None without one."""
-    from gigatron.training.checkpoint_files import TRACKER_FNAME
+    """The iteration of the demo's last checkpoint (Megatron's tracker file), None without one.
 
-    try:
-        text = (ckpt / TRACKER_FNAME).read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+    The tracker is read as the small regular file it is (a damaged one: CheckpointingException)."""
+    from gigatron.training.checkpoint_files import read_tracker
+
+    found = read_tracker(str(ckpt))
+    return None if found is None or found[1] else found[0]
 
 
 def _can_plot() -> bool:

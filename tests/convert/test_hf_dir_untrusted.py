@@ -151,3 +151,36 @@ def test_expert_count_is_checked_against_the_weights(mixtral, tmp_path):
         hf_dir_args(str(hf))
     message = _one_line(err)
     assert "config.json: num_local_experts (1000000)" in message and "4 experts" in message
+
+
+@pytest.mark.parametrize("how", ["symlink_outside", "fifo"])
+def test_side_file_outside_the_directory_or_not_regular_is_refused(tmp_path, how):
+    # (a FIFO, not a link to /dev/zero: a copy that ignores the rule must fail, not fill the disk)
+    from gigatron.convert.hf_to_gigatron import copy_side_files
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    (src / "tokenizer_config.json").write_text("{}")
+    if how == "fifo":
+        os.mkfifo(src / "tokenizer.json")
+    else:
+        (tmp_path / "secret").write_text("password")
+        os.symlink(tmp_path / "secret", src / "tokenizer.json")
+    with pytest.raises(ValueError, match="tokenizer.json") as err:
+        copy_side_files(str(src), str(out))
+    _one_line(err)
+    assert not (out / "tokenizer.json").exists()
+
+
+def test_side_files_are_copied_byte_for_byte(tmp_path):
+    from gigatron.convert.hf_to_gigatron import copy_side_files
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    (src / "config.json").write_text('{"a": 1}')
+    (src / "merges.txt").write_bytes(b"a b\n\xc3\xa9 c\n")
+    assert copy_side_files(str(src), str(out)) == ["config.json", "merges.txt"]
+    assert (out / "merges.txt").read_bytes() == b"a b\n\xc3\xa9 c\n"
+    assert (out / "config.json").read_text() == '{"a": 1}'

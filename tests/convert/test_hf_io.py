@@ -102,3 +102,17 @@ def test_damaged_safetensors_are_named_before_any_tensor_is_mapped(tmp_path, dam
     with pytest.raises(ValueError, match="model.safetensors") as err:
         HFReader(str(tmp_path))
     assert "damaged" in str(err.value) or "malformed" in str(err.value)
+
+
+def test_safetensors_header_over_100_mb_is_refused_unread(tmp_path):
+    import struct
+
+    from gigatron.convert.hf_io import _read_header
+
+    path = tmp_path / "model.safetensors"
+    with open(path, "wb") as f:  # a sparse file: the header length fits in it, nothing is read
+        f.write(struct.pack("<Q", 200_000_000))
+        f.truncate(200_000_100)
+    with pytest.raises(ValueError, match="over the 100000000-byte limit") as err:
+        _read_header(str(path))
+    assert "\n" not in str(err.value)

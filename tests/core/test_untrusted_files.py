@@ -80,3 +80,9 @@ def test_symlink_escaping_the_directory_is_refused(tmp_path):
     (root / "sub").mkdir()
     got = confined_path(root, "sub/./x.distcp", what="f", source="s")
     assert got == os.path.join(root, "sub/./x.distcp")
+
+
+def test_nul_in_a_named_path_gets_its_own_message(tmp_path):
+    with pytest.raises(UntrustedFileError, match="NUL byte") as err:
+        confined_path(tmp_path, "x\x00", what="data file", source="index.json")
+    assert "absolute" not in str(err.value)

@@ -118,8 +118,10 @@ def test_ckpt_step_loads_that_iteration_and_names_itself_when_missing(tmp_path, 
     assert "iter_0000100 is complete: pass --ckpt-step 100" in msg, msg
 
 
-def test_user_errors_get_no_older_checkpoint_advice(tmp_path):
-    root = tmp_path / "ckpt"
+@pytest.mark.parametrize("dirname", ["ckpt", "outside-runs", "damaged-disk"])
+def test_user_errors_get_no_older_checkpoint_advice(tmp_path, dirname):
+    """Damage is told by the error's type, not by words in it (a path may hold any word)."""
+    root = tmp_path / dirname
     _save(root, 100)
     _save(root, 200)
     model = torch.nn.Linear(4, 4)
@@ -127,3 +129,25 @@ def test_user_errors_get_no_older_checkpoint_advice(tmp_path):
     with pytest.raises(CheckpointingException, match="--no-load-optim") as err:
         ckpt.load_checkpoint(model, torch.optim.SGD(model.parameters(), lr=0.1), None, args=args)
     assert "is complete" not in str(err.value)
+
+
+def test_one_load_unpickles_the_dcp_metadata_once(tmp_path, monkeypatch):
+    """`.metadata` goes through a pure-Python unpickler (slow on a large model): one load reads
+    it once, and a rewritten `.metadata` is read afresh."""
+    from gigatron.core.dist_checkpointing import remove_sharded_tensors
+    from gigatron.core.dist_checkpointing.strategies import _torch_load
+
+    reads = []
+    real = _torch_load.restricted_pickle_load
+
+    def counting(f, *, what):
+        reads.append(what)
+        return real(f, what=what)
+
+    monkeypatch.setattr(_torch_load, "restricted_pickle_load", counting)
+    d = _save(tmp_path / "ckpt", 5)
+    assert _load(tmp_path / "ckpt")[0] == 5
+    assert len(reads) == 1 and reads[0].startswith("DCP metadata"), reads
+    remove_sharded_tensors(d, "bias")
+    keys = _torch_load.read_dcp_metadata(d).state_dict_metadata
+    assert "weight" in keys and "bias" not in keys

@@ -43,3 +43,35 @@ def test_repeat_run_says_when_nothing_is_left_to_train(tmp_path, monkeypatch, ca
     if not trains:
         assert "already holds iteration 400 (DEMO_ITERS=400)" in out, out
         assert "DEMO_ITERS=800 make train" in out and "make train-fresh" in out, out
+
+
+def test_demo_reads_its_tracker_as_a_small_regular_file(tmp_path):
+    import os
+    import threading
+
+    from gigatron.core.dist_checkpointing import CheckpointingException
+    from gigatron.training.demo import trained_iterations
+
+    assert trained_iterations(tmp_path) is None
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("12")
+    assert trained_iterations(tmp_path) == 12
+    os.remove(tmp_path / "latest_checkpointed_iteration.txt")
+    os.mkfifo(tmp_path / "latest_checkpointed_iteration.txt")
+    out = {}
+
+    def run():
+        try:
+            trained_iterations(tmp_path)
+        except CheckpointingException as e:
+            out["error"] = str(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():  # unblock the reader, then fail
+        os.close(
+            os.open(tmp_path / "latest_checkpointed_iteration.txt", os.O_WRONLY | os.O_NONBLOCK)
+        )
+        t.join(5)
+        raise AssertionError("reading a FIFO tracker blocked")
+    assert "FIFO" in out.get("error", ""), out

@@ -107,3 +107,21 @@ def test_the_chosen_side_is_what_the_param_groups_hold(tmp_path):
     args = _args(tmp_path, adam_beta2=0.95, use_checkpoint_opt_param_scheduler=True)
     ckpt.load_checkpoint(m, opt, None, args=args)
     assert tuple(opt.param_groups[0]["betas"]) == (0.9, 0.999) and args.adam_beta2 == 0.999
+
+
+def test_another_clip_grad_runs_with_a_note_but_adam_eps_is_refused():
+    """--clip-grad is no optimizer state: a different value needs no side chosen; the load
+    line names both values. Adam's eps still needs one."""
+    from gigatron.training import _checkpoint_args as ca
+
+    saved = argparse.Namespace(optimizer="adam", adam_eps=1e-8, clip_grad=1.0)
+    flags = argparse.Namespace(optimizer="adam", adam_eps=1e-8, clip_grad=2.0)
+    assert ca.optimizer_drift(saved, flags, None, "ck") == ([], "")
+    assert (
+        ca.clip_grad_note(saved, flags)
+        == "--clip-grad 2.0 (checkpoint: 1.0): the flag's value runs"
+    )
+    assert ca.clip_grad_note(saved, saved) == ""
+    flags.adam_eps = 1e-6
+    with pytest.raises(ValueError, match="--adam-eps"):
+        ca.optimizer_drift(saved, flags, None, "ck")

@@ -86,3 +86,18 @@ def test_a_few_aliases_still_work(tmp_path):
     cfg.write_text("lr: &lr 0.001\nmin-lr: *lr\n")
     args = parse_args(argv=["--yaml-cfg", str(cfg)])
     assert args.lr == args.min_lr == 0.001
+
+
+@pytest.mark.parametrize(
+    "text, rule",
+    [
+        ("seed: " + ":".join(["59"] * 20000) + "\n", "number of"),
+        ("seed: " + "9" * 5000 + "\n", "number of"),
+        ("lr: " + "1" * 5000 + ".5\n", "number of"),
+        ("seed: 2001-13-45\n", "month"),
+    ],
+    ids=["sexagesimal", "long_int", "long_float", "bad_date"],
+)
+def test_values_that_fail_to_construct_are_one_line_with_their_line(tmp_path, text, rule):
+    _, message = _refusal(tmp_path, text)
+    assert rule in message and "line 1" in message, message

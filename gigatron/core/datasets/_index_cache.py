@@ -34,6 +34,7 @@ __all__ = [
     "is_permutation",
     "load_index",
     "out_of_range",
+    "save_cache",
     "save_description",
     "save_index",
 ]
@@ -62,6 +63,16 @@ def save_description(path: str, description: str) -> None:
     with open(tmp, "w") as f:
         f.write(description)
     os.replace(tmp, path)
+
+
+def save_cache(description_path: str, description: str, arrays: dict[str, numpy.ndarray]) -> None:
+    """Write a cache's arrays, then its description: the old description goes first, so a crash
+    in between leaves no description (rebuilt next time), never a new one beside old arrays."""
+    if os.path.lexists(description_path):
+        os.remove(description_path)
+    for path, array in arrays.items():
+        save_index(path, array)
+    save_description(description_path, description)
 
 
 def description_matches(path: str, description: str) -> bool:

@@ -24,8 +24,7 @@ from gigatron.core.datasets._index_cache import (
     description_matches,
     load_index,
     out_of_range,
-    save_description,
-    save_index,
+    save_cache,
 )
 from gigatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from gigatron.core.datasets.megatron_dataset import MegatronDataset
@@ -141,9 +140,14 @@ class BlendedDataset(torch.utils.data.Dataset):
                 )
         if path_to_cache and writer:
             os.makedirs(path_to_cache, exist_ok=True)
-            save_description(paths["description.txt"], self._cache_description())
-            save_index(paths["dataset_index.npy"], dataset_index)
-            save_index(paths["dataset_sample_index.npy"], dataset_sample_index)
+            save_cache(
+                paths["description.txt"],
+                self._cache_description(),
+                {
+                    paths["dataset_index.npy"]: dataset_index,
+                    paths["dataset_sample_index.npy"]: dataset_sample_index,
+                },
+            )
         return dataset_index, dataset_sample_index
 
     def _cache_description(self) -> str:

@@ -28,8 +28,7 @@ from gigatron.core.datasets._index_cache import (
     is_permutation,
     load_index,
     out_of_range,
-    save_description,
-    save_index,
+    save_cache,
 )
 from gigatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from gigatron.core.datasets.indexed_dataset import IndexedDataset
@@ -297,9 +296,12 @@ class GPTDataset(MegatronDataset):
         indices = self._build_indices()
         if path_to_cache and writer:
             os.makedirs(path_to_cache, exist_ok=True)
-            save_description(paths["description.txt"], self._cache_description())
-            for name, array in zip(("document_index", "sample_index", "shuffle_index"), indices):
-                save_index(paths[f"{name}.npy"], array)
+            names = ("document_index", "sample_index", "shuffle_index")
+            save_cache(
+                paths["description.txt"],
+                self._cache_description(),
+                {paths[f"{n}.npy"]: a for n, a in zip(names, indices)},
+            )
         return indices
 
     def _cache_description(self) -> str:

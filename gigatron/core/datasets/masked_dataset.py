@@ -24,8 +24,7 @@ from gigatron.core.datasets._index_cache import (
     check,
     description_matches,
     load_index,
-    save_description,
-    save_index,
+    save_cache,
 )
 from gigatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from gigatron.core.datasets.indexed_dataset import IndexedDataset
@@ -287,8 +286,7 @@ class MaskedWordPieceDataset(MegatronDataset):
         )
         if writer:
             os.makedirs(path_to_cache, exist_ok=True)
-            save_description(path_description, description)
-            save_index(path_index, sample_index)
+            save_cache(path_description, description, {path_index: sample_index})
         return sample_index
 
     def _cached_index_problem(self, sample_index: numpy.ndarray, sequence_length: int):

@@ -6,6 +6,7 @@ Mirrors `megatron.core.dist_checkpointing`; writes and reads Megatron's `torch_d
 from gigatron.core.dist_checkpointing._safe_load import add_safe_globals
 from gigatron.core.dist_checkpointing.core import (
     CheckpointingException,
+    DamagedCheckpointError,
     check_is_distributed_checkpoint,
 )
 from gigatron.core.dist_checkpointing.mapping import (
@@ -28,6 +29,7 @@ from gigatron.core.dist_checkpointing.validation import StrictHandling
 
 __all__ = [
     "CheckpointingException",
+    "DamagedCheckpointError",
     "LocalNonpersistentObject",
     "ShardedObject",
     "ShardedTensor",

@@ -10,7 +10,10 @@ import hashlib
 import json
 import os
 
-from gigatron.core.dist_checkpointing.core import CONFIG_FNAME, CheckpointingException
+from gigatron.core.dist_checkpointing.core import (
+    CONFIG_FNAME,
+    DamagedCheckpointError,
+)
 from gigatron.core.untrusted_files import (
     UntrustedFileError,
     confined_path,
@@ -57,20 +60,20 @@ def verify_manifest(checkpoint_dir: str) -> None:
         manifest = json.loads(read_text(path, what="integrity manifest", max_bytes="json_small"))
         files = dict(manifest["files"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointingException(
+        raise DamagedCheckpointError(
             f"{path}: integrity manifest missing or unreadable ({e})"
         ) from None
     for name, digest in sorted(files.items()):
         try:  # a name inside the manifest stays inside the checkpoint, a regular file
             full = confined_path(checkpoint_dir, name, what="file", source=path)
             if not os.path.exists(full):
-                raise CheckpointingException(
+                raise DamagedCheckpointError(
                     f"{checkpoint_dir}: file {name} listed in {MANIFEST_FNAME} is missing"
                 )
             actual = _sha256(full)
         except UntrustedFileError as e:
-            raise CheckpointingException(str(e)) from None
+            raise DamagedCheckpointError(str(e)) from None
         if actual != digest:
-            raise CheckpointingException(
+            raise DamagedCheckpointError(
                 f"{checkpoint_dir}: {name} fails its SHA-256 check: the checkpoint is damaged"
             )

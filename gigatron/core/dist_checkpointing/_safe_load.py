@@ -24,7 +24,7 @@ import types
 import numpy as np
 import torch
 
-from gigatron.core.dist_checkpointing.core import CheckpointingException
+from gigatron.core.dist_checkpointing.core import CheckpointingException, DamagedCheckpointError
 from gigatron.core.untrusted_pickle import StateCheckingUnpickler
 
 __all__ = ["SAFE_GLOBALS", "add_safe_globals", "restricted_pickle_load", "safe_torch_load"]
@@ -77,7 +77,7 @@ def safe_torch_load(f, *, what: str) -> object:
             "with dist_checkpointing.add_safe_globals)"
         ) from None
     except Exception as e:  # truncated zip, empty file, bad seek, torn record, ...
-        raise CheckpointingException(
+        raise DamagedCheckpointError(
             f"{what} is damaged (truncated or not a torch file): {type(e).__name__}: "
             f"{_first_line(e)}"
         ) from None
@@ -202,10 +202,10 @@ def restricted_pickle_load(f, *, what: str) -> object:
         return _MetadataUnpickler(f).load()
     except pickle.UnpicklingError as e:
         if "forbidden" in str(e):
-            raise CheckpointingException(f"refusing to load {what}: {e}") from None
-        raise CheckpointingException(f"{what} is damaged: {e}") from None
+            raise DamagedCheckpointError(f"refusing to load {what}: {e}") from None
+        raise DamagedCheckpointError(f"{what} is damaged: {e}") from None
     except Exception as e:  # truncated / torn / hand-built: never a traceback from pickle
-        raise CheckpointingException(
+        raise DamagedCheckpointError(
             f"{what} is damaged (truncated or not DCP metadata): {type(e).__name__}: "
             f"{_first_line(e)}"
         ) from None

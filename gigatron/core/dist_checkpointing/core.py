@@ -20,6 +20,7 @@ __all__ = [
     "CONFIG_FNAME",
     "CheckpointingConfig",
     "CheckpointingException",
+    "DamagedCheckpointError",
     "check_is_distributed_checkpoint",
     "describe_write_error",
     "maybe_load_config",
@@ -29,6 +30,12 @@ __all__ = [
 
 class CheckpointingException(Exception):
     """A checkpoint cannot be written or read as asked (the message says which key and why)."""
+
+
+class DamagedCheckpointError(CheckpointingException):
+    """The checkpoint's files are damaged, incomplete or refused as unsafe (truncated, missing,
+    not regular files, over a size limit, naming paths outside the checkpoint): an older
+    complete checkpoint may still load, where a user error (wrong flags) would fail the same."""
 
 
 def describe_write_error(err: BaseException) -> str:
@@ -65,11 +72,11 @@ def maybe_load_config(checkpoint_dir: str) -> CheckpointingConfig | None:
     try:  # a regular file within the small-JSON limit (never /dev/zero, never a FIFO)
         raw = json.loads(read_text(path, what="checkpoint config", max_bytes="json_small"))
     except UntrustedFileError as e:
-        raise CheckpointingException(f"{e}: damaged checkpoint") from None
+        raise DamagedCheckpointError(f"{e}: damaged checkpoint") from None
     except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointingException(f"{path} is not valid JSON ({e}): damaged checkpoint") from e
+        raise DamagedCheckpointError(f"{path} is not valid JSON ({e}): damaged checkpoint") from e
     if not isinstance(raw, dict) or "sharded_backend" not in raw:
-        raise CheckpointingException(f"{path} has no 'sharded_backend' field: {raw!r}")
+        raise DamagedCheckpointError(f"{path} has no 'sharded_backend' field: {raw!r}")
     known = {f.name for f in fields(CheckpointingConfig)}
     return CheckpointingConfig(**{k: v for k, v in raw.items() if k in known})
 

@@ -30,6 +30,7 @@ from gigatron.core.dist_checkpointing._safe_load import safe_torch_load
 from gigatron.core.dist_checkpointing.core import (
     CheckpointingConfig,
     CheckpointingException,
+    DamagedCheckpointError,
     maybe_load_config,
     save_config,
 )
@@ -373,7 +374,7 @@ def load_common_state_dict(checkpoint_dir: str | Path) -> StateDict:
         try:  # a regular file within the common.pt limit (never a FIFO or a device)
             f = open_regular_file(path, what="common state", max_bytes="common_pt")
         except UntrustedFileError as e:
-            raise CheckpointingException(str(e)) from None
+            raise DamagedCheckpointError(str(e)) from None
         with f:
             return safe_torch_load(f, what=path)
     keys = [

@@ -6,6 +6,7 @@ Each check raises ValueError naming the field, its value and the rule, before an
 from __future__ import annotations
 
 import math
+import numbers
 
 from gigatron.core.transformer._layer_split import layer_split
 
@@ -80,6 +81,20 @@ FLOAT_FIELDS = {
 }
 
 
+def _real(v) -> float | None:
+    """`v` as a float when it is a real number (numpy scalars and 0-d tensors included, bools
+    not), else None."""
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
+        return None
+    if isinstance(v, numbers.Real):
+        return float(v)
+    if getattr(v, "ndim", None) == 0 and hasattr(v, "is_floating_point"):  # a 0-d torch tensor
+        if str(v.dtype) == "torch.bool" or v.is_complex():
+            return None
+        return float(v)
+    return None
+
+
 def check_value_ranges(cfg) -> None:
     """Each `FLOAT_FIELDS` field set on `cfg` is a finite number within its rule (one
     ValueError naming the field, the value and the rule)."""
@@ -89,8 +104,9 @@ def check_value_ranges(cfg) -> None:
             continue
         entries = value if isinstance(value, (list, tuple)) else [value]
         for i, v in enumerate(entries):
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            if not (ok and _RULES[rule](v)):
+            x = _real(v)
+            ok = x is not None and math.isfinite(x)
+            if not (ok and _RULES[rule](x)):
                 where = f"{name}[{i}]" if entries is value else name
                 tail = "" if rule == "finite" else f" {rule}"
                 raise ValueError(f"{where} ({v!r}) must be a finite number{tail}")

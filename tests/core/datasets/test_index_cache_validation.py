@@ -145,3 +145,36 @@ def test_damaged_masked_sample_index_is_rebuilt(tmp_path, caplog, damage):
     with caplog.at_level(logging.WARNING):
         numpy.testing.assert_array_equal(build().sample_index, fresh)
     assert os.path.basename(path) in caplog.text and "stale" in caplog.text
+
+
+def test_a_crash_while_writing_the_cache_never_pairs_a_new_description_with_old_arrays(
+    tmp_path, monkeypatch
+):
+    from gigatron.core.datasets import _index_cache
+
+    prefix = _corpus(str(tmp_path / "c0"), 0, docs=12)
+    _build(tmp_path, [prefix])
+    _corpus(prefix, 100, docs=5)  # regenerated: the cache must be rebuilt
+    real, calls = _index_cache.save_index, []
+
+    def crash_on_second(path, array):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real(path, array)
+
+    monkeypatch.setattr(_index_cache, "save_index", crash_on_second)
+    monkeypatch.setattr(
+        "gigatron.core.datasets.gpt_dataset.save_index", crash_on_second, raising=False
+    )
+    with pytest.raises(OSError, match="disk full"):
+        _build(tmp_path, [prefix])
+    monkeypatch.undo()
+    (description,) = glob.glob(str(tmp_path / "cache" / "*GPTDataset-train-description.txt")) or [
+        None
+    ]
+    after_crash = open(description).read() if description else None
+    again = _samples(_build(tmp_path, [prefix]))
+    fresh = open(_one(tmp_path, "*GPTDataset-train-description.txt")).read()
+    assert after_crash != fresh  # the new description is written only after its arrays
+    numpy.testing.assert_array_equal(again, _samples(_build(tmp_path, [prefix], cache="clean")))

@@ -53,3 +53,14 @@ def test_a_list_of_coefficients_is_checked_entrywise_and_good_values_pass():
     assert cfg.moe_z_loss_coeff == 1e-3
     mla = MLATransformerConfig(**BASE, mscale=0.707, mscale_all_dim=0.707)
     assert mla.mscale_all_dim == 0.707
+
+
+def test_numpy_scalars_and_0d_tensors_are_numbers():
+    import numpy
+    import torch
+
+    for good in (numpy.float32(0.5), numpy.int64(1), torch.tensor(0.5)):
+        _build("layernorm_epsilon", good)
+    for bad in (numpy.float32("nan"), torch.tensor(-1.0), torch.tensor([0.5]), True):
+        with pytest.raises(ValueError, match="layernorm_epsilon"):
+            _build("layernorm_epsilon", bad)

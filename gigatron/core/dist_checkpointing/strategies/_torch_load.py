@@ -4,8 +4,11 @@ runs, sizes checked), with coverage and shape checks that name the key and the f
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
+import os
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
@@ -32,11 +35,12 @@ from torch.futures import Future
 
 from gigatron.core.dist_checkpointing._boxes import box_view, sharded_tensor_boxes
 from gigatron.core.dist_checkpointing._safe_load import restricted_pickle_load, safe_torch_load
-from gigatron.core.dist_checkpointing.core import CheckpointingException
+from gigatron.core.dist_checkpointing.core import CheckpointingException, DamagedCheckpointError
 from gigatron.core.dist_checkpointing.mapping import (
     ShardedTensor,
 )
 from gigatron.core.untrusted_files import (
+    LIMITS,
     UntrustedFileError,
     check_regular_file,
     confined_path,
@@ -48,6 +52,8 @@ class SafeFileSystemReader(FileSystemReader):
     """FileSystemReader whose `.metadata` unpickling is restricted to DCP's classes, and whose
     files are regular files inside the checkpoint directory, read within the sizes declared."""
 
+    _memo_metadata = True  # share an unpickled `.metadata` with other reads of the same bytes
+
     def read_metadata(self, *args, **kwargs):
         from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -55,18 +61,13 @@ class SafeFileSystemReader(FileSystemReader):
         try:
             f = open_regular_file(path, what="DCP metadata", max_bytes="dcp_metadata")
         except FileNotFoundError as e:
-            raise CheckpointingException(
+            raise DamagedCheckpointError(
                 f"{path} is missing: not a torch_dist checkpoint or an unfinished save"
             ) from e
         except UntrustedFileError as e:
-            raise CheckpointingException(f"{e}: the checkpoint is damaged") from None
+            raise DamagedCheckpointError(f"{e}: the checkpoint is damaged") from None
         with f:
-            metadata = restricted_pickle_load(f, what=f"DCP metadata {path}")
-        if not isinstance(metadata, Metadata):
-            raise CheckpointingException(
-                f"DCP metadata {path} holds {_kind(metadata)}, not torch.distributed.checkpoint "
-                "Metadata: the checkpoint is damaged or not a torch_dist checkpoint"
-            )
+            metadata = _unpickle_metadata(f, path, memo=self._memo_metadata)
         _check_storage_data(metadata, self.path, path)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
@@ -91,7 +92,7 @@ class SafeFileSystemReader(FileSystemReader):
             except CheckpointingException:
                 raise
             except Exception as e:
-                raise CheckpointingException(
+                raise DamagedCheckpointError(
                     f"{path} is damaged (cannot be read as the checkpoint's metadata describes "
                     f"it): {type(e).__name__}: {_first_line(e)}"
                 ) from None
@@ -105,7 +106,7 @@ class SafeFileSystemReader(FileSystemReader):
             return confined_path(self.path, relative_path, what="data file",
                                  source=f"DCP metadata {self._get_metadata_path()}")  # fmt: skip
         except UntrustedFileError as e:
-            raise CheckpointingException(str(e)) from None
+            raise DamagedCheckpointError(str(e)) from None
 
     def _check_size(self, path, items: list[ReadItem]) -> None:
         need = max(self.storage_data[i.storage_index].offset
@@ -113,16 +114,50 @@ class SafeFileSystemReader(FileSystemReader):
         try:
             size = check_regular_file(path, what="checkpoint data file")
         except OSError as e:
-            raise CheckpointingException(
+            raise DamagedCheckpointError(
                 f"{path} is missing or unreadable: the checkpoint is damaged ({e.strerror})"
             ) from None
         except UntrustedFileError as e:
-            raise CheckpointingException(f"{e}: the checkpoint is damaged") from None
+            raise DamagedCheckpointError(f"{e}: the checkpoint is damaged") from None
         if size < need:
-            raise CheckpointingException(
+            raise DamagedCheckpointError(
                 f"{path} is damaged: truncated to {size} bytes, the checkpoint's metadata needs "
                 f"at least {need}"
             )
+
+
+_METADATA_MEMO: OrderedDict[tuple[str, bytes], Metadata] = OrderedDict()
+_METADATA_MEMO_SIZE = 2
+
+
+def _unpickle_metadata(f, path: str, *, memo: bool = True) -> Metadata:
+    """The `Metadata` pickled in the open file `f`, unpickled once per content.
+
+    The restricted unpickler is pure Python (about 3x the C one: seconds for a large model's
+    `.metadata`), and one load reads the metadata several times (key checks, shape checks,
+    DCP's own read), so the last few are kept, keyed on the resolved path and a digest of the
+    bytes: a rewritten file is read afresh. The object is shared: its readers must not change
+    it (none does; `remove_sharded_tensors` builds a new one)."""
+    data = f.read(LIMITS["dcp_metadata"] + 1)
+    if len(data) > LIMITS["dcp_metadata"]:
+        raise CheckpointingException(f"DCP metadata {path} grew past its size limit while read")
+    key = (os.path.realpath(path), hashlib.blake2b(data, digest_size=32).digest())
+    metadata = _METADATA_MEMO.get(key) if memo else None
+    if metadata is not None:
+        _METADATA_MEMO.move_to_end(key)
+        return metadata
+    metadata = restricted_pickle_load(io.BytesIO(data), what=f"DCP metadata {path}")
+    if not isinstance(metadata, Metadata):
+        raise DamagedCheckpointError(
+            f"DCP metadata {path} holds {_kind(metadata)}, not torch.distributed.checkpoint "
+            "Metadata: the checkpoint is damaged or not a torch_dist checkpoint"
+        )
+    if not memo:
+        return metadata
+    _METADATA_MEMO[key] = metadata
+    while len(_METADATA_MEMO) > _METADATA_MEMO_SIZE:
+        _METADATA_MEMO.popitem(last=False)
+    return metadata
 
 
 def _kind(value) -> str:
@@ -136,21 +171,21 @@ def _check_storage_data(metadata: Metadata, root, path: str) -> None:
     if storage is None:
         return
     if not isinstance(storage, dict):
-        raise CheckpointingException(
+        raise DamagedCheckpointError(
             f"DCP metadata {path} holds storage data of {_kind(storage)}, not a dict: the "
             "checkpoint is damaged"
         )
     names = set()
     for index, info in storage.items():
         if not isinstance(info, _StorageInfo):
-            raise CheckpointingException(
+            raise DamagedCheckpointError(
                 f"DCP metadata {path}: the storage entry of {getattr(index, 'fqn', index)!r} is "
                 f"{_kind(info)}, not a data file range: the checkpoint is damaged"
             )
         for field in ("offset", "length"):
             value = getattr(info, field)
             if type(value) is not int or value < 0:
-                raise CheckpointingException(
+                raise DamagedCheckpointError(
                     f"DCP metadata {path} declares {field} {value!r} in {info.relative_path!r} "
                     f"for {getattr(index, 'fqn', index)!r}: a byte {field} is an integer >= 0; "
                     "the checkpoint is damaged"
@@ -160,7 +195,7 @@ def _check_storage_data(metadata: Metadata, root, path: str) -> None:
         try:
             confined_path(root, name, what="data file", source=f"DCP metadata {path}")
         except UntrustedFileError as e:
-            raise CheckpointingException(str(e)) from None
+            raise DamagedCheckpointError(str(e)) from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -255,7 +290,7 @@ def _check_coverage(fqn, md, reqs, read_items) -> None:
     for i, ((offs, sizes, _), _, _sh) in enumerate(reqs):
         inside = math.prod(max(0, min(o + s, g) - o) for o, s, g in zip(offs, sizes, md.size))
         if got[i] != inside:
-            raise CheckpointingException(
+            raise DamagedCheckpointError(
                 f"{fqn}: the checkpoint covers {got[i]} of the {inside} requested elements at "
                 f"offset {offs} size {sizes}: incomplete or damaged checkpoint"
             )
@@ -292,7 +327,7 @@ def _first_failure(e: DCPCheckpointException, checkpoint_dir) -> CheckpointingEx
     first cause as one line, so all ranks report the same thing."""
     for rank, (cause, _trace) in sorted(e.failures.items()):
         if isinstance(cause, CheckpointingException):
-            return CheckpointingException(f"{cause} (seen on rank {rank})")
+            return type(cause)(f"{cause} (seen on rank {rank})")
         return CheckpointingException(
             f"{checkpoint_dir}: loading failed on rank {rank}: {type(cause).__name__}: "
             f"{_first_line(cause)}"

@@ -26,6 +26,7 @@ class CachedMetadataFileSystemReader(SafeFileSystemReader):
     def __init__(self, path: str | os.PathLike, cache_metadata: bool = True) -> None:
         super().__init__(path=path)
         self._cache_key = os.path.abspath(os.fspath(path)) if cache_metadata else None
+        self._memo_metadata = cache_metadata  # False: a fresh Metadata on every read
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         if self._cache_key is None:
