@@ -18,16 +18,16 @@ import torch
 __all__ = ["log_single_rank", "safe_get_rank", "safe_get_world_size"]
 
 
-def _from_env(names: tuple[str, ...], default: int, what: str) -> int:
-    for name in names:
-        value = os.environ.get(name)
+def _first_int(found: dict[str, str | None], default: int, what: str) -> int:
+    """The first launcher variable of `found` (name -> value read) that is set, as an int."""
+    for name, value in found.items():
         if value is not None:
             try:
                 return int(value)
             except ValueError:
                 raise ValueError(f"{name}={value!r} is not an integer ({what})") from None
     warnings.warn(
-        f"Could not determine {what} from torch.distributed or {', '.join(names)}; "
+        f"Could not determine {what} from torch.distributed or {', '.join(found)}; "
         f"assuming {default}.",
         stacklevel=3,
     )
@@ -38,14 +38,22 @@ def safe_get_rank() -> int:
     """torch.distributed's rank, else RANK, else SLURM_PROCID, else 0 (with a warning)."""
     if torch.distributed.is_initialized():
         return torch.distributed.get_rank()
-    return _from_env(("RANK", "SLURM_PROCID"), 0, "the rank")
+    found = {
+        "RANK": os.environ.get("RANK"),
+        "SLURM_PROCID": os.environ.get("SLURM_PROCID"),
+    }
+    return _first_int(found, 0, "the rank")
 
 
 def safe_get_world_size() -> int:
     """torch.distributed's world size, else WORLD_SIZE, else SLURM_NTASKS, else 1 (warning)."""
     if torch.distributed.is_initialized():
         return torch.distributed.get_world_size()
-    return _from_env(("WORLD_SIZE", "SLURM_NTASKS"), 1, "the world size")
+    found = {
+        "WORLD_SIZE": os.environ.get("WORLD_SIZE"),
+        "SLURM_NTASKS": os.environ.get("SLURM_NTASKS"),
+    }
+    return _first_int(found, 1, "the world size")
 
 
 def log_single_rank(

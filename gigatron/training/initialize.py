@@ -44,11 +44,10 @@ def initialize_distributed(args) -> None:
     args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
         torch.cuda.set_device(args.local_rank % torch.cuda.device_count())
-    if "MASTER_ADDR" not in os.environ:  # single process without torchrun
+    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:  # one process, no torchrun
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", "1"
     dist.init_process_group(
         backend,
         rank=int(os.environ["RANK"]),

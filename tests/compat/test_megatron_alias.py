@@ -136,12 +136,19 @@ _TORCHRUN_KEYS = (
 )
 
 
+def _clear_launch_env(monkeypatch) -> None:
+    """Unset the launch variables so that monkeypatch restores them (and removes what the code
+    under test sets) when the test ends: a bare delenv of an unset name records nothing."""
+    for key in _TORCHRUN_KEYS:
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+
+
 @pytest.mark.parametrize("launcher", ["SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
 def test_several_tasks_of_srun_or_mpirun_get_no_one_process_defaults(launcher, monkeypatch, capsys):
     from gigatron.compat.megatron import _single_process_env
 
-    for key in _TORCHRUN_KEYS:
-        monkeypatch.delenv(key, raising=False)
+    _clear_launch_env(monkeypatch)
     monkeypatch.setenv(launcher, "4")
     _single_process_env()
     assert not [k for k in _TORCHRUN_KEYS if k in os.environ]
@@ -152,8 +159,7 @@ def test_several_tasks_of_srun_or_mpirun_get_no_one_process_defaults(launcher, m
 def test_one_task_of_srun_gets_one_process_defaults(monkeypatch):
     from gigatron.compat.megatron import _single_process_env
 
-    for key in _TORCHRUN_KEYS:
-        monkeypatch.delenv(key, raising=False)
+    _clear_launch_env(monkeypatch)
     monkeypatch.setenv("SLURM_NTASKS", "1")
     _single_process_env()
     assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1"

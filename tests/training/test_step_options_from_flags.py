@@ -29,7 +29,16 @@ BASE = (
     "--micro-batch-size 1 --global-batch-size 4 --train-iters 10 --lr 1e-3 --mock-data"
 ).split()
 RETIRED = ("GIGATRON_FLAT_OPTIMIZER_STEP", "GIGATRON_SYNC_FREE_STEP", "GIGATRON_WGRAD_FP32_GEMM")
-LAUNCH = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
+# torchrun's variables, and srun's rank and task count (rank discovery, as Megatron's _rank_utils)
+LAUNCH = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+}
 
 
 def _args(*extra):
