@@ -4,7 +4,9 @@ Mirrors `megatron.core.tokenizers.megatron_tokenizer.MegatronTokenizer`. Megatro
 metadata dict (or a metadata.json path) naming a tokenizer library; gigatron supports the null
 library (`{"library": "null"}`, also spelled `"null-text"` in Megatron's examples), which needs
 no files: ids are integers, EOD is the extra id `vocab_size`, so the tokenizer's `vocab_size` is
-the argument + 1 (as in Megatron). Other libraries raise a ValueError pointing at
+the argument + 1 (as in Megatron). The byte-level library (`{"library": "byte-level"}`,
+`gigatron.core.tokenizers.text.libraries.ByteLevelTokenizer`) gives a `MegatronTokenizerText`
+over UTF-8 bytes, its kwargs passed on. Other libraries raise a ValueError pointing at
 `gigatron.training.tokenizer.build_tokenizer`.
 """
 
@@ -18,6 +20,7 @@ from gigatron.core.tokenizers.null_tokenizer import NullTokenizer
 from gigatron.core.untrusted_files import read_text
 
 _NULL_LIBRARIES = ("null", "null-text")
+_LIBRARIES = (*_NULL_LIBRARIES, "byte-level")
 
 
 class MegatronTokenizer:
@@ -34,7 +37,7 @@ class MegatronTokenizer:
         tokenizer_path: str | None = None,
         metadata_path: str | dict | None = None,
         **kwargs: Any,
-    ) -> NullTokenizer:
+    ) -> NullTokenizer | Any:
         """Build the tokenizer described by `metadata_path` (a dict or a metadata.json path).
 
         Args:
@@ -61,10 +64,14 @@ class MegatronTokenizer:
                 f"metadata_path ({metadata_path!r}) must be a dict or a path to metadata.json"
             )
         library = metadata.get("library")
+        if library == "byte-level":  # no files: the library's kwargs configure it
+            from gigatron.core.tokenizers.text.text_tokenizer import MegatronTokenizerText
+
+            return MegatronTokenizerText(tokenizer_path, metadata, **kwargs)
         if library not in _NULL_LIBRARIES:
             raise ValueError(
                 f"tokenizer library ({library!r}) is not supported by gigatron's "
-                f"MegatronTokenizer.from_pretrained (only {_NULL_LIBRARIES}); build text "
+                f"MegatronTokenizer.from_pretrained (only {_LIBRARIES}); build text "
                 "tokenizers with gigatron.training.tokenizer.build_tokenizer"
             )
         if "vocab_size" not in kwargs:

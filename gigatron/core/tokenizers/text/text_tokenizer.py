@@ -1,16 +1,18 @@
 """`MegatronTokenizerText` (mirrors `megatron.core.tokenizers.text.text_tokenizer`): a text
 tokenizer over one library, configured by a metadata dict. gigatron's libraries: "null" (also
-spelled "null-text"); any other raises ValueError naming `build_tokenizer`, which builds the
-real text tokenizers (`gigatron.training.tokenizer`).
+spelled "null-text") and "byte-level"; any other raises ValueError naming `build_tokenizer`,
+which builds the real text tokenizers (`gigatron.training.tokenizer`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from gigatron.core.tokenizers.text.libraries.bytelevel_tokenizer import ByteLevelTokenizer
 from gigatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 
 _NULL = ("null", "null-text")
+_LIBRARIES = (*_NULL, "byte-level")
 
 
 class MegatronTokenizerText:
@@ -19,15 +21,19 @@ class MegatronTokenizerText:
 
     def __init__(self, path: str | None, config: dict, **kwargs) -> None:
         library = config.get("library")
-        if library not in _NULL:
+        if library not in _LIBRARIES:
             raise ValueError(
                 f"tokenizer library ({library!r}) is not supported by gigatron's "
-                f"MegatronTokenizerText (only {_NULL}); build text tokenizers with "
+                f"MegatronTokenizerText (only {_LIBRARIES}); build text tokenizers with "
                 "gigatron.training.tokenizer.build_tokenizer"
             )
+        self.path, self.config = path, config
+        self.library = library
+        if library == "byte-level":
+            self._tokenizer = ByteLevelTokenizer(**kwargs)
+            return
         if "vocab_size" not in kwargs:
             raise ValueError("the null text tokenizer needs vocab_size=N")
-        self.path, self.config = path, config
         self._tokenizer = NullTokenizer(**kwargs)
 
     def tokenize(self, text: str) -> list[int]:

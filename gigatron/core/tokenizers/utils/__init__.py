@@ -1,0 +1,1 @@
+"""Tokenizer helpers (mirrors `megatron.core.tokenizers.utils`)."""
