@@ -4,10 +4,12 @@ PY ?= python3
 VENV ?= .venv
 # megatron-core, the tests' parity oracle: installed apart from $(VENV) (see requirements-oracle.txt)
 ORACLE ?= .venv-oracle
+# third-party packages Megatron-LM's unit tests import, for scripts/run_megatron_unit_tests.py only
+MEGATRON_TEST_DEPS ?= .venv-megatron-tests
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: help setup oracle test lint format train train-fresh clean
+.PHONY: help setup oracle megatron-test-deps test lint format train train-fresh clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 20
@@ -33,6 +35,13 @@ $(ORACLE)/.installed: $(BIN)/python requirements-oracle.txt
 
 oracle: $(ORACLE)/.installed  ## install megatron-core into .venv-oracle/ (tests only, not .venv)
 
+$(MEGATRON_TEST_DEPS)/.installed: $(BIN)/python requirements-megatron-tests.txt
+	rm -rf $(MEGATRON_TEST_DEPS)
+	$(BIN)/python -m pip install -q --target $(MEGATRON_TEST_DEPS) -r requirements-megatron-tests.txt
+	touch $@
+
+megatron-test-deps: $(MEGATRON_TEST_DEPS)/.installed  ## packages Megatron-LM's unit tests import (msgpack, nltk, ...) into .venv-megatron-tests/
+
 lint: setup  ## ruff check and ruff format --check
 	$(BIN)/ruff check gigatron tests bench examples scripts
 	$(BIN)/ruff format --check gigatron tests bench examples scripts
@@ -51,5 +60,5 @@ train-fresh: setup  ## the demo from scratch (drops the demo checkpoint and curv
 	rm -rf $${DEMO_DIR:-runs/demo}/checkpoints $${DEMO_DIR:-runs/demo}/tensorboard
 	$(BIN)/python -m gigatron.cli train --demo
 
-clean:  ## remove .venv, .venv-oracle and the caches
-	rm -rf $(VENV) $(ORACLE) .pytest_cache .ruff_cache
+clean:  ## remove .venv, .venv-oracle, .venv-megatron-tests and the caches
+	rm -rf $(VENV) $(ORACLE) $(MEGATRON_TEST_DEPS) .pytest_cache .ruff_cache

@@ -34,6 +34,7 @@ def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
         return 2
     pytest_opts = [a for a in rest if a.startswith("-")]
     paths = [a for a in rest if not a.startswith("-")] or ["tests/unit_tests"]
+    deps_opt = ["--deps", opts["deps"]] if "deps" in opts else []  # the ranks' sys.path tail
     files = mtr.find_test_files(checkout, paths)
     sources = {f: (checkout / f).read_text(errors="replace") for f in files}
     excluded = {f: b for f in files if (b := mtr.cpu_blocker(sources[f]))}
@@ -47,9 +48,8 @@ def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
             results[n] = {"tests": {}, "import_errors": {}, "stopped": {}, "files": cpu}
             for name, bucket in sorted(buckets.items()):
                 t0 = time.monotonic()
-                _run_bucket(
-                    checkout, script, n, bucket, timeout, pytest_opts, Path(work), results[n]
-                )
+                _run_bucket(checkout, script, n, bucket, timeout, [*deps_opt, *pytest_opts],
+                            Path(work), results[n])  # fmt: skip
                 c = mtr.counts(
                     t for k, t in results[n]["tests"].items() if k.split("::")[0] in bucket
                 )

@@ -15,6 +15,11 @@ results are read live, a file running longer than --file-timeout seconds (defaul
 stopped and the session goes on after it; --report writes the markdown report, --results
 every test's outcome and message as JSON.
 
+Third-party packages Megatron's tests import and gigatron does not need (msgpack, nltk,
+omegaconf, aiohttp, wrapt: requirements-megatron-tests.txt) come from `.venv-megatron-tests`
+(`make megatron-test-deps`), or the folder given with --deps DIR: it goes at the end of every
+test process's sys.path, so the packages of the running Python always win.
+
 Every rank installs `gigatron.compat.megatron`'s alias and skips Megatron's conftests (they
 download data sets and import Transformer Engine; their `tmp_path_dist_ckpt` fixture is provided
 here, and a small stand-in for pytest-mock's `mocker`). Megatron's `Utils` runs unchanged: inside
@@ -126,6 +131,29 @@ def _cpu_distributed() -> None:
 
     for name in ("initialize_distributed", "destroy_model_parallel", "set_world_size"):
         setattr(Utils, name, on_cpu(getattr(Utils, name)))
+    init = Utils.initialize_model_parallel
+    Utils.initialize_model_parallel = staticmethod(_skip_above_world(init))
+
+
+def _skip_above_world(initialize_model_parallel):
+    """`Utils.initialize_model_parallel` asking for more ranks than this launch has skips the
+    test ("needs more ranks"), as it would run at a world size that holds the layout."""
+
+    def call(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, *args, **kwargs):
+        tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+        cp = kwargs.get("context_parallel_size") or 1
+        ep = kwargs.get("expert_model_parallel_size") or 1
+        etp = kwargs.get("expert_tensor_parallel_size") or tp
+        need = max(tp * pp * cp, etp * ep * pp)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if need > world:
+            pytest.skip(
+                f"needs more ranks: tensor {tp} x pipeline {pp} x context {cp} (expert {ep} x "
+                f"expert tensor {etp}) takes {need} ranks, world size {world}"
+            )
+        return initialize_model_parallel(tp, pp, *args, **kwargs)
+
+    return call
 
 
 @pytest.fixture(scope="session")
@@ -228,9 +256,29 @@ class _Patcher:
         return p.start()
 
 
-def _setup(checkout: Path) -> None:
+REPO = Path(__file__).resolve().parent.parent
+DEPS = REPO / ".venv-megatron-tests"  # `make megatron-test-deps`
+
+
+def test_deps(opts: dict) -> Path | None:
+    """The folder of Megatron's test-only packages: --deps DIR (which must exist), else
+    .venv-megatron-tests when installed, else None (those tests then fail to import)."""
+    if "deps" in opts:
+        deps = Path(opts["deps"]).resolve()
+        if not deps.is_dir():
+            raise SystemExit(
+                f"run_megatron_unit_tests: --deps {opts['deps']}: no such folder "
+                "(pip install --target DIR -r requirements-megatron-tests.txt)"
+            )
+        return deps
+    return DEPS if DEPS.is_dir() else None
+
+
+def _setup(checkout: Path, deps: Path | None) -> None:
     os.chdir(checkout)
     sys.path.insert(0, str(checkout))
+    if deps is not None:  # last: a package the running Python has wins
+        sys.path.append(str(deps))
     import gigatron.compat.megatron as alias
 
     alias.install()
@@ -244,7 +292,7 @@ def _options(argv: list[str]) -> tuple[dict, list[str]]:
     opts, rest, i = {}, [], 0
     while i < len(argv):
         key = argv[i]
-        if key in ("--nproc", "--file-timeout", "--report", "--results", "--worker"):
+        if key in ("--nproc", "--file-timeout", "--report", "--results", "--worker", "--deps"):
             if i + 1 >= len(argv):
                 raise SystemExit(f"run_megatron_unit_tests: {key} needs a value")
             opts[key[2:].replace("-", "_")] = argv[i + 1]
@@ -264,20 +312,27 @@ def main(argv: list[str]) -> int:
         print(f"{checkout}: no tests/unit_tests here (a Megatron-LM checkout?)", file=sys.stderr)
         return 2
     opts, rest = _options(argv[1:])
+    deps = test_deps(opts)
+    if deps is None and "worker" not in opts:
+        print("run_megatron_unit_tests: no .venv-megatron-tests (`make megatron-test-deps`): "
+              "test files importing msgpack, nltk, omegaconf, aiohttp or wrapt will not import",
+              file=sys.stderr)  # fmt: skip
     if "nproc" in opts:
+        if deps is not None:
+            opts["deps"] = str(deps)
         from megatron_launch import launch
 
         return launch(checkout, opts, rest, Path(__file__).resolve())
     args = ["--noconftest", "-p", "no:cacheprovider", "-o", "addopts=", "-q"]
     args += ["--continue-on-collection-errors", *(rest or ["tests/unit_tests"])]
     if "worker" in opts:  # one rank under torchrun: the launcher's environment
-        _setup(checkout)
+        _setup(checkout, deps)
         plugins = [sys.modules[__name__]]
         if os.environ.get("RANK", "0") == "0":
             plugins.append(_Results(opts["worker"]))
         return int(pytest.main(args, plugins=plugins))
     _single_rank_env()
-    _setup(checkout)
+    _setup(checkout, deps)
     summary = _Summary()
     code = pytest.main(args, plugins=[summary, sys.modules[__name__]])  # + this file's fixtures
     print(f"megatron-on-gigatron: {len(summary.import_errors)} files failed to import")

@@ -47,6 +47,16 @@ class Utils:
         Utils.inited = True
 
     @staticmethod
+    def initialize_model_parallel(
+        tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+        virtual_pipeline_model_parallel_size=None, **kwargs,
+    ):
+        ps.destroy_model_parallel()
+        Utils.initialize_distributed()
+        ps.initialize_model_parallel(tensor_model_parallel_size, pipeline_model_parallel_size,
+                                     virtual_pipeline_model_parallel_size, **kwargs)
+
+    @staticmethod
     def set_world_size(world_size=None, rank=None):
         Utils.world_size = torch.cuda.device_count() if world_size is None else world_size
 
@@ -126,6 +136,34 @@ FILES = {
         def test_te():
             pass
     """,
+    "test_f_layout.py": """
+        import megatron.core.parallel_state as ps
+        from tests.unit_tests.test_utilities import Utils
+
+
+        def test_layout_that_fits():
+            Utils.initialize_model_parallel(1, 2)
+            assert ps.get_pipeline_model_parallel_world_size() == 2
+            Utils.destroy_model_parallel()
+
+
+        def test_layout_above_the_world():
+            Utils.initialize_model_parallel(2, 1, context_parallel_size=2)
+            raise AssertionError("ran at 2 ranks")
+
+
+        def test_ci_layout():
+            open("/opt/megatron-lm/tools/preprocess_data.py").close()
+    """,
+    "test_g_deps.py": """
+        import test_only_pkg
+        import yaml
+
+
+        def test_test_only_package_imports_and_loses_to_the_running_python():
+            assert test_only_pkg.VALUE == 3
+            assert "stand-in" not in yaml.__file__
+    """,
 }
 
 
@@ -141,26 +179,40 @@ def checkout(tmp_path):
     return unit.parent.parent
 
 
-def test_two_rank_run_counts_and_classifies(checkout, tmp_path):
+@pytest.fixture
+def deps(tmp_path):
+    """A stand-in .venv-megatron-tests: one package only it has, one the venv has too."""
+    folder = tmp_path / "stand-in-deps"
+    (folder / "test_only_pkg").mkdir(parents=True)
+    (folder / "test_only_pkg" / "__init__.py").write_text("VALUE = 3\n")
+    (folder / "yaml").mkdir()
+    (folder / "yaml" / "__init__.py").write_text("raise ImportError('shadowed the venv')\n")
+    return folder
+
+
+def test_two_rank_run_counts_and_classifies(checkout, deps, tmp_path):
     report = tmp_path / "report.md"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    args = ["--nproc", "2", "--file-timeout", "10", "--report", str(report)]
+    args = ["--nproc", "2", "--file-timeout", "10", "--report", str(report), "--deps", str(deps)]
     out = subprocess.run(
         [sys.executable, str(SCRIPT), str(checkout), *args],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     text = report.read_text()
-    # 2 passes (one of them on 2 gloo ranks through Megatron's own Utils), the CUDA test fails as
-    # "needs CUDA", two skips, the missing module blocks one file of 2 tests, the TE file is left
-    # out by its imports, and the hanging file is stopped while the file after it still runs
-    assert "| 2 | 2 | 1 | 2 | 1 | 1 |" in text, text
-    assert "| needs CUDA | 1 |" in text and "| needs more ranks | 1 |" in text
+    # 4 passes (two on 2 gloo ranks through Megatron's own Utils, one importing a package of
+    # --deps), the CUDA test fails as "needs CUDA" and the /opt/megatron-lm one as Megatron's CI
+    # layout, 3 skips (a layout of 4 ranks through Utils among them), the missing module blocks
+    # one file of 2 tests, the TE file is left out by its imports, and the hanging file is
+    # stopped while the files after it still run
+    assert "| 2 | 4 | 2 | 3 | 1 | 1 |" in text, text
+    assert "| needs CUDA | 1 |" in text and "| needs more ranks | 2 |" in text
+    assert "| needs Megatron's CI data or network | 1 |" in text and "unclassified" not in text
     assert "### needs CUDA (1)" in text and "test_c_cuda.py::test_moves_to_gpu" in text
     assert "| `megatron.core.no_such_module` | 1 | 2 |" in text
     assert "`tests/unit_tests/test_b_hangs.py`: timeout (10 s)" in text
     assert "`tests/unit_tests/test_e_te.py`: imports `transformer_engine`" in text
-    assert "CPU-runnable by their imports: 5" in text
+    assert "CPU-runnable by their imports: 7" in text
     hung = [int(f.stem.split("-")[1]) for f in checkout.glob("tests/unit_tests/hung-*.pid")]
     assert len(hung) == 2 and not [pid for pid in hung if _alive(pid)]  # the ranks were stopped
 

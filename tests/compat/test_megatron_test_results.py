@@ -1,0 +1,69 @@
+"""scripts/megatron_test_results.py: every failure or skip message of Megatron's unit tests on
+gigatron lands in a named class (messages as the report of Megatron-LM d98e8a64 shows them)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests._paths import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import megatron_test_results as mtr  # noqa: E402
+
+FAILURES = [
+    ("FileNotFoundError: [Errno 2] No such file or directory: "
+     "'/opt/megatron-lm/tools/preprocess_data.py'", "needs Megatron's CI data or network"),
+    ("OSError: [Errno 2] No such file or directory: '/opt/data/tokenizers/gpt2-vocab.json'",
+     "needs Megatron's CI data or network"),
+    ("OSError: We couldn't connect to 'https://huggingface.co' to load the files",
+     "needs Megatron's CI data or network"),
+    ("AssertionError: Regex pattern did not match.", "gap: error message"),
+    ("Failed: DID NOT WARN. No warnings of type (<class 'UserWarning'>,) were emitted.",
+     "gap: missing check (no raise or warning)"),
+    ("assert None is not None", "gap: different result"),
+    ("AssertionError: assert False", "gap: different result"),
+    ("ValueError: hidden_size (0) must be set to a positive value", "gap: gigatron checks more"),
+    ("ValueError: DistributedDataParallelConfig.overlap_param_gather (True) requires "
+     "use_distributed_optimizer=True", "gap: gigatron checks more"),
+    ("ValueError: give --data-path PREFIX (or --mock-data for random tokens)",
+     "gap: gigatron checks more"),
+    ("ValueError: Group <Mock id='1'> is not registered, please create group with "
+     "torch.distributed.new_group API", "gap: gigatron checks more"),
+    ("AttributeError: <module 'megatron.core.distributed.param_and_grad_buffer' (<gigatron.compat"
+     ".megatron._AliasLoader object at 0x7f>)> does not have the attribute '_pad'",
+     "gap: missing name"),
+    ("AssertionError: Torch not compiled with CUDA enabled", "needs CUDA"),
+    ("ValueError: world size (1) is not divisible by tensor (2) x pipeline (2)", "world size"),
+]  # fmt: skip
+SKIPS = [
+    ("launcher spawns its own torchrun; run as a plain process", "runs its own launcher"),
+    ("needs more ranks: tensor 2 x pipeline 4 x context 1 (expert 1 x expert tensor 2) takes 8 "
+     "ranks, world size 1", "needs more ranks"),
+    ("Could not load local HuggingFace tokenizer (path not available)",
+     "needs Megatron's CI data or network"),
+    ("Test requires world_size=8, but got 0", "needs more ranks"),
+    ("requires download of the checkpoint", "needs Megatron's CI data or network"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("message,cls", FAILURES)
+def test_failure_classes(message, cls):
+    assert mtr.classify(message) == cls
+
+
+@pytest.mark.parametrize("message,cls", SKIPS)
+def test_skip_classes(message, cls):
+    assert mtr.classify(message, mtr.SKIP_RULES) == cls
+
+
+def test_an_unknown_message_stays_unclassified():
+    assert mtr.classify("RuntimeError: something new") == mtr.UNCLASSIFIED
+
+
+def test_a_blocker_without_a_missing_name_is_classified_by_its_message():
+    meta = {"test_counts": {"t.py": 3}}
+    results = {1: {"import_errors": {"t.py": "AssertionError: Torch not compiled with CUDA"}}}
+    rows = "\n".join(mtr._blockers(meta, results, [1]))
+    assert "| 1 | 3 | needs CUDA |" in rows and "unclassified" not in rows
