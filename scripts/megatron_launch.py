@@ -18,6 +18,7 @@ from pathlib import Path
 import megatron_test_results as mtr
 
 AFTER_END_S = 30  # rank 0 finished: the others get this long to leave
+START_S = 300  # from torchrun's start to rank 0's pytest (interpreters, rendezvous, imports)
 
 
 def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
@@ -96,9 +97,12 @@ def _commit(path: Path) -> str:
 
 
 def _run_bucket(checkout, script, n, files, timeout, pytest_opts, work: Path, res) -> None:
+    """Run `files` in sessions until each has run or is recorded as stopped. A file that hangs
+    or kills a rank while it runs or while it is imported is stopped alone: the next session
+    runs the files after it (after a hang at import, every file but it)."""
     remaining = list(files)
     while remaining:
-        tag = f"n{n}-{len(list(work.glob('*.jsonl')))}"
+        tag = f"n{n}-{len(list(work.glob('*.log')))}"  # a log exists even if rank 0 never started
         events_path, shared = work / f"{tag}.jsonl", work / f"{tag}-ckpt"
         shared.mkdir()
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -111,24 +115,15 @@ def _run_bucket(checkout, script, n, files, timeout, pytest_opts, work: Path, re
         with open(work / f"{tag}.log", "wb") as log:
             proc = subprocess.Popen(cmd, cwd=checkout, stdout=log, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True)  # fmt: skip
-            current, since, ended, stop = None, time.monotonic(), None, None
-            collect_limit = 2 * timeout + 60 + 3 * len(remaining)
+            watch = _Watch(timeout, START_S)
             seen = 0
             while proc.poll() is None:
                 time.sleep(0.5)
                 events = mtr.load_events(events_path)
                 for e in events[seen:]:
-                    if e["kind"] == "file_start":
-                        current, since = e["file"], time.monotonic()
-                    elif e["kind"] == "session_end":
-                        ended = time.monotonic()
+                    watch.see(e)
                 seen = len(events)
-                now = time.monotonic()
-                if ended is not None:
-                    if now - ended > AFTER_END_S:
-                        _kill(proc)
-                elif now - since > (timeout if current else collect_limit):
-                    stop = f"timeout ({timeout:g} s)" if current else "timeout while collecting"
+                if watch.expired():
                     _kill(proc)
         events = mtr.load_events(events_path)
         for e in events:
@@ -138,16 +133,60 @@ def _run_bucket(checkout, script, n, files, timeout, pytest_opts, work: Path, re
                 res["import_errors"][e["file"]] = e["message"]
         if any(e["kind"] == "session_end" for e in events):
             return
+        stop = watch.stop
         if stop is None:
             tail = (work / f"{tag}.log").read_bytes()[-300:].decode(errors="replace").strip()
             last = tail.splitlines()[-1] if tail else ""
             stop = f"a rank died (exit {proc.returncode}): {mtr.first_line(last)}"
-        if current is None:  # nothing ran: the whole session failed before its first test
+        if watch.running is not None:
+            res["stopped"][watch.running] = stop
+            remaining = remaining[remaining.index(watch.running) + 1 :]
+        elif watch.importing in remaining:  # no test ran yet: every other file runs next time
+            res["stopped"][watch.importing] = stop
+            remaining.remove(watch.importing)
+        else:  # the ranks never reached pytest
             for f in remaining:
                 res["stopped"][f] = stop
             return
-        res["stopped"][current] = stop
-        remaining = remaining[remaining.index(current) + 1 :]
+
+
+class _Watch:
+    """Rank 0's progress from its events, and when to give up: `timeout` seconds for a file
+    to import or to run, START_S for the ranks to reach pytest, AFTER_END_S for the ranks to
+    leave once rank 0's session ended. `stop` says why it gave up."""
+
+    def __init__(self, timeout: float, start_s: float) -> None:
+        self.timeout, self.start_s = timeout, start_s
+        self.started = self.ended = False
+        self.importing = self.running = self.stop = None
+        self.since = time.monotonic()
+
+    def see(self, event: dict) -> None:
+        kind, now = event["kind"], time.monotonic()
+        if kind == "worker_start":
+            self.started, self.since = True, now
+        elif kind == "collect_start":
+            self.started, self.importing, self.since = True, event["file"], now
+        elif kind == "file_start":
+            self.started, self.running, self.since = True, event["file"], now
+        elif kind == "session_end":
+            self.ended, self.since = True, now
+
+    def expired(self) -> bool:
+        waited = time.monotonic() - self.since
+        if self.ended:
+            return waited > AFTER_END_S
+        if waited <= (self.timeout if self.started else self.start_s):
+            return False
+        if self.running is not None:
+            self.stop = f"timeout ({self.timeout:g} s)"
+        elif self.importing is not None:
+            self.stop = f"timeout while collecting ({self.timeout:g} s importing it)"
+        elif self.started:
+            self.stop = f"timeout while collecting ({self.timeout:g} s)"
+        else:
+            self.stop = f"the ranks did not reach pytest in {self.start_s:g} s"
+        return True
 
 
 def _kill(proc) -> None:

@@ -192,6 +192,11 @@ class _Results:
         self.out = open(path, "a", buffering=1)  # noqa: SIM115 (open for the whole session)
         self.current = None
         self.tests: dict[str, dict] = {}
+        self._emit(kind="worker_start")
+
+    def pytest_collectstart(self, collector):
+        if isinstance(collector, pytest.Module):  # its import may hang: the launcher times it
+            self._emit(kind="collect_start", file=collector.nodeid)
 
     def _emit(self, **event) -> None:
         self.out.write(json.dumps(event) + "\n")

@@ -105,6 +105,15 @@ FILES = {
             Path(__file__).with_name(f"hung-{os.getpid()}.pid").write_text("")
             time.sleep(600)
     """,
+    "test_ba_import_hangs.py": """
+        import time
+
+        time.sleep(600)
+
+
+        def test_never_collected():
+            pass
+    """,
     "test_c_cuda.py": """
         import pytest
         import torch
@@ -203,16 +212,18 @@ def test_two_rank_run_counts_and_classifies(checkout, deps, tmp_path):
     # 4 passes (two on 2 gloo ranks through Megatron's own Utils, one importing a package of
     # --deps), the CUDA test fails as "needs CUDA" and the /opt/megatron-lm one as Megatron's CI
     # layout, 3 skips (a layout of 4 ranks through Utils among them), the missing module blocks
-    # one file of 2 tests, the TE file is left out by its imports, and the hanging file is
-    # stopped while the files after it still run
-    assert "| 2 | 4 | 2 | 3 | 1 | 1 |" in text, text
+    # one file of 2 tests, the TE file is left out by its imports, and the two hanging files
+    # (one running, one importing) are stopped while the files after them still run
+    assert "| 2 | 4 | 2 | 3 | 1 | 2 |" in text, text
     assert "| needs CUDA | 1 |" in text and "| needs more ranks | 2 |" in text
     assert "| needs Megatron's CI data or network | 1 |" in text and "unclassified" not in text
     assert "### needs CUDA (1)" in text and "test_c_cuda.py::test_moves_to_gpu" in text
     assert "| `megatron.core.no_such_module` | 1 | 2 |" in text
     assert "`tests/unit_tests/test_b_hangs.py`: timeout (10 s)" in text
+    # a file whose import hangs is stopped alone, before any test ran: every other file still runs
+    assert "`tests/unit_tests/test_ba_import_hangs.py`: timeout while collecting (10 s" in text
     assert "`tests/unit_tests/test_e_te.py`: imports `transformer_engine`" in text
-    assert "CPU-runnable by their imports: 7" in text
+    assert "CPU-runnable by their imports: 8" in text
     hung = [int(f.stem.split("-")[1]) for f in checkout.glob("tests/unit_tests/hung-*.pid")]
     assert len(hung) == 2 and not [pid for pid in hung if _alive(pid)]  # the ranks were stopped
 
