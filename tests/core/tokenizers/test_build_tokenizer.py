@@ -38,6 +38,8 @@ def test_unknown_and_missing_types():
         build_tokenizer(_args(tokenizer_type="Nope"))
     with pytest.raises(NotImplementedError, match="SFTTokenizer"):
         build_tokenizer(_args(tokenizer_type="SFTTokenizer"))
+    with pytest.raises(NotImplementedError, match="gigatron.training.tokenizer.build_tokenizer"):
+        build_tokenizer(_args(tokenizer_type="GPT2BPETokenizer"))
 
 
 @pytest.mark.parametrize("vocab,mult,tp", [(1, 1, 1), (1000, 128, 1), (50257, 128, 8), (64, 64, 1)])

@@ -4,9 +4,11 @@
 "NullTokenizer" gives the 0.20 text null tokenizer (`MegatronTokenizerText`, library
 "null-text": `vocab_size` as given, EOD `vocab_size - 1` or `args.null_tokenizer_eod_id`, PAD
 `args.null_tokenizer_pad_id` or -1). The file-backed types (Hugging Face, SentencePiece,
-tiktoken, GPT-2 BPE, BERT WordPiece) are built by `gigatron.training.tokenizer.build_tokenizer`
-from the same args. "MultimodalTokenizer", "NullMultimodalTokenizer" and "SFTTokenizer" are
-Megatron types gigatron does not have (NotImplementedError); any other type is a ValueError.
+tiktoken, GPT-2 BPE, BERT WordPiece) raise NotImplementedError naming
+`gigatron.training.tokenizer.build_tokenizer`, which builds them from the same args (gigatron's
+core does not import its training layer); "MultimodalTokenizer", "NullMultimodalTokenizer" and
+"SFTTokenizer" are Megatron types gigatron does not have (NotImplementedError); any other type is
+a ValueError.
 With `args.pad_vocab_size` set, `args.padded_vocab_size` is filled in when None.
 """
 
@@ -38,16 +40,14 @@ def build_tokenizer(args: Any, **kwargs: Any):
     if kind in _NOT_IN_GIGATRON:
         raise NotImplementedError(f"tokenizer_type {kind}: gigatron has no multimodal or SFT "
                                   "tokenizer")  # fmt: skip
-    if kind == "NullTokenizer":
-        options = {"vocab_size": args.vocab_size}
-        for name, key in (("null_tokenizer_eod_id", "eod_id"), ("null_tokenizer_pad_id", "pad_id")):
-            if getattr(args, name, None) is not None:
-                options[key] = getattr(args, name)
-        tokenizer = MegatronTokenizerText(None, {"library": "null-text"}, **options)
-    else:
-        from gigatron.training.tokenizer import build_tokenizer as build_file_tokenizer
-
-        tokenizer = build_file_tokenizer(args)
+    if kind != "NullTokenizer":
+        raise NotImplementedError(f"tokenizer_type {kind}: build it with "
+                                  "gigatron.training.tokenizer.build_tokenizer(args)")  # fmt: skip
+    options = {"vocab_size": args.vocab_size}
+    for name, key in (("null_tokenizer_eod_id", "eod_id"), ("null_tokenizer_pad_id", "pad_id")):
+        if getattr(args, name, None) is not None:
+            options[key] = getattr(args, name)
+    tokenizer = MegatronTokenizerText(None, {"library": "null-text"}, **options)
     if getattr(args, "pad_vocab_size", False) and getattr(args, "padded_vocab_size", None) is None:
         args.padded_vocab_size = vocab_size_with_padding(tokenizer.vocab_size, args)
     return tokenizer
