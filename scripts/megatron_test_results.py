@@ -72,9 +72,10 @@ FAILURE_RULES = (
     ("gap: not implemented", r"NotImplementedError|not implemented"),
     (  # a value Megatron accepts (hidden_size=0 in a config only carried around, ...)
         "gap: gigatron checks more",
-        r"must be set to a positive value|requires use_distributed_optimizer|"
-        r"give --data-path|is not registered, please create group",
+        r"must be set to a positive value|requires use_distributed_optimizer|give --data-path",
     ),
+    # the test mocks the torch.distributed calls Megatron makes; gigatron makes others
+    ("gap: other torch.distributed calls", r"is not registered, please create group"),
     ("gap: error message", r"Regex pattern did not match"),
     ("gap: missing check (no raise or warning)", r"DID NOT (?:RAISE|WARN)"),
     ("gap: different result", r"^(?:AssertionError\b|assert\b)|^Failed: "),
