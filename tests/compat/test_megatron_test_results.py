@@ -48,6 +48,11 @@ SKIPS = [
 ]  # fmt: skip
 
 
+def test_the_module_walk_of_test_imports_needs_megatrons_folder_layout():
+    message = "SystemExit: 1\n    ok = _test_domain_module_imports(mcore, subdomains=['models'])"
+    assert mtr.classify(message) == "needs Megatron's source layout"
+
+
 @pytest.mark.parametrize("message,cls", FAILURES)
 def test_failure_classes(message, cls):
     assert mtr.classify(message) == cls
