@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -153,6 +154,8 @@ def classify(message: str, rules=FAILURE_RULES) -> str:
     """The class of a failure (or, with SKIP_RULES, a skip reason): the first rule matching the
     exception line, else a DEEP_RULES match anywhere in the message, else unclassified."""
     first = message.strip().splitlines()[0] if message.strip() else ""
+    if rules is FAILURE_RULES and _layout_above_world(first):
+        return "needs more ranks"
     flags = re.IGNORECASE if rules is SKIP_RULES else 0
     for name, pattern in rules:
         if re.search(pattern, first, flags=flags):
@@ -161,6 +164,19 @@ def classify(message: str, rules=FAILURE_RULES) -> str:
         if re.search(pattern, message):
             return name
     return UNCLASSIFIED
+
+
+def _layout_above_world(line: str) -> bool:
+    """A layout refused because it takes more ranks than the world has (it runs at a larger
+    N): gigatron's "world size (W) is not divisible by ... size (S)" with S > W, or a
+    HyperCommGrid "Grid shape [..] is over sized with world size W"."""
+    m = re.search(r"world size \((\d+)\) is not divisible by .*size \((\d+)\)", line)
+    if m:
+        return int(m.group(2)) > int(m.group(1))
+    m = re.search(r"Grid shape \[([\d, ]+)\] is over sized with world size (\d+)", line)
+    if m:
+        return math.prod(int(d) for d in m.group(1).split(",")) > int(m.group(2))
+    return False
 
 
 def blocker_class(name: str) -> str:
@@ -265,6 +281,9 @@ def counts(tests) -> Counter:
 
 def _classes(results, sizes, outcome, rules, title) -> list[str]:
     rules_text = "; ".join(f"{name}: `{pattern}`" for name, pattern in rules)
+    if rules is FAILURE_RULES:
+        rules_text = ("needs more ranks: a layout taking more ranks than the world size (checked "
+                      "first); " + rules_text)  # fmt: skip
     out = ["", f"## {title}", "", f"Classified by rules in scripts/megatron_test_results.py "
            f"(first match wins; {rules_text.replace('|', chr(92) + '|')})", ""]  # fmt: skip
     out += ["| class | " + " | ".join(f"N={n}" for n in sizes) + " | example |"]

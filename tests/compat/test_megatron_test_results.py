@@ -35,7 +35,14 @@ FAILURES = [
      ".megatron._AliasLoader object at 0x7f>)> does not have the attribute '_pad'",
      "gap: missing name"),
     ("AssertionError: Torch not compiled with CUDA enabled", "needs CUDA"),
-    ("ValueError: world size (1) is not divisible by tensor (2) x pipeline (2)", "world size"),
+    ("ValueError: world size (1) is not divisible by tensor (2) x pipeline (2) x context (1) "
+     "model parallel size (4)", "needs more ranks"),
+    ("ValueError: world size (8) is not divisible by tensor (3) x pipeline (1) x context (1) "
+     "model parallel size (3)", "world size"),
+    ("RuntimeError: Grid shape [2, 4] is over sized with world size 2 and rank offset 0",
+     "needs more ranks"),
+    ("ValueError: world size (2) is not divisible by expert tensor (1) x expert model (4) x "
+     "pipeline (1) parallel size (4)", "needs more ranks"),
 ]  # fmt: skip
 SKIPS = [
     ("launcher spawns its own torchrun; run as a plain process", "runs its own launcher"),
