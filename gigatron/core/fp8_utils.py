@@ -262,3 +262,15 @@ def get_fp8_context(config, layer_no: int = -1, is_init: bool = False):
 def get_fp8_disabled_context(config, is_init: bool = False):
     """Megatron's context that turns FP8 off around a region: a no-op here (see above)."""
     return contextlib.nullcontext()
+
+
+def is_float8tensor(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is Transformer Engine's FP8 tensor (quantized param storage): always
+    False, as Megatron answers without Transformer Engine (gigatron's FP8 linears keep
+    high-precision params and cast inside the GEMM)."""
+    return False
+
+
+def is_nvfp4tensor(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is Transformer Engine's NVFP4 tensor: always False (see above)."""
+    return False

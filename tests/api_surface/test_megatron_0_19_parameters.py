@@ -2,8 +2,8 @@
 `GPTModel.forward(output_processor, output_processor_context)`,
 `SelfAttention(pp_layer_offset, name)`, `CrossAttention` / `SharedExpertMLP(name)`,
 `TopKRouter(is_mtp_layer)`, `get_forward_backward_func(schedule_pg_collection)`,
-`dist_checkpointing.save(async_strategy)`, `DistributedDataParallel(full_param_layout)` (only
-None: other values raise, naming the parameter)."""
+`dist_checkpointing.save(async_strategy)`, `DistributedDataParallel(full_param_layout)` (None or
+a FullParamLayout: other values raise, naming the parameter)."""
 
 import os
 
@@ -108,7 +108,7 @@ def test_save_async_strategy(tmp_path):
         dist_checkpointing.save(sd(), str(tmp_path / "bad"), async_strategy="torch")
 
 
-def test_ddp_full_param_layout_only_none():
+def test_ddp_full_param_layout_refuses_a_non_layout():
     model = _model()
     ddp_config = DistributedDataParallelConfig()
     DistributedDataParallel(model.config, ddp_config, model, full_param_layout=None)

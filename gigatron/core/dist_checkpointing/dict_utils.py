@@ -5,7 +5,7 @@ Mirrors `megatron.core.dist_checkpointing.dict_utils` (the parts save/load need)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -189,3 +189,18 @@ def diff(x1: Any, x2: Any, prefix: tuple = ()) -> tuple[list, list, list]:
 def _extend(acc: tuple[list, list, list], part: tuple[list, list, list]) -> None:
     for a, p in zip(acc, part):
         a.extend(p)
+
+
+def map_reduce(
+    xs: Iterable,
+    key_fn: Callable = lambda x: x,
+    value_fn: Callable = lambda x: x,
+    reduce_fn: Callable = lambda x: x,
+) -> dict:
+    """Group `xs` by `key_fn`, then reduce each group's `value_fn` values with `reduce_fn`
+    (the `more_itertools.map_reduce` contract): {key: reduce_fn([value_fn(x), ...])}, keys in
+    first-seen order."""
+    groups: dict = {}
+    for x in xs:
+        groups.setdefault(key_fn(x), []).append(value_fn(x))
+    return {k: reduce_fn(v) for k, v in groups.items()}

@@ -141,6 +141,48 @@ class ShardedTensor(ShardedBase):
             slice(o, o + s) for o, s in zip(self.global_offset[p:], self.local_shape)
         )
 
+    def narrow(self, dim: int, start: int, length: int) -> list[ShardedTensor]:
+        """`torch.narrow` of every rank's local box: keep `length` elements from `start` along
+        local axis `dim` (prepended axes not counted). The global tensor shrinks the same way on
+        every rank, so the boxes must form a regular grid along `dim`:
+
+            global_shape[d]  -> global_shape[d] * length / local_shape[dim]
+            global_offset[d] -> global_offset[d] * length / local_shape[dim]
+
+        Returns a one-element list (Megatron's signature)."""
+        if self.flattened_range is not None:
+            raise CheckpointingException(
+                f"{self.key}: narrow of a flat ShardedTensor (flattened_range "
+                f"{self.flattened_range}) is not supported; narrow before flattening"
+            )
+        if not 0 <= dim < len(self.local_shape):
+            raise CheckpointingException(
+                f"{self.key}: narrow dim ({dim}) must index local_shape {self.local_shape}"
+            )
+        local_len, d = self.local_shape[dim], dim + self.prepend_axis_num
+        if not (0 <= start and 0 < length and start + length <= local_len):
+            raise CheckpointingException(
+                f"{self.key}: narrow [{start}, {start + length}) must lie within local axis "
+                f"{dim} of length {local_len}"
+            )
+        if self.global_shape[d] % local_len or self.global_offset[d] % local_len:
+            raise CheckpointingException(
+                f"{self.key}: narrow needs a regular grid along axis {dim}: global_shape "
+                f"{self.global_shape} and global_offset {self.global_offset} must be multiples "
+                f"of the local length {local_len}"
+            )
+        global_shape, global_offset = list(self.global_shape), list(self.global_offset)
+        global_shape[d] = global_shape[d] // local_len * length
+        global_offset[d] = global_offset[d] // local_len * length
+        data = None if self.data is None else self.data.narrow(dim, start, length)
+        local_shape = list(self.local_shape)
+        local_shape[dim] = length
+        narrowed = replace(
+            self, data=data, local_shape=tuple(local_shape), global_shape=tuple(global_shape),
+            global_offset=tuple(global_offset),
+        )  # fmt: skip
+        return [narrowed]
+
     def without_data(self) -> ShardedTensor:
         return replace(self, data=None)
 

@@ -29,8 +29,10 @@ from gigatron.core.distributed.distributed_data_parallel_config import (
 )
 from gigatron.core.distributed.param_and_grad_buffer import (
     _ParamAndGradBuffer,
+    group_params_for_buffers,
     partition_buckets,
 )
+from gigatron.core.optimizer.param_layout import FullParamLayout
 from gigatron.core.tensor_parallel.wgrad import WGRAD_IN_MAIN_GRAD
 from gigatron.core.transformer.transformer_layer import TransformerLayer
 
@@ -71,12 +73,6 @@ class DistributedDataParallel(torch.nn.Module):
         full_param_layout=None,
     ):
         super().__init__()
-        if full_param_layout is not None:  # Megatron 0.19+
-            raise ValueError(
-                "DistributedDataParallel: full_param_layout (a layout precomputed by Megatron's "
-                "DistributedOptimizer.compute_full_param_layout) is not supported by gigatron; "
-                "leave it None: the buffers are laid out here"
-            )
         self.config = config
         self.module = module
         self.dp_cp_group, self.expt_dp_group, self.pp_group = _groups(pg_collection)
@@ -90,7 +86,7 @@ class DistributedDataParallel(torch.nn.Module):
         pp_rank = dist.get_rank(self.pp_group) if self.pp_group is not None else 0
         self.bucket_size = None if (disable_bucketing or pp_rank > 0) else ddp_config.bucket_size
 
-        dense, expert, param_to_name = [], [], {}
+        param_to_name = {}
         self.params_with_grad = []
         for name, param in self.module.named_parameters():
             if not param.requires_grad:
@@ -99,10 +95,11 @@ class DistributedDataParallel(torch.nn.Module):
             param.grad_added_to_main_grad = False
             param.main_grad_is_zero = True  # the new grad buffer is zeroed
             param_to_name[param] = name
-            (dense if getattr(param, "allreduce", True) else expert).append(param)
+        groups = group_params_for_buffers(self.params_with_grad, ddp_config.grad_reduce_in_fp32)
+        has_expert = any(key.is_expert_parallel for key in groups)
 
         if pg_collection is not None and (
-            self.dp_cp_group is None or (expert and self.expt_dp_group is None)
+            self.dp_cp_group is None or (has_expert and self.expt_dp_group is None)
         ):
             raise ValueError(
                 "DistributedDataParallel: pg_collection must provide dp_cp (and expt_dp when the "
@@ -121,10 +118,22 @@ class DistributedDataParallel(torch.nn.Module):
                 "average_in_collective (True) cannot be used with calculate_per_token_loss "
                 "(True): per-token grads must be summed (distributed_data_parallel.py)"
             )
-        self.buffers = self._make_buffers(dense, self.dp_cp_group, scale, param_to_name)
-        self.expert_parallel_buffers = self._make_buffers(
-            expert, self.expt_dp_group, expert_scale, param_to_name
-        )
+        layouts = self._layouts(groups, full_param_layout)
+        self.full_param_layout = full_param_layout
+        self.buffers, self.expert_parallel_buffers = [], []
+        for key, (params, indices) in groups.items():
+            group, factor = (
+                (self.expt_dp_group, expert_scale)
+                if key.is_expert_parallel
+                else (self.dp_cp_group, scale)
+            )
+            buffer = _ParamAndGradBuffer(
+                ddp_config, key.param_dtype, key.grad_dtype, params, group, self.bucket_size,
+                param_to_name, factor, param_indices=indices, param_layout=layouts[key],
+            )  # fmt: skip
+            (self.expert_parallel_buffers if key.is_expert_parallel else self.buffers).append(
+                buffer
+            )
         self.bucket_groups = partition_buckets(self.buffers, ddp_config)
         self.expert_parallel_bucket_groups = partition_buckets(
             self.expert_parallel_buffers, ddp_config
@@ -153,17 +162,32 @@ class DistributedDataParallel(torch.nn.Module):
             self.enable_forward_pre_hook()
         self.overlap_param_gather_with_optimizer_step = False
 
-    def _make_buffers(self, params, group, scale, param_to_name) -> list[_ParamAndGradBuffer]:
-        by_dtype: dict[tuple[torch.dtype, torch.dtype], list] = {}
-        for p in params:
-            grad_dtype = torch.float32 if self.ddp_config.grad_reduce_in_fp32 else p.dtype
-            by_dtype.setdefault((p.dtype, grad_dtype), []).append(p)
-        return [
-            _ParamAndGradBuffer(
-                self.ddp_config, pd, gd, ps, group, self.bucket_size, param_to_name, scale
+    def _layouts(self, groups: dict, full_param_layout) -> dict:
+        """BufferKey -> the layout its buffer is built from: `full_param_layout`'s (it must
+        name exactly the buffers these params make) or None (the buffer lays itself out:
+        padded with the distributed optimizer, packed without)."""
+        if full_param_layout is None:
+            return dict.fromkeys(groups)
+        if not isinstance(full_param_layout, FullParamLayout):
+            raise ValueError(
+                f"DistributedDataParallel: full_param_layout ({type(full_param_layout).__name__})"
+                " must be a FullParamLayout (DistributedOptimizer.compute_full_param_layout)"
             )
-            for (pd, gd), ps in by_dtype.items()
-        ]
+        given, needed = set(full_param_layout.layouts), set(groups)
+        if given != needed:
+            raise ValueError(
+                f"DistributedDataParallel: full_param_layout has buffers {sorted(map(str, given))}"
+                f" but the module's trainable params make {sorted(map(str, needed))}; compute "
+                "it from the same params (DistributedOptimizer.compute_full_param_layout)"
+            )
+        for key, (params, _) in groups.items():
+            placed = set(full_param_layout.layouts[key].param_index_map)
+            if placed != set(params):
+                raise ValueError(
+                    f"DistributedDataParallel: full_param_layout's buffer {key} places "
+                    f"{len(placed)} params but the module has {len(params)} for it"
+                )
+        return dict(full_param_layout.layouts)
 
     def _all_bucket_groups(self):
         return self.bucket_groups + self.expert_parallel_bucket_groups

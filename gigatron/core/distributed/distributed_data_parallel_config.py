@@ -192,5 +192,6 @@ class DistributedDataParallelConfig:
         if self.overlap_param_gather and not self.use_distributed_optimizer:
             raise ValueError(
                 "DistributedDataParallelConfig.overlap_param_gather (True) requires "
-                f"use_distributed_optimizer=True ({_FILE})"
+                "use_distributed_optimizer=True: only its params are gathered (gigatron refuses "
+                f"it here, Megatron in its arguments) ({_FILE})"
             )

@@ -17,15 +17,29 @@ backward hook in the last microbatch) and the param all-gather after the optimiz
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 
+from gigatron.core.distributed._buffer_layout import (  # noqa: F401  (Megatron's names here)
+    _compute_default_per_buffer_param_layout,
+    _param_uses_quantized_storage,
+    group_params_for_buffers,
+    padded_param_layout,
+)
 from gigatron.core.distributed.distributed_data_parallel_config import (
     DistributedDataParallelConfig,
 )
+from gigatron.core.fp8_utils import is_float8tensor, is_nvfp4tensor  # noqa: F401
 from gigatron.core.utils import all_gather_into, reduce_scatter_into
+
+# The reduce-scatter the grad sync calls, looked up at call time (Megatron's tests patch it).
+dist_reduce_scatter_func = reduce_scatter_into
+
+
+def _group_size(group) -> int:
+    if group is not None and hasattr(group, "size"):
+        return group.size()
+    return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
 def shard_buffer(buffer: torch.Tensor, data_parallel_world_size: int) -> list[torch.Tensor]:
@@ -120,8 +134,8 @@ class _ParamAndGradBucketGroup:
         group, size = self.data_parallel_group, self.intra_distributed_optimizer_instance_size
         handles = []
         for bucket in self.buckets:
-            if size == 1:
-                continue  # sum or average over one rank is the identity
+            if size == 1 and not dist.is_initialized():
+                continue  # no process group: sum or average over one rank is the identity
             if self.ddp_config.use_distributed_optimizer and not force_all_reduce:
                 # Reduce-scatter into a fresh tensor: the output may not alias the input on every
                 # backend. The shard is copied into grad_data once the collective completed.
@@ -130,7 +144,7 @@ class _ParamAndGradBucketGroup:
                 ]
                 out = torch.empty_like(shard)
                 handles.append(
-                    reduce_scatter_into(
+                    dist_reduce_scatter_func(
                         out, bucket.grad_data, op=op, group=group, async_op=async_op
                     )
                 )
@@ -226,32 +240,57 @@ class _ParamAndGradBucketGroup:
 
 
 class _ParamAndGradBuffer:
-    """Flat param (distributed optimizer only) and grad storage for params of one dtype pair."""
+    """Flat param (distributed optimizer only) and grad storage for params of one BufferKey.
+
+    `params_with_names`: params in registration order, or (param, name) pairs as Megatron
+    passes them. `param_layout` (a `PerBufferParamLayout`): where each param goes; None
+    computes the distributed optimizer's padded layout with `use_distributed_optimizer`, else
+    the packed one.
+    """
 
     def __init__(
         self,
         ddp_config: DistributedDataParallelConfig,
         param_dtype: torch.dtype,
         grad_dtype: torch.dtype,
-        params: list[torch.nn.Parameter],
+        params_with_names: list,
         data_parallel_group,
         bucket_size: int | None,
         param_to_name: dict,
         gradient_scaling_factor: float,
+        param_indices: list[int] | None = None,
+        nccl_ub: bool = False,
+        pg_collection=None,
+        param_layout=None,
     ):
+        params = [p[0] if isinstance(p, tuple) else p for p in params_with_names]
+        if len(set(params)) != len(params):
+            raise ValueError("_ParamAndGradBuffer: a param is listed twice")
         self.ddp_config = ddp_config
         self.params = params
         self.param_dtype = param_dtype
         self.grad_dtype = grad_dtype
         self.data_parallel_group = data_parallel_group
-        self.data_parallel_world_size = (
-            dist.get_world_size(data_parallel_group) if dist.is_initialized() else 1
-        )
+        self.data_parallel_world_size = _group_size(data_parallel_group)
         self.gradient_scaling_factor = gradient_scaling_factor
         self.param_to_name = param_to_name
-        self.param_index_map: dict = {}  # param -> (start, end, bucket_id) in the buffer
-        self.bucket_indices: list[tuple[int, int]] = []
-        per_bucket_unpadded = self._layout(bucket_size)
+        self.param_indices = list(param_indices) if param_indices is not None else []
+        self.nccl_ub = nccl_ub
+        if param_layout is None:
+            if ddp_config.use_distributed_optimizer:
+                param_layout = padded_param_layout(
+                    params, bucket_size, self.data_parallel_world_size, ddp_config
+                )
+            else:
+                param_layout = _compute_default_per_buffer_param_layout(params, bucket_size)
+        if set(param_layout.param_index_map) != set(params):
+            raise ValueError(
+                f"_ParamAndGradBuffer: param_layout places {len(param_layout.param_index_map)} "
+                f"params but the buffer holds {len(params)}; the layout must cover exactly them"
+            )
+        self.param_index_map: dict = param_layout.param_index_map  # param -> (start, end, id)
+        self.bucket_indices: list[tuple[int, int]] = list(param_layout.bucket_indices)
+        per_bucket_unpadded = list(param_layout.per_bucket_numel_unpadded)
         self.numel = self.bucket_indices[-1][1] if self.bucket_indices else 0
         self.numel_unpadded = sum(per_bucket_unpadded)
         device = params[0].device
@@ -285,46 +324,6 @@ class _ParamAndGradBuffer:
             self.buckets.append(bucket)
             for p in bucket_params:
                 self.param_to_bucket[p] = bucket
-
-    def _layout(self, bucket_size: int | None) -> list[int]:
-        """Fill param_index_map and bucket_indices; return each bucket's unpadded numel."""
-        use_dist_opt = self.ddp_config.use_distributed_optimizer
-        divisor = math.lcm(self.data_parallel_world_size, 128)
-        if self.ddp_config.pad_buckets_for_high_nccl_busbw:
-            divisor = math.lcm(divisor, 2**16)
-
-        def pad(n: int, d: int) -> int:
-            return int(math.ceil(n / d) * d) if use_dist_opt else n
-
-        unpadded: list[int] = []
-        bucket_start = param_start = 0
-        bucket_id, in_bucket = 0, 0
-
-        def close_bucket(param_end: int) -> int:
-            nonlocal bucket_start, bucket_id, in_bucket
-            unpadded.append(param_end - bucket_start)
-            bucket_end = pad(param_end, divisor)
-            self.bucket_indices.append((bucket_start, bucket_end))
-            bucket_start, bucket_id, in_bucket = bucket_end, bucket_id + 1, 0
-            return bucket_end
-
-        for param in self.params[::-1]:  # reverse: roughly the order backward produces grads
-            # Tied embeddings get their own bucket under the distributed optimizer, so first and
-            # last PP stage shard them identically.
-            own_bucket = getattr(param, "shared_embedding", False) and use_dist_opt
-            param_start = pad(param_start, 64)
-            if own_bucket and in_bucket:
-                param_start = close_bucket(param_start)
-            param_end = param_start + param.numel()
-            self.param_index_map[param] = (param_start, param_end, bucket_id)
-            in_bucket += 1
-            if (bucket_size is not None and param_end - bucket_start >= bucket_size) or own_bucket:
-                param_start = close_bucket(param_end)
-            else:
-                param_start = param_end
-        if in_bucket:
-            close_bucket(param_end)
-        return unpadded
 
     def scale_gradients(self, scaling_factor: float) -> None:
         """Multiply the whole grad buffer by `scaling_factor`."""

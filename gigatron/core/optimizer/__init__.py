@@ -33,7 +33,12 @@ from gigatron.core.optimizer.optimizer_config import (
     SGDOptimizerConfig,
 )
 
+# Megatron's flag for the optional `emerging_optimizers` package (Muon and friends): gigatron
+# implements none of them, as Megatron without that package.
+HAVE_EMERGING_OPTIMIZERS = False
+
 __all__ = [
+    "HAVE_EMERGING_OPTIMIZERS",
     "AdamOptimizerConfig",
     "ChainedOptimizer",
     "ConstantGradScaler",

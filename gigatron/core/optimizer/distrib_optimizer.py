@@ -23,10 +23,53 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core.optimizer.optimizer import MixedPrecisionOptimizer, _copy_attrs
+from gigatron.core.optimizer.param_layout import FullParamLayout, PerBufferParamLayout
 
 
 class DistributedOptimizer(MixedPrecisionOptimizer):
     """Optimizer state and fp32 main params sharded over the data-parallel group."""
+
+    @staticmethod
+    def _compute_per_buffer_param_layout(
+        params: list,
+        bucket_size: int | None,
+        data_parallel_world_size: int,
+        ddp_config,
+        param_indices: list[int] | None = None,
+    ) -> PerBufferParamLayout:
+        """The padded layout of one buffer (reverse param order, 64-element aligned starts,
+        buckets padded to split into `data_parallel_world_size` shards, tied embeddings in a
+        bucket of their own)."""
+        # Imported here: gigatron.core.distributed imports this package's param_layout.
+        from gigatron.core.distributed._buffer_layout import padded_param_layout
+
+        return padded_param_layout(
+            params, bucket_size, data_parallel_world_size, ddp_config, param_indices
+        )
+
+    @staticmethod
+    def compute_full_param_layout(
+        params: list,
+        bucket_size: int | None,
+        data_parallel_world_size: int,
+        ddp_config,
+        expert_data_parallel_world_size: int | None = None,
+    ) -> FullParamLayout:
+        """Padded layouts of every buffer DDP will build from `params` (grouped by BufferKey);
+        expert buffers are padded for `expert_data_parallel_world_size` (default: the dense
+        DP size). Pass the result to `DistributedDataParallel(full_param_layout=...)`."""
+        from gigatron.core.distributed._buffer_layout import group_params_for_buffers
+
+        layouts = {}
+        groups = group_params_for_buffers(params, ddp_config.grad_reduce_in_fp32)
+        for key, (members, indices) in groups.items():
+            dp_size = data_parallel_world_size
+            if key.is_expert_parallel and expert_data_parallel_world_size is not None:
+                dp_size = expert_data_parallel_world_size
+            layouts[key] = DistributedOptimizer._compute_per_buffer_param_layout(
+                members, bucket_size, dp_size, ddp_config, indices
+            )
+        return FullParamLayout(layouts=layouts)
 
     def __init__(
         self,

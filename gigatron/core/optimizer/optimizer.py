@@ -28,6 +28,11 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from gigatron.core.optimizer._param_groups import (  # noqa: F401  (Megatron's names here)
+    _param_group_override_keys,
+    filter_and_reorder_param_groups,
+    param_group_identifier_keys,
+)
 from gigatron.core.optimizer.clip_grads import (
     _is_not_tp_duplicate,
     clip_grad_by_total_norm_fp32,
@@ -54,6 +59,8 @@ def _model_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
 
 class MegatronOptimizer:
     """Base class: norm / clip / zero-count helpers and the shared `step()` recipe."""
+
+    _filter_and_reorder_param_groups = staticmethod(filter_and_reorder_param_groups)
 
     def __init__(
         self,

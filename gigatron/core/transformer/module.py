@@ -30,6 +30,11 @@ class MegatronModule(torch.nn.Module):
 
     def __init__(self, config):
         super().__init__()
+        if getattr(config, "hidden_size", None) == 0:
+            raise ValueError(
+                f"{type(self).__name__}: config.hidden_size (0) must be set to a positive value "
+                "to build a model (0 is Megatron's default for a config that is not a model's)"
+            )
         self.config = config
 
     def state_dict_for_save_checkpoint(self, prefix: str = "", keep_vars: bool = False):
