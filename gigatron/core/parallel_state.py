@@ -40,10 +40,18 @@ generate_masked_orthogonal_rank_groups = masked_orthogonal_rank_groups
 
 _GLOBAL_MEMORY_BUFFER = None
 _ON_DESTROY: list = []
+_OWNED_GROUPS: list = []  # groups this rank is in, created here; released by destroy_model_parallel
+
+
+def _own(group):
+    """Remember `group` (when this rank is a member) so `destroy_model_parallel` releases it."""
+    if group is not None and group is not dist.GroupMember.NON_GROUP_MEMBER:
+        _OWNED_GROUPS.append(group)
+    return group
 
 
 def _new_group(ranks: list[int], timeout: timedelta, backend: str | None = None):
-    return dist.new_group(ranks, timeout=timeout, backend=backend)
+    return _own(dist.new_group(ranks, timeout=timeout, backend=backend))
 
 
 def _build(layout: RankLayout, name: str, rank: int, timeout: timedelta) -> _Axis:
@@ -66,7 +74,7 @@ def _build_gtp_singleton(generator: RankGenerator, rank: int, timeout: timedelta
     built). Only its member creates it (local synchronization), so the world skips one barrier
     per rank that Megatron's loop over every singleton costs."""
     (ranks,) = [g for g in generator.get_gtp_ranks(1) if rank in g]
-    group = dist.new_group(ranks, timeout=timeout, use_local_synchronization=True)
+    group = _own(dist.new_group(ranks, timeout=timeout, use_local_synchronization=True))
     return _Axis(group, tuple(ranks))
 
 
@@ -277,8 +285,12 @@ def _reject_unsupported(**settings) -> None:
 
 
 def destroy_model_parallel() -> None:
-    """Forget every group and override. Does not destroy torch.distributed itself."""
+    """Forget every group and override, and release the process groups
+    `initialize_model_parallel` created (on gloo each holds native threads, so a process that
+    initializes many times would keep them all). Every rank calls it, as it called initialize.
+    Does not destroy torch.distributed itself (the default group stays)."""
     global _GLOBAL_MEMORY_BUFFER
+    _release_owned_groups()
     _store.STATE = None
     _store.OVERRIDES.clear()
     _store.VIRTUAL_PP_RANK = None
@@ -286,6 +298,15 @@ def destroy_model_parallel() -> None:
     _GLOBAL_MEMORY_BUFFER = None
     for fn in _ON_DESTROY:  # state above keyed by group names, which the next init may reuse
         fn()
+
+
+def _release_owned_groups() -> None:
+    groups, _OWNED_GROUPS[:] = list(_OWNED_GROUPS), []
+    if not dist.is_initialized():
+        return  # the default group is gone, and with it every subgroup
+    for group in groups:
+        if group in dist.distributed_c10d._world.pg_map:
+            dist.destroy_process_group(group)
 
 
 def _on_destroy(fn) -> None:
