@@ -13,7 +13,7 @@ implementations interleaved): the host is shared and wall time mostly measures o
     tokens (3 epochs), as in bench/anchors/data/megatron_index_build.py; gigatron vs
     megatron-core in the same run, and whether the two produced identical indices.
   * blending_indices_2 / _3 / _10 / _100: `build_blending_indices` for 1M samples from 2, 3,
-    10 and 100 datasets (NumPy lanes), vs the C++ (bench/bench_blend.py has the full table).
+    10 and 100 datasets (NumPy lanes), vs the C++ (bench/data/bench_blend.py has the full table).
   * preprocess: `gigatron preprocess` documents/s and tokens/s with 1 and 2 workers on a
     synthetic JSON-lines corpus with a byte-level BPE trained by `gigatron train-tokenizer`.
 megatron-core parts are skipped (null) when it is not importable. Runs on CPU.
@@ -189,7 +189,7 @@ def bench_blending(size: int, weights: list[float], repeats: int) -> dict:
 
 
 def _weights(num: int) -> list[float]:
-    return list(numpy.random.default_rng(0).random(num) + 0.05)  # as bench/bench_blend.py
+    return list(numpy.random.default_rng(0).random(num) + 0.05)  # as bench/data/bench_blend.py
 
 
 def bench_preprocess(workdir: str, num_docs: int) -> dict:

@@ -332,7 +332,7 @@ t_data() {  # [CPU] index building and blending (gigatron NumPy vs megatron-core
 }
 
 t_blend() {  # [CPU] blending indices, 2/3/10/100 datasets x 1M and 100M samples vs megatron-core's C++ (reports/data-blending.md)
-  run blend.log 500 python3 bench/bench_blend.py --repeats 5
+  run blend.log 500 python3 bench/data/bench_blend.py --repeats 5
 }
 
 t_tests() {  # the gpu-marked tests on this GPU (the CUDA resume test included)

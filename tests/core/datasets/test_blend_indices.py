@@ -1,4 +1,4 @@
-"""Blending indices for three or more datasets (lanes in NumPy) against the sequential rule.
+"""Blending indices (lanes in NumPy) against the sequential rule.
 
 The oracle is Megatron's greedy loop (helpers.cpp `build_blending_indices`) written out in plain
 Python below, and megatron-core's compiled helper itself where it is installed.
@@ -56,14 +56,16 @@ def _weight_cases():
 
 @pytest.fixture
 def lane_calls(monkeypatch):
+    """The number of lanes of each `_greedy` call (how many run side by side)."""
     calls = []
-    real = helpers._lane_choice
+    real = helpers._run_lanes
 
-    def spy(w, size, *args, **kwargs):
-        calls.append(size)
-        return real(w, size, *args, **kwargs)
+    def spy(w, lanes, start, *args):
+        if len(args) == 4:  # a first run (no `diff`): every lane
+            calls.append(lanes.size)
+        return real(w, lanes, start, *args)
 
-    monkeypatch.setattr(helpers, "_lane_choice", spy)
+    monkeypatch.setattr(helpers, "_run_lanes", spy)
     return calls
 
 
@@ -71,39 +73,48 @@ def lane_calls(monkeypatch):
 def test_lanes_equal_sequential_rule(weights, lane_calls):
     size = 100_000
     got = _gigatron(weights, size)
-    assert lane_calls and sum(lane_calls) <= size  # the lane path ran, not only the loop
+    assert max(lane_calls) > 1  # lanes ran side by side, not one plain loop
     want = _build_blending_indices_reference(weights, len(weights), size)
     numpy.testing.assert_array_equal(got[0], want[0])
     numpy.testing.assert_array_equal(got[1], want[1])
 
 
-def test_lanes_repair_bad_guesses(monkeypatch, lane_calls):
-    """Garbage start counts: every lane disagrees; side-by-side reruns, the one-by-one sweep
-    with the plain loop, and both together still give the sequential rule's arrays."""
+@pytest.mark.parametrize("shift", [1.0, 40.0])
+def test_lanes_repair_bad_guesses(monkeypatch, shift):
+    """Wrong start counts (a few off, or far off and a wrong total: lanes that never meet their
+    neighbours) still give the sequential rule's arrays: reruns, then chunks cut short."""
     weights = numpy.array([0.2, 0.3, 0.1, 0.4])
-    size = 3 * helpers._LANE_MIN_SIZE + 17
+    size = 3 * (1 << 14) + 17
     want = _build_blending_indices_reference(weights, 4, size)
+    real = helpers._guess
 
-    def bad_guess(w, steps, taken):
-        return numpy.tile(steps.astype(numpy.float64), (w.shape[0], 1))  # sums to D * s
+    def bad_guess(w, counts0, ahead, length):
+        counts = real(w, counts0, ahead, length)
+        counts[:, 0] += shift
+        counts[:, 1] -= 1.0
+        return counts
 
-    monkeypatch.setattr(helpers, "_guess_counts", bad_guess)
-    for max_passes, sweep in ((0, 32), (1, 32), (1000, 0), (2, 10**6)):
-        monkeypatch.setattr(helpers, "_LANE_MAX_PASSES", max_passes)
-        monkeypatch.setattr(helpers, "_LANE_SWEEP", sweep)
-        got = _gigatron(weights, size)
-        numpy.testing.assert_array_equal(got[0], want[0], err_msg=str(max_passes))
-        numpy.testing.assert_array_equal(got[1], want[1], err_msg=str(max_passes))
-    assert len(lane_calls) == 4
+    monkeypatch.setattr(helpers, "_guess", bad_guess)
+    got = _gigatron(weights, size)
+    numpy.testing.assert_array_equal(got[0], want[0])
+    numpy.testing.assert_array_equal(got[1], want[1])
 
 
 @pytest.mark.parametrize(
     "weights",
-    [[0.0, 0.5, 0.5], [1.0, 2.0, 3.0], [-0.1, 0.6, 0.5], [0.3, 0.3, 0.3], [float("nan"), 0.5, 0.5]],
+    [
+        [0.0, 0.5, 0.5],
+        [1.0, 2.0, 3.0],
+        [-0.1, 0.6, 0.5],
+        [0.3, 0.3, 0.3],
+        [float("nan"), 0.5, 0.5],
+        [0.5, float("nan"), 0.5],
+        [0.2, float("inf"), 0.3],
+    ],
 )
 def test_unusual_weights_match_sequential_rule(weights):
     """Zero, unnormalised, negative and NaN weights: same as the loop (lanes or not)."""
-    size = helpers._LANE_MIN_SIZE + 5
+    size = 20_000
     got = _gigatron(weights, size)
     want = _build_blending_indices_reference(weights, 3, size)
     numpy.testing.assert_array_equal(got[0], want[0])
@@ -117,12 +128,25 @@ def test_lanes_equal_megatron_cpp():
         k = int(rng.integers(3, 9))
         w = rng.random(k) ** 3 + 1e-6 if trial % 3 else numpy.ones(k)
         w = w / w.sum()
-        size = int(rng.integers(helpers._LANE_MIN_SIZE, 150_000))
+        size = int(rng.integers(1, 150_000))
         got = _gigatron(w, size)
         want = (numpy.zeros(size, numpy.int16), numpy.zeros(size, numpy.int64))
         mcore_helpers.build_blending_indices(*want, w, k, size, False)
         numpy.testing.assert_array_equal(got[0], want[0], err_msg=str((trial, w, size)))
         numpy.testing.assert_array_equal(got[1], want[1], err_msg=str((trial, w, size)))
+
+
+@pytest.mark.parametrize("num", [2, 31, 120])
+def test_two_and_many_datasets_equal_sequential_rule(num):
+    """Two datasets (no third to break ties) and many, some with tiny weights."""
+    rng = numpy.random.default_rng(num)
+    w = rng.random(num) ** 4 + 1e-5
+    w /= w.sum()
+    size = 40_000 if num > 2 else 120_000
+    got = _gigatron(w, size)
+    want = _build_blending_indices_reference(w, num, size)
+    numpy.testing.assert_array_equal(got[0], want[0])
+    numpy.testing.assert_array_equal(got[1], want[1])
 
 
 def _build_exhaustive_blending_indices_reference(sizes):
@@ -157,14 +181,14 @@ def _build_exhaustive_blending_indices_reference(sizes):
         [20_000, 1, 25_000, 7],
         [12_345, 23_456, 34_567, 5_678, 6_789],
         [5, 9_000, 0, 9_000],  # an empty dataset never takes part
+        [60_000, 3],  # two datasets, one spent early
     ],
 )
 def test_exhaustive_equals_sequential_rule(sizes, lane_calls):
     total = sum(sizes)
     got = (numpy.zeros(total, numpy.int16), numpy.zeros(total, numpy.int64))
     helpers.build_exhaustive_blending_indices(*got, numpy.asarray(sizes, numpy.int64), len(sizes))
-    # at least the first phase ran in lanes (two datasets besides rare ones: the closed form)
-    assert lane_calls or sum(1 for x in sizes if x > 16) == 2
+    assert max(lane_calls) > 1  # at least the first chunk ran in lanes
     want = _build_exhaustive_blending_indices_reference(sizes)
     numpy.testing.assert_array_equal(got[0], want[0])
     numpy.testing.assert_array_equal(got[1], want[1])

@@ -1,6 +1,7 @@
 """Blending indices: gigatron (NumPy) against megatron-core's compiled helper, CPU seconds.
 
-    python bench/bench_blend.py [--datasets 2,3,10,100] [--sizes 1000000,100000000] [--repeats 5]
+    python bench/data/bench_blend.py [--datasets 2,3,10,100] [--sizes 1000000,100000000]
+        [--repeats 5] [--megatron-path DIR]
 
 For each number of datasets D (weights `rng.random(D) + 0.05`, normalised, seed 0) and size:
 `build_blending_indices` of gigatron and of megatron-core (`helpers_cpp`) run one after the
@@ -9,7 +10,9 @@ host is shared, wall time mostly measures the other tenants); then both outputs
 (`dataset_index`, `dataset_sample_index`) are compared element for element. Then the exhaustive
 builder, dataset sizes uniform in [0.5, 1.5) * size / D (seed 1) but the first of 3 samples.
 Between them, "blend-tiny": weights `rng.random(D) ** 3 + 1e-4` (seed 0) at the first size only.
-Prints a table and one `RESULT {json}` line. Needs megatron-core.
+Prints a table and one `RESULT {json}` line. Needs megatron-core with its compiled helper,
+installed or in `--megatron-path` (a directory holding the `megatron` package, put first on
+`sys.path` here only: gigatron itself never imports megatron).
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import sys
 import time
 import warnings
 
 import numpy
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from gigatron.core.datasets import helpers  # noqa: E402
 
@@ -52,8 +56,11 @@ def main() -> int:
     parser.add_argument("--datasets", default="2,3,10,100")
     parser.add_argument("--sizes", default="1000000,100000000")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--megatron-path", default=None)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if args.megatron_path:
+        sys.path.insert(0, args.megatron_path)
     from megatron.core.datasets import helpers_cpp as mcore
 
     rows = []
@@ -90,10 +97,22 @@ def main() -> int:
         "cpu_count": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
         "numpy": numpy.__version__,
+        "commit": _commit(),
         "rows": rows,
     }
     print("RESULT " + json.dumps(result))
     return 0 if all(r["identical"] for r in rows) else 1
+
+
+def _commit() -> str:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        out = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True
+        )
+        return out.stdout.decode().strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def _line(r: dict) -> str:
