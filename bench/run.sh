@@ -7,7 +7,7 @@
 #
 # Each benchmark prints a `RESULT {json}` line; the runner keeps it in $OUT/results.jsonl (a
 # failed or skipped run leaves a {"failed"|"skipped": ...} line instead), logs in $OUT/*.log,
-# and ends with `python3 bench/compare.py $OUT/results.jsonl` (tables, ratios to the anchors,
+# and ends with `python3 bench/tools/compare.py $OUT/results.jsonl` (tables, ratios to the anchors,
 # the targets). The anchors (bench/anchors) always run in the same call as gigatron, on the same
 # GPU, one after the other. The megatron-core 0.19.2 wheel travels in .whl/ (carry it:
 # bench/anchors/README.md). Kinds: targets marked [2 GPUs] need nvidia-h200-x2; [CPU] need none.
@@ -24,8 +24,8 @@ export GIGATRON_COMMIT
 START=$(date +%s)
 END=$((START + ${BUDGET_S:-575}))  # the whole run ends before the device call's 600 s limit
 
-B="python3 bench/bench_gpt.py"
-T2="torchrun --nproc-per-node 2 --master-port 29651 bench/bench_gpt.py"
+B="python3 bench/gpt/bench_gpt.py"
+T2="torchrun --nproc-per-node 2 --master-port 29651 bench/gpt/bench_gpt.py"
 A=bench/anchors
 # the best one-GPU path, the anchor's model (tanh GELU); the figure every report quotes
 BEST="--no-input-checks --gelu tanh --compile model --ce chunked"
@@ -98,7 +98,7 @@ train_one() {
   { echo "=== $label $*"; grep -A40 "^profile: " "$log"; } >>"$OUT/profiles.txt"
   { echo "=== $label $*"; grep "sync-debug" "$log"; } >>"$OUT/syncs.txt"
   local line
-  line=$(python3 bench/parse_train_log.py "$log" --label "$label" --gpus "${NPROC:-1}" |
+  line=$(python3 bench/tools/parse_train_log.py "$log" --label "$label" --gpus "${NPROC:-1}" |
     sed -n 's/^RESULT //p')
   if [ -n "$line" ]; then echo "$line" >>"$RES"; else
     echo "{\"failed\": \"train $label\", \"rc\": 1}" >>"$RES"; fi
@@ -144,7 +144,7 @@ t_gpt_profile() {  # kernel-time profiles by class of gigatron's best step and o
   for c in gpt-1.3b gpt-125m; do
     run gpt.log 150 $B --config $c $BEST --label fast-compile-model-tanh-profiled \
       --profile "$OUT/profile-gigatron-$c.json" --sync-debug
-    run anchors.log 120 python3 bench/compare_profile.py $c compile \
+    run anchors.log 120 python3 bench/gpt/compare_profile.py $c compile \
       "$OUT/profile-torch-compile-$c.json"
   done
 }
@@ -154,7 +154,7 @@ t_gemm_shapes() {  # the layer GEMMs alone, Megatron's vs the anchor's init, bes
     --format=csv,noheader -lms 250 >"$OUT/smi.csv" &
   local smi=$! c
   for c in gpt-1.3b gpt-125m; do
-    run gemm.log 90 python3 bench/bench_gemm_shapes.py --config $c
+    run gemm.log 90 python3 bench/gpt/bench_gemm_shapes.py --config $c
     run gpt.log 120 $B --config $c $BEST --label fast-compile-model-tanh
     run gpt.log 100 $B --config $c $BEST --anchor-init --label fast-compile-model-tanh-anchor-init
     run anchors.log 100 python3 $A/torch_baseline_bench.py $c compile
@@ -163,13 +163,13 @@ t_gemm_shapes() {  # the layer GEMMs alone, Megatron's vs the anchor's init, bes
 }
 
 t_adamw() {  # the AdamW step alone (torch fused, compiled flat / foreach, gigatron's training optimizers), both configs
-  run adamw.log 150 python3 bench/bench_adamw.py --config gpt-1.3b
-  run adamw.log 120 python3 bench/bench_adamw.py --config gpt-125m
+  run adamw.log 150 python3 bench/optimizer/bench_adamw.py --config gpt-1.3b
+  run adamw.log 120 python3 bench/optimizer/bench_adamw.py --config gpt-125m
 }
 
 t_optimizer_host() {  # [CPU] host time of the training optimizer's step pieces (torch step, then flat step)
-  run optimizer-host.log 120 python3 bench/bench_optimizer_host.py
-  run optimizer-host.log 120 python3 bench/bench_optimizer_host.py --flat
+  run optimizer-host.log 120 python3 bench/optimizer/bench_optimizer_host.py
+  run optimizer-host.log 120 python3 bench/optimizer/bench_optimizer_host.py --flat
 }
 
 t_train() {  # pretrain_gpt at gpt-1.3b's shape: no dropout, torch Adam step, sync-free step, dropout 0.1, CUDA graphs
@@ -185,7 +185,7 @@ t_train() {  # pretrain_gpt at gpt-1.3b's shape: no dropout, torch Adam step, sy
 t_train_profile() {  # pretrain_gpt profiled (light: no stacks) and its host syncs counted by call site
   train_one 200 nodrop-light-profile $NODROP $PROF \
     --tensorboard-dir /tmp/tb-profile --no-profile-stacks
-  ENTRY="bench/sync_debug_run.py -m gigatron.training.pretrain_gpt" \
+  ENTRY="bench/tools/sync_debug_run.py -m gigatron.training.pretrain_gpt" \
     train_one 200 nodrop-sync-debug $NODROP
 }
 
@@ -201,7 +201,7 @@ t_moe() {  # MoE fast path: gigatron mixtral-8l + deepseek-fg (fwd+bwd, host syn
   run moe.log 100 torchrun --nproc-per-node 1 --master-port 29612 $A/megatron_moe_bench.py
   run moe.log 60 python3 $A/torch_moe_bench.py
   run moe.log 110 python3 $A/torch_moe_bench.py compile
-  python3 bench/compare_moe.py "$RES"
+  python3 bench/moe/compare_moe.py "$RES"
 }
 
 t_moe_ep2() {  # [2 GPUs] deepseek-fg (shared experts) at EP 2 x DP 2, forward + backward, without and with --moe-shared-expert-overlap
@@ -219,14 +219,14 @@ t_moe_more() {  # MoE: the torch anchor at deepseek-fg's expert shape (no shared
   local G="--optimizer none --no-input-checks"
   run moe.log 150 $B --config mixtral-8l $G --compile model --label fast-moe-model
   run moe.log 120 $B --config mixtral-8l $G --experts sequential --label fast-moe-sequential
-  run moe.log 100 python3 bench/bench_moe.py --config moe-8x-h200
-  python3 bench/compare_moe.py "$RES"
+  run moe.log 100 python3 bench/moe/bench_moe.py --config moe-8x-h200
+  python3 bench/moe/compare_moe.py "$RES"
 }
 
 t_moe_profile() {  # MoE kernel profiles: gigatron mixtral-8l, whole model compiled, beside the compiled torch MoE anchor ($OUT/prof-moe-*.json; MOE_PROFILE_MORE=1 adds per-layer compile and two cross-entropy variants), then the CUDA host-sync test of the compiled MoE layers
   local G="--optimizer none --no-input-checks"
   run moe.log 180 $B --config mixtral-8l $G --compile model --profile "$OUT/prof-moe-model.json" --label fast-moe-model
-  run moe.log 120 python3 bench/compare_profile.py moe compile "$OUT/prof-moe-anchor.json"
+  run moe.log 120 python3 bench/gpt/compare_profile.py moe compile "$OUT/prof-moe-anchor.json"
   if [ -n "${MOE_PROFILE_MORE:-}" ]; then
     run moe.log 150 $B --config mixtral-8l $G --profile "$OUT/prof-moe-layers.json" --label fast-moe-layers
     run moe.log 150 $B --config mixtral-8l $G --compile model --ce plain --label fast-moe-model-ce-plain
@@ -287,8 +287,8 @@ t_fp8_llama_profile() {  # the CUDA FP8 linear tests, then kernel profiles of Ll
 
 t_fp8_convergence() {  # gpt-125m, 1,000 steps on a real corpus (.data, carried): bf16 vs FP8 tensorwise (reports/fp8-convergence.md)
   _torchao_wheel
-  if [ ! -f .data/code_text_document.idx ]; then  # bench/make_code_corpus.py, then preprocess
-    echo '{"skipped": "fp8-convergence: no .data/code_text_document (bench/make_code_corpus.py)"}' >>"$RES"
+  if [ ! -f .data/code_text_document.idx ]; then  # bench/tools/make_code_corpus.py, then preprocess
+    echo '{"skipped": "fp8-convergence: no .data/code_text_document (bench/tools/make_code_corpus.py)"}' >>"$RES"
     return
   fi
   local S="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024
@@ -310,17 +310,17 @@ t_fp8_convergence() {  # gpt-125m, 1,000 steps on a real corpus (.data, carried)
     timeout "$lim" torchrun --nproc-per-node 1 --master-port 29931 -m gigatron.training.pretrain_gpt \
       $S $extra >"$OUT/conv-$mode.log" 2>&1
   done
-  python3 bench/fp8_convergence.py "$OUT/conv-bf16.log" "$OUT/conv-fp8.log" | sed -n 's/^RESULT //p' >>"$RES"
+  python3 bench/tools/fp8_convergence.py "$OUT/conv-bf16.log" "$OUT/conv-fp8.log" | sed -n 's/^RESULT //p' >>"$RES"
 }
 
 t_ckpt() {  # checkpoint save / load GB/s of gpt-1.3b, gigatron vs megatron-core dist_checkpointing (needs .whl)
   _megatron_wheel
-  run ckpt.log 230 python3 bench/bench_ckpt.py --config gpt-1.3b --device cuda --repeats 2 \
+  run ckpt.log 230 python3 bench/ckpt/bench_ckpt.py --config gpt-1.3b --device cuda --repeats 2 \
     --time-budget 160 --dir /tmp/ckpt-bench
 }
 
 t_cp1() {  # gpt-1.3b on one GPU at 32k and 131k tokens (CP = 1): activation memory, recompute
-  local CP="torchrun --nproc-per-node 1 --master-port 29612 bench/bench_cp.py --device cuda"
+  local CP="torchrun --nproc-per-node 1 --master-port 29612 bench/parallel/bench_cp.py --device cuda"
   CP="$CP --level gpt --config gpt-1.3b --dtype bf16 --train --cp 1 --modes p2p"
   run cp.log 120 $CP --seq 32768 --warmup 1 --iters 1
   run cp.log 120 $CP --seq 32768 --recompute --warmup 1 --iters 1
@@ -328,7 +328,7 @@ t_cp1() {  # gpt-1.3b on one GPU at 32k and 131k tokens (CP = 1): activation mem
 }
 
 t_data() {  # [CPU] index building and blending (gigatron NumPy vs megatron-core C++), preprocessing
-  run data.log 500 python3 bench/bench_data.py --repeats 7
+  run data.log 500 python3 bench/data/bench_data.py --repeats 7
 }
 
 t_blend() {  # [CPU] blending indices, 2/3/10/100 datasets x 1M and 100M samples vs megatron-core's C++ (reports/data-blending.md)
@@ -361,13 +361,13 @@ t_tp2_overlap() {  # [2 GPUs] TP = 2 + SP with --tp-comm-overlap (one hardware q
 }
 
 t_tp_comm() {  # [2 GPUs] the SP all-gather / reduce-scatter alone and beside a GEMM: NCCL vs the copy engines
-  run tp-comm.log 90 torchrun --nproc-per-node 2 --master-port 29661 bench/bench_tp_comm.py
+  run tp-comm.log 90 torchrun --nproc-per-node 2 --master-port 29661 bench/parallel/bench_tp_comm.py
   CUDA_DEVICE_MAX_CONNECTIONS=1 run tp-comm.log 60 torchrun --nproc-per-node 2 \
-    --master-port 29662 bench/bench_tp_comm.py
+    --master-port 29662 bench/parallel/bench_tp_comm.py
 }
 
 t_cp2() {  # [2 GPUs] gpt-1.3b on one 131,072-token sequence split over two GPUs (CP = 2, every mode)
-  run cp.log 200 torchrun --nproc-per-node 2 --master-port 29651 bench/bench_cp.py --device cuda \
+  run cp.log 200 torchrun --nproc-per-node 2 --master-port 29651 bench/parallel/bench_cp.py --device cuda \
     --level gpt --config gpt-1.3b --dtype bf16 --train --seq 131072 --recompute-layers 12 --cp 2 \
     --warmup 1 --iters 1
 }
@@ -380,14 +380,14 @@ t_train_dp2() {  # [2 GPUs] pretrain_gpt on DP = 2 (global batch 8), with and wi
 }
 
 t_layouts() {  # [2 GPUs] PP / VPP / CP layouts of bench_gpt on two GPUs (the layouts test)
-  run_tests 420 -m gpu tests/bench/test_bench_gpt_layouts.py -k two_gpus
+  run_tests 420 -m gpu tests/bench/gpt/test_bench_gpt_layouts.py -k two_gpus
 }
 
 t_calibrate() {  # the calibration table of `gigatron estimate` (GEMMs incl. gpt-1.3b/125m shapes, attention, bandwidth), $OUT/calibration.json
   local f1 f2
-  f1=$(python3 bench/estimate_check.py --print-flags gpt-1.3b)
-  f2=$(python3 bench/estimate_check.py --print-flags gpt-125m)
-  run calibrate.log 240 python3 bench/calibrate.py --out "$OUT/calibration.json" \
+  f1=$(python3 bench/estimate/estimate_check.py --print-flags gpt-1.3b)
+  f2=$(python3 bench/estimate/estimate_check.py --print-flags gpt-125m)
+  run calibrate.log 240 python3 bench/estimate/calibrate.py --out "$OUT/calibration.json" \
     --trace-config "$f1" --trace-config "$f2"
 }
 
@@ -395,7 +395,7 @@ t_estimate_check() {  # calibrate, then gpt-1.3b and gpt-125m: estimated vs meas
   t_calibrate
   local c
   for c in gpt-1.3b gpt-125m; do
-    run estimate.log 300 python3 bench/estimate_check.py --calibration "$OUT/calibration.json" \
+    run estimate.log 300 python3 bench/estimate/estimate_check.py --calibration "$OUT/calibration.json" \
       --configs $c --modes "${ESTIMATE_MODES:-eager,compiled}"
   done
   grep '"estimate-check"' "$RES"
@@ -408,7 +408,7 @@ t_estimate_train() {  # pretrain_gpt at gpt-1.3b's and mixtral-8l's shapes, eage
   local shape
   for shape in ${ESTIMATE_TRAIN_SHAPES:-gpt-1.3b mixtral-8l}; do
     # shellcheck disable=SC2086  (a list of words)
-    run estimate.log 240 python3 bench/estimate_train_check.py --calibration h200 \
+    run estimate.log 240 python3 bench/estimate/estimate_train_check.py --calibration h200 \
       --shape "$shape" ${ESTIMATE_TRAIN_ARGS:-}
   done
   grep '"estimate-train"' "$RES"
@@ -440,5 +440,5 @@ for target in "$@"; do
   echo "=== target $target ($(date -u +%T))"
   "t_${target//-/_}"
 done
-[ -s "$RES" ] && python3 bench/compare.py "$RES" 2>/dev/null | tail -40
+[ -s "$RES" ] && python3 bench/tools/compare.py "$RES" 2>/dev/null | tail -40
 exit 0

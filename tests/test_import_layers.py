@@ -15,7 +15,7 @@ dodges a circle is still a circle. Three rules:
        core: utilities and process groups < tensor_parallel < transformer < models;
              pipeline_parallel, distributed, dist_checkpointing, optimizer, inference on top
        core.tokenizers, core.datasets < gigatron.data < compat over core < training
-       < convert < tools < experimental < compat.megatron, cli; gigatron.testing on top of core
+       < convert < tools < compat.megatron, cli; gigatron.testing on top of core
 
 3. **No `_private` module of another package.** `pkg/_x.py` is for `pkg` and its subpackages;
    what other packages need gets a public-in-package name.
@@ -108,8 +108,6 @@ LAYERS: list[list[str]] = [
     ["gigatron.training"],
     # programs over the library, and the demo corpus built with them
     ["gigatron.tools", "gigatron.data"],
-    # experiments nothing in the library imports
-    ["gigatron.experimental"],
     # entry points: the command line and the megatron.* import alias
     ["gigatron.cli", "gigatron.compat.megatron"],
 ]

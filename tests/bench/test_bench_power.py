@@ -1,19 +1,13 @@
-"""bench/_bench_power.py: the nvidia-smi sampler that bench_gpt.py runs over its timed steps
+"""bench/_lib/power.py: the nvidia-smi sampler that bench_gpt.py runs over its timed steps
 (a fake nvidia-smi on PATH stands in for the real one), and compare.py's clock / power column."""
 
-import os
 import stat
-import sys
 import time
 
 import torch
 
-from tests._paths import REPO
-
-sys.path.insert(0, os.path.join(REPO, "bench"))
-
-import _bench_power  # noqa: E402
-import compare  # noqa: E402
+from bench._lib import power as _bench_power
+from bench.tools import compare
 
 
 def test_parse_summarises_and_skips_bad_lines():

@@ -1,21 +1,14 @@
-"""bench/_bench_profile.py's communication split (hidden under compute vs exposed) and the
+"""bench/_lib/profiling.py's communication split (hidden under compute vs exposed) and the
 one-step kernel trace, on hand-made kernel spans (no GPU needed), plus bench_gpt's check of
 the --async-tp switch."""
 
 import gzip
 import json
-import os
-import sys
 
 import pytest
 
-from tests._paths import REPO
-
-ROOT = str(REPO)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-
-import _bench_args  # noqa: E402
-import _bench_profile as bp  # noqa: E402
+from bench._lib import args as _bench_args
+from bench._lib import profiling as bp
 
 
 def test_comm_split_into_hidden_and_exposed():

@@ -22,7 +22,7 @@ def add_estimate_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument(
         "--calibration",
         default=None,
-        help="a calibration JSON (bench/calibrate.py) for the step-time estimate",
+        help="a calibration JSON (bench/estimate/calibrate.py) for the step-time estimate",
     )
     g.add_argument("--gpu-memory-gib", type=float, default=None, help="flag ranks above this")
     g.add_argument("--json", action="store_true", help="print one JSON object")

@@ -90,7 +90,7 @@ def estimate_rank(
     args, rank: int, *, calibration=None, precision=None, keep_traces: bool = False
 ) -> dict:
     """Memory, FLOPs, communication and (with `calibration`) time of `rank`; `keep_traces`
-    adds each chunk's `Trace` under "traces" (not JSON: for bench/calibrate.py)."""
+    adds each chunk's `Trace` under "traces" (not JSON: for bench/estimate/calibrate.py)."""
     prec = precision or precision_of(args)
     with fake_rank(args, rank):
         model_parallel_cuda_manual_seed(args.seed)

@@ -1,6 +1,6 @@
 """Step time of a rank from its traced work (`trace.py`) and a measured calibration table.
 
-The table (`bench/calibrate.py` writes it; `calibration/h200.json` once measured) holds
+The table (`bench/estimate/calibrate.py` writes it; `calibration/h200.json` once measured) holds
 
     gemm         [{m, n, k, layout, tflops}]  bf16 GEMMs: a grid of shapes, plus the shapes and
                  operand layouts ("nt": B read transposed) of traced models
@@ -44,7 +44,7 @@ def load_calibration(path: str | None) -> dict | None:
         p = CALIBRATION_DIR / (path if path.endswith(".json") else f"{path}.json")
     if not p.exists():
         raise FileNotFoundError(
-            f"--calibration {path}: no such file (bench/calibrate.py makes one)"
+            f"--calibration {path}: no such file (bench/estimate/calibrate.py makes one)"
         )
     text = read_text(p, what="--calibration", max_bytes="calibration")  # regular files only
     try:
@@ -55,7 +55,9 @@ def load_calibration(path: str | None) -> dict | None:
         raise ValueError(f"--calibration {p}: a JSON object expected, got {type(table).__name__}")
     for key in ("gemm", "attention", "memory_gbps", "op_overhead_us"):
         if key not in table:
-            raise ValueError(f"--calibration {p}: no {key!r} entry (bench/calibrate.py writes it)")
+            raise ValueError(
+                f"--calibration {p}: no {key!r} entry (bench/estimate/calibrate.py writes it)"
+            )
     return table
 
 

@@ -1,0 +1,3 @@
+"""Helpers the benchmark scripts share: the bench model's configs and flags, CUDA timing, GPU power
+sampling, kernel profiles.
+"""

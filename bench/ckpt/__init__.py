@@ -1,0 +1,3 @@
+"""Checkpoint save / load throughput, gigatron against megatron-core's dist_checkpointing
+(bench_ckpt.py).
+"""
