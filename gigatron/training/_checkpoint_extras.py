@@ -116,3 +116,30 @@ def save_tokenizer_assets(tokenizer, config, checkpoint_path: str, log: logging.
                 log.debug(f"{attr} not found at resolved path: {source}")
     except Exception as e:  # noqa: BLE001  (Megatron's contract: log, never fail the save)
         log.error(f"Failed to save tokenizer files: {e}", exc_info=True)
+
+
+def save_grads(save_dir: str, state_dict, iteration: int, grad_label: str) -> None:
+    """Write a dict of tensors (gradients, activations) to
+    `<save_dir>/<grad_label>/iter_<iteration:07d>/mp_rank_<tp:02d>[_<pp:03d>][_<ep:03d>].pth`,
+    on expert-data-parallel rank 0 only (other DP replicas hold the same values)."""
+    from datetime import datetime
+
+    from gigatron.core import parallel_state as ps
+    from gigatron.training.utils.common_utils import print_rank_0
+
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+    print_rank_0(f"  [{stamp}] saving {grad_label} from iteration {iteration:7d}")
+    if ps.get_expert_data_parallel_rank() != 0:
+        return
+    if save_dir is None or iteration is None:
+        raise ValueError(
+            f"save_grads needs a save_dir and an iteration, got {save_dir!r}, {iteration!r}"
+        )
+    out_dir = os.path.join(save_dir, grad_label, f"iter_{iteration:07d}")
+    os.makedirs(out_dir, exist_ok=True)
+    name = f"mp_rank_{ps.get_tensor_model_parallel_rank():02d}"
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        name += f"_{ps.get_pipeline_model_parallel_rank():03d}"
+    if ps.get_expert_model_parallel_world_size() > 1:
+        name += f"_{ps.get_expert_model_parallel_rank():03d}"
+    torch.save(dict(state_dict), os.path.join(out_dir, f"{name}.pth"))

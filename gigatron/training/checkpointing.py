@@ -101,6 +101,7 @@ def save_tokenizer_assets(tokenizer, config, checkpoint_path: str) -> None:
     extras.save_tokenizer_assets(tokenizer, config, checkpoint_path, logger)
 
 
+save_grads = extras.save_grads
 _fp8_extra_state_is_persistent = extras.fp8_extra_state_is_persistent
 _localize_redundant_extra_states = extras.localize_redundant_extra_states
 
