@@ -79,7 +79,7 @@ class TECudaRNGStatesTracker(_NeedsTransformerEngine):
 def te_checkpoint(
     forward_func, distribute_saved_activations, get_rng_state_tracker, tp_group, *args, **kwargs
 ):
-    """TE activation checkpointing: needs Transformer Engine (gigatron: tensor_parallel.checkpoint)."""
+    """TE activation checkpointing: needs TE (gigatron: tensor_parallel.checkpoint)."""
     raise ImportError(_NO_TE.format(name="te_checkpoint"))
 
 
