@@ -14,9 +14,13 @@ SUPPORTED_RECOMPUTE_MODULES = ("core_attn", "mlp")
 
 
 def check_architecture(cfg) -> None:
-    for name in ("num_layers", "hidden_size", "num_attention_heads"):
+    for name in ("num_layers", "num_attention_heads"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"{name} ({getattr(cfg, name)}) must be set to a positive value")
+    # hidden_size 0 is Megatron's unset default, legal in a config (tests and flag plumbing
+    # build configs without one); building a block needs it set (TransformerBlock checks).
+    if cfg.hidden_size < 0:
+        raise ValueError(f"hidden_size ({cfg.hidden_size}) must be positive (or 0: unset)")
     if cfg.fp16 and cfg.bf16:
         raise ValueError("fp16=True and bf16=True are exclusive; set at most one")
     tp = cfg.tensor_model_parallel_size
