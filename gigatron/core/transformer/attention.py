@@ -253,6 +253,12 @@ class SelfAttention(Attention):
         self.k_layernorm = self._qk_norm(submodules.k_layernorm)
 
     def _qk_norm(self, spec):
+        # A spec that leaves the Q/K norm unset (None) lets config.qk_layernorm choose the
+        # default norm, as Megatron's SelfAttention falls back to TENorm.
+        if spec is None and self.config.qk_layernorm:
+            from gigatron.core.transformer.torch_norm import WrappedTorchNorm
+
+            spec = WrappedTorchNorm
         if spec is None:
             return None
         return build_module(
