@@ -95,7 +95,6 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "qk_clip_alpha": (0.5, _ATTN),
     "qk_clip_threshold": (100, _ATTN),
     "log_max_attention_logit": (False, _ATTN),
-    "no_rope_freq": (None, _ATTN),
     "dsa_indexer_n_heads": (None, _ATTN),
     "dsa_indexer_head_dim": (None, _ATTN),
     "dsa_indexer_topk": (None, _ATTN),
@@ -405,7 +404,9 @@ def _megatron_value_rules(cfg) -> None:
                 "moe_dispatch_fwd_dtype / moe_combine_bwd_dtype = 'mxfp8' require BOTH "
                 "use_transformer_engine_op_fuser and moe_grouped_gemm"
             )
-    # Megatron asserts these two (AssertionError is the type its tests expect).
+    # Megatron asserts these (AssertionError is the type its tests expect).
+    if get("flash_decode") and get("no_rope_freq"):
+        raise AssertionError("flash_decode cannot be used with no_rope_freq (NoPE layers)")
     if get("overlap_moe_expert_parallel_comm") and get("mtp_num_layers") not in (None, 0, 1):
         raise AssertionError(
             f"MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm "

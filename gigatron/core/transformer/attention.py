@@ -180,6 +180,9 @@ class Attention(MegatronModule):
                 )
             cu_seqlens = layout_bounds(packed_seq_params)
         query, key, value = self.get_query_key_value_tensors(hidden_states, key_value_states)
+        no_rope = self.config.no_rope_freq
+        if no_rope and no_rope[self.layer_number - 1]:  # a NoPE layer (layer_number is 1-based)
+            rotary_pos_emb = None
         if rotary_pos_emb is not None and cu_seqlens is not None:
             q_pos_emb, k_pos_emb = (
                 rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
