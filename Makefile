@@ -27,6 +27,8 @@ setup: $(VENV)/.installed  ## create .venv with torch, gigatron and its extras (
 	@if $(BIN)/python -m pip show -q megatron-core >/dev/null 2>&1; then \
 	  echo "setup: removing megatron-core from $(VENV) (an older setup installed it; the tests' oracle is in $(ORACLE)/)"; \
 	  $(BIN)/python -m pip uninstall -y -q megatron-core; fi
+	@# an empty megatron/ left by that uninstall would still be found by import machinery
+	@$(BIN)/python -c "import pathlib, site; [p.rmdir() for s in site.getsitepackages() for p in [pathlib.Path(s, 'megatron')] if p.is_dir() and not any(p.iterdir())]"
 
 $(ORACLE)/.installed: $(BIN)/python requirements-oracle.txt
 	rm -rf $(ORACLE)

@@ -21,6 +21,45 @@ AFTER_END_S = 30  # rank 0 finished: the others get this long to leave
 START_S = 300  # from torchrun's start to rank 0's pytest (interpreters, rendezvous, imports)
 
 
+# pytest options whose value may come as the next word
+_VALUE_OPTIONS = {
+    "-k",
+    "-m",
+    "-p",
+    "-o",
+    "-c",
+    "-W",
+    "--timeout",
+    "--tb",
+    "--maxfail",
+    "--durations",
+    "--deselect",
+    "--ignore",
+    "--ignore-glob",
+    "--rootdir",
+    "--junitxml",
+    "--junit-xml",
+    "--confcutdir",
+    "--basetemp",
+    "--log-level",
+}
+
+
+def split_paths(checkout: Path, rest: list[str]) -> tuple[list[str], list[str]]:
+    """pytest's options and the test paths in `rest` (an option's value given as its own word,
+    `--timeout 120` or `-p no:cacheprovider`, stays with its option)."""
+    opts, paths, i = [], [], 0
+    while i < len(rest):
+        word = rest[i]
+        if word in _VALUE_OPTIONS and i + 1 < len(rest):
+            opts += [word, rest[i + 1]]
+            i += 2
+            continue
+        (opts if word.startswith("-") else paths).append(word)
+        i += 1
+    return opts, paths
+
+
 def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
     try:
         sizes = [int(n) for n in opts["nproc"].split(",")]
@@ -33,8 +72,8 @@ def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
         print(f"run_megatron_unit_tests: --nproc {opts['nproc']}: each N must be >= 1",
               file=sys.stderr)  # fmt: skip
         return 2
-    pytest_opts = [a for a in rest if a.startswith("-")]
-    paths = [a for a in rest if not a.startswith("-")] or ["tests/unit_tests"]
+    pytest_opts, paths = split_paths(checkout, rest)
+    paths = paths or ["tests/unit_tests"]
     deps_opt = ["--deps", opts["deps"]] if "deps" in opts else []  # the ranks' sys.path tail
     files = mtr.find_test_files(checkout, paths)
     sources = {f: (checkout / f).read_text(errors="replace") for f in files}

@@ -95,7 +95,6 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "qk_clip_alpha": (0.5, _ATTN),
     "qk_clip_threshold": (100, _ATTN),
     "log_max_attention_logit": (False, _ATTN),
-    "no_rope_freq": (None, _ATTN),
     "dsa_indexer_n_heads": (None, _ATTN),
     "dsa_indexer_head_dim": (None, _ATTN),
     "dsa_indexer_topk": (None, _ATTN),
@@ -355,6 +354,7 @@ def check_config(cfg, kind: str) -> None:
     kind: "parallel" (ModelParallelConfig), "transformer" (TransformerConfig) or "optimizer"
     (OptimizerConfig); a subclass checks its own kind after its parent's.
     """
+    _megatron_value_rules(cfg)
     table, declared = TABLES[kind]
     defaults = {f.name: f.default for f in fields(cfg)}
     for name, (default, why) in table.items():
@@ -374,3 +374,48 @@ def _refused(name: str, value: object, default: object, why: str) -> ValueError:
         f"{name}={value!r} is not supported by gigatron ({why}); leave it at Megatron's "
         f"default {default!r} (docs/compat.md)"
     )
+
+
+_BATCH_INVARIANT_BACKENDS = ("deepgemm", "triton", "te_native")
+
+
+def _megatron_value_rules(cfg) -> None:
+    """Megatron's own checks on fields gigatron refuses, run first: a value Megatron itself
+    rejects gets Megatron's exception type and rule (its tests and users expect them), a legal
+    value then gets gigatron's "not supported" refusal."""
+    get = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
+    householder = get("gdp_num_householder", 3)
+    if householder < 1:
+        raise ValueError(f"gdp_num_householder must be positive, got {householder}.")
+    if get("moe_dispatch_fwd_dtype", "bf16") != "bf16" or get("moe_combine_bwd_dtype", "bf16") != (
+        "bf16"
+    ):
+        if get("moe_token_dispatcher_type") != "flex" or get("moe_flex_dispatcher_backend") != (
+            "ncclep"
+        ):
+            raise ValueError(
+                "moe_dispatch_fwd_dtype / moe_combine_bwd_dtype require the 'ncclep' flex "
+                f"dispatcher backend (got moe_token_dispatcher_type="
+                f"{get('moe_token_dispatcher_type')!r}, moe_flex_dispatcher_backend="
+                f"{get('moe_flex_dispatcher_backend')!r})"
+            )
+        if not (get("use_transformer_engine_op_fuser") and get("moe_grouped_gemm")):
+            raise ValueError(
+                "moe_dispatch_fwd_dtype / moe_combine_bwd_dtype = 'mxfp8' require BOTH "
+                "use_transformer_engine_op_fuser and moe_grouped_gemm"
+            )
+    # Megatron asserts these (AssertionError is the type its tests expect).
+    if get("flash_decode") and get("no_rope_freq"):
+        raise AssertionError("flash_decode cannot be used with no_rope_freq (NoPE layers)")
+    if get("overlap_moe_expert_parallel_comm") and get("mtp_num_layers") not in (None, 0, 1):
+        raise AssertionError(
+            f"MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm "
+            f"(mtp_num_layers={get('mtp_num_layers')!r})"
+        )
+    if get("batch_invariant_mode") and get("batch_invariant_backend") not in (
+        _BATCH_INVARIANT_BACKENDS
+    ):
+        raise AssertionError(
+            f"Unknown batch_invariant_backend {get('batch_invariant_backend')!r}; expected one "
+            f"of {_BATCH_INVARIANT_BACKENDS}"
+        )

@@ -99,6 +99,17 @@ def get_tensor_and_data_parallel_group(
 
 
 @_public
+def get_amax_reduction_group(with_context_parallel: bool = False, tp_only_amax_red: bool = False):
+    """The group FP8 amax statistics are reduced over: TP x DP (x CP with
+    `with_context_parallel`), or TP only (x CP) with `tp_only_amax_red`."""
+    if tp_only_amax_red:
+        if with_context_parallel:
+            return get_tensor_and_context_parallel_group()
+        return get_tensor_model_parallel_group()
+    return get_tensor_and_data_parallel_group(with_context_parallel=with_context_parallel)
+
+
+@_public
 def get_data_parallel_group(
     with_context_parallel: bool = False,
     with_gtp_remat: bool = True,

@@ -192,6 +192,23 @@ class HyperCommGrid:
         group_size = math.prod(sizes[d] for d in dims)
         return grid.reshape(-1, group_size).tolist()
 
+    def _gen_rank_enum_for(
+        self, shape: list[int], dim_names: list[str], dims: list[str]
+    ) -> list[list[int]]:
+        """Megatron's name for `_enum_for` (groups over `dims` of an explicit shape)."""
+        return self._enum_for(shape, dim_names, dims)
+
+    def _order_dims_for(self, dim_names: list[str], dims: str | list[str]) -> tuple[list[str], str]:
+        """(`dims` sorted by reversed `dim_names`, their group key "a-b"); a str stays as given.
+
+        E.g. dim_names [tp, cp, dp], dims [tp, dp] -> ([dp, tp], "dp-tp")."""
+        if not isinstance(dims, list):
+            ordered = [dims]
+        else:
+            reverse = dim_names[::-1]
+            ordered = [reverse[i] for i in sorted(reverse.index(d) for d in dims)]
+        return ordered, "-".join(ordered)
+
     def _view(self, view: str | None) -> _RankViewSpec:
         name = _BASE_VIEW_NAME if view is None else view
         if name not in self._views:

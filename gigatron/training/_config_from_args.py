@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from gigatron.core.activations import squared_relu  # Megatron's `--squared-relu`
 from gigatron.core.distributed import DistributedDataParallelConfig
 from gigatron.core.optimizer import OptimizerConfig
 from gigatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -14,11 +15,6 @@ from gigatron.core.transformer.transformer_config import MLATransformerConfig, T
 def openai_gelu(x: torch.Tensor) -> torch.Tensor:
     """GELU with the tanh approximation (GPT-2's), Megatron's `--openai-gelu`."""
     return F.gelu(x, approximate="tanh")
-
-
-def squared_relu(x: torch.Tensor) -> torch.Tensor:
-    """relu(x)^2, Megatron's `--squared-relu` activation."""
-    return torch.pow(F.relu(x), 2)
 
 
 def _activation(args):

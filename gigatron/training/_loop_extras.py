@@ -1,7 +1,7 @@
-"""Training-loop pieces behind Megatron flags: params norm, manual GC, cache emptying, extra
+"""Training-loop pieces behind Megatron flags: manual GC, cache emptying, extra
 TensorBoard scalars, the --moe-layer-freq check of the built model.
 
-Mirrors `megatron.training.utils.calc_params_l2_norm` and the `--manual-gc*`,
+Mirrors the `--manual-gc*`,
 `--empty-unused-memory-level` and `--log-*-to-tensorboard` handling of
 `megatron.training.training`. Used by `gigatron.training.training`.
 """
@@ -12,62 +12,9 @@ import gc
 import math
 
 import torch
-import torch.distributed as dist
 
-from gigatron.core import parallel_state as ps
-from gigatron.core.optimizer.clip_grads import param_is_not_shared
-from gigatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from gigatron.core.transformer.moe.moe_layer import MoELayer
 from gigatron.core.transformer.transformer_layer import TransformerLayer
-
-
-def _param_data(param, bf16: bool) -> torch.Tensor:
-    """The value whose norm Megatron reports: the fp32 main copy with bf16 when the optimizer
-    keeps one on the param (`main_param`), else the param itself (upcast under bf16)."""
-    if bf16:
-        main = getattr(param, "main_param", None)
-        return main.detach() if main is not None else param.detach().float()
-    return param.detach()
-
-
-def _sum_sq(tensors: list[torch.Tensor], device) -> torch.Tensor:
-    if not tensors:
-        return torch.zeros(1, dtype=torch.float32, device=device)
-    return torch.stack([t.float().pow(2).sum() for t in tensors]).sum().view(1)
-
-
-def calc_params_l2_norm(model, bf16: bool = False) -> float:
-    """L2 norm of all parameters of the model, every element counted once (Megatron's formula).
-
-    Dense params: TP-replicated ones only on TP rank 0, tied copies (`shared`) not at all, summed
-    over the model-parallel group (TP x PP). Expert params (`allreduce=False`): summed over the
-    expert-tensor x expert x pipeline group. DP replicas hold equal params: no DP reduction.
-    Returns a Python float (one host sync)."""
-    chunks = model if isinstance(model, list) else [model]
-    dense, expert = [], []
-    device = torch.device("cpu")
-    for chunk in chunks:
-        for param in chunk.parameters():
-            device = param.device
-            if not param_is_not_tensor_parallel_duplicate(param):
-                continue
-            if not getattr(param, "allreduce", True):
-                expert.append(_param_data(param, bf16))
-            elif param_is_not_shared(param):
-                dense.append(_param_data(param, bf16))
-    norm_2 = _sum_sq(dense, device)
-    moe_norm_2 = _sum_sq(expert, device)
-    dense_group = ps.get_model_parallel_group()
-    expert_group = ps.get_expert_tensor_model_pipeline_parallel_group()
-    same = dist.get_process_group_ranks(dense_group) == dist.get_process_group_ranks(expert_group)
-    if same:  # one reduction for both
-        norm_2 += moe_norm_2
-        dist.all_reduce(norm_2, group=dense_group)
-    else:
-        dist.all_reduce(norm_2, group=dense_group)
-        dist.all_reduce(moe_norm_2, group=expert_group)
-        norm_2 += moe_norm_2
-    return math.sqrt(norm_2.item())
 
 
 class ManualGC:

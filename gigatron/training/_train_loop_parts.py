@@ -21,6 +21,7 @@ from gigatron.training import _loop_extras as lx
 from gigatron.training import _training_log as tlog
 from gigatron.training import global_vars
 from gigatron.training._train_step import materialize_losses
+from gigatron.training.utils.common_utils import params_l2_norm
 
 
 # ---------------------------------------------------------------- one iteration's record
@@ -104,7 +105,7 @@ class LogWindow:
         log_now = entry["iteration"] % args.log_interval == 0
         # --log-params-norm, on every rank: the norm is reduced over the model-parallel group
         if log_now and getattr(args, "log_params_norm", False):
-            entry["params_norm"] = lx.calc_params_l2_norm(model, bf16=args.bf16)
+            entry["params_norm"] = params_l2_norm(model, bf16=args.bf16)
         if log_now:  # the one host sync for the losses of the window
             self.read()
         shown = next(iter(entry["losses"].values()), None)  # a bar shows losses already read

@@ -25,6 +25,7 @@ not a persistent process.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -43,6 +44,7 @@ from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQu
 from gigatron.core.optimizer_param_scheduler import ScheduleMismatchError
 from gigatron.core.transformer.utils import sharded_state_dict_default
 from gigatron.training import _checkpoint_args as ca
+from gigatron.training import _checkpoint_extras as extras
 from gigatron.training import _checkpoint_state as cs
 from gigatron.training import checkpoint_files as commit
 from gigatron.training._checkpoint_args import (  # noqa: F401  (Megatron's public names)
@@ -62,6 +64,11 @@ __all__ = [
     "save_checkpoint",
 ]
 
+logger = logging.getLogger(__name__)
+
+# Megatron's subdirectory of --non-persistent-global-ckpt-dir / --save for non-persistent saves.
+_NON_PERSISTENT_CKPT_SUBDIR = "non_persistent"
+
 _ASYNC_QUEUE: AsyncCallsQueue | None = None
 _IN_FLIGHT: list = []  # (root, iteration, staging) of the async save not yet finalized
 
@@ -80,6 +87,23 @@ def read_metadata(tracker_filename: str) -> tuple[int, bool]:
     if found is None:
         raise CheckpointingException(f"{tracker_filename} does not exist")
     return found
+
+
+def read_frozen_resume_iteration(save_dir: str | None) -> int:
+    """Iteration a --freeze-all-layers run resumes at: the one in `save_dir`'s tracker file
+    (a release tracker reads 0), or 0 when there is no tracker (a first run)."""
+    tracker = None if save_dir is None else get_checkpoint_tracker_filename(save_dir)
+    return extras.frozen_resume_iteration(tracker, read_metadata)
+
+
+def save_tokenizer_assets(tokenizer, config, checkpoint_path: str) -> None:
+    """Copy the tokenizer's files into `<checkpoint_path>/tokenizer/` (rank 0; errors logged)."""
+    extras.save_tokenizer_assets(tokenizer, config, checkpoint_path, logger)
+
+
+save_grads = extras.save_grads
+_fp8_extra_state_is_persistent = extras.fp8_extra_state_is_persistent
+_localize_redundant_extra_states = extras.localize_redundant_extra_states
 
 
 def _args(args):

@@ -80,20 +80,67 @@ def destroy_distributed() -> None:
 
 def set_random_seed(seed: int, data_parallel_random_init: bool = False) -> None:
     """Megatron's seeding: base seed + 100·pp_rank (+ 10·dp_rank), then the TP RNG tracker."""
+    _set_random_seed(seed, data_parallel_random_init)
+
+
+def _group_rank(group) -> int | None:
+    return None if group is None else dist.get_rank(group)
+
+
+def _set_random_seed(
+    seed_: int,
+    data_parallel_random_init: bool = False,
+    te_rng_tracker: bool = False,
+    inference_rng_tracker: bool = False,
+    use_cudagraphable_rng: bool = False,
+    pp_group=None,
+    dp_group=None,
+    tp_group=None,
+    ep_group=None,
+    etp_group=None,
+    gtp_remat_group=None,
+    egtp_remat_group=None,
+) -> None:
+    """Seed Python, NumPy and torch with `seed_` + 100·pp_rank (+ 10·dp_rank with
+    `data_parallel_random_init`), then the model-parallel RNG tracker.
+
+    Ranks come from the groups given, else from `parallel_state` (Megatron's signature, for
+    callers without initialized groups). The tracker is seeded on CPU too: gigatron's tensor
+    parallel RNG works without CUDA. A seed that is None or not positive is a ValueError."""
     from gigatron.core.layout_invariant_init import set_layout_invariant_init_seed
     from gigatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+    if seed_ is None or seed_ <= 0:
+        raise ValueError(f"Seed ({seed_}) should be a positive integer.")
     # Weights built with use_cpu_initialization draw from (seed, component) streams, so every
     # layout starts from the same full model (gigatron addition; see
     # gigatron.core.layout_invariant_init).
-    set_layout_invariant_init_seed(seed)
-    seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
+    set_layout_invariant_init_seed(seed_)
+    pp_rank = _group_rank(pp_group)
+    seed = seed_ + 100 * (ps.get_pipeline_model_parallel_rank() if pp_rank is None else pp_rank)
     if data_parallel_random_init:
-        seed += 10 * ps.get_data_parallel_rank()
+        dp_rank = _group_rank(dp_group)
+        seed += 10 * (ps.get_data_parallel_rank() if dp_rank is None else dp_rank)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
+    model_parallel_cuda_manual_seed(
+        seed,
+        te_rng_tracker,
+        inference_rng_tracker,
+        use_cudagraphable_rng,
+        tp_rank=_group_rank(tp_group),
+        ep_rank=_group_rank(ep_group),
+        etp_rank=_group_rank(etp_group),
+        gtp_remat_rank=_group_rank(gtp_remat_group),
+        egtp_remat_rank=_group_rank(egtp_remat_group),
+        gtp_remat_world_size=None
+        if gtp_remat_group is None
+        else dist.get_world_size(gtp_remat_group),
+        egtp_remat_world_size=None
+        if egtp_remat_group is None
+        else dist.get_world_size(egtp_remat_group),
+    )
 
 
 def _build_tokenizer(args) -> None:

@@ -31,8 +31,10 @@ from gigatron.core.num_microbatches_calculator import (
 )
 from gigatron.training import _config_from_args as cfa
 from gigatron.training import _loop_extras as lx
+from gigatron.training import _train_helpers as helpers
 from gigatron.training import _train_loop_parts as parts
 from gigatron.training import _training_log as tlog
+from gigatron.training._megatron_flops import num_floating_point_operations  # noqa: F401
 from gigatron.training._profiler import StepProfiler
 from gigatron.training._startup_banner import print_startup_banner
 from gigatron.training._timeline import TrainingTimeline
@@ -44,7 +46,7 @@ from gigatron.training._train_step import (  # noqa: F401  (Megatron's public na
 )
 from gigatron.training.arguments import build_parser
 from gigatron.training.data_samplers import build_pretraining_data_loader, exit_signal_number
-from gigatron.training.global_vars import get_args
+from gigatron.training.global_vars import get_args, get_timers  # noqa: F401
 from gigatron.training.initialize import initialize_megatron
 from gigatron.training.utils import print_rank_0
 
@@ -177,23 +179,54 @@ def update_train_iters(args) -> None:
     print_rank_0(f"setting training iterations to {args.train_iters}")
 
 
+# ---------------------------------------------------------------- --freeze-all-layers
+def _freeze_all_model_chunks(model_list: list) -> list:
+    """Every parameter of every chunk frozen, MoE expert biases too; returns `model_list`."""
+    return helpers.freeze_all_model_chunks(model_list)
+
+
+def _forward_backward_grad_context(args):
+    """(torch.no_grad(), True) under --freeze-all-layers, else (nullcontext(), False)."""
+    return helpers.forward_backward_grad_context(args)
+
+
+# ---------------------------------------------------------------- packed-sequence FLOPs
+# sum(L_i) and sum(L_i^2) of the real (unpadded) sequences of this iteration's micro-batches,
+# [2] float64; `_seqlen_stats_active` says a THD batch was seen (else no collective at all).
+_seqlen_stats_in_iteration: torch.Tensor | None = None
+_seqlen_stats_active: bool = False
+
+
+def update_seqlen_stats_from_cu_seqlens(cu_seqlens: torch.Tensor | None) -> None:
+    """Add one micro-batch's real `cu_seqlens` [n+1] (0, L_1, L_1+L_2, ...); fewer than two
+    entries (or None) is no sequence and changes nothing. No host sync."""
+    global _seqlen_stats_in_iteration, _seqlen_stats_active
+    if cu_seqlens is None or cu_seqlens.numel() < 2:
+        return
+    _seqlen_stats_in_iteration = helpers.add_seqlen_stats(_seqlen_stats_in_iteration, cu_seqlens)
+    _seqlen_stats_active = True
+
+
+def consume_seqlen_stats_in_iteration() -> tuple[float | None, float | None]:
+    """(total real tokens, sum of squared lengths) over the global batch, then reset; (None,
+    None) without a collective when no packed batch was seen (the unpacked defaults apply)."""
+    global _seqlen_stats_active
+    if not _seqlen_stats_active:
+        return None, None
+    _seqlen_stats_active = False
+    return helpers.reduce_seqlen_stats(_seqlen_stats_in_iteration)
+
+
 # ---------------------------------------------------------------- data
-def _num_samples(args) -> list[int]:
-    """Megatron's get_train_valid_test_num_samples: validation sized for the periodic
-    evaluations plus the end-of-run one (that one only under --skip-train), test for one."""
-    train = args.train_samples or args.train_iters * args.global_batch_size
-    iters = args.train_iters or train // args.global_batch_size
-    periodic = iters // args.eval_interval if args.eval_interval else 0  # 0: at the end only
-    if getattr(args, "skip_train", False):
-        periodic = 0
-    evals = (periodic + 1) * args.eval_iters * args.global_batch_size
-    return [train, evals, args.eval_iters * args.global_batch_size]
+def get_train_valid_test_num_samples() -> tuple[int, int | None, int]:
+    """(train, validation, test) samples the datasets are built for, from `get_args()`."""
+    return helpers.num_samples(get_args())
 
 
 def build_train_valid_test_data_iterators(train_valid_test_dataset_provider):
     """Datasets from the provider, wrapped in resumable loaders; iterators (or None) per split."""
     args = get_args()
-    sizes = _num_samples(args)
+    sizes = list(helpers.num_samples(args))
     print_rank_0(" > datasets target sizes (minimum size):")
     for name, size in zip(("train:     ", "validation:", "test:      "), sizes):
         print_rank_0(f"    {name} {size}")

@@ -79,3 +79,15 @@ def test_a_blocker_without_a_missing_name_is_classified_by_its_message():
     results = {1: {"import_errors": {"t.py": "AssertionError: Torch not compiled with CUDA"}}}
     rows = "\n".join(mtr._blockers(meta, results, [1]))
     assert "| 1 | 3 | needs CUDA |" in rows and "unclassified" not in rows
+
+
+def test_an_option_value_given_as_its_own_word_is_not_a_test_path(tmp_path):
+    import megatron_launch
+
+    (tmp_path / "tests" / "unit_tests").mkdir(parents=True)
+    (tmp_path / "tests" / "unit_tests" / "test_a.py").write_text("")
+    rest = ["--timeout", "120", "tests/unit_tests/test_a.py::test_x", "-p", "no:cacheprovider",
+            "-k", "tests", "tests/unit_tests"]  # fmt: skip
+    opts, paths = megatron_launch.split_paths(tmp_path, rest)
+    assert paths == ["tests/unit_tests/test_a.py::test_x", "tests/unit_tests"]
+    assert opts == ["--timeout", "120", "-p", "no:cacheprovider", "-k", "tests"]

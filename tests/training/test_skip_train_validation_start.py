@@ -21,7 +21,8 @@ def _valid_loss_by_hand(model, eval_iters: int) -> float:
     from gigatron.training.global_vars import get_args
 
     args = get_args()
-    _, valid_ds, _ = pretrain_gpt.train_valid_test_datasets_provider(training._num_samples(args))
+    sizes = training.get_train_valid_test_num_samples()
+    _, valid_ds, _ = pretrain_gpt.train_valid_test_datasets_provider(sizes)
     samples = [valid_ds[i] for i in range(eval_iters * args.global_batch_size)]
     batch = {k: torch.stack([s[k] for s in samples]) for k in ("tokens", "labels", "loss_mask")}
     module = model[0].module

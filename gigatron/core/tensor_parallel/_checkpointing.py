@@ -135,25 +135,44 @@ class CheckpointWithoutOutput:
     Usage: `y = ckpt.checkpoint(fn, x)`; use `y` (e.g. `z = linear(y)`); then
     `ckpt.discard_output_and_register_recompute(z)`. When `z`'s gradient arrives, `fn` is re-run
     (same RNG states) and `y`'s storage is refilled before `linear`'s backward reads it.
+
+    With `ckpt_manager` (a `CheckpointWithoutOutputManager`) the checkpoint registers itself
+    after `checkpoint()`, and the manager frees every output and recomputes them all, in forward
+    order, from one hook. With `retain_input_tensors=True` an output that shares storage with an
+    input (an op returning its input, or a view of it) is not freed: the recompute needs it.
     """
 
-    def __init__(self, fp8: bool = False):
-        if fp8:
-            raise ValueError("CheckpointWithoutOutput(fp8=True) is not supported by gigatron")
+    def __init__(self, fp8=False, ckpt_manager=None, retain_input_tensors: bool = False):
+        if fp8 not in (False, None):
+            raise ValueError(
+                f"CheckpointWithoutOutput(fp8={fp8!r}) is not supported by gigatron "
+                "(FP8 recompute needs Transformer Engine)"
+            )
+        self.ckpt_manager = ckpt_manager
+        self.retain_input_tensors = retain_input_tensors
         self.run_function = None
         self.rng_states = None
         self.ctx = None
         self.outputs = None
+        self._input_storages: set[int] = set()
 
     def checkpoint(self, run_function, *args):
         """Run `run_function(*args)` without keeping its activations."""
         self.run_function = run_function
         self.rng_states = _get_all_rng_states()
+        if self.retain_input_tensors:
+            self._input_storages = {
+                a.untyped_storage().data_ptr() for a in args if torch.is_tensor(a)
+            }
         outputs = _CheckpointWithoutOutputFunction.apply(run_function, self, *args)
         self.outputs = (outputs,) if torch.is_tensor(outputs) else tuple(outputs)
+        if self.ckpt_manager is not None:
+            self.ckpt_manager.add_checkpoint(self)
         return outputs
 
     def _recompute(self, _grad):
+        if self.ctx is None:  # already recomputed (by this hook or the manager's)
+            return
         _check_valid()
         args = _unpack_detached(self.ctx)
         current = _get_all_rng_states()
@@ -166,16 +185,71 @@ class CheckpointWithoutOutput:
         recomputed = (outputs,) if torch.is_tensor(outputs) else tuple(outputs)
         for output, again in zip(self.outputs, recomputed):
             storage = output.untyped_storage()
+            if storage.data_ptr() == again.untyped_storage().data_ptr():
+                continue  # retained (aliases an input): nothing was freed
             storage.resize_(again.untyped_storage().size())
             with torch.no_grad():
                 storage.copy_(again.untyped_storage())
         self.ctx.outputs = recomputed
         self.ctx.inputs = args
         self.outputs = None
+        self.ctx = None
+        self.run_function = None
+        self.rng_states = None
+
+    def _discard_outputs(self) -> None:
+        """Free the outputs' storage (keeping outputs that alias an input when retaining them)."""
+        for output in self.outputs:
+            storage = output.untyped_storage()
+            if self.retain_input_tensors and storage.data_ptr() in self._input_storages:
+                continue
+            storage.resize_(0)
 
     def discard_output_and_register_recompute(self, hook_tensor: torch.Tensor) -> None:
-        """Free the outputs' storage; recompute them when `hook_tensor`'s gradient is computed."""
-        for output in self.outputs:
-            output.untyped_storage().resize_(0)
+        """Free the outputs' storage; recompute them when `hook_tensor`'s gradient is computed.
+
+        Does nothing under a manager: its `discard_all_outputs_and_register_unified_recompute`
+        frees and hooks every checkpoint at once.
+        """
+        if self.ckpt_manager is not None:
+            return
+        self._discard_outputs()
         if hook_tensor.requires_grad:
             hook_tensor.register_hook(self._recompute)
+
+
+class CheckpointWithoutOutputManager:
+    """Frees the outputs of several `CheckpointWithoutOutput`s and recomputes them together.
+
+    For chained checkpoints (one's output is the next one's input) inside a block:
+    `mgr = CheckpointWithoutOutputManager()`, each `CheckpointWithoutOutput(ckpt_manager=mgr)
+    .checkpoint(fn, x)` registers itself, then
+    `mgr.discard_all_outputs_and_register_unified_recompute(out)` frees them all; when `out`'s
+    gradient arrives every checkpoint is recomputed in forward order.
+    """
+
+    def __init__(self):
+        self.checkpoints: list[CheckpointWithoutOutput] = []
+        # Set by the block before each layer: True keeps that layer's block-boundary output.
+        self.is_last_layer_in_recompute_block = False
+
+    def add_checkpoint(self, ckpt: CheckpointWithoutOutput) -> None:
+        """Register a checkpoint whose `checkpoint()` has run."""
+        if not isinstance(ckpt, CheckpointWithoutOutput):
+            raise TypeError(
+                f"add_checkpoint expects a CheckpointWithoutOutput, got {type(ckpt).__name__}"
+            )
+        if ckpt.outputs is None:
+            raise ValueError("CheckpointWithoutOutput must call checkpoint() before being added")
+        self.checkpoints.append(ckpt)
+
+    def discard_all_outputs_and_register_unified_recompute(self, hook_tensor: torch.Tensor):
+        """Free every registered output; recompute all of them when `hook_tensor`'s grad comes."""
+        for ckpt in self.checkpoints:
+            ckpt._discard_outputs()
+        if hook_tensor.requires_grad:
+            hook_tensor.register_hook(self._unified_recompute_hook)
+
+    def _unified_recompute_hook(self, _grad):
+        for ckpt in self.checkpoints:
+            ckpt._recompute(None)

@@ -16,7 +16,11 @@ from __future__ import annotations
 import torch
 
 from gigatron.core import parallel_state
-from gigatron.core.tensor_parallel._checkpointing import CheckpointWithoutOutput, checkpoint
+from gigatron.core.tensor_parallel._checkpointing import (
+    CheckpointWithoutOutput,
+    CheckpointWithoutOutputManager,
+    checkpoint,
+)
 from gigatron.core.tensor_parallel._rng_tracker import (
     _DATA_PARALLEL_RNG_TRACKER_NAME,
     _EXPERT_PARALLEL_RNG_TRACKER_NAME,
@@ -30,6 +34,7 @@ from gigatron.core.tensor_parallel._rng_tracker import (
 __all__ = [
     "CudaRNGStatesTracker",
     "CheckpointWithoutOutput",
+    "CheckpointWithoutOutputManager",
     "checkpoint",
     "convert_cuda_rng_state",
     "get_cuda_rng_tracker",

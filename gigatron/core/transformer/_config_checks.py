@@ -220,3 +220,22 @@ def check_mla(cfg) -> None:
             raise ValueError(
                 f"{name}=True is not supported by gigatron's multi-latent attention; leave it False"
             )
+
+
+def expand_no_rope_freq(cfg) -> None:
+    """NoPE layers: `no_rope_freq` k -> per-layer pattern [0]*(k-1)+[1] repeated (every k-th
+    layer skips RoPE); a list must have one 0/1 entry per layer. Megatron asserts both rules
+    (AssertionError, the type its tests expect)."""
+    freq = cfg.no_rope_freq
+    if not freq:
+        return
+    if getattr(cfg, "multi_latent_attention", False):
+        raise ValueError("no_rope_freq is not supported by gigatron with multi_latent_attention")
+    if isinstance(freq, int):
+        if cfg.num_layers % freq != 0:
+            raise AssertionError(f"no_rope_freq={freq} should divide num_layers ({cfg.num_layers})")
+        cfg.no_rope_freq = ([0] * (freq - 1) + [1]) * (cfg.num_layers // freq)
+    elif len(freq) != cfg.num_layers:
+        raise AssertionError(
+            f"no_rope_freq has {len(freq)} entries; it needs one per layer ({cfg.num_layers})"
+        )

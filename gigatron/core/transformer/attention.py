@@ -180,6 +180,9 @@ class Attention(MegatronModule):
                 )
             cu_seqlens = layout_bounds(packed_seq_params)
         query, key, value = self.get_query_key_value_tensors(hidden_states, key_value_states)
+        no_rope = self.config.no_rope_freq
+        if no_rope and no_rope[self.layer_number - 1]:  # a NoPE layer (layer_number is 1-based)
+            rotary_pos_emb = None
         if rotary_pos_emb is not None and cu_seqlens is not None:
             q_pos_emb, k_pos_emb = (
                 rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
@@ -253,6 +256,12 @@ class SelfAttention(Attention):
         self.k_layernorm = self._qk_norm(submodules.k_layernorm)
 
     def _qk_norm(self, spec):
+        # A spec that leaves the Q/K norm unset (None) lets config.qk_layernorm choose the
+        # default norm, as Megatron's SelfAttention falls back to TENorm.
+        if spec is None and self.config.qk_layernorm:
+            from gigatron.core.transformer.torch_norm import WrappedTorchNorm
+
+            spec = WrappedTorchNorm
         if spec is None:
             return None
         return build_module(

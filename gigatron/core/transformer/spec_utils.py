@@ -28,9 +28,19 @@ class ModuleSpec:
 
 
 def import_module(module_path: tuple[str, str]):
-    """Import `name` from `base_path` given as a `(base_path, name)` tuple."""
+    """Import `name` from `base_path` given as a `(base_path, name)` tuple.
+
+    ImportError (Megatron's type) naming the module when it does not import, or naming the
+    spec and module when the module has no such attribute."""
     base_path, name = module_path
-    return getattr(importlib.import_module(base_path), name)
+    try:
+        module = importlib.import_module(base_path)
+    except ImportError as err:
+        raise ImportError(f"Could not import module {base_path!r}: {err}") from err
+    try:
+        return getattr(module, name)
+    except AttributeError as err:
+        raise ImportError(f"Could not find spec {name!r} in module {base_path!r}") from err
 
 
 def get_module(spec_or_module, **additional_kwargs):

@@ -98,6 +98,11 @@ class TransformerBlock(MegatronModule):
         vp_stage: int | None = None,
     ):
         super().__init__(config)
+        if config.hidden_size <= 0:
+            raise ValueError(
+                f"hidden_size ({config.hidden_size}) must be set to a positive value to build "
+                "a TransformerBlock"
+            )
         self.submodules = _get_block_submodules(config, spec, vp_stage)
         self.post_layer_norm, self.pre_process, self.post_process = (
             post_layer_norm,

@@ -223,6 +223,8 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """Multi-token-prediction layers (not implemented)."""
     window_size: tuple[int, int] | None = None
     """Sliding-window attention (not implemented)."""
+    no_rope_freq: int | list[int] | None = None
+    """NoPE layers: k -> every k-th layer skips RoPE; or one 0/1 per layer (1 = no RoPE)."""
     softmax_type: str = "vanilla"
     """'vanilla' only ('off-by-one' / 'learnable' not implemented)."""
     qk_l2_norm: bool = False
@@ -260,6 +262,7 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
         _config_checks.check_recompute(self)
         _config_checks.check_pipeline(self)
         _config_checks.check_context_parallel(self)
+        _config_checks.expand_no_rope_freq(self)
         check_fp8_config(self)
         if self.multi_latent_attention and not isinstance(self, MLATransformerConfig):
             raise ValueError(

@@ -24,9 +24,12 @@ __all__ = [
     "check_attention_mask",
     "get_default_causal_mask",
     "init_method_normal",
+    "is_layer_window_attention",
     "make_sharded_object_for_checkpoint",
     "make_sharded_tensors_for_checkpoint",
     "scaled_init_method_normal",
+    "set_model_config_attribute",
+    "set_model_to_sequence_parallel",
     "sharded_state_dict_default",
 ]
 
@@ -93,3 +96,85 @@ def sharded_state_dict_default(
         tp_group=tp_group,
         dp_cp_group=dp_cp_group,
     )
+
+
+def is_layer_window_attention(window_size, window_attn_skip_freq, layer_number: int) -> bool:
+    """Whether 1-based layer `layer_number` uses sliding-window attention.
+
+    No `window_size`: never. `window_attn_skip_freq` None: every layer; an int k: every layer
+    except each k-th (layer_number % k == 0 is full attention); a list: its truthiness at
+    index layer_number - 1 (one entry per layer).
+    """
+    if not window_size:
+        return False
+    if window_attn_skip_freq is None:
+        return True
+    if isinstance(window_attn_skip_freq, int):
+        return layer_number % window_attn_skip_freq != 0
+    if isinstance(window_attn_skip_freq, list):
+        return bool(window_attn_skip_freq[layer_number - 1])
+    raise ValueError(
+        f"window_attn_skip_freq ({window_attn_skip_freq!r}, {type(window_attn_skip_freq)}) "
+        "must be None, an int or a list with one entry per layer"
+    )
+
+
+def set_model_config_attribute(model, attribute: str, value) -> None:
+    """`config.<attribute> = value` on `model.config` and on every distinct child config that
+    has the attribute (layers may hold their own config objects); wrappers with `.module`
+    (DDP, Float16Module) are looked through to find the modules."""
+    root = model.config
+    setattr(root, attribute, value)
+    done = {id(root)}
+    module, seen = model, set()
+    while not isinstance(module, torch.nn.Module):
+        seen.add(id(module))
+        module = getattr(module, "module", None)
+        if module is None or id(module) in seen:
+            return
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and id(config) not in done and hasattr(config, attribute):
+            setattr(config, attribute, value)
+            done.add(id(config))
+
+
+# id(model) -> {attribute name -> modules having it}; filled once per model.
+_sequence_parallel_attr_cache: dict[int, dict[str, list[torch.nn.Module]]] | None = None
+
+
+def _init_sequence_parallel_cache(model, exclude_modules) -> None:
+    """Record which modules of `model` carry each sequence-parallel attribute (once per model)."""
+    global _sequence_parallel_attr_cache
+    if _sequence_parallel_attr_cache is None:
+        _sequence_parallel_attr_cache = {}
+    if id(model) in _sequence_parallel_attr_cache:
+        return
+    attrs = ["sequence_parallel", "scatter_to_sequence_parallel", "reduce_scatter_embeddings"]
+    if getattr(model, "position_embedding_type", None) == "learned_absolute":
+        attrs.remove("reduce_scatter_embeddings")  # learned positions are added before the scatter
+    found: dict[str, list[torch.nn.Module]] = {a: [] for a in attrs}
+
+    def visit(module):
+        if exclude_modules is not None and module in exclude_modules:
+            return
+        for attr in attrs:
+            if hasattr(module, attr):
+                found[attr].append(module)
+        for child in module._modules.values():
+            if child is not None:
+                visit(child)
+
+    visit(model)
+    _sequence_parallel_attr_cache[id(model)] = found
+
+
+def set_model_to_sequence_parallel(model, set_to: bool = False, exclude_modules=None) -> None:
+    """Turn sequence parallelism on or off on a built model: `model.config.sequence_parallel`
+    and every module's `sequence_parallel` / `scatter_to_sequence_parallel` /
+    `reduce_scatter_embeddings` attribute (modules in `exclude_modules` and below keep theirs)."""
+    _init_sequence_parallel_cache(model, exclude_modules)
+    model.config.sequence_parallel = set_to
+    for attr, modules in _sequence_parallel_attr_cache[id(model)].items():
+        for module in modules:
+            setattr(module, attr, set_to)

@@ -26,7 +26,8 @@ from gigatron.core.models.common.embeddings.rotary_pos_embedding import (  # noq
     RotaryEmbedding,
 )
 from gigatron.core.models.common.language_module.language_module import LanguageModule
-from gigatron.core.transformer.enums import ModelType
+from gigatron.core.transformer.dot_product_attention import DotProductAttention
+from gigatron.core.transformer.enums import AttnBackend, ModelType
 from gigatron.core.transformer.transformer_block import TransformerBlock
 
 _POSITION_TYPES = ("learned_absolute", "rope")
@@ -54,6 +55,8 @@ class BertModel(LanguageModule):
         return_embeddings: bool = False,
         vp_stage: int | None = None,
         pg_collection=None,
+        apply_lm_head: bool = True,
+        output_layer_bias: bool = True,
     ) -> None:
         super().__init__(config)
         # checks and stores vocab_size .. position_embedding_type (Megatron-named arguments)
@@ -63,8 +66,12 @@ class BertModel(LanguageModule):
         self.transformer_layer_spec = transformer_layer_spec
         self.add_binary_head = add_binary_head
         self.return_embeddings = return_embeddings
+        # apply_lm_head=False: logits straight from the encoder output (models with their own
+        # final norm), no dense + GeLU + LayerNorm transform.
+        self.apply_lm_head, self.output_layer_bias = apply_lm_head, output_layer_bias
         self.vp_stage = vp_stage
         self.model_type = ModelType.encoder_or_decoder
+        self.attn_mask_dimensions = self._sanity_check_attention_and_get_attn_mask_dimension()
 
         if pre_process:
             self._build_embedding(num_tokentypes=num_tokentypes)
@@ -82,14 +89,36 @@ class BertModel(LanguageModule):
         if pre_process or post_process:
             self.setup_embeddings_and_output_layer()
 
+    def _sanity_check_attention_and_get_attn_mask_dimension(self) -> str:
+        """Layout of the self-attention mask the encoder takes: "b1ss" ([b, 1, s, s]).
+
+        Megatron's rule for its own (local) core attention: config.attention_backend must be
+        local or auto, else ValueError. gigatron's stand-in for the TE spec (SDPA) takes the same
+        [b, 1, s, s] padding mask, so no Transformer Engine version decides anything here."""
+        attention = self.transformer_layer_spec.submodules.self_attention.submodules
+        backend = self.config.attention_backend
+        if attention.core_attention is DotProductAttention and backend not in (
+            AttnBackend.local,
+            AttnBackend.auto,
+        ):
+            raise ValueError(
+                f"Expected AttnBackend to be local or auto while using mcore self attention, but "
+                f"found {backend}. Set --attn-backend to local or dont use MCore SelfAttention "
+                "submodule in layer specs"
+            )
+        return "b1ss"
+
     def _build_heads(self, config, add_binary_head: bool) -> None:
-        """LM head, output layer (with bias) and, optionally, pooler + binary head."""
+        """LM head (unless apply_lm_head=False), output layer (bias unless output_layer_bias=False)
+        and, optionally, pooler + binary head."""
         # One init scope per piece: the output layer allocates a weight only on stages without
         # the (tied) embedding, which must not shift the other heads' random draws
         # (`_build_output_layer` opens the output layer's own scope).
-        with init_rng_scope(config, "lm_head"):
-            self.lm_head = BertLMHead(config.hidden_size, config)
-        self._build_output_layer(bias=True)
+        self.lm_head = None
+        if self.apply_lm_head:
+            with init_rng_scope(config, "lm_head"):
+                self.lm_head = BertLMHead(config.hidden_size, config)
+        self._build_output_layer(bias=self.output_layer_bias)
         self.binary_head = None
         if add_binary_head:
             with init_rng_scope(config, "binary_head"):
@@ -148,7 +177,9 @@ class BertModel(LanguageModule):
         if self.return_embeddings:
             return _mean_embeddings(hidden_states, attention_mask)
         output_weight = self._tied_output_weight()
-        transformed = self.lm_head(hidden_states=hidden_states)  # [s, b, h]
+        transformed = hidden_states  # [s, b, h]
+        if self.lm_head is not None:
+            transformed = self.lm_head(hidden_states=hidden_states)
         # With lm_labels the loss is taken over the vocab-parallel logits, never gathered ones:
         # vocab_parallel_cross_entropy would read gathered [s, b, V] logits as a V-wide shard
         # per rank and return loss + log(tp) (Megatron does; gigatron differs on purpose).

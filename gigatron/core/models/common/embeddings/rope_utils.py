@@ -7,10 +7,31 @@ t' = t * cos(freqs) + rotate(t) * sin(freqs) on the first rot_dim channels; rota
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
+from gigatron.core.models.common.embeddings._rope_megatron import (
+    _apply_rotary_pos_emb_bshd,
+    _apply_rotary_pos_emb_thd,
+    _get_thd_freqs_on_this_cp_rank,
+    _rotate_half,
+)
 from gigatron.core.packed_seq_params import thd_document_positions
+
+__all__ = [
+    "_apply_rotary_pos_emb_bshd",
+    "_apply_rotary_pos_emb_thd",
+    "_get_thd_freqs_on_this_cp_rank",
+    "apply_rotary_pos_emb",
+    "get_pos_emb_on_this_cp_rank",
+]
+
+# Transformer Engine's fused RoPE kernels: None (Megatron's value without TE); gigatron always
+# takes the unfused path, whatever config.apply_rope_fusion says.
+fused_apply_rotary_pos_emb = None
+fused_apply_rotary_pos_emb_thd = None
 
 
 @torch.library.custom_op("gigatron::rope_cos_sin", mutates_args=())
@@ -37,16 +58,36 @@ def _(freqs: Tensor, mscale: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]
     return table(), table()
 
 
-def _rotate_half(x: Tensor, rotary_interleaved: bool) -> Tensor:
-    if not rotary_interleaved:
-        x1, x2 = torch.chunk(x, 2, dim=-1)
-        return torch.cat((-x2, x1), dim=-1)
-    x1, x2 = x[..., ::2], x[..., 1::2]
-    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+class _NoContextParallel:
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0
+
+
+def _warn_unfusable(mscale: float, mla_rotary_interleaved: bool, inverse: bool) -> None:
+    """Megatron's warnings when apply_rope_fusion is asked for options fused RoPE lacks."""
+    unfused = "using the unfused one"
+    if mscale != 1.0:
+        warnings.warn(f"mscale={mscale} is not supported by fused RoPE; {unfused}", stacklevel=3)
+    if mla_rotary_interleaved:
+        warnings.warn(f"fused RoPE lacks MLA-style interleaving; {unfused}", stacklevel=3)
+    if inverse:
+        warnings.warn(f"inverse RoPE is not supported by fused RoPE; {unfused}", stacklevel=3)
 
 
 def apply_rotary_pos_emb(
-    t: Tensor, freqs: Tensor, config=None, cu_seqlens=None, mscale: float = 1.0, cp_group=None
+    t: Tensor,
+    freqs: Tensor,
+    config=None,
+    cu_seqlens=None,
+    mscale: float = 1.0,
+    cp_group=None,
+    mla_rotary_interleaved: bool = False,
+    inverse: bool = False,
+    mla_output_remove_interleaving: bool = False,
+    max_seqlen: int | None = None,
 ) -> Tensor:
     """Rotate `t` [s, b, n, hn] by angles `freqs` [s, 1, 1, dim]; dims past `dim` pass through.
 
@@ -56,13 +97,31 @@ def apply_rotary_pos_emb(
     table, and every document's positions restart at 0 (its CP rank's zigzag chunks under
     `cp_group` of size > 1).
     """
+    interleaved = bool(config.rotary_interleaved) if config is not None else False
+    if config is not None and getattr(config, "apply_rope_fusion", False):
+        _warn_unfusable(mscale, mla_rotary_interleaved, inverse)
+    megatron_options = dict(
+        rotary_interleaved=interleaved,
+        mla_rotary_interleaved=mla_rotary_interleaved,
+        mscale=mscale,
+        inverse=inverse,
+        mla_output_remove_interleaving=mla_output_remove_interleaving,
+    )
+    if cu_seqlens is not None and (max_seqlen is not None or mla_rotary_interleaved or inverse):
+        cp = cp_group if cp_group is not None else _NoContextParallel()
+        packed = t.squeeze(1) if t.dim() == 4 else t  # gigatron's [t, 1, n, hn] -> [t, n, hn]
+        out = _apply_rotary_pos_emb_thd(
+            packed, cu_seqlens, freqs, cp_group=cp, max_seqlen=max_seqlen, **megatron_options
+        )
+        return out.view(t.shape)
+    if mla_rotary_interleaved or inverse:
+        return _apply_rotary_pos_emb_bshd(t, freqs, **megatron_options)
     if cu_seqlens is not None:
         cp_size, cp_rank = (1, 0) if cp_group is None else (cp_group.size(), cp_group.rank())
         _, pos = thd_document_positions(cu_seqlens, t.shape[0], cp_size, cp_rank, freqs.device)
         freqs = freqs[pos.clamp(max=freqs.shape[0] - 1)]  # [t, 1, 1, dim]
         if t.dim() == 3:  # Megatron's [t, n, hn]
             return apply_rotary_pos_emb(t.unsqueeze(1), freqs, config, mscale=mscale).squeeze(1)
-    interleaved = bool(config.rotary_interleaved) if config is not None else False
     rot_dim = freqs.shape[-1]
     t_rot, t_pass = t[..., :rot_dim], t[..., rot_dim:]
     # learned or differentiated angles take the plain ops (autograd); others the opaque op

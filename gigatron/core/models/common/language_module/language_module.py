@@ -32,6 +32,8 @@ class LanguageModule(MegatronModule):
 
     def __init__(self, config, pg_collection=None):
         super().__init__(config)
+        # The TP group the vocabulary is split over (None: parallel_state's, at call time).
+        self.tp_group = getattr(pg_collection, "tp", None)
         self.vp_stage = None
         self.vp_size = config.virtual_pipeline_model_parallel_size
 
@@ -151,7 +153,9 @@ class LanguageModule(MegatronModule):
         labels = labels.transpose(0, 1).contiguous()  # [s, b]
         # vocab_parallel_cross_entropy overwrites fp32 logits in place, as in Megatron: safe, the
         # output layer's backward needs its input and weight, not the logits.
-        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels)
+        loss = tensor_parallel.vocab_parallel_cross_entropy(
+            logits.float(), labels, tp_group=getattr(self, "tp_group", None)
+        )
         return loss.transpose(0, 1).contiguous()  # [b, s]
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
