@@ -63,6 +63,9 @@ LAYERS: list[list[str]] = [
         "gigatron.core.untrusted_files",
         "gigatron.core._rank_utils",
         "gigatron.core._experimental",
+        "gigatron.core._param_layout",
+        "gigatron.core._buffer_layout",
+        "gigatron.core.fp8_utils",
     ],
     # the process groups (the only globals) and the utilities over them
     [
@@ -78,15 +81,18 @@ LAYERS: list[list[str]] = [
         "gigatron.core.tensor_parallel",
         "gigatron.core.fusions",
         "gigatron.core.models.common.embeddings.rope_utils",
+        "gigatron.core.models.common.embeddings._rope_megatron",
     ],
     # transformer building blocks; the RoPE angle modules multi-latent attention builds itself
     [
         "gigatron.core.transformer",
         "gigatron.core.models.common.embeddings.rotary_pos_embedding",
         "gigatron.core.models.common.embeddings.yarn_rotary_pos_embedding",
+        "gigatron.core.models.common.embeddings._multimodal_rope",
     ],
-    # models assembled from the blocks
-    ["gigatron.core.models"],
+    # models assembled from the blocks; the Transformer Engine spec provider (TE absent) beside
+    # the layer specs
+    ["gigatron.core.models", "gigatron.core.extensions"],
     # what runs models: schedules, data parallelism, optimizers, generation; the data side
     [
         "gigatron.core.pipeline_parallel",

@@ -14,7 +14,11 @@ from gigatron.core._experimental import (  # noqa: F401  (Megatron's names)
     experimental_cls,
     experimental_fn,
 )
-from gigatron.core._rank_utils import log_single_rank  # noqa: F401  (Megatron's name)
+from gigatron.core._rank_utils import (  # noqa: F401  (log_single_rank: Megatron's name here)
+    log_single_rank,
+    safe_get_rank,
+    safe_get_world_size,
+)
 from gigatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 from gigatron.core.packed_seq_params import PackedSeqParams
 

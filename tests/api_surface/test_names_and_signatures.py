@@ -81,9 +81,6 @@ _ALLOWED_BOTH: dict[str, str] = {
         "gigatron follows the API map (0.20 inserts gtp_remat_rank / egtp_remat_rank before "
         "it; 0.16.1 and 0.19.2 lack them): pass it by keyword, as the map advises"
     ),
-    "parallel_state:get_amax_reduction_group: missing": (
-        "FP8 amax reduction: Transformer Engine only"
-    ),
     "parallel_state:get_intra_distributed_optimizer_instance_group: missing": (
         "num_distributed_optimizer_instances > 1 (partial distributed optimizer) is refused"
     ),

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core import parallel_state as ps
+from gigatron.core._param_layout import FullParamLayout
 from gigatron.core.distributed.distributed_data_parallel_config import (
     DistributedDataParallelConfig,
 )
@@ -32,7 +33,6 @@ from gigatron.core.distributed.param_and_grad_buffer import (
     group_params_for_buffers,
     partition_buckets,
 )
-from gigatron.core.optimizer.param_layout import FullParamLayout
 from gigatron.core.tensor_parallel.wgrad import WGRAD_IN_MAIN_GRAD
 from gigatron.core.transformer.transformer_layer import TransformerLayer
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gigatron.core.distributed._buffer_layout import (  # noqa: F401  (Megatron's names here)
+from gigatron.core._buffer_layout import (  # noqa: F401  (Megatron's names here)
     _compute_default_per_buffer_param_layout,
     _param_uses_quantized_storage,
     group_params_for_buffers,

@@ -22,8 +22,9 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from gigatron.core._buffer_layout import group_params_for_buffers, padded_param_layout
+from gigatron.core._param_layout import FullParamLayout, PerBufferParamLayout
 from gigatron.core.optimizer.optimizer import MixedPrecisionOptimizer, _copy_attrs
-from gigatron.core.optimizer.param_layout import FullParamLayout, PerBufferParamLayout
 
 
 class DistributedOptimizer(MixedPrecisionOptimizer):
@@ -40,9 +41,6 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         """The padded layout of one buffer (reverse param order, 64-element aligned starts,
         buckets padded to split into `data_parallel_world_size` shards, tied embeddings in a
         bucket of their own)."""
-        # Imported here: gigatron.core.distributed imports this package's param_layout.
-        from gigatron.core.distributed._buffer_layout import padded_param_layout
-
         return padded_param_layout(
             params, bucket_size, data_parallel_world_size, ddp_config, param_indices
         )
@@ -58,8 +56,6 @@ class DistributedOptimizer(MixedPrecisionOptimizer):
         """Padded layouts of every buffer DDP will build from `params` (grouped by BufferKey);
         expert buffers are padded for `expert_data_parallel_world_size` (default: the dense
         DP size). Pass the result to `DistributedDataParallel(full_param_layout=...)`."""
-        from gigatron.core.distributed._buffer_layout import group_params_for_buffers
-
         layouts = {}
         groups = group_params_for_buffers(params, ddp_config.grad_reduce_in_fp32)
         for key, (members, indices) in groups.items():

@@ -13,7 +13,7 @@ from functools import partial
 
 import torch
 
-from gigatron.core._rank_utils import safe_get_rank, safe_get_world_size
+from gigatron.core.utils import safe_get_rank, safe_get_world_size
 from gigatron.training.utils.common_utils import print_rank_0
 
 logger = logging.getLogger(__name__)

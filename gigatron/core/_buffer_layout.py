@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from gigatron.core.fp8_utils import is_float8tensor, is_nvfp4tensor
-from gigatron.core.optimizer.param_layout import (
+from gigatron.core._param_layout import (
     BufferKey,
     PerBufferParamLayout,
     pad_bucket_end,
     pad_param_start,
 )
+from gigatron.core.fp8_utils import is_float8tensor, is_nvfp4tensor
 
 
 def _param_uses_quantized_storage(param: torch.nn.Parameter) -> bool:
