@@ -477,3 +477,25 @@ def log_on_each_pipeline_stage(
         tp_rank, dp_cp_rank = tp_group.rank(), dp_cp_group.rank()
     if tp_rank == 0 and dp_cp_rank == 0:
         logger.log(level, msg, *args, **kwargs)
+
+
+# ---------------------------------------------------------------- process-group queries
+def get_pg_size(group=None) -> int:
+    """World size of `group`; 1 without torch.distributed or without a group (Megatron's rule)."""
+    if not dist.is_initialized() or group is None:
+        return 1
+    return group.size()
+
+
+def get_pg_rank(group=None) -> int:
+    """This rank's index in `group`; 0 without torch.distributed or without a group."""
+    if not dist.is_initialized() or group is None:
+        return 0
+    return group.rank()
+
+
+def get_pg_src_rank(group=None) -> int:
+    """The global rank of `group`'s first member; 0 without torch.distributed or a group."""
+    if not dist.is_initialized() or group is None:
+        return 0
+    return dist.get_process_group_ranks(group)[0]

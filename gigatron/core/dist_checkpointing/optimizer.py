@@ -17,10 +17,20 @@ allows every change and is what gigatron's training checkpoints use.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import logging
+
 import torch
 
 from gigatron.core.dist_checkpointing.core import CheckpointingException
-from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+from gigatron.core.dist_checkpointing.mapping import (
+    LocalNonpersistentObject,
+    ShardedTensor,
+    ShardedTensorFactory,
+)
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["load_optimizer_state_dict", "optimizer_sharded_state_dict"]
 
@@ -213,3 +223,71 @@ def load_optimizer_state_dict(optimizer, request: dict, loaded: dict) -> None:
         scaler.load_state_dict(loaded["common"]["grad_scaler"])
     if hasattr(optimizer, "_copy_main_params_to_model_params"):
         optimizer._copy_main_params_to_model_params()
+
+
+# ---- Megatron's helpers for a plain torch.optim optimizer's state dict ---------------------
+def get_optim_param_to_id_map(optim_params_iter) -> dict[int, int]:
+    """{id(param): its index in the optimizer's state dict} (first occurrence wins)."""
+    out: dict[int, int] = {}
+    for i, param in enumerate(optim_params_iter):
+        out.setdefault(id(param), i)
+    return out
+
+
+def get_param_id_to_sharded_param_map(model_sharded_state_dict, optim_params_iter) -> dict:
+    """{optimizer state id: the model's ShardedTensor / ShardedTensorFactory of that param},
+    matched by tensor identity (build the model's sharded state dict with `keep_vars=True`);
+    params the optimizer does not track are left out. `optim_params_iter` must follow the
+    optimizer's param order."""
+    from gigatron.core.dist_checkpointing.dict_utils import nested_values
+    from gigatron.core.dist_checkpointing.utils import extract_sharded_tensors_and_factories
+
+    sharded, _ = extract_sharded_tensors_and_factories(model_sharded_state_dict)
+    param_to_id = get_optim_param_to_id_map(optim_params_iter)
+    out = {}
+    for ten in nested_values(sharded):
+        if id(ten.data) in param_to_id:
+            out[param_to_id[id(ten.data)]] = ten
+    if not out:
+        logger.warning(
+            "get_param_id_to_sharded_param_map: no model sharded tensor is an optimizer param "
+            "(build the model's state dict with keep_vars=True)"
+        )
+    return out
+
+
+def make_sharded_optimizer_tensor(model_param, optim_param: torch.Tensor, prefix: str):
+    """`model_param`'s sharding for an optimizer tensor of the same local shape, keyed
+    `{prefix}.{model key}` (a factory keeps its build / merge functions)."""
+    if isinstance(model_param, ShardedTensorFactory):
+        return dataclasses.replace(model_param, key=f"{prefix}.{model_param.key}", data=optim_param)
+    if tuple(optim_param.shape) != tuple(model_param.local_shape):
+        raise CheckpointingException(
+            f"{model_param.key}: optimizer tensor shape {tuple(optim_param.shape)} != model "
+            f"local shape {tuple(model_param.local_shape)}"
+        )
+    return dataclasses.replace(
+        model_param, key=f"{prefix}.{model_param.key}", data=optim_param, dtype=optim_param.dtype
+    )
+
+
+def optim_state_to_sharding_state(optim_state_dict: dict, id_to_sharded_param_map: dict,
+                                  exclude_keys: tuple = ()) -> None:  # fmt: skip
+    """In place: each `optim_state_dict['state'][id][name]` tensor becomes a ShardedTensor
+    `optimizer.state.{name}.{model key}` laid out like its param; `exclude_keys` are dropped;
+    each param group's `params` becomes a LocalNonpersistentObject (rebuilt on load). A state
+    id with no model param raises ValueError."""
+    sharded_state = {}
+    for param_id, param_state in optim_state_dict["state"].items():
+        if param_id not in id_to_sharded_param_map:
+            raise ValueError(f"optimizer param id {param_id} matches no model sharded param")
+        model_param = id_to_sharded_param_map[param_id]
+        sharded_state[param_id] = {
+            name: make_sharded_optimizer_tensor(model_param, value, f"optimizer.state.{name}")
+            for name, value in param_state.items()
+            if name not in exclude_keys
+        }
+    optim_state_dict["param_groups"] = copy.deepcopy(optim_state_dict["param_groups"])
+    for group in optim_state_dict["param_groups"]:
+        group["params"] = LocalNonpersistentObject(group["params"])
+    optim_state_dict["state"] = sharded_state

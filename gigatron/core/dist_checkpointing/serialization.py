@@ -210,6 +210,8 @@ def save(
     if content_metadata is not None:
         sd[_CONTENT_METADATA_KEY] = content_metadata
     _apply_factories(sd)
+    if hasattr(sharded_strategy, "apply_saving_parallelization"):  # FullyParallelSave...Wrapper
+        sharded_strategy.apply_saving_parallelization(sd)  # moves main replicas (collective)
     tensors, objects, _ = _split(sd)
     tensors, objects = [t for _, t in tensors], [o for _, o in objects]
     if validate_access_integrity:
@@ -316,13 +318,17 @@ def load(
             [t for _, t in tensors], [o for _, o in objects], process_group
         )
         validate_sharding_integrity(global_md)
-    object_keys = sorted({o.unique_key for _, o in objects})
-    loaded = torch_dist.load_sharded([t for _, t in tensors], object_keys, checkpoint_dir)
-    for path, t in tensors:
-        set_at_path(result, path, t.data)
-    for path, o in objects:
-        payload = loaded[o.unique_key]
-        set_at_path(result, path, payload[0] if isinstance(payload, list) and payload else payload)
+    if hasattr(sharded_strategy, "apply_loading_parallelization"):  # FullyParallelLoad...
+        _load_through(sharded_strategy, tensors + objects, checkpoint_dir, result)
+    else:
+        object_keys = sorted({o.unique_key for _, o in objects})
+        loaded = torch_dist.load_sharded([t for _, t in tensors], object_keys, checkpoint_dir)
+        for path, t in tensors:
+            set_at_path(result, path, t.data)
+        for path, o in objects:
+            payload = loaded[o.unique_key]
+            unwrapped = payload[0] if isinstance(payload, list) and payload else payload
+            set_at_path(result, path, unwrapped)
     for path, obj in local:
         set_at_path(result, path, obj.unwrap())
     for path, fac in reversed(factories):
@@ -388,6 +394,17 @@ def load_common_state_dict(checkpoint_dir: str | Path) -> StateDict:
         )
     payload = torch_dist.load_sharded([], keys[:1], checkpoint_dir)[keys[0]]
     return payload[0] if isinstance(payload, list) else payload
+
+
+def _load_through(strategy, leaves: list, checkpoint_dir: str, result: dict) -> None:
+    """Load the sharded `leaves` ((path, ShardedTensor | ShardedObject)) with a strategy
+    object's `load` (which returns the request's structure) into `result`."""
+    request: dict = {}
+    for path, leaf in leaves:
+        set_at_path(request, path, leaf)
+    loaded = strategy.load(request, checkpoint_dir)
+    for path, _ in leaves:
+        set_at_path(result, path, _get_at_path(loaded, path))
 
 
 def load_tensors_metadata(checkpoint_dir: str, sharded_strategy=None) -> dict[str, ShardedTensor]:

@@ -111,3 +111,20 @@ def zip_strict(*args):
     lens = [len(a) for a in args]
     assert len(set(lens)) <= 1, f"Tried to zip iterables of unequal lengths: {lens}!"
     return zip(*args)
+
+
+# A shard's identity, equal on every rank that holds a copy: (key, global offset, flat range).
+_ShardId = tuple
+
+
+def _sharded_tensor_shard_id(sharded_tensor) -> _ShardId:
+    """(key, global_offset, (start, stop) of flattened_range or None)."""
+    r = sharded_tensor.flattened_range
+    flat = None if r is None else (r.start, r.stop)
+    return (sharded_tensor.key, tuple(sharded_tensor.global_offset), flat)
+
+
+def _sharded_object_id(sharded_object) -> _ShardId:
+    """(key, global_offset, global_shape) of a ShardedObject."""
+    obj = sharded_object
+    return (obj.key, tuple(obj.global_offset), tuple(obj.global_shape))

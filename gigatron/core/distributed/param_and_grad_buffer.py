@@ -99,13 +99,29 @@ class _ParamAndGradBucketGroup:
         self.param_to_bucket = {p: b for b in buckets for p in b.params}
         self.next_param_gather_bucket_group: _ParamAndGradBucketGroup | None = None
         self.is_last_microbatch = True
+        # Times each param's grad arrived in the last microbatch (more than once for a param
+        # used twice); learned in the first batch, compared against in every later one.
+        self.per_param_grad_ready_counts: dict = {}
+        self.golden_per_param_grad_ready_counts: dict = {}
+        self.is_first_batch = True
         self.reset()
         self.param_gather_handle = None
         self.param_gather_dispatched = False
 
     def reset(self) -> None:
-        """Forget ready grads and outstanding handles (called by zero_grad_buffer)."""
-        self.per_param_grad_ready: set = set()
+        """Start a new iteration (called by zero_grad_buffer). At the end of the first batch
+        the grads that arrived become the expected ones (`golden_per_param_grad_ready_counts`):
+        from then on the bucket launches when exactly those have arrived. A collective still
+        in flight is completed first: every rank launched it, and dropping it would leave it
+        writing into the buffer of the next iteration."""
+        if getattr(self, "grad_reduce_handle", None) is not None:
+            self._wait_grad_reduce()
+        if self.is_first_batch and self.per_param_grad_ready_counts:
+            # Megatron asserts every param reported; gigatron accepts params that never produce
+            # a grad (unused): they are left out of the expected set (docs/distributed.md).
+            self.golden_per_param_grad_ready_counts = self.per_param_grad_ready_counts
+            self.is_first_batch = False
+        self.per_param_grad_ready_counts: dict = {}
         self.is_last_microbatch = True
         self.grad_reduce_handle = None
         self._pending_copies: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -163,36 +179,54 @@ class _ParamAndGradBucketGroup:
             shard.copy_(out)
         self._pending_copies = []
 
-    def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
-        """Wait for (or, if never launched, run) this group's grad collective."""
-        self.param_gather_dispatched = False
-        if not self.ddp_config.overlap_grad_reduce:
-            self.start_grad_sync(force_all_reduce=force_all_reduce)
-            return
-        if self.grad_reduce_handle is None:
-            # Not every param produced a grad this step (or no_sync was on for the last
-            # microbatch): launch now so the step still sees reduced grads.
-            self.start_grad_sync(force_all_reduce=force_all_reduce)
+    def _wait_grad_reduce(self) -> None:
         for handle in self.grad_reduce_handle or []:
             if handle is not None:
                 handle.wait()
         self._finish_copies()
         self.grad_reduce_handle = None
-        self.per_param_grad_ready = set()
+
+    def finish_grad_sync(self, force_all_reduce: bool = False) -> None:
+        """Wait for this group's grad collective (without overlap: run it now).
+
+        With `overlap_grad_reduce` the collective is launched by the last expected grad's
+        hook; only in the first batch (which learns which grads to expect) does this launch
+        it. After that, calling it before the expected grads arrived raises AssertionError on
+        every rank that got here early, as Megatron does, so no rank waits alone in a
+        collective the others never start."""
+        self.param_gather_dispatched = False
+        if not self.ddp_config.overlap_grad_reduce:
+            self.start_grad_sync(force_all_reduce=force_all_reduce)
+            return
+        if self.grad_reduce_handle is None:
+            if not self.is_first_batch:
+                raise AssertionError(
+                    f"grad collective of bucket {self.buckets[0].bucket_id} was not launched: "
+                    f"{len(self.per_param_grad_ready_counts)}/{len(self.params)} params "
+                    f"reported their grad ({len(self.golden_per_param_grad_ready_counts)} "
+                    "expected, as in the first batch); finish_grad_sync must follow the last "
+                    "microbatch's backward"
+                )
+            self.start_grad_sync(force_all_reduce=force_all_reduce)
+        self._wait_grad_reduce()
 
     def register_grad_ready(self, param: torch.nn.Parameter, force_all_reduce: bool = False):
-        """Called by a param's backward hook: launch the bucket's collective once every param
-        of the group has its grad for the last microbatch."""
-        assert self.ddp_config.overlap_grad_reduce
+        """Called by a param's backward hook in the last microbatch: count the grad, and once
+        the group's grads match the first batch's (after it), launch the collective."""
+        assert self.ddp_config.overlap_grad_reduce, (
+            "register_grad_ready() is only called with overlap_grad_reduce=True"
+        )
         if not self.is_last_microbatch:
             return
-        if self.grad_reduce_handle is not None:
+        if self.grad_reduce_handle is not None and not self.is_first_batch:
             raise RuntimeError(
                 "a bucket's grads were already reduced in this iteration: run all but the last "
                 "microbatch inside ddp_model.no_sync() and call zero_grad_buffer() per iteration"
             )
-        self.per_param_grad_ready.add(param)
-        if len(self.per_param_grad_ready) == len(self.params):
+        assert param in self.params, "register_grad_ready: param is not in this bucket group"
+        counts = self.per_param_grad_ready_counts
+        counts[param] = counts.get(param, 0) + 1
+        if not self.is_first_batch and counts == self.golden_per_param_grad_ready_counts:
             self.start_grad_sync(force_all_reduce=force_all_reduce)
 
     # ---- params (distributed optimizer) ----------------------------------------------------

@@ -103,8 +103,9 @@ def _train(dist_opt, overlap, dtype_name, average_in_collective):
                 out = ddp(x[step, m].to(dtype))
                 loss = torch.nn.functional.mse_loss(out.float(), y[step, m]) / len(micro)
                 loss.backward()
-        if overlap and world > 1:
-            # Overlap really launched every bucket's collective from the backward hooks.
+        if overlap and world > 1 and step > 0:
+            # Overlap really launched every bucket's collective from the backward hooks (after
+            # the first batch, which learns the grads to expect and launches in finalize).
             assert len(ddp.bucket_groups) > 1
             assert all(g.grad_reduce_handle is not None for g in ddp.bucket_groups)
         assert all(p.grad is None for p in model.parameters())  # hook moved it to main_grad
