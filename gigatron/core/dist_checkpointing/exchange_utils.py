@@ -19,9 +19,17 @@ import torch.distributed as dist
 from gigatron.core.dist_checkpointing.dict_utils import nested_values
 from gigatron.core.dist_checkpointing.mapping import ShardedTensor, is_main_replica
 from gigatron.core.dist_checkpointing.utils import _sharded_tensor_shard_id, _ShardId
-from gigatron.core.utils import default_device
 
 T = TypeVar("T")
+
+
+def _exchange_device() -> torch.device:
+    """CUDA when present (NCCL exchanges), else the CPU (gloo), as Megatron exchanges."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 EXCHANGE_ALGOS = ("broadcast", "gather_object", "gather_rounds")
 
 
@@ -138,7 +146,7 @@ def _get_empty_tensor_for_exchange(
     CPU), and the device of this rank's own tensor for it (None when this rank does not need
     the shard: the tensor is then a scratch buffer). A needed shard's tensor is also recorded
     in `loaded_tensors`."""
-    device = default_device()
+    device = _exchange_device()
     needed = needed_shards.get(shard_id)
     if needed is None:
         sh_ten = unneeded_shards[shard_id]
