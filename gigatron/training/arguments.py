@@ -18,6 +18,7 @@ import torch
 
 from gigatron.compat.training_args import add_compat_args, validate_compat_args
 from gigatron.training import cli_errors
+from gigatron.training._config_flags import add_config_flags, add_resume_flags
 from gigatron.training._flags import (
     _checkpoint_logging_args,
     _data_args,
@@ -25,7 +26,6 @@ from gigatron.training._flags import (
     _mla_args,
     _model_args,
     _parallel_args,
-    _resume_args,
     _training_args,
 )
 from gigatron.training._yaml_cfg import apply_yaml
@@ -50,13 +50,14 @@ def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
         _fp8_args,
         _training_args,
         _data_args,
+        add_config_flags,
         _checkpoint_logging_args,
         add_compat_args,
     ):
         adder(p)
     if extra_args_provider is not None:
         p = extra_args_provider(p)
-    _resume_args(p)
+    add_resume_flags(p)
     return p
 
 
