@@ -20,9 +20,9 @@ download data sets and import Transformer Engine; their `tmp_path_dist_ckpt` fix
 here, and a small stand-in for pytest-mock's `mocker`). Megatron's `Utils` runs unchanged: inside
 its calls `torch.cuda.set_device` / `synchronize` do nothing and `device_count` is the local world
 size, and an nccl process group is a gloo one. Of `megatron.training.argument_utils`, only
-`gpt_config_from_args` / `hybrid_config_from_args` (imported by that scaffolding, built on
-`megatron.training.models`, which gigatron lacks) are stand-ins that raise, and `mock` is the standard library's
-`unittest.mock` when not installed. Nothing of Megatron's is copied into gigatron.
+`gpt_config_from_args` / `hybrid_config_from_args` (imported by that scaffolding; built on
+`megatron.training.models`, which gigatron lacks) are stand-ins that raise, and `mock` is the
+standard library's `unittest.mock` when not installed. Nothing of Megatron's is copied.
 """
 
 from __future__ import annotations
