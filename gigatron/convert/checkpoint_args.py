@@ -25,6 +25,7 @@ from gigatron.convert.hf_config import (
 from gigatron.core import dist_checkpointing
 from gigatron.core.untrusted_yaml import read_yaml
 from gigatron.training import checkpoint_files as ckpt_files
+from gigatron.training.utils import args_by_name
 
 
 def command_line_dests(parser: argparse.ArgumentParser, argv: list[str], yaml_cfg=None) -> set:
@@ -106,12 +107,9 @@ def hf_dir_vocab(args) -> argparse.Namespace | None:
     load = getattr(args, "load", None)
     if not is_hf_dir(load):
         return None
-    spec = spec_from_hf_config(
-        read_hf_config(load),
-        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-    )
+    padding = args_by_name(args, "make_vocab_size_divisible_by tensor_model_parallel_size")
+    spec = spec_from_hf_config(read_hf_config(load), **padding)
     return argparse.Namespace(
         padded_vocab_size=spec.padded_vocab_size,
-        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+        **args_by_name(args, "make_vocab_size_divisible_by"),
     )

@@ -15,6 +15,7 @@ from gigatron.core.distributed import DistributedDataParallelConfig
 from gigatron.core.optimizer import OptimizerConfig
 from gigatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from gigatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+from gigatron.training.utils import args_by_name
 
 
 def openai_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -123,6 +124,11 @@ def optimizer_config_from_args(args):
     return OptimizerConfig(**kw)
 
 
+_SCHEDULER_FLAGS = """min_lr lr_decay_style lr_wsd_decay_style use_checkpoint_opt_param_scheduler
+override_opt_param_scheduler"""
+"""Flags OptimizerParamScheduler takes under their own names."""
+
+
 def scheduler_from_args(args, optimizer):
     """Megatron's get_optimizer_param_scheduler: steps count samples; the weight decay goes from
     --start- to --end-weight-decay over the whole run (train iters x global batch, or
@@ -152,19 +158,16 @@ def scheduler_from_args(args, optimizer):
         optimizer,
         init_lr=getattr(args, "lr_warmup_init", 0.0) if warmup_steps else args.lr,
         max_lr=args.lr,
-        min_lr=args.min_lr,
         lr_warmup_steps=warmup_steps,
         lr_decay_steps=decay_steps,
-        lr_decay_style=args.lr_decay_style,
         start_wd=args.weight_decay if start_wd is None else start_wd,
         end_wd=args.weight_decay if end_wd is None else end_wd,
         wd_incr_steps=wd_incr_steps,
         wd_incr_style=getattr(args, "weight_decay_incr_style", "constant"),
         wsd_decay_steps=wsd_steps or None,
-        lr_wsd_decay_style=args.lr_wsd_decay_style,
         # resuming: the saved schedule must match these values unless one of the two flags
-        use_checkpoint_opt_param_scheduler=args.use_checkpoint_opt_param_scheduler,
-        override_opt_param_scheduler=args.override_opt_param_scheduler,
+        # (use_checkpoint_opt_param_scheduler, override_opt_param_scheduler) says which wins
+        **args_by_name(args, _SCHEDULER_FLAGS),
     )
 
 
