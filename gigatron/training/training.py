@@ -195,6 +195,9 @@ def _num_samples(args) -> list[int]:
     train = args.train_samples or args.train_iters * args.global_batch_size
     iters = args.train_iters or train // args.global_batch_size
     periodic = iters // args.eval_interval if args.eval_interval else 0  # 0: at the end only
+    start = getattr(args, "start_eval_at_iter", None)
+    if periodic and start:  # the multiples of eval_interval below start evaluate nothing
+        periodic = max(0, periodic - (start - 1) // args.eval_interval)
     if getattr(args, "skip_train", False):
         periodic = 0
     evals = (periodic + 1) * args.eval_iters * args.global_batch_size
@@ -337,6 +340,9 @@ def _evaluate_on_interval(forward_step_func, model, config, valid_iter, manual_g
     if valid_iter is None or not args.eval_iters or not args.eval_interval:
         return
     if iteration % args.eval_interval != 0:
+        return
+    start = getattr(args, "start_eval_at_iter", None)
+    if start is not None and iteration < start:  # --start-eval-at-iter
         return
     manual_gc.around_evaluation()
     losses = evaluate(forward_step_func, parts.chunk_iterators(valid_iter, model), model, config)

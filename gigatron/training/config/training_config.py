@@ -79,6 +79,10 @@ class ValidationConfig:
     eval_interval: int = 1000
     """Iterations between evaluations (gigatron's default 1000; Megatron's None)."""
 
+    start_eval_at_iter: int | None = None
+    """No evaluation during training before this iteration: the first is at the first multiple
+    of eval_interval at or after it (None or 0: from the first eval_interval)."""
+
     skip_train: bool = False
     """No training: evaluate and exit."""
 
