@@ -11,7 +11,7 @@ from gigatron.training.config.common_config import (
     ProfilingConfig,
     RNGConfig,
 )
-from gigatron.training.config.container import PretrainConfigContainer
+from gigatron.training.config.container import ConfigContainerBase, PretrainConfigContainer
 from gigatron.training.config.resilience_config import RerunStateMachineConfig
 from gigatron.training.config.training_config import (
     CheckpointConfig,
@@ -24,6 +24,7 @@ from gigatron.training.config.training_config import (
 
 __all__ = [
     "CheckpointConfig",
+    "ConfigContainerBase",
     "DistributedInitConfig",
     "LoggerConfig",
     "PretrainConfigContainer",
