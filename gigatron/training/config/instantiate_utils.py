@@ -303,7 +303,9 @@ def _build(node: Any, args: tuple, partial: Any, mode: InstantiationMode, full_k
     kwargs = _filter_kwargs_for_target(target, kwargs, full_key, mode)
     if target is functools.partial and not target_allowlist.is_vouched_for("functools.partial"):
         wrapped = (list(args) or list(kwargs.get(_Keys.ARGS.value) or ()) or [None])[0]
-        _check_kind(_convert_target_to_string(wrapped), wrapped, "partial", full_key)
+        name = _convert_target_to_string(wrapped)
+        if not (isinstance(name, str) and target_allowlist.is_vouched_for(name)):
+            _check_kind(name, wrapped, "partial", _child_key(full_key, "_args_[0]"))
     return _call_target(target, partial, args, kwargs, full_key)
 
 
