@@ -13,6 +13,7 @@ from gigatron.training.config import (
     DistributedInitConfig,
     LoggerConfig,
     ProfilingConfig,
+    RerunStateMachineConfig,
     RNGConfig,
     SchedulerConfig,
     TokenizerConfig,
@@ -26,7 +27,10 @@ RESUME_FIELDS = (
     (SchedulerConfig, ("override_opt_param_scheduler", "use_checkpoint_opt_param_scheduler")),
 )
 
-# group title -> config class whose every field (less RESUME_FIELDS) is one flag
+# fields whose flags are declared by hand (two spellings, another dest)
+HAND_DECLARED = {RerunStateMachineConfig: ("check_for_nan_in_loss",)}
+
+# group title -> config class whose every field (less RESUME_FIELDS, HAND_DECLARED) is one flag
 CONFIG_GROUPS = {
     "training": TrainingConfig,
     "validation": ValidationConfig,
@@ -37,6 +41,7 @@ CONFIG_GROUPS = {
     "logging": LoggerConfig,
     "profiling": ProfilingConfig,
     "distributed": DistributedInitConfig,
+    "rerun state machine": RerunStateMachineConfig,
 }
 
 
@@ -44,7 +49,8 @@ def add_config_flags(parser) -> None:
     """One group per `CONFIG_GROUPS` entry, its flags from the class's fields."""
     resume = dict(RESUME_FIELDS)
     for title, cls in CONFIG_GROUPS.items():
-        ArgumentGroupFactory(cls, exclude=list(resume.get(cls, ()))).build_group(parser, title)
+        exclude = [*resume.get(cls, ()), *HAND_DECLARED.get(cls, ())]
+        ArgumentGroupFactory(cls, exclude=exclude).build_group(parser, title)
 
 
 def add_resume_flags(parser) -> None:

@@ -163,6 +163,22 @@ def _check_virtual_pipeline(args, pp: int) -> None:
             )
 
 
+def _check_rerun_flags(args) -> None:
+    """gigatron's rerun state machine runs only 'disabled' (no re-run, no error injection)."""
+    mode = getattr(args, "rerun_mode", "disabled")
+    if mode != "disabled":
+        raise ValueError(
+            f"--rerun-mode {mode}: gigatron's rerun state machine runs only 'disabled' (it does "
+            "not re-run steps); the NaN / Inf loss check is --check-for-nan-in-loss-and-grad"
+        )
+    rate = getattr(args, "error_injection_rate", 0)
+    if rate != 0:
+        raise ValueError(
+            f"--error-injection-rate {rate}: gigatron injects no errors (its rerun state "
+            "machine runs only 'disabled'); leave it 0"
+        )
+
+
 def _check_resume_flags(args) -> None:
     """Megatron's rules for the resume switches."""
     if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
@@ -194,6 +210,7 @@ def validate_args(args, world_size: int | None = None):
             raise ValueError(f"--{name.replace('_', '-')} is required")
     _check_ranges(args)
     _check_float_ranges(args)
+    _check_rerun_flags(args)
     tp, pp, cp = (
         args.tensor_model_parallel_size,
         args.pipeline_model_parallel_size,
