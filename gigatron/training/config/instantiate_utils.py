@@ -293,9 +293,10 @@ def _build(node: Any, args: tuple, partial: Any, mode: InstantiationMode, full_k
     reserved = {k.value for k in _Keys if k != _Keys.ARGS}
     kwargs = {}
     for key, value in node.items():
-        if key in reserved or (partial and value == MISSING):
+        missing = isinstance(value, str) and value == MISSING
+        if key in reserved or (partial and missing):
             continue
-        if value == MISSING:
+        if missing:
             raise InstantiationException(
                 f"Missing mandatory value for key '{key}'{_where(_child_key(full_key, key))}"
             )

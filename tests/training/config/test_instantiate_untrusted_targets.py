@@ -114,3 +114,20 @@ def test_from_yaml_refuses_python_tags(tmp_path):
     path.write_text("_target_: !!python/name:os.system\n")
     with pytest.raises(ValueError, match="python/name"):
         PretrainConfigContainer.from_yaml(str(path))
+
+
+def test_missing_values_are_skipped_in_a_partial_and_refused_in_a_call():
+    cfg = {"_target_": _TRAIN, "micro_batch_size": 4, "train_iters": "???"}
+    part = instantiate({**cfg, "_partial_": True})
+    assert part(train_iters=3) == TrainingConfig(micro_batch_size=4, train_iters=3)
+    with pytest.raises(
+        InstantiationException, match="Missing mandatory value for key 'train_iters'"
+    ):
+        instantiate(cfg)
+
+
+def test_a_tensor_passed_as_a_keyword_is_kept():
+    t = torch.ones(2)
+    cfg = {"_target_": "functools.partial", "_args_": [{"_target_": _TRAIN, "_call_": False}]}
+    part = instantiate(cfg, global_batch_size=t)
+    assert part.keywords["global_batch_size"] is t
