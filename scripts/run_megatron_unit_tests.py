@@ -24,9 +24,10 @@ Every rank installs `gigatron.compat.megatron`'s alias and skips Megatron's conf
 download data sets and import Transformer Engine; their `tmp_path_dist_ckpt` fixture is provided
 here, and a small stand-in for pytest-mock's `mocker`). Megatron's `Utils` runs unchanged: inside
 its calls `torch.cuda.set_device` / `synchronize` do nothing and `device_count` is the local world
-size, and an nccl process group is a gloo one. `megatron.training.argument_utils` (imported by
-that scaffolding only) is a stub when gigatron lacks it, and `mock` is the standard library's
-`unittest.mock` when not installed. Nothing of Megatron's is copied into gigatron.
+size, and an nccl process group is a gloo one. Of `megatron.training.argument_utils`, only
+`gpt_config_from_args` / `hybrid_config_from_args` (imported by that scaffolding; built on
+`megatron.training.models`, which gigatron lacks) are stand-ins that raise, and `mock` is the
+standard library's `unittest.mock` when not installed. Nothing of Megatron's is copied.
 """
 
 from __future__ import annotations
@@ -43,19 +44,15 @@ import pytest
 
 
 def _stub_scaffold_imports() -> None:
-    import importlib.util
+    """Megatron's tests/unit_tests/test_utilities.py (imported by nearly every test) imports
+    `gpt_config_from_args` / `hybrid_config_from_args` from argument_utils; they build
+    `megatron.training.models` configs, which gigatron lacks. The real gigatron module is used;
+    only those two names are stand-ins that raise when called."""
+    import gigatron.training.argument_utils as argument_utils
 
-    name = "megatron.training.argument_utils"
-    if importlib.util.find_spec("gigatron.training.argument_utils") is None:
-        stub = types.ModuleType(name)
-        for fn in (
-            "gpt_config_from_args",
-            "hybrid_config_from_args",
-            "pretrain_cfg_container_from_args",
-            "ArgumentGroupFactory",
-        ):
-            setattr(stub, fn, _not_here(fn))
-        sys.modules[name] = stub
+    for fn in ("gpt_config_from_args", "hybrid_config_from_args"):
+        if not hasattr(argument_utils, fn):
+            setattr(argument_utils, fn, _not_here(fn))
 
 
 def _mock_package() -> None:

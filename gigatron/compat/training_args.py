@@ -173,24 +173,8 @@ def add_compat_args(p) -> None:
     _flag(g, "--apply-query-key-layer-scaling", action="store_true")
     _flag(g, "--apply-layernorm-1p", action="store_true", help="zero-centred norm weights")
     _flag(g, "--squared-relu", action="store_true", help="relu(x)^2 MLP activation")
-    _flag(g, "--local-rank", type=int, default=None, help="accepted; no effect (docs)")
 
     g = p.add_argument_group("megatron compatibility: training")
-    _flag(g, "--start-weight-decay", type=float, default=None, help="initial weight decay")
-    _flag(g, "--end-weight-decay", type=float, default=None, help="final weight decay")
-    _flag(
-        g,
-        "--weight-decay-incr-style",
-        type=str,
-        default="constant",
-        choices=["constant", "linear", "cosine"],
-        help="weight decay from --start- to --end-weight-decay over the training steps",
-    )
-    _flag(g, "--lr-warmup-init", type=float, default=0.0, help="learning rate warmup starts at")
-    _flag(g, "--manual-gc", action="store_true", help="gc.disable(); collect at set points")
-    _flag(g, "--manual-gc-interval", type=int, default=0, help="gc.collect() every N iters")
-    _flag(g, "--no-manual-gc-eval", action="store_false", dest="manual_gc_eval")
-    _flag(g, "--skip-train", action="store_true", help="no training: evaluate and exit")
     _flag(g, "--deterministic-mode", action="store_true",
           help="deterministic kernels (torch.use_deterministic_algorithms); slower")  # fmt: skip
     _flag(g, "--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
@@ -202,14 +186,6 @@ def add_compat_args(p) -> None:
     _flag(g, "--hysteresis", type=int, default=2, help="fp16: overflow steps before backing off")
     _flag(g, "--loss-scale-window", type=float, default=1000, help="fp16: steps between raises")
     _flag(g, "--min-loss-scale", type=float, default=1.0, help="fp16: lowest dynamic scale")
-    _flag(
-        g,
-        "--empty-unused-memory-level",
-        type=int,
-        default=0,
-        choices=[0, 1, 2],
-        help="torch.cuda.empty_cache() after each step (>= 1) and each evaluation",
-    )
     # Megatron's current flag is the negative one; older versions had the positive one
     _flag(
         g,
@@ -226,31 +202,8 @@ def add_compat_args(p) -> None:
     )
 
     g = p.add_argument_group("megatron compatibility: checkpoints and logging")
-    _flag(g, "--no-save-optim", action="store_true", default=None, help="no optimizer state")
-    _flag(g, "--no-save-rng", action="store_true", default=None, help="no RNG state")
-    _flag(g, "--exit-on-missing-checkpoint", action="store_true")
     _flag(g, "--use-dist-ckpt", action="store_true", dest="use_dist_ckpt_deprecated")
-    _flag(g, "--no-ckpt-fully-parallel-save", action="store_false", dest="ckpt_fully_parallel_save")
-    _flag(g, "--ckpt-fully-parallel-load", action="store_true")
-    _flag(g, "--ckpt-assume-constant-structure", action="store_true")
-    _flag(g, "--auto-detect-ckpt-format", action="store_true")
-    _flag(g, "--log-params-norm", action="store_true", help="parameters' L2 norm in the log line")
-    _flag(g, "--timing-log-level", type=int, default=0, choices=[0, 1, 2])
-    _flag(g, "--timing-log-option", type=str, default="minmax", choices=["max", "minmax", "all"])
     _flag(g, "--no-barrier-with-level-1-timing", action="store_false", dest="barrier_with_L1_time")
-    _flag(g, "--log-timers-to-tensorboard", action="store_true")
-    _flag(
-        g,
-        "--no-log-loss-scale-to-tensorboard",
-        action="store_false",
-        dest="log_loss_scale_to_tensorboard",
-    )
-    _flag(g, "--log-validation-ppl-to-tensorboard", action="store_true")
-    _flag(g, "--log-memory-to-tensorboard", action="store_true")
-    _flag(g, "--log-world-size-to-tensorboard", action="store_true")
-    _flag(g, "--tensorboard-log-interval", type=int, default=1)
-    _flag(g, "--tensorboard-queue-size", type=int, default=1000)
-    _flag(g, "--wandb-entity", type=str, default="")
 
 
 REFUSED_CKPT_FORMATS = {

@@ -106,12 +106,10 @@ def hf_dir_vocab(args) -> argparse.Namespace | None:
     load = getattr(args, "load", None)
     if not is_hf_dir(load):
         return None
+    divisor, tp = args.make_vocab_size_divisible_by, args.tensor_model_parallel_size
     spec = spec_from_hf_config(
-        read_hf_config(load),
-        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        read_hf_config(load), make_vocab_size_divisible_by=divisor, tensor_model_parallel_size=tp
     )
     return argparse.Namespace(
-        padded_vocab_size=spec.padded_vocab_size,
-        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+        padded_vocab_size=spec.padded_vocab_size, make_vocab_size_divisible_by=divisor
     )

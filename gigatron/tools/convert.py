@@ -19,6 +19,8 @@ import sys
 from gigatron.convert.hf_to_gigatron import FLAGS_FNAME
 
 _DIRECTIONS = ("hf-to-gigatron", "gigatron-to-hf")
+_TO_GIGATRON = """tensor_model_parallel_size pipeline_model_parallel_size expert_model_parallel_size
+make_vocab_size_divisible_by"""
 
 
 def _size(text: str) -> int:
@@ -36,14 +38,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("direction", nargs="?", choices=_DIRECTIONS, help="default: from --load")
     p.add_argument("--load", required=True, help="HF model directory or gigatron checkpoint")
     p.add_argument("--save", required=True, help="output directory")
+    # dests are the converter's parameter names (Megatron's model-parallel flag names)
     p.add_argument(
         "--target-tensor-parallel-size",
+        dest="tensor_model_parallel_size",
+        metavar="N",
         type=int,
         default=1,
         help="TP the checkpoint is meant for (vocab padding, layout checks)",
     )
-    p.add_argument("--target-pipeline-parallel-size", type=int, default=1)
-    p.add_argument("--target-expert-parallel-size", type=int, default=1)
+    p.add_argument(
+        "--target-pipeline-parallel-size",
+        dest="pipeline_model_parallel_size",
+        metavar="N",
+        type=int,
+        default=1,
+    )
+    p.add_argument(
+        "--target-expert-parallel-size",
+        dest="expert_model_parallel_size",
+        metavar="N",
+        type=int,
+        default=1,
+    )
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     p.add_argument(
         "--hf-config",
@@ -52,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-shard-size",
+        dest="max_shard_bytes",
+        metavar="SIZE",
         type=_size,
         default=_size("5GB"),
         help="gigatron-to-hf: largest safetensors file, e.g. 5GB",
@@ -75,21 +94,15 @@ def _hint(family: str, load: str, save: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     from gigatron.convert import convert_gigatron_to_hf, convert_hf_to_gigatron, is_hf_dir
+    from gigatron.training.utils import args_by_name
 
     direction = args.direction or ("hf-to-gigatron" if is_hf_dir(args.load) else "gigatron-to-hf")
     if direction == "hf-to-gigatron":
-        spec = convert_hf_to_gigatron(
-            args.load,
-            args.save,
-            tensor_model_parallel_size=args.target_tensor_parallel_size,
-            pipeline_model_parallel_size=args.target_pipeline_parallel_size,
-            expert_model_parallel_size=args.target_expert_parallel_size,
-            make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-        )
+        spec = convert_hf_to_gigatron(args.load, args.save, **args_by_name(args, _TO_GIGATRON))
         print(_hint(spec.family, args.load, args.save))
     else:
         files = convert_gigatron_to_hf(
-            args.load, args.save, hf_config=args.hf_config, max_shard_bytes=args.max_shard_size
+            args.load, args.save, **args_by_name(args, "hf_config max_shard_bytes")
         )
         print(f"exported {args.load} -> {args.save}: {', '.join(files)}")
     return 0

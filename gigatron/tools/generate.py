@@ -37,6 +37,7 @@ from gigatron.training.global_vars import get_tokenizer
 from gigatron.training.initialize import destroy_distributed, initialize_megatron
 from gigatron.training.pretrain_gpt import model_provider
 from gigatron.training.training import get_model
+from gigatron.training.utils import args_by_name
 
 _FILE = "gigatron/tools/generate.py"
 # Checkpoint args taken over unless the command line sets them (besides the "model" group).
@@ -116,11 +117,10 @@ def _choose_layout(args, given: set[str], ckpt, world_size: int) -> None:
 
 def _sampling_params(args) -> SamplingParams:
     return SamplingParams(
-        temperature=args.temperature,
         top_k=1 if args.greedy else args.top_k,
         top_p=0.0 if args.greedy else args.top_p,
         num_tokens_to_generate=args.max_new_tokens,
-        return_log_probs=args.return_log_probs,
+        **args_by_name(args, "temperature return_log_probs"),
     )
 
 
@@ -130,7 +130,7 @@ def _load_model(args):
         load_hf_into_model(model, args.load)
     elif args.load:
         load_args = argparse.Namespace(
-            load=args.load, no_load_optim=True, no_load_rng=True, finetune=False
+            **args_by_name(args, "load"), no_load_optim=True, no_load_rng=True, finetune=False
         )
         load_checkpoint(model, None, None, args=load_args)
     return model[0].eval()

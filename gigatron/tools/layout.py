@@ -23,8 +23,11 @@ import sys
 
 from gigatron.core.parallel_state import RankLayout, rank_layout
 from gigatron.tools import _plotting
+from gigatron.training.utils import args_by_name
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
+_RANK_LAYOUT_ARGS = """tensor_model_parallel_size pipeline_model_parallel_size context_parallel_size
+expert_model_parallel_size expert_tensor_parallel_size order"""
 # The groups are listed rank by rank and the picture draws one box per rank per axis: above
 # these sizes the tool refuses (or leaves the per-rank table out) rather than grow for minutes.
 MAX_RANKS = 65_536  # ranks (and pp x vpp model chunks) listed
@@ -35,11 +38,18 @@ MAX_DRAWN_RANKS = 1_024  # ranks in a picture (--out)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gigatron layout", description=__doc__.split("\n\n")[0])
     p.add_argument("--world-size", type=int, required=True, help="number of ranks (GPUs)")
-    p.add_argument("--tp", type=int, default=1, help="tensor model parallel size")
-    p.add_argument("--pp", type=int, default=1, help="pipeline model parallel size")
-    p.add_argument("--cp", type=int, default=1, help="context parallel size")
-    p.add_argument("--ep", type=int, default=1, help="expert model parallel size")
-    p.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (= tp)")
+    # each size also under its training flag, parsed to that flag's dest (rank_layout's names)
+    for short, megatron, default, what in (
+        ("--tp", "--tensor-model-parallel-size", 1, "tensor model parallel size"),
+        ("--pp", "--pipeline-model-parallel-size", 1, "pipeline model parallel size"),
+        ("--cp", "--context-parallel-size", 1, "context parallel size"),
+        ("--ep", "--expert-model-parallel-size", 1, "expert model parallel size"),
+        ("--etp", "--expert-tensor-parallel-size", None, "expert tensor parallel size (= tp)"),
+    ):  # fmt: skip
+        dest = megatron[2:].replace("-", "_")
+        p.add_argument(
+            short, megatron, dest=dest, type=int, default=default, metavar="N", help=what
+        )
     p.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per rank")
     p.add_argument("--num-layers", type=int, default=None, help="layers: each chunk's range")
     p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default 8)")
@@ -231,9 +241,10 @@ def _check_sizes(args) -> None:
             f"--world-size ({args.world_size}) is above gigatron layout's {MAX_RANKS:,} ranks "
             "(every group is listed rank by rank)"
         )
-    if args.vpp is not None and args.pp * args.vpp > MAX_RANKS:
+    pp, vpp = args.pipeline_model_parallel_size, args.vpp
+    if vpp is not None and pp * vpp > MAX_RANKS:
         raise ValueError(
-            f"--pp x --vpp ({args.pp} x {args.vpp}) is above gigatron layout's {MAX_RANKS:,} "
+            f"--pp x --vpp ({pp} x {vpp}) is above gigatron layout's {MAX_RANKS:,} "
             "model chunks (each is listed)"
         )
     if args.out and args.world_size > MAX_DRAWN_RANKS:
@@ -248,23 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     _plotting.check_out(args.out)
     _check_sizes(args)
-    if args.vpp is not None and (args.pp <= 1 or args.vpp < 1):
+    pp, vpp = args.pipeline_model_parallel_size, args.vpp
+    if vpp is not None and (pp <= 1 or vpp < 1):
         raise ValueError(
-            f"--vpp ({args.vpp}) needs --pp > 1 (got {args.pp}) and must be >= 1, as "
+            f"--vpp ({vpp}) needs --pp > 1 (got {pp}) and must be >= 1, as "
             "virtual_pipeline_model_parallel_size does"
         )
-    layout = rank_layout(
-        args.world_size,
-        tensor_model_parallel_size=args.tp,
-        pipeline_model_parallel_size=args.pp,
-        context_parallel_size=args.cp,
-        expert_model_parallel_size=args.ep,
-        expert_tensor_parallel_size=args.etp,
-        order=args.order,
-    )
+    layout = rank_layout(args.world_size, **args_by_name(args, _RANK_LAYOUT_ARGS))
     data = describe(layout, args.gpus_per_node)
-    if args.pp > 1 and (args.vpp is not None or args.num_layers is not None):
-        data["chunks"] = model_chunks(args.pp, args.vpp, args.num_layers)
+    if pp > 1 and (vpp is not None or args.num_layers is not None):
+        data["chunks"] = model_chunks(pp, vpp, args.num_layers)
     table = not args.no_table and args.world_size <= MAX_TABLE_RANKS
     print(format_text(layout, data, table=table))
     if not args.no_table and not table:

@@ -1,6 +1,8 @@
-"""The flag groups of `gigatron.training.arguments.build_parser` (Megatron's names, types,
-defaults and help), one function per group: model shape, MLA, parallelism, FP8, training, data,
-checkpointing and logging; the resume flags are added after any `extra_args_provider` ones.
+"""The hand-declared flag groups of `gigatron.training.arguments.build_parser` (Megatron's names,
+types, defaults and help), one function per group: model shape, MLA, parallelism, FP8, optimizer
+and step, data, and gigatron's own logging / checkpoint additions. The flags of Megatron's
+training config classes come from `gigatron.training.config` (`_config_flags`). The model and
+optimizer flags are read back into the core configs by field name (`_config_from_args`).
 Validation of the parsed values lives in `arguments.py`."""
 
 from __future__ import annotations
@@ -114,44 +116,14 @@ def _parallel_args(p):
         "in the activation dtype and add it to main_grad in fp32 (default on CUDA: one GEMM "
         "accumulating into fp32, as apex's wgrad_gemm_accum_fp32); for A/B measurements",
     )
-    _add(
-        g,
-        "--distributed-backend",
-        str,
-        None,
-        "nccl | gloo (default: nccl with GPUs, else gloo)",
-        choices=["nccl", "gloo"],
-    )
-    _add(g, "--distributed-timeout-minutes", int, 10, "timeout of collectives")
     _add(g, "--ddp-bucket-size", int, None, "gradient bucket size (elements)")
     _add(g, "--accumulate-allreduce-grads-in-fp32", bool, help_="fp32 gradient buffers")
 
 
 def _training_args(p):
-    g = p.add_argument_group("training")
-    _add(g, "--micro-batch-size", int, None, "samples per microbatch per DP rank")
-    _add(g, "--global-batch-size", int, None, "samples per step (default micro x DP)")
-    _add(g, "--rampup-batch-size", str, None, "start increment samples", nargs=3)
-    _add(g, "--train-iters", int, None, "training iterations")
-    _add(g, "--train-samples", int, None, "training samples (instead of --train-iters)")
+    g = p.add_argument_group("optimizer, precision and step")
     _add(g, "--lr", float, None, "peak learning rate")
     _add(g, "--min-lr", float, 0.0, "minimum learning rate")
-    _add(
-        g,
-        "--lr-decay-style",
-        str,
-        "linear",
-        "constant | linear | cosine | inverse-square-root | WSD",
-        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
-    )
-    _add(g, "--lr-warmup-iters", int, 0, "warmup iterations")
-    _add(g, "--lr-warmup-fraction", float, None, "warmup as a fraction of decay iterations")
-    _add(g, "--lr-decay-iters", int, None, "decay iterations (default train iters)")
-    _add(g, "--lr-wsd-decay-iters", int, None, "WSD decay iterations")
-    _add(g, "--lr-wsd-decay-style", str, "exponential", "WSD decay shape")
-    _add(g, "--lr-warmup-samples", int, 0, "warmup samples (with --train-samples)")
-    _add(g, "--lr-decay-samples", int, None, "decay samples (default train samples)")
-    _add(g, "--lr-wsd-decay-samples", int, None, "WSD decay samples (with --train-samples)")
     _add(g, "--weight-decay", float, 0.01, "weight decay")
     _add(g, "--clip-grad", float, 1.0, "gradient clipping by global norm (0 disables)")
     _add(g, "--adam-beta1", float, 0.9, "Adam beta1")
@@ -159,7 +131,6 @@ def _training_args(p):
     _add(g, "--adam-eps", float, 1e-8, "Adam epsilon")
     _add(g, "--optimizer", str, "adam", "adam | sgd", choices=["adam", "sgd"])
     _add(g, "--sgd-momentum", float, 0.9, "SGD momentum")
-    _add(g, "--seed", int, 1234, "random seed")
     _add(g, "--bf16", bool, help_="bf16 parameters with fp32 main weights")
     _add(g, "--fp16", bool, help_="fp16 parameters with loss scaling")
     _add(g, "--loss-scale", float, None, "static loss scale (default dynamic)")
@@ -246,18 +217,6 @@ def _data_args(p):
     _add(g, "--mock-data", bool, help_="random tokens instead of a corpus")
     _add(g, "--data-cache-path", str, None, "where dataset indices are cached")
     _add(g, "--num-workers", int, 2, "dataloader workers")
-    _add(
-        g,
-        "--tokenizer-type",
-        str,
-        None,
-        "NullTokenizer | GPT2BPETokenizer | HuggingFaceTokenizer ...",
-    )
-    _add(g, "--vocab-file", str, None, "tokenizer vocabulary file")
-    _add(g, "--merge-file", str, None, "BPE merges file")
-    _add(g, "--tokenizer-model", str, None, "tokenizer model file or directory")
-    _add(g, "--vocab-size", int, None, "vocabulary size (NullTokenizer)")
-    _add(g, "--vocab-extra-ids", int, 0, "T5 sentinels <extra_id_i> added to the vocabulary")
     _add(g, "--reset-position-ids", bool, help_="reset position ids at end of document")
     _add(g, "--reset-attention-mask", bool, help_="reset attention at end of document")
     _add(
@@ -270,115 +229,15 @@ def _data_args(p):
 
 
 def _checkpoint_logging_args(p):
-    g = p.add_argument_group("checkpoints")
-    _add(g, "--save", str, None, "checkpoint directory to save to")
-    _add(g, "--load", str, None, "checkpoint directory to load from")
-    _add(
-        g,
-        "--ckpt-step",
-        int,
-        None,
-        "load this iteration of --load instead of the one its tracker names",
-    )
-    _add(g, "--save-interval", int, None, "iterations between saves")
-    _add(g, "--async-save", bool, help_="write checkpoints in the background")
-    _add(g, "--no-load-optim", bool, help_="do not load the optimizer and scheduler state")
-    _add(g, "--no-load-rng", bool, help_="do not load the RNG state")
-    _add(
-        g,
-        "--finetune",
-        bool,
-        help_="load the weights only: iteration 0, fresh optimizer, scheduler and RNG, no check "
-        "of the model flags against the checkpoint's",
-    )
-    _add(
-        g,
-        "--ckpt-format",
-        str,
-        "torch_dist",
-        "torch_dist (gigatron's only format; Megatron's other values are refused)",
-        choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
-    )
-    _add(
-        g,
-        "--dist-ckpt-strictness",
-        str,
-        None,
-        "unexpected/missing keys on load",
-        choices=[
-            "assume_ok_unexpected",
-            "log_unexpected",
-            "log_all",
-            "raise_unexpected",
-            "raise_all",
-            "return_unexpected",
-            "return_all",
-            "ignore_all",
-        ],
-    )
+    g = p.add_argument_group("gigatron: checkpoints, logging and YAML")
     _add(g, "--ckpt-verify-integrity", bool, help_="check the SHA-256 manifest on load (gigatron)")
-    g = p.add_argument_group("logging")
-    _add(g, "--log-interval", int, 100, "iterations between log lines")
-    _add(g, "--eval-interval", int, 1000, "iterations between evaluations")
-    _add(g, "--eval-iters", int, 100, "iterations per evaluation")
-    _add(g, "--tensorboard-dir", str, None, "TensorBoard log directory")
-    _add(g, "--wandb-project", str, None, "Weights & Biases project")
-    _add(g, "--wandb-exp-name", str, None, "Weights & Biases run name")
-    _add(g, "--wandb-save-dir", str, None, "Weights & Biases directory")
-    _add(g, "--log-throughput", bool, help_="log throughput (always on in gigatron)")
-    _add(g, "--log-num-zeros-in-grad", bool, help_="log the number of zero gradient entries")
     _add(g, "--no-progress-bar", bool, help_="no progress bar")
-    _add(g, "--profile", bool, help_="profile iterations --profile-step-start .. end")
-    _add(g, "--use-pytorch-profiler", bool, help_="torch.profiler trace into --tensorboard-dir")
-    _add(g, "--profile-step-start", int, 10, "first profiled iteration")
-    _add(g, "--profile-step-end", int, 12, "iteration at which profiling stops")
-    _add(g, "--profile-ranks", int, [0], "global ranks to profile", nargs="+")
     _add(g, "--no-profile-stacks", bool, help_="gigatron: record no shapes/Python stacks (light)")
     _add(g, "--timeline", str, None,
          "gigatron: write the pipeline timeline (each forward, backward, send, receive per rank) "
          "of the --timeline-iters iterations to this Chrome trace JSON file")  # fmt: skip
     _add(g, "--timeline-iters", int, [1], "gigatron: iterations --timeline records", nargs="+")
-    g = p.add_argument_group("exit")
-    _add(g, "--exit-signal-handler", bool, help_="save and exit on --exit-signal")
-    _add(g, "--exit-signal", str, "SIGTERM", "the signal --exit-signal-handler saves and exits on",
-         choices=["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"])  # fmt: skip
-    _add(g, "--exit-duration-in-mins", float, None, "save and exit after this many minutes")
-    _add(g, "--exit-interval", int, None, "exit after this iteration")
     _add(g, "--yaml-cfg", str, None, "YAML file holding any of these flags")
-
-
-def _resume_args(p) -> None:
-    """Megatron's resume switches; a flag an extra-args provider already defines is left to it
-    (`gigatron generate` has its own --use-checkpoint-args)."""
-    g = next(g for g in p._action_groups if g.title == "checkpoints")
-    taken = p._option_string_actions
-    flags = [
-        (
-            ("--use-checkpoint-args",),
-            "take the model flags (and unset tokenizer flags) from the --load checkpoint's saved "
-            "args before the model is built (Megatron's load_args_from_checkpoint)",
-        ),
-        (
-            ("--override-opt_param-scheduler", "--override-opt-param-scheduler"),
-            "resuming: run the learning-rate / weight-decay schedule and the optimizer "
-            "hyperparameters (--adam-beta1/2, --adam-eps, --sgd-momentum, --clip-grad) of these "
-            "flags, not the checkpoint's (a mismatch is an error without one of these two)",
-        ),
-        (
-            ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"),
-            "resuming: keep the checkpoint's learning-rate / weight-decay schedule and optimizer "
-            "hyperparameters",
-        ),
-        (
-            ("--override-seed",),
-            "gigatron: resuming: take --seed although the checkpoint was saved with another (the "
-            "data order is drawn from it: the rest of the run may repeat or skip samples; "
-            "without this flag a different --seed is an error)",
-        ),
-    ]
-    for names, help_ in flags:
-        if not any(n in taken for n in names):
-            g.add_argument(*names, action="store_true", help=help_)
 
 
 def _fp8_args(p):

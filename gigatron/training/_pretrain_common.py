@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from gigatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-from gigatron.training.utils import print_rank_0
+from gigatron.training.utils import args_by_name, print_rank_0
 
 
 def current_device() -> torch.device | None:
@@ -68,7 +68,7 @@ def language_model_kwargs(args, pre_process: bool, post_process: bool) -> dict:
         post_process=post_process,
         parallel_output=True,
         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-        position_embedding_type=args.position_embedding_type,
+        **args_by_name(args, "position_embedding_type"),
     )
 
 
@@ -87,7 +87,7 @@ def dataset_config_kwargs(args, tokenizer) -> dict:
         random_seed=args.seed,
         sequence_length=args.seq_length,
         blend=get_blend_from_list(args.data_path),
-        split=args.split,
+        **args_by_name(args, "split"),
         path_to_cache=args.data_cache_path,
         tokenizer=tokenizer,
     )

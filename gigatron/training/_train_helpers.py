@@ -38,8 +38,8 @@ def num_samples(args) -> tuple[int, int | None, int]:
             interval = args.eval_interval
             num_evals = (iters // interval if interval else 0) + 1
             start = getattr(args, "start_eval_at_iter", None)
-            if start is not None and interval:
-                num_evals = max(0, num_evals - start // interval)
+            if start and interval:  # multiples of the interval below `start` evaluate nothing
+                num_evals = max(1, num_evals - (start - 1) // interval)
         valid = num_evals * args.eval_iters * eval_gbs
     test = args.eval_iters * eval_gbs
     transitions = getattr(args, "phase_transition_iterations", None)

@@ -35,7 +35,7 @@ from gigatron.core.num_microbatches_calculator import get_num_microbatches
 from gigatron.core.optimizer import MegatronOptimizer
 from gigatron.core.optimizer.grad_scaler import DynamicGradScaler
 from gigatron.training.global_vars import get_args
-from gigatron.training.utils import print_rank_0
+from gigatron.training.utils import args_by_name, print_rank_0
 
 
 class NonFiniteGradientError(RuntimeError):
@@ -92,8 +92,7 @@ def train_step(forward_step_func, data_iterator, model, optimizer, opt_param_sch
         data_iterator=data_iterator,
         model=model,
         num_microbatches=get_num_microbatches(),
-        seq_length=args.seq_length,
-        micro_batch_size=args.micro_batch_size,
+        **args_by_name(args, "seq_length micro_batch_size"),
         decoder_seq_length=args.seq_length,
         forward_only=False,
     )
@@ -261,8 +260,7 @@ def evaluate(forward_step_func, data_iterator, model, config, verbose: bool = Fa
                 data_iterator=data_iterator,
                 model=model,
                 num_microbatches=num_microbatches,
-                seq_length=args.seq_length,
-                micro_batch_size=args.micro_batch_size,
+                **args_by_name(args, "seq_length micro_batch_size"),
                 decoder_seq_length=args.seq_length,
                 forward_only=True,
             )

@@ -18,6 +18,7 @@ import torch
 
 from gigatron.compat.training_args import add_compat_args, validate_compat_args
 from gigatron.training import cli_errors
+from gigatron.training._config_flags import add_config_flags, add_resume_flags
 from gigatron.training._flags import (
     _checkpoint_logging_args,
     _data_args,
@@ -25,7 +26,6 @@ from gigatron.training._flags import (
     _mla_args,
     _model_args,
     _parallel_args,
-    _resume_args,
     _training_args,
 )
 from gigatron.training._yaml_cfg import apply_yaml
@@ -50,13 +50,14 @@ def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
         _fp8_args,
         _training_args,
         _data_args,
+        add_config_flags,
         _checkpoint_logging_args,
         add_compat_args,
     ):
         adder(p)
     if extra_args_provider is not None:
         p = extra_args_provider(p)
-    _resume_args(p)
+    add_resume_flags(p)
     return p
 
 
@@ -162,6 +163,22 @@ def _check_virtual_pipeline(args, pp: int) -> None:
             )
 
 
+def _check_rerun_flags(args) -> None:
+    """gigatron's rerun state machine runs only 'disabled' (no re-run, no error injection)."""
+    mode = getattr(args, "rerun_mode", "disabled")
+    if mode != "disabled":
+        raise ValueError(
+            f"--rerun-mode {mode}: gigatron's rerun state machine runs only 'disabled' (it does "
+            "not re-run steps); the NaN / Inf loss check is --check-for-nan-in-loss-and-grad"
+        )
+    rate = getattr(args, "error_injection_rate", 0)
+    if rate != 0:
+        raise ValueError(
+            f"--error-injection-rate {rate}: gigatron injects no errors (its rerun state "
+            "machine runs only 'disabled'); leave it 0"
+        )
+
+
 def _check_resume_flags(args) -> None:
     """Megatron's rules for the resume switches."""
     if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
@@ -193,6 +210,7 @@ def validate_args(args, world_size: int | None = None):
             raise ValueError(f"--{name.replace('_', '-')} is required")
     _check_ranges(args)
     _check_float_ranges(args)
+    _check_rerun_flags(args)
     tp, pp, cp = (
         args.tensor_model_parallel_size,
         args.pipeline_model_parallel_size,

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from gigatron.core import parallel_state as ps
+from gigatron.training.utils import args_by_name
 
 
 class MegatronPretrainingSampler:
@@ -102,7 +103,7 @@ def build_pretraining_data_loader(
     sampler = MegatronPretrainingSampler(
         total_samples=len(dataset),
         consumed_samples=consumed_samples,
-        micro_batch_size=args.micro_batch_size,
+        **args_by_name(args, "micro_batch_size"),
         data_parallel_rank=ps.get_data_parallel_rank(),
         data_parallel_size=ps.get_data_parallel_world_size(),
     )
@@ -114,7 +115,7 @@ def build_pretraining_data_loader(
     return DataLoader(
         dataset,
         batch_sampler=sampler,
-        num_workers=args.num_workers,
+        **args_by_name(args, "num_workers"),
         pin_memory=torch.cuda.is_available(),
         persistent_workers=args.num_workers > 0,
         worker_init_fn=worker_init_fn,

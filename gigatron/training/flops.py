@@ -17,6 +17,8 @@ plus shared experts and the router) are counted as built.
 
 from __future__ import annotations
 
+from gigatron.training.utils import args_by_name
+
 FORMULA = (
     "6 * tokens * [layers * (h*(q + 2*g*d) + q*h + 2*s*q + m*h*f*k + m*h*f_shared + h*E) + h*V]"
 )
@@ -66,17 +68,13 @@ def flops_per_token(
 def num_floating_point_operations(args, batch_size: int) -> float:
     """FLOPs of one step over `batch_size` sequences, from Megatron-style `args`."""
     per_token = flops_per_token(
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        seq_length=args.seq_length,
+        **args_by_name(
+            args,
+            "num_layers hidden_size seq_length num_attention_heads kv_channels num_query_groups "
+            "ffn_hidden_size num_experts moe_router_topk",
+        ),
         vocab_size=args.padded_vocab_size,
-        num_attention_heads=args.num_attention_heads,
-        kv_channels=args.kv_channels,
-        num_query_groups=args.num_query_groups,
-        ffn_hidden_size=args.ffn_hidden_size,
         gated_linear_unit=args.swiglu,
-        num_experts=args.num_experts,
-        moe_router_topk=args.moe_router_topk,
         moe_ffn_hidden_size=getattr(args, "moe_ffn_hidden_size", None),
         moe_shared_expert_intermediate_size=getattr(
             args, "moe_shared_expert_intermediate_size", None

@@ -22,6 +22,7 @@ from gigatron.core.timers import Timers
 from gigatron.training import checkpoint_files as commit
 from gigatron.training import global_vars
 from gigatron.training.arguments import build_parser, parse_args, validate_args
+from gigatron.training.utils import PARALLEL_SIZE_FLAGS, args_by_name
 
 
 def _slurm_env() -> None:
@@ -239,12 +240,7 @@ def initialize_megatron(
     initialize_distributed(args)
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(
-            tensor_model_parallel_size=args.tensor_model_parallel_size,
-            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-            context_parallel_size=args.context_parallel_size,
-            expert_model_parallel_size=args.expert_model_parallel_size,
-            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+            **args_by_name(args, PARALLEL_SIZE_FLAGS),
             distributed_timeout_minutes=args.distributed_timeout_minutes,
             get_embedding_ranks=get_embedding_ranks,
             get_position_embedding_ranks=get_position_embedding_ranks,

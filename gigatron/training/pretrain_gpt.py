@@ -21,6 +21,7 @@ from gigatron.training import _pretrain_common as common
 from gigatron.training.global_vars import get_args, get_tokenizer
 from gigatron.training.initialize import destroy_distributed
 from gigatron.training.training import pretrain
+from gigatron.training.utils import args_by_name
 
 
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None):
@@ -41,18 +42,14 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         )
     else:
         spec = get_gpt_layer_fast_spec(
-            qk_layernorm=args.qk_layernorm,
-            multi_latent_attention=args.multi_latent_attention,
-            normalization=args.normalization,
+            **args_by_name(args, "qk_layernorm multi_latent_attention normalization"),
         )
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
         **common.language_model_kwargs(args, pre_process, post_process),
-        rotary_percent=args.rotary_percent,
-        rotary_base=args.rotary_base,
+        **args_by_name(args, "rotary_percent rotary_base rope_scaling_factor"),
         rope_scaling=args.use_rope_scaling,
-        rope_scaling_factor=args.rope_scaling_factor,
         vp_stage=vp_stage,
     )
 
@@ -116,9 +113,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None
     inter_document_masking = args.dataloader_inter_document_masking
     config = GPTDatasetConfig(
         **common.dataset_config_kwargs(args, get_tokenizer()),
-        reset_position_ids=args.reset_position_ids,
-        reset_attention_mask=args.reset_attention_mask,
-        eod_mask_loss=args.eod_mask_loss,
+        **args_by_name(args, "reset_position_ids reset_attention_mask eod_mask_loss"),
         create_attention_mask=args.reset_attention_mask and not inter_document_masking,
         inter_document_masking=inter_document_masking,
     )

@@ -84,7 +84,7 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
     print_rank_0(f" > number of parameters on (tp, pp) rank (0, 0): {num_params}")
     if not wrap_with_ddp:
         return chunks
-    ddp_config = cfa.ddp_config_from_args(args)
+    ddp_config = get_megatron_ddp_config(args)
     return [
         DistributedDataParallel(
             config=chunk.config,
@@ -129,12 +129,23 @@ def _compile_chunks(args, chunks) -> None:
         chunks[0].compile(mode=compile_mode)
 
 
+def get_megatron_optimizer_config(args):
+    """(OptimizerConfig from the flags by field name, per-parameter overrides) as Megatron's
+    helper returns; gigatron has no per-parameter overrides, so the dict is empty."""
+    return cfa.optimizer_config_from_args(args), {}
+
+
+def get_megatron_ddp_config(args):
+    """DistributedDataParallelConfig from the flags by field name (Megatron's helper)."""
+    return cfa.ddp_config_from_args(args)
+
+
 def setup_model_and_optimizer(model_provider_func, model_type=None):
     from gigatron.core.optimizer import get_megatron_optimizer
 
     args = get_args()
     model = get_model(model_provider_func, model_type)
-    optimizer = get_megatron_optimizer(cfa.optimizer_config_from_args(args), model)
+    optimizer = get_megatron_optimizer(get_megatron_optimizer_config(args)[0], model)
     scheduler = cfa.scheduler_from_args(args, optimizer)
     return model, optimizer, scheduler
 
@@ -359,6 +370,9 @@ def _evaluate_on_interval(forward_step_func, model, config, valid_iter, manual_g
     if valid_iter is None or not args.eval_iters or not args.eval_interval:
         return
     if iteration % args.eval_interval != 0:
+        return
+    start = getattr(args, "start_eval_at_iter", None)
+    if start is not None and iteration < start:  # --start-eval-at-iter
         return
     manual_gc.around_evaluation()
     losses = evaluate(forward_step_func, parts.chunk_iterators(valid_iter, model), model, config)

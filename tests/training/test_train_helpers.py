@@ -33,8 +33,9 @@ def test_num_samples_periodic_and_final_evaluations(set_args):
     assert tr.get_train_valid_test_num_samples() == (3200, 11 * 5 * 32, 5 * 32)
     set_args(_args(eval_global_batch_size=16))
     assert tr.get_train_valid_test_num_samples() == (3200, 11 * 5 * 16, 5 * 16)
-    set_args(_args(start_eval_at_iter=50))  # the 5 evaluations before iteration 50 skipped
-    assert tr.get_train_valid_test_num_samples()[1] == 6 * 5 * 32
+    # the 4 evaluations before iteration 50 skipped (Megatron's count skips 5, one too many)
+    set_args(_args(start_eval_at_iter=50))
+    assert tr.get_train_valid_test_num_samples()[1] == 7 * 5 * 32
 
 
 def test_num_samples_skip_train_full_validation_and_phases(set_args):

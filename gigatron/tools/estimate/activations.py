@@ -69,6 +69,30 @@ class Shape:
     fused_ce: bool
     selective: bool = False  # --recompute-granularity selective: core attention recomputed
 
+    @classmethod
+    def of(cls, config, *, seq_length: int, micro_batch_size: int, padded_vocab_size: int):
+        """The sizes of a model built from `config` (its TransformerConfig) for microbatches of
+        `micro_batch_size` sequences of `seq_length` tokens over a `padded_vocab_size` vocab."""
+        return cls(
+            seq=seq_length,
+            micro_batch=micro_batch_size,
+            hidden=config.hidden_size,
+            ffn=config.ffn_hidden_size,
+            heads=config.num_attention_heads,
+            kv_groups=config.num_query_groups,
+            head_dim=config.kv_channels,
+            vocab=padded_vocab_size,
+            tp=config.tensor_model_parallel_size,
+            cp=config.context_parallel_size,
+            sp=config.sequence_parallel,
+            swiglu=config.gated_linear_unit,
+            rmsnorm=config.normalization == "RMSNorm",
+            dropout=config.hidden_dropout > 0,
+            act_bytes=config.params_dtype.itemsize,
+            fused_ce=config.cross_entropy_loss_fusion,
+            selective=config.recompute_granularity == "selective",
+        )
+
     @property
     def tokens(self) -> int:
         """x: tokens of a rank's microbatch (its CP chunk of the sequence)."""

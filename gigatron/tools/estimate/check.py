@@ -23,6 +23,7 @@ from gigatron.training import global_vars
 from gigatron.training.arguments import parse_args, validate_args
 from gigatron.training.pretrain_gpt import forward_step, model_provider
 from gigatron.training.training import setup_model_and_optimizer, train_step
+from gigatron.training.utils import PARALLEL_SIZE_FLAGS, args_by_name
 
 
 def _batches(args, seed: int):
@@ -50,12 +51,7 @@ def measure_training_peak(argv: list[str], *, num_steps: int = 2) -> dict:
     args.iteration = 0
     global_vars.set_args(args)
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=args.tensor_model_parallel_size,
-        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-        context_parallel_size=args.context_parallel_size,
-        expert_model_parallel_size=args.expert_model_parallel_size,
-        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+        **args_by_name(args, PARALLEL_SIZE_FLAGS),
     )
     unset_num_microbatches_calculator()
     init_num_microbatches_calculator(

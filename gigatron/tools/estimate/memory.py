@@ -29,6 +29,7 @@ import torch
 from gigatron.core import parallel_state as ps
 from gigatron.core.pipeline_parallel.schedule_plan import peak_in_flight, rank_steps_and_slots
 from gigatron.tools.estimate import activations as act
+from gigatron.training.utils import args_by_name
 
 
 @dataclass(frozen=True)
@@ -86,26 +87,11 @@ def precision_of(args) -> Precision:
     )
 
 
-def shape_of(args) -> act.Shape:
-    """The activation accounting's sizes from validated training args."""
-    return act.Shape(
-        seq=args.seq_length,
-        micro_batch=args.micro_batch_size,
-        hidden=args.hidden_size,
-        ffn=args.ffn_hidden_size,
-        heads=args.num_attention_heads,
-        kv_groups=args.num_query_groups,
-        head_dim=args.kv_channels,
-        vocab=args.padded_vocab_size,
-        tp=args.tensor_model_parallel_size,
-        cp=args.context_parallel_size,
-        sp=args.sequence_parallel,
-        swiglu=args.swiglu,
-        rmsnorm=args.normalization == "RMSNorm",
-        dropout=args.hidden_dropout > 0,
-        act_bytes=args.params_dtype.itemsize,
-        fused_ce=args.cross_entropy_loss_fusion,
-        selective=args.recompute_granularity == "selective",
+def shape_of(args, config) -> act.Shape:
+    """The activation accounting's sizes from validated training args and the model's
+    TransformerConfig (a built chunk's `.config`)."""
+    return act.Shape.of(
+        config, **args_by_name(args, "seq_length micro_batch_size padded_vocab_size")
     )
 
 
@@ -170,7 +156,7 @@ def rank_memory(args, chunks: list[torch.nn.Module], precision: Precision | None
         optimizer = o_bytes * (dense // dp_cp + expert // expt_dp)
     else:
         optimizer = o_bytes * (dense + expert)
-    sh = shape_of(args)
+    sh = shape_of(args, chunks[0].config)
     per_chunk = [_chunk_activation_bytes(args, c, sh) for c in chunks]
     num_mb = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
     steps, _ = rank_steps_and_slots(

@@ -219,7 +219,7 @@ def trace_chunk(args, chunk, *, first: bool, last: bool) -> Trace:
     with torch.device("meta"):
         tokens = torch.zeros(b, s, dtype=torch.long)
         position_ids = torch.arange(s).expand(b, s)
-        hidden = None if first else torch.zeros(s_in, b, h, dtype=args.params_dtype)
+        hidden = None if first else torch.zeros(s_in, b, h, dtype=chunk.config.params_dtype)
     if hidden is not None:
         hidden.requires_grad_(True)
         chunk.set_input_tensor(hidden)

@@ -23,6 +23,7 @@ from gigatron.core import parallel_state as ps
 from gigatron.training import global_vars
 from gigatron.training.pretrain_gpt import model_provider
 from gigatron.training.training import get_model
+from gigatron.training.utils import PARALLEL_SIZE_FLAGS, args_by_name
 
 
 @contextlib.contextmanager
@@ -49,12 +50,7 @@ def fake_rank(args, rank: int):
     )
     try:
         ps.initialize_model_parallel(
-            tensor_model_parallel_size=args.tensor_model_parallel_size,
-            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
-            context_parallel_size=args.context_parallel_size,
-            expert_model_parallel_size=args.expert_model_parallel_size,
-            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+            **args_by_name(args, PARALLEL_SIZE_FLAGS),
             create_gloo_process_groups=False,
         )
         global_vars.set_args(args)

@@ -4,7 +4,9 @@ into (distributed) model chunks. Mirrors `megatron.training.models.base`.
 `ModelConfig.as_dict()` writes every dataclass field (nested dataclasses as dicts of their
 own) plus `_target_` (the config class's import path) and `_builder_` (the builder's);
 callables and the wrap hooks are left out. `from_dict()` imports `_target_` and keeps only
-that class's fields. `_target_` is imported as given: read such dicts only from files you trust.
+that class's fields. A dict may come from a file, so `_target_` must pass the target allowlist
+(`gigatron.training.config.instantiate_utils.target_allowlist`) and name a dataclass, and
+`_builder_` a `ModelBuilder` subclass: nothing else is imported or called.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from gigatron.core.enums import ModelType
 from gigatron.core.transformer.module import Float16Module, MegatronModule
+from gigatron.training._target_allowlist import target_allowlist
 
 Hook = Callable[[list], list]
 
@@ -31,10 +34,20 @@ class Serializable(Protocol):
     def from_dict(cls, data: dict[str, Any]) -> Serializable: ...
 
 
-def _import_attr(path: str):
-    """`package.module.Name` -> the object."""
+def _import_attr(path: str, key: str, is_ok: Callable[[Any], bool], what: str):
+    """`package.module.Name` -> the object, if the allowlist admits the name and the object is
+    `what` (a config dict is untrusted data: ValueError in one line otherwise)."""
+    if not isinstance(path, str) or not target_allowlist.is_allowed(path):
+        raise ValueError(f"{key} {path!r}: not in the target allowlist (instantiate_utils."
+                         "target_allowlist); a config names only allowed classes")  # fmt: skip
     module_path, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module_path), name)
+    try:
+        obj = getattr(importlib.import_module(module_path), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"{key} {path!r}: cannot be imported ({err})") from None
+    if not is_ok(obj):
+        raise ValueError(f"{key} {path!r}: is not {what}")
+    return obj
 
 
 def _config_to_dict(config) -> dict[str, Any]:
@@ -52,7 +65,8 @@ def _config_from_dict(data: dict[str, Any]):
     target = data.get("_target_")
     if target is None:
         raise ValueError(f"cannot deserialize a config without '_target_': keys {sorted(data)}")
-    cls = _import_attr(target)
+    cls = _import_attr(target, "_target_", lambda o: isinstance(o, type) and is_dataclass(o),
+                       "a dataclass")  # fmt: skip
     names = {f.name for f in fields(cls)}
     kwargs = {}
     for key, value in data.items():
@@ -88,7 +102,8 @@ class ModelConfig:
 
     def get_builder_cls(self) -> type:
         """Import and return the class named by `builder`."""
-        return _import_attr(self.builder)
+        return _import_attr(self.builder, "builder", lambda o: isinstance(o, type)
+                            and issubclass(o, ModelBuilder), "a ModelBuilder subclass")  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict with `_target_` and `_builder_` (hooks and callables left out)."""

@@ -5,6 +5,8 @@ filters and the progress log. Their public names are re-exported here, as Megatr
 """
 
 from gigatron.training.utils.common_utils import (
+    PARALLEL_SIZE_FLAGS,
+    args_by_name,
     average_losses_across_data_parallel_group,
     calc_params_l2_norm,
     get_blend_and_blend_per_split,
@@ -25,6 +27,8 @@ from gigatron.training.utils.common_utils import (
 from gigatron.training.utils.log_utils import append_to_progress_log
 
 __all__ = [
+    "PARALLEL_SIZE_FLAGS",
+    "args_by_name",
     "append_to_progress_log",
     "average_losses_across_data_parallel_group",
     "calc_params_l2_norm",

@@ -213,3 +213,22 @@ def get_local_rank_preinit() -> int:
         stacklevel=2,
     )
     return 0
+
+
+# the flags `parallel_state.initialize_model_parallel` takes under the same names
+PARALLEL_SIZE_FLAGS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+)
+
+
+def args_by_name(args, names) -> dict:
+    """{name: args.name} for each of `names` (a tuple, or one space-separated string): the flags
+    a callee takes under the flags' own names, passed as `**args_by_name(args, ...)`."""
+    if isinstance(names, str):
+        names = names.split()
+    return {name: getattr(args, name) for name in names}
