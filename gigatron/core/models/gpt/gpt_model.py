@@ -193,7 +193,7 @@ class GPTModel(LanguageModule):
         entropy in token chunks, never the whole batch's fp32 logits (same numbers as the plain
         path). The logits are recomputed chunk by chunk in backward: on H200 faster and smaller
         than keeping them (bench/reports/gpt-1gpu-throughput.md; under torch.compile AOT autograd
-        merges the recompute with the forward matmul: bench/count_ce_matmuls.py); the chunked
+        merges the recompute with the forward matmul: bench/gpt/count_ce_matmuls.py); the chunked
         kernel reads the vocab-parallel weight and returns no logits to gather."""
         # 'native_grad_in_forward' (gigatron-only): both gradients in forward, one logits
         # matmul fewer; the loss gradient must be proportional to loss_mask.
