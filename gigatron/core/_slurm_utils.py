@@ -19,10 +19,10 @@ def is_slurm_job() -> bool:
     return "SLURM_NTASKS" in os.environ  # srun's task count
 
 
-def _slurm_int(name: str) -> int | None:
-    if not is_slurm_job() or name not in os.environ:
+def _slurm_int(name: str, value: str | None) -> int | None:
+    """srun's `name` variable (`value`, None when unset) as an int; None outside SLURM."""
+    if not is_slurm_job() or value is None:
         return None
-    value = os.environ[name]
     try:
         return int(value)
     except ValueError:
@@ -30,12 +30,12 @@ def _slurm_int(name: str) -> int | None:
 
 
 def resolve_slurm_rank() -> int | None:
-    return _slurm_int("SLURM_PROCID")  # srun's global task id
+    return _slurm_int("SLURM_PROCID", os.environ.get("SLURM_PROCID"))  # srun's global task id
 
 
 def resolve_slurm_world_size() -> int | None:
-    return _slurm_int("SLURM_NTASKS")  # srun's task count
+    return _slurm_int("SLURM_NTASKS", os.environ.get("SLURM_NTASKS"))  # srun's task count
 
 
 def resolve_slurm_local_rank() -> int | None:
-    return _slurm_int("SLURM_LOCALID")  # srun's task id on this node
+    return _slurm_int("SLURM_LOCALID", os.environ.get("SLURM_LOCALID"))  # task id on this node

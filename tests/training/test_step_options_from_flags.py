@@ -38,6 +38,7 @@ LAUNCH = {
     "MASTER_PORT",
     "SLURM_PROCID",
     "SLURM_NTASKS",
+    "SLURM_LOCALID",
 }
 
 
