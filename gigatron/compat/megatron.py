@@ -43,7 +43,13 @@ class _AliasLoader(importlib.abc.Loader):
         self.target = target
 
     def create_module(self, spec):
-        return importlib.import_module(self.target)
+        module = importlib.import_module(self.target)
+        if spec.name == "megatron.core":
+            # Megatron's `import megatron.core` allows its checkpoints' classes (argparse's
+            # Namespace, NumPy's scalars, its enums) in every weights-only torch.load; gigatron's
+            # own import leaves torch's allowlist alone, so only the alias does this.
+            importlib.import_module("gigatron.core.safe_globals").register_safe_globals()
+        return module
 
     def exec_module(self, module) -> None:  # already executed under its gigatron name
         pass

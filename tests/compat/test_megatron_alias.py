@@ -163,3 +163,30 @@ def test_one_task_of_srun_gets_one_process_defaults(monkeypatch):
     monkeypatch.setenv("SLURM_NTASKS", "1")
     _single_process_env()
     assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1"
+
+
+def test_importing_megatron_core_allows_its_checkpoint_classes_as_megatron_does():
+    """`import megatron.core` (through the alias) registers SAFE_GLOBALS for weights-only
+    torch.load, as Megatron's own import does; `import gigatron.core` leaves torch alone."""
+    r = _run("""
+        import argparse, io, pickle, torch
+        buf = io.BytesIO()
+        torch.save(argparse.Namespace(lr=0.1), buf)
+        def load():
+            buf.seek(0)
+            return torch.load(buf, weights_only=True)
+        import gigatron.core, gigatron.core.safe_globals
+        try:
+            load()
+        except pickle.UnpicklingError:
+            pass
+        else:
+            raise AssertionError("gigatron.core's import should not touch torch's allowlist")
+        import gigatron.compat.megatron as alias
+        alias.install()
+        import megatron.core
+        assert load().lr == 0.1
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"

@@ -15,6 +15,7 @@ from typing import Any
 import numpy
 import torch
 
+from gigatron.compat.errors import ArgumentError
 from gigatron.core.datasets.blended_dataset import BlendedDataset
 from gigatron.core.datasets.blended_megatron_dataset_config import BlendedMegatronDatasetConfig
 from gigatron.core.datasets.indexed_dataset import IndexedDataset, get_bin_path
@@ -67,7 +68,7 @@ class BlendedMegatronDatasetBuilder:
             else:
                 weights = config.blend_per_split[split.value][1]
             if self.sizes[split.value] is None and weights is not None:
-                raise ValueError(
+                raise ArgumentError(
                     f"the {split.name} size is None (one epoch) but the blend has weights; "
                     "weights need a requested size"
                 )

@@ -15,6 +15,7 @@ import torch
 
 from gigatron.core import parallel_state
 from gigatron.core.transformer.utils import (
+    ensure_metadata_has_dp_cp_group,
     make_sharded_tensors_for_checkpoint,
     sharded_state_dict_default,
 )
@@ -49,7 +50,8 @@ class MegatronModule(torch.nn.Module):
         own: dict = {}
         self._save_to_state_dict(own, "", keep_vars=True)
         tp_group = getattr(self, "tp_group", None)
-        dp_cp_group = (metadata or {}).get("dp_cp_group")
+        metadata = ensure_metadata_has_dp_cp_group(metadata)
+        dp_cp_group = metadata["dp_cp_group"]
         out = make_sharded_tensors_for_checkpoint(
             own, prefix, sharded_offsets=sharded_offsets, tp_group=tp_group, dp_cp_group=dp_cp_group
         )

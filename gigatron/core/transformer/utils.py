@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from gigatron.core import parallel_state
 from gigatron.core.utils import (
     make_sharded_object_for_checkpoint,
     make_sharded_tensors_for_checkpoint,
@@ -22,6 +23,7 @@ from gigatron.core.utils import (
 __all__ = [
     "attention_mask_func",
     "check_attention_mask",
+    "ensure_metadata_has_dp_cp_group",
     "get_default_causal_mask",
     "init_method_normal",
     "is_layer_window_attention",
@@ -76,6 +78,24 @@ def get_default_causal_mask(sq: int, sk: int | None = None, device=None) -> torc
     """Bool causal mask [sq, sk], True above the diagonal (masked out)."""
     mask = _causal_mask_cpu(sq, sq if sk is None else sk)
     return mask if device is None else mask.to(device)
+
+
+def ensure_metadata_has_dp_cp_group(metadata: dict | None) -> dict:
+    """`metadata` with its `dp_cp_group` entry (the data-parallel x context-parallel group the
+    replica ids are taken over): a new dict when `metadata` is None, the same dict updated in
+    place when the entry is missing (Megatron's callers read it back after saving). Before
+    `initialize_model_parallel` the entry is None: the one-process world."""
+    if metadata is None:
+        metadata = {}
+    elif not isinstance(metadata, dict):
+        raise TypeError(f"metadata ({type(metadata).__name__}) must be a dict (or None)")
+    if "dp_cp_group" not in metadata:
+        metadata["dp_cp_group"] = (
+            parallel_state.get_data_parallel_group(with_context_parallel=True)
+            if parallel_state.model_parallel_is_initialized()
+            else None
+        )
+    return metadata
 
 
 def sharded_state_dict_default(

@@ -67,3 +67,12 @@ def test_empty_valid_split_and_blends(tmp_path):
     # one epoch (size None) of an empty split: an empty dataset, as before and as Megatron
     train, valid, test = _build(tmp_path, [8, 4, None], blend=([a], None), split="969,30,1")
     assert test is not None and len(test) == 0
+
+
+def test_one_epoch_of_a_weighted_blend_is_refused_as_megatron_asserts(tmp_path):
+    """A split of size None (one epoch) with blend weights has no defined mix: refused with an
+    error that is both ValueError (gigatron's callers) and AssertionError (Megatron's tests)."""
+    prefix = _corpus(str(tmp_path / "a"), 20)
+    with pytest.raises(ValueError, match="size is None") as err:
+        _build(tmp_path, [None, None, None], blend=([prefix, prefix], [0.5, 0.5]), split="100,0,0")
+    assert isinstance(err.value, AssertionError)

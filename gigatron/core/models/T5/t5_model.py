@@ -123,8 +123,9 @@ class T5Model(LanguageModule):
         super().__init__(config)
         # checks and stores vocab_size .. position_embedding_type (Megatron-named arguments)
         self._set_language_model_args(locals(), _POSITION_TYPES)
-        if not (add_encoder or add_decoder):
-            raise ValueError("T5Model needs add_encoder or add_decoder (or both) to be True")
+        # Neither stack (Megatron allows it: add_encoder / add_decoder None): the embeddings and
+        # the LM head only, e.g. to save or load them; forward then refuses.
+        add_encoder, add_decoder = bool(add_encoder), bool(add_decoder)
         self.encoder_config = encoder_config
         self.transformer_encoder_layer_spec = transformer_encoder_layer_spec
         self.transformer_decoder_layer_spec = transformer_decoder_layer_spec
@@ -297,6 +298,11 @@ class T5Model(LanguageModule):
         decoder hidden states [sd, b, h] on decoder stages without post_process."""
         if packed_seq_params is not None:
             raise ValueError("packed_seq_params is not supported by gigatron's T5Model")
+        if not (self.add_encoder or self.add_decoder):
+            raise ValueError(
+                "T5Model.forward: this model was built with add_encoder and add_decoder False "
+                "(embeddings and LM head only); build it with either stack to run it"
+            )
         if encoder_hidden_states is None:
             if self.add_encoder:
                 encoder_input = None

@@ -109,3 +109,16 @@ def test_relative_positions_shape_attention():
         table = model.encoder_relative_pos_emb.relative_attention_bias.weight
         table.copy_(torch.randn(table.shape, generator=g) * 3)
         assert (model(enc, dec, *masks) - base).abs().max() > 5e-4  # logits are ~0.1 here
+
+
+def test_neither_stack_holds_embeddings_and_head_only_and_refuses_forward():
+    """Megatron builds a T5Model with add_encoder and add_decoder None (its checkpoint tests do):
+    the embeddings and LM head only. Running it is refused with a message saying why."""
+    model = _model(add_encoder=None, add_decoder=None)
+    assert model.encoder is None and model.decoder is None
+    assert {k.split(".")[0] for k in model.state_dict()} <= {
+        "embedding", "position_embeddings", "lm_head", "output_layer"
+    }
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="add_encoder and add_decoder False"):
+        model(ids, ids, None, None, None)
