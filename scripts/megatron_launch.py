@@ -5,6 +5,7 @@ the markdown report (scripts/megatron_test_results.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -13,10 +14,12 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import megatron_test_results as mtr
 
+_TAGS = itertools.count()  # launches so far (shared by --jobs threads: next() is atomic)
 AFTER_END_S = 30  # rank 0 finished: the others get this long to leave
 START_S = 300  # from torchrun's start to rank 0's pytest (interpreters, rendezvous, imports)
 
@@ -64,12 +67,13 @@ def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
     try:
         sizes = [int(n) for n in opts["nproc"].split(",")]
         timeout = float(opts.get("file_timeout", "120"))
+        jobs = int(opts.get("jobs", "1"))
     except ValueError as err:
-        print(f"run_megatron_unit_tests: --nproc takes N[,N...] and --file-timeout seconds: {err}",
-              file=sys.stderr)  # fmt: skip
+        print(f"run_megatron_unit_tests: --nproc takes N[,N...], --file-timeout seconds and "
+              f"--jobs a count: {err}", file=sys.stderr)  # fmt: skip
         return 2
-    if any(n < 1 for n in sizes):
-        print(f"run_megatron_unit_tests: --nproc {opts['nproc']}: each N must be >= 1",
+    if any(n < 1 for n in sizes) or jobs < 1:
+        print(f"run_megatron_unit_tests: --nproc {opts['nproc']} --jobs {jobs}: each must be >= 1",
               file=sys.stderr)  # fmt: skip
         return 2
     pytest_opts, paths = split_paths(checkout, rest)
@@ -84,40 +88,67 @@ def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
         buckets[mtr.directory(f)].append(f)
     results = {}
     with tempfile.TemporaryDirectory(prefix="megatron-tests-") as work:
+
+        def run(n: int, name: str, bucket: list[str]) -> None:
+            t0 = time.monotonic()
+            _run_bucket(checkout, script, n, bucket, timeout, [*deps_opt, *pytest_opts],
+                        Path(work), results[n])  # fmt: skip
+            c = mtr.counts(t for k, t in results[n]["tests"].items() if k.split("::")[0] in bucket)
+            took = time.monotonic() - t0
+            print(f"N={n} {name}: {len(bucket)} files, {c['passed']} passed, {c['failed']} "
+                  f"failed, {c['skipped']} skipped ({took:.0f} s)", flush=True)  # fmt: skip
+
         for n in sizes:
             results[n] = {"tests": {}, "import_errors": {}, "stopped": {}, "files": cpu}
-            for name, bucket in sorted(buckets.items()):
-                t0 = time.monotonic()
-                _run_bucket(checkout, script, n, bucket, timeout, [*deps_opt, *pytest_opts],
-                            Path(work), results[n])  # fmt: skip
-                c = mtr.counts(
-                    t for k, t in results[n]["tests"].items() if k.split("::")[0] in bucket
-                )
-                took = time.monotonic() - t0
-                print(f"N={n} {name}: {len(bucket)} files, {c['passed']} passed, {c['failed']} "
-                      f"failed, {c['skipped']} skipped ({took:.0f} s)", flush=True)  # fmt: skip
+        # --jobs J: J directories at once (each its own torchrun; a machine with J x N cores)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            runs = [(n, name, b) for n in sizes for name, b in sorted(buckets.items())]
+            for done in [pool.submit(run, *r) for r in runs]:
+                done.result()
     for n in sizes:
         c = mtr.counts(results[n]["tests"].values())
         print(f"megatron-on-gigatron N={n}: {c['passed']} passed, {c['failed']} failed, "
               f"{c['skipped']} skipped, {len(results[n]['import_errors'])} files failed to import, "
               f"{len(results[n]['stopped'])} files stopped")  # fmt: skip
-    if "results" in opts:  # every test's outcome and message, as JSON
-        Path(opts["results"]).write_text(json.dumps({str(n): r for n, r in results.items()}))
+    meta = {
+        "command": " ".join(["python scripts/run_megatron_unit_tests.py", *_shown(sys.argv[1:])]),
+        "megatron_commit": _commit(checkout),
+        "gigatron_commit": _commit(script.parent.parent),
+        "timeout": f"{timeout:g}",
+        "n_files": len(files),
+        "n_cpu": len(cpu),
+        "excluded": excluded,
+        "test_counts": {f: mtr.count_tests(s) for f, s in sources.items()},
+    }
+    if "results" in opts:  # every test's outcome and message, and the run's facts, as JSON
+        out = {str(n): r for n, r in results.items()}
+        Path(opts["results"]).write_text(json.dumps({**out, "meta": meta}))
     if "report" in opts:
-        meta = {
-            "command": " ".join(
-                ["python scripts/run_megatron_unit_tests.py", *_shown(sys.argv[1:])]
-            ),
-            "megatron_commit": _commit(checkout),
-            "gigatron_commit": _commit(script.parent.parent),
-            "timeout": f"{timeout:g}",
-            "n_files": len(files),
-            "n_cpu": len(cpu),
-            "excluded": excluded,
-            "test_counts": {f: mtr.count_tests(s) for f, s in sources.items()},
-        }
         Path(opts["report"]).write_text(mtr.render(meta, results))
         print(f"report: {opts['report']}")
+    return 0
+
+
+def render_saved(paths: list[str], report: str) -> int:
+    """`--render A.json,B.json --report R.md`: one report from the --results files of runs at
+    other world sizes (e.g. 1,2 on one machine and 4,8 on a larger one) of the same commits."""
+    metas, results = [], {}
+    for p in paths:
+        saved = json.loads(Path(p).read_text())
+        if "meta" not in saved:
+            raise SystemExit(f"run_megatron_unit_tests: {p}: no 'meta' (written by --results?)")
+        metas.append(saved.pop("meta"))
+        for n, r in saved.items():
+            if int(n) in results:
+                raise SystemExit(f"run_megatron_unit_tests: world size {n} is in two files")
+            results[int(n)] = r
+    for key in ("megatron_commit", "gigatron_commit"):
+        if len({m[key] for m in metas}) > 1:
+            raise SystemExit(f"run_megatron_unit_tests: the files differ in {key}: "
+                             f"{sorted({m[key] for m in metas})}")  # fmt: skip
+    meta = dict(metas[0], command=" ; ".join(m["command"] for m in metas))
+    Path(report).write_text(mtr.render(meta, results))
+    print(f"report: {report}")
     return 0
 
 
@@ -141,7 +172,7 @@ def _run_bucket(checkout, script, n, files, timeout, pytest_opts, work: Path, re
     runs the files after it (after a hang at import, every file but it)."""
     remaining = list(files)
     while remaining:
-        tag = f"n{n}-{len(list(work.glob('*.log')))}"  # a log exists even if rank 0 never started
+        tag = f"n{n}-{next(_TAGS)}"  # names this launch's log, events and shared folder
         events_path, shared = work / f"{tag}.jsonl", work / f"{tag}-ckpt"
         shared.mkdir()
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -13,7 +13,9 @@ are pytest's (paths relative to the checkout; default `tests/unit_tests`). With 
 package at module level are left out (scripts/megatron_test_results.py says which); rank 0's
 results are read live, a file running longer than --file-timeout seconds (default 120) is
 stopped and the session goes on after it; --report writes the markdown report, --results
-every test's outcome and message as JSON.
+every test's outcome and message as JSON. --jobs J runs J test directories at once (a
+machine with J x N cores); --render A.json,B.json --report R.md writes one report from the
+--results files of runs at different world sizes.
 
 Third-party packages Megatron's tests import and gigatron does not need (msgpack, nltk,
 omegaconf, aiohttp, wrapt: requirements-megatron-tests.txt) come from `.venv-megatron-tests`
@@ -294,7 +296,8 @@ def _options(argv: list[str]) -> tuple[dict, list[str]]:
     opts, rest, i = {}, [], 0
     while i < len(argv):
         key = argv[i]
-        if key in ("--nproc", "--file-timeout", "--report", "--results", "--worker", "--deps"):
+        if key in ("--nproc", "--file-timeout", "--report", "--results", "--worker", "--deps",
+                   "--jobs", "--render"):  # fmt: skip
             if i + 1 >= len(argv):
                 raise SystemExit(f"run_megatron_unit_tests: {key} needs a value")
             opts[key[2:].replace("-", "_")] = argv[i + 1]
@@ -319,6 +322,12 @@ def main(argv: list[str]) -> int:
         print("run_megatron_unit_tests: no .venv-megatron-tests (`make megatron-test-deps`): "
               "test files importing msgpack, nltk, omegaconf, aiohttp or wrapt will not import",
               file=sys.stderr)  # fmt: skip
+    if "render" in opts:
+        from megatron_launch import render_saved
+
+        if "report" not in opts:
+            raise SystemExit("run_megatron_unit_tests: --render needs --report FILE")
+        return render_saved(opts["render"].split(","), opts["report"])
     if "nproc" in opts:
         if deps is not None:
             opts["deps"] = str(deps)

@@ -43,8 +43,15 @@ FAILURES = [
      "needs more ranks"),
     ("ValueError: world size (2) is not divisible by expert tensor (1) x expert model (4) x "
      "pipeline (1) parallel size (4)", "needs more ranks"),
+    ("ValueError: parallel_state was initialized with pipeline_model_parallel_size=2 but the "
+     "TransformerConfig has pipeline_model_parallel_size=1", "deliberate difference"),
+    ("ValueError: _target_ 'test_base.DummyModelConfig': not in the target allowlist",
+     "deliberate difference"),
+    ("FileNotFoundError: [Errno 2] No such file or directory: 'msc://default/tmp/x.yaml'",
+     "optional package missing"),
 ]  # fmt: skip
 SKIPS = [
+    ("Spec function is not supported", "needs Transformer Engine"),
     ("launcher spawns its own torchrun; run as a plain process", "runs its own launcher"),
     ("needs more ranks: tensor 2 x pipeline 4 x context 1 (expert 1 x expert tensor 2) takes 8 "
      "ranks, world size 1", "needs more ranks"),
@@ -68,6 +75,16 @@ def test_failure_classes(message, cls):
 @pytest.mark.parametrize("message,cls", SKIPS)
 def test_skip_classes(message, cls):
     assert mtr.classify(message, mtr.SKIP_RULES) == cls
+
+
+def test_a_known_test_is_classified_by_its_node_id_before_its_message():
+    nodeid = (
+        "tests/unit_tests/training/config/test_container_base.py"
+        "::TestConfigContainer_FromYaml::test_x"
+    )
+    message = "FileNotFoundError: [Errno 2] No such file or directory: 'test.yaml'"
+    assert mtr.classify(message, nodeid=nodeid) == "deliberate difference"
+    assert mtr.classify(message, nodeid="tests/unit_tests/other.py::test_x") == mtr.UNCLASSIFIED
 
 
 def test_an_unknown_message_stays_unclassified():
