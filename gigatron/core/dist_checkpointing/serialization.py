@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from gigatron.core.dist_checkpointing import _integrity
@@ -49,6 +48,10 @@ from gigatron.core.dist_checkpointing.mapping import (
 )
 from gigatron.core.dist_checkpointing.strategies import torch as torch_dist
 from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+from gigatron.core.dist_checkpointing.strategies.common import (
+    COMMON_STATE_FNAME,
+    atomic_torch_save,
+)
 from gigatron.core.dist_checkpointing.validation import (
     StrictHandling,
     gather_compact_metadata,
@@ -59,7 +62,6 @@ from gigatron.core.untrusted_files import UntrustedFileError, open_regular_file
 
 logger = logging.getLogger(__name__)
 
-COMMON_STATE_FNAME = "common.pt"
 _CONTENT_METADATA_KEY = "content_metadata"
 _BACKEND = ("torch_dist", 1)
 
@@ -220,7 +222,7 @@ def save(
         check_replicas_equal(tensors, process_group)
     common_path = os.path.join(checkpoint_dir, COMMON_STATE_FNAME)
     torch_dist.write_on_every_rank(
-        lambda: rank == 0 and _atomic_torch_save(_common_part(sd), common_path),
+        lambda: rank == 0 and atomic_torch_save(_common_part(sd), common_path),
         checkpoint_dir,
         process_group,
     )
@@ -246,15 +248,6 @@ def save(
         return None
     pending.stage()
     return AsyncRequest(pending.write, (), [finalize])
-
-
-def _atomic_torch_save(obj: Any, path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _verify_checkpoint(checkpoint_dir: str) -> None:
