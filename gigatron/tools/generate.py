@@ -25,14 +25,14 @@ from functools import partial
 import torch.distributed as dist
 
 from gigatron.convert import is_hf_dir, load_hf_into_model
-from gigatron.convert.checkpoint_args import (
+from gigatron.core.dist_checkpointing import checkpoint_files as ckpt_files
+from gigatron.core.inference import GenerationResult, SamplingParams, generate
+from gigatron.training.arguments import build_parser, parse_args
+from gigatron.training.checkpoint_args import (
     apply_checkpoint_model_args,
     command_line_dests,
     saved_args,
 )
-from gigatron.core.inference import GenerationResult, SamplingParams, generate
-from gigatron.training import checkpoint_files as ckpt_files
-from gigatron.training.arguments import build_parser, parse_args
 from gigatron.training.checkpointing import load_checkpoint
 from gigatron.training.global_vars import get_tokenizer
 from gigatron.training.gpt_builders import gpt_builder
