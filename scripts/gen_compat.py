@@ -34,8 +34,9 @@ import sys
 import warnings
 from pathlib import Path
 
-from gigatron.compat import loss_reports, missing_names, training_args
+from gigatron.compat import loss_reports, missing_names
 from gigatron.compat import megatron_only_fields as mof
+from gigatron.training import compat_flags as training_args
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "compat.md"
 API_HEADING = "## Megatron Core API coverage"
@@ -367,7 +368,7 @@ _LOSS_REPORTS = [
 _FLAGS_INTRO = [
     "## Megatron-LM flags",
     "",
-    "`gigatron.compat.training_args` adds the flags Megatron-LM's example scripts pass: some with "
+    "`gigatron.training.compat_flags` adds the flags Megatron-LM's example scripts pass: some with "
     "their real semantics (docs/training.md), these as accepted no-ops, and values gigatron cannot "
     "honour refused with a ValueError naming the flag.",
     "",

@@ -35,37 +35,42 @@ from tests._paths import REPO
 
 ROOT = REPO / "gigatron"
 
-# Bottom first. A module's floor is the longest prefix here that matches it. Modules on the same
-# floor may import each other (without circles). Every gigatron module must match some prefix.
+# Bottom first, one floor per folder. A folder is a package directly under `gigatron/` or
+# `gigatron/core/` (with its subpackages), or a module file directly there (`OPENED` says which
+# packages are opened into folders). Folders on the same floor may import each other (without
+# circles). Every folder must be on some floor.
+OPENED = ("gigatron", "gigatron.core")
 LAYERS: list[list[str]] = [
-    # the version, and the compat leaves that import nothing from gigatron
-    [
-        "gigatron",
-        "gigatron.compat",
-        "gigatron.compat.megatron_only_fields",
-        "gigatron.compat.missing_names",
-        "gigatron.compat.loss_reports",
-        "gigatron.compat.errors",
-        "gigatron.compat._cuda_hint",
-    ],
-    # core's leaves: plain data and helpers that communicate through nothing of ours
+    # the version, and Megatron compatibility: plain data that imports nothing of ours (the
+    # megatron.* alias reaches gigatron's modules by name only, through importlib)
+    ["gigatron", "gigatron.compat"],
+    # core's leaves: plain data and helpers that communicate through nothing of ours; the
+    # checkpoint format (save / load over torch.distributed.checkpoint, and the files of a
+    # training checkpoint: directories, tracker, commit)
     [
         "gigatron.core",
         "gigatron.core._rank_grid",
         "gigatron.core.hyper_comm_grid",
         "gigatron.core.dist_checkpointing",
         "gigatron.core.timers",
-        "gigatron.core.enums",
-        "gigatron.core.transformer.enums",
         "gigatron.core.model_parallel_config",
         "gigatron.core.num_microbatches_calculator",
         "gigatron.core.optimizer_param_scheduler",
         "gigatron.core.untrusted_files",
+        "gigatron.core.untrusted_pickle",
+        "gigatron.core.untrusted_yaml",
         "gigatron.core._rank_utils",
         "gigatron.core._experimental",
         "gigatron.core._param_layout",
         "gigatron.core._buffer_layout",
         "gigatron.core.fp8_utils",
+        "gigatron.core.activations",
+        "gigatron.core.config",
+        "gigatron.core.packed_seq_params",
+        "gigatron.core.msc_utils",
+        "gigatron.core.typed_torch",
+        "gigatron.core._slurm_utils",
+        "gigatron.core.rerun_state_machine",
     ],
     # the process groups (the only globals) and the utilities over them
     [
@@ -76,20 +81,11 @@ LAYERS: list[list[str]] = [
         "gigatron.core.utils",
         "gigatron.core.layout_invariant_init",
     ],
-    # tensor parallelism: collectives, RNG, sharded layers; fused kernels built on them
-    [
-        "gigatron.core.tensor_parallel",
-        "gigatron.core.fusions",
-        "gigatron.core.models.common.embeddings.rope_utils",
-        "gigatron.core.models.common.embeddings._rope_megatron",
-    ],
-    # transformer building blocks; the RoPE angle modules multi-latent attention builds itself
-    [
-        "gigatron.core.transformer",
-        "gigatron.core.models.common.embeddings.rotary_pos_embedding",
-        "gigatron.core.models.common.embeddings.yarn_rotary_pos_embedding",
-        "gigatron.core.models.common.embeddings._multimodal_rope",
-    ],
+    # tensor parallelism: collectives, RNG, sharded layers
+    ["gigatron.core.tensor_parallel"],
+    # transformer building blocks (with the RoPE the attention modules apply) and their enums;
+    # fused kernels over TP layers and the attention mask types
+    ["gigatron.core.transformer", "gigatron.core.enums", "gigatron.core.fusions"],
     # models assembled from the blocks; the Transformer Engine spec provider (TE absent) beside
     # the layer specs
     ["gigatron.core.models", "gigatron.core.extensions"],
@@ -104,19 +100,31 @@ LAYERS: list[list[str]] = [
         "gigatron.core.tokenizers",
         "gigatron.core.safe_globals",
     ],
-    # Megatron compatibility over core (flag table, legacy checkpoint layout); tests' helpers
-    ["gigatron.compat.training_args", "gigatron.compat.legacy_moe_checkpoint", "gigatron.testing"],
-    # a training checkpoint's files (directories, tracker, commit), which convert writes too
-    ["gigatron.training.checkpoint_files"],
-    # Hugging Face <-> gigatron conversion
+    # tests' helpers over core
+    ["gigatron.testing"],
+    # Hugging Face <-> gigatron conversion (writes the training checkpoint format of core)
     ["gigatron.convert"],
-    # the training library (loop, arguments, tokenizers, checkpoints), which starts from HF dirs
+    # the training library (loop, arguments, tokenizers, checkpoints, Megatron-LM's flags), which
+    # starts from HF dirs through convert
     ["gigatron.training"],
     # programs over the library, and the demo corpus built with them
     ["gigatron.tools", "gigatron.data"],
-    # entry points: the command line and the megatron.* import alias
-    ["gigatron.cli", "gigatron.compat.megatron"],
+    # the command line
+    ["gigatron.cli"],
 ]
+
+# Modules placed on a floor other than their folder's: module -> (a folder on the floor it stands
+# on, why). Empty: every module stands on its folder's floor.
+OFF_FLOOR: dict[str, tuple[str, str]] = {}
+
+
+def module_layers(layers: list[list[str]], off_floor: dict) -> list[list[str]]:
+    """`layers` with each off-floor module added to the floor of the folder it names."""
+    out = [list(floor) for floor in layers]
+    for mod, (beside, _why) in off_floor.items():
+        next(floor for floor in out if beside in floor).append(mod)
+    return out
+
 
 # Breaks tolerated for now, as (rule, importer, imported) without the "gigatron." prefix (a circle
 # by its first module). Empty since issue 32 cleared the last ones; fix a break rather than list it.
@@ -289,6 +297,47 @@ def violations(root: pathlib.Path, layers: list[list[str]]) -> list[str]:
     return out
 
 
+def folder_of(mod: str, opened: tuple[str, ...]) -> str:
+    """The folder a module belongs to: the child of the deepest `opened` package above it (a
+    subpackage with everything under it, or a module file), or the opened package itself."""
+    best = ""
+    for pkg in opened:
+        if mod.startswith(pkg + ".") and len(pkg) > len(best):
+            best = pkg
+    if not best:
+        return mod
+    return best + "." + mod[len(best) + 1 :].split(".")[0]
+
+
+def folder_violations(
+    root: pathlib.Path, layers: list[list[str]], opened: tuple[str, ...], off_floor: dict
+) -> list[str]:
+    """The contract between folders: no circle, no upward import, every folder on a floor, and
+    no module on a floor other than its folder's unless `off_floor` names it."""
+    edges = import_edges(root)
+    folders = {m: folder_of(m, opened) for m in edges}
+    floor = {name: i for i, names in enumerate(layers) for name in names}
+    out = [f"folder without a floor: {f}" for f in sorted(set(folders.values()) - set(floor))]
+    out += [f"not a folder: {name} in LAYERS" for name in floor if name not in folders.values()]
+    graph: dict[str, dict[str, tuple[int, bool]]] = {f: {} for f in folders.values()}
+    for mod, deps in edges.items():
+        for dep, (line, named) in deps.items():
+            a, b = folders[mod], folders[dep]
+            if a == b:
+                continue
+            graph[a].setdefault(b, (line, named))
+            if named and a in floor and b in floor and floor[b] > floor[a] and mod not in off_floor:
+                out.append(f"folder upward: {a} imports {b} ({mod} line {line} imports {dep})")
+    out += [f"folder circle: {' <-> '.join(c)}" for c in find_cycles(graph)]
+    placed = module_layers(layers, off_floor)
+    for mod, folder in folders.items():
+        here = floor_of(mod, placed)
+        moved = here is not None and folder in floor and here[0] != floor[folder]
+        if moved and mod not in off_floor:
+            out.append(f"off its folder's floor: {mod} ({here[1]} places it)")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # The contract on gigatron/
 
@@ -301,12 +350,18 @@ def _allowed() -> tuple[str, ...]:
 
 
 def test_gigatron_keeps_the_import_contract():
-    found = [v for v in violations(ROOT, LAYERS) if not v.startswith(_allowed())]
+    found = violations(ROOT, module_layers(LAYERS, OFF_FLOOR))
+    found = [v for v in found if not v.startswith(_allowed())]
     assert not found, "import contract broken (see docs/architecture.md):\n" + "\n".join(found)
 
 
+def test_every_folder_is_one_floor_with_no_circle_and_no_upward_import():
+    found = folder_violations(ROOT, LAYERS, OPENED, OFF_FLOOR)
+    assert not found, "folder contract broken (see docs/architecture.md):\n" + "\n".join(found)
+
+
 def test_allow_list_has_no_stale_entries():
-    found = violations(ROOT, LAYERS)
+    found = violations(ROOT, module_layers(LAYERS, OFF_FLOOR))
     stale = [a for a in _allowed() if not any(v.startswith(a) for v in found)]
     assert not stale, f"remove from ALLOWED (fixed): {stale}"
 
@@ -375,6 +430,35 @@ def test_checker_ignores_the_program_block(tmp_path):
     assert violations(_package(tmp_path, files), _FLOORS) == []
 
 
+def test_folder_checker_finds_a_circle_between_folders_without_a_module_circle(tmp_path):
+    # pkg.a.x -> pkg.b.y and pkg.b.z -> pkg.a.w: no module circle, but folders a and b are one
+    files = {
+        "pkg.a.x": "from pkg.b import y\n",
+        "pkg.b.y": "import os\n",
+        "pkg.b.z": "from pkg.a import w\n",
+        "pkg.a.w": "import os\n",
+    }
+    root = _package(tmp_path, files)
+    floors = [["pkg", "pkg.a", "pkg.b"]]
+    assert violations(root, floors) == []
+    assert folder_violations(root, floors, ("pkg",), {}) == ["folder circle: pkg.a <-> pkg.b"]
+
+
+def test_folder_checker_finds_a_module_placed_off_its_folders_floor(tmp_path):
+    root = _package(tmp_path, _CLEAN)
+    floors = [["pkg", "pkg.low"], ["pkg.high"]]
+    assert folder_violations(root, floors, ("pkg",), {}) == []
+    lifted = [["pkg", "pkg.low"], ["pkg.high", "pkg.low.b"]]
+    found = folder_violations(root, lifted, ("pkg",), {})
+    assert found == [
+        "not a folder: pkg.low.b in LAYERS",
+        "off its folder's floor: pkg.low.b (pkg.low.b places it)",
+    ]
+    assert folder_violations(root, floors, ("pkg",), {"pkg.low.b": ("pkg.high", "why")}) == []
+
+
 if __name__ == "__main__":
-    for v in violations(ROOT, LAYERS):
+    for v in violations(ROOT, module_layers(LAYERS, OFF_FLOOR)):
+        print(v)
+    for v in folder_violations(ROOT, LAYERS, OPENED, OFF_FLOOR):
         print(v)

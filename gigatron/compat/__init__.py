@@ -11,21 +11,15 @@ this package. docs/compat.md is generated from these modules (`scripts/gen_compa
                            (config fields, MoE class names; no caller-frame inspection)
     loss_reports           the schedule's list of loss reports, with misuse errors
                            (`.backward()`, GradScaler, `/ accumulation_steps`)
-    training_args          Megatron-LM flags: aliases, accepted no-ops, refused values
-    legacy_moe_checkpoint  gigatron's own pre-issue-29 MoE checkpoint layouts -> today's
     megatron               the `megatron.core` / `megatron.training` import alias and launcher
     _cuda_hint             the launcher's hint for CUDA calls on a machine without CUDA
 
-Layering (bottom to top; an import only ever points down, never in a circle):
+The whole package is the ground floor: no module here imports gigatron's (`megatron` reaches
+gigatron's modules only by name, through `importlib`, when a `megatron.*` import asks for one),
+so `gigatron.core` may import the public ones. Compatibility that needs the training library
+lives beside it: `gigatron.training.compat_flags` (Megatron-LM flags: aliases, accepted no-ops,
+refused values) and `gigatron.training.legacy_moe_checkpoint` (gigatron's own pre-issue-29 MoE
+checkpoint layouts -> today's).
 
-1. Leaves: `megatron_only_fields`, `missing_names`, `loss_reports`, `errors`, `_cuda_hint`
-   import nothing from gigatron. Any gigatron package may import the public ones
-   (`gigatron.core` does); `_cuda_hint` only `compat.megatron`.
-2. `gigatron.core`: may import the leaves, no other compat module.
-3. Over core: `training_args` and `legacy_moe_checkpoint` may import `gigatron.core` and the
-   leaves; only `gigatron.training` (and `compat.megatron`) may import them.
-4. `gigatron.training`: may import layers 1-3.
-5. Top: `megatron` may import anything; nothing in gigatron imports it.
-
-This `__init__` imports nothing, so importing a leaf never pulls in the layers above it.
+This `__init__` imports nothing, so importing a leaf never pulls in anything else.
 """

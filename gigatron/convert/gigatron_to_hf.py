@@ -28,7 +28,7 @@ from gigatron.core.dist_checkpointing import (
     check_is_distributed_checkpoint,
     load_common_state_dict,
 )
-from gigatron.training import checkpoint_files as ckpt_files
+from gigatron.core.dist_checkpointing import checkpoint_files as ckpt_files
 
 
 def find_checkpoint_dir(load: str) -> str:

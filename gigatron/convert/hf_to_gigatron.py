@@ -42,13 +42,13 @@ from gigatron.convert.hf_config import (
 )
 from gigatron.convert.hf_io import HFReader, iter_planned, write_safetensors
 from gigatron.core import dist_checkpointing
-from gigatron.core.untrusted_files import confined_path, read_bytes
-from gigatron.training.checkpoint_files import (
+from gigatron.core.dist_checkpointing.checkpoint_files import (
     CHECKPOINT_VERSION,
     TRACKER_FNAME,
     lock_save_dir,
     unlock_save_dir,
 )
+from gigatron.core.untrusted_files import confined_path, read_bytes
 
 TOKENIZER_FILES = (
     "tokenizer.json",

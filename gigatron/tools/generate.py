@@ -20,22 +20,24 @@ import argparse
 import os
 import sys
 import time
+from functools import partial
 
 import torch.distributed as dist
 
 from gigatron.convert import is_hf_dir, load_hf_into_model
-from gigatron.convert.checkpoint_args import (
+from gigatron.core.dist_checkpointing import checkpoint_files as ckpt_files
+from gigatron.core.inference import GenerationResult, SamplingParams, generate
+from gigatron.training.arguments import build_parser, parse_args
+from gigatron.training.checkpoint_args import (
     apply_checkpoint_model_args,
     command_line_dests,
     saved_args,
 )
-from gigatron.core.inference import GenerationResult, SamplingParams, generate
-from gigatron.training import checkpoint_files as ckpt_files
-from gigatron.training.arguments import build_parser, parse_args
 from gigatron.training.checkpointing import load_checkpoint
 from gigatron.training.global_vars import get_tokenizer
+from gigatron.training.gpt_builders import gpt_builder
 from gigatron.training.initialize import destroy_distributed, initialize_megatron
-from gigatron.training.pretrain_gpt import model_provider
+from gigatron.training.model_provider import model_provider
 from gigatron.training.training import get_model
 from gigatron.training.utils import args_by_name
 
@@ -125,7 +127,7 @@ def _sampling_params(args) -> SamplingParams:
 
 
 def _load_model(args):
-    model = get_model(model_provider, wrap_with_ddp=False)
+    model = get_model(partial(model_provider, gpt_builder), wrap_with_ddp=False)
     if is_hf_dir(args.load):
         load_hf_into_model(model, args.load)
     elif args.load:

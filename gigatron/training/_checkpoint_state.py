@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from gigatron.core import parallel_state as ps
 from gigatron.core.dist_checkpointing import ShardedObject
-from gigatron.training.checkpoint_files import (  # noqa: F401  (the checkpoint layout, used as cs.*)
+from gigatron.core.dist_checkpointing.checkpoint_files import (  # noqa: F401  (the checkpoint layout, used as cs.*)
     CHECKPOINT_VERSION,
     TRACKER_FNAME,
     checkpoint_dir,

@@ -70,7 +70,7 @@ TRANSFORMER_EXCEPTIONS = {
 }
 
 # flags named like a TransformerConfig field that must not reach it: Megatron's kernel-fusion
-# switches, accepted as no-ops (compat.training_args.NO_OPS), whose flag defaults differ from the
+# switches, accepted as no-ops (compat_flags.NO_OPS), whose flag defaults differ from the
 # fields' (filled by name they would ask for fused kernels gigatron has not)
 NOT_FROM_FLAGS = (
     "masked_softmax_fusion",

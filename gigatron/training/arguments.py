@@ -16,7 +16,6 @@ import sys
 
 import torch
 
-from gigatron.compat.training_args import add_compat_args, validate_compat_args
 from gigatron.training import cli_errors
 from gigatron.training._config_flags import add_config_flags, add_resume_flags
 from gigatron.training._flags import (
@@ -31,6 +30,7 @@ from gigatron.training._flags import (
 from gigatron.training._yaml_cfg import apply_yaml
 from gigatron.training.cli_errors import known_flags as _known_flags  # noqa: F401
 from gigatron.training.cli_errors import reject_unknown, suggest_flag  # noqa: F401
+from gigatron.training.compat_flags import add_compat_args, validate_compat_args
 
 
 def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:

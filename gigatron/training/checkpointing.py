@@ -32,9 +32,9 @@ import shutil
 
 import torch.distributed as dist
 
-from gigatron.compat import legacy_moe_checkpoint as legacy_moe
 from gigatron.core import dist_checkpointing
 from gigatron.core.dist_checkpointing import CheckpointingException, DamagedCheckpointError
+from gigatron.core.dist_checkpointing import checkpoint_files as commit
 from gigatron.core.dist_checkpointing.core import describe_write_error
 from gigatron.core.dist_checkpointing.optimizer import (
     load_optimizer_state_dict,
@@ -43,11 +43,11 @@ from gigatron.core.dist_checkpointing.optimizer import (
 from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from gigatron.core.optimizer_param_scheduler import ScheduleMismatchError
 from gigatron.core.transformer.utils import sharded_state_dict_default
-from gigatron.training import _checkpoint_args as ca
 from gigatron.training import _checkpoint_extras as extras
 from gigatron.training import _checkpoint_state as cs
-from gigatron.training import checkpoint_files as commit
-from gigatron.training._checkpoint_args import (  # noqa: F401  (Megatron's public names)
+from gigatron.training import _resume_checks as ca
+from gigatron.training import legacy_moe_checkpoint as legacy_moe
+from gigatron.training._resume_checks import (  # noqa: F401  (Megatron's public names)
     check_checkpoint_args,
     load_args_from_checkpoint,
 )

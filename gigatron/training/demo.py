@@ -91,7 +91,7 @@ def trained_iterations(ckpt: Path) -> int | None:
     """The iteration of the demo's last checkpoint (Megatron's tracker file), None without one.
 
     The tracker is read as the small regular file it is (a damaged one: CheckpointingException)."""
-    from gigatron.training.checkpoint_files import read_tracker
+    from gigatron.core.dist_checkpointing.checkpoint_files import read_tracker
 
     found = read_tracker(str(ckpt))
     return None if found is None or found[1] else found[0]

@@ -16,10 +16,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gigatron.core import dist_checkpointing, parallel_state
+from gigatron.core import parallel_state
 from gigatron.core import parallel_state as ps
 from gigatron.core.timers import Timers
-from gigatron.training import checkpoint_files as commit
 from gigatron.training import global_vars
 from gigatron.training.arguments import build_parser, parse_args, validate_args
 from gigatron.training.utils import PARALLEL_SIZE_FLAGS, args_by_name
@@ -188,17 +187,12 @@ def _keep_saved_vocab_padding(args, orig_vocab_size: int, saved) -> None:
 
 def _resumed_checkpoint_args(args):
     """The args saved in the checkpoint `--load` will restore (None: nothing to restore)."""
-    from gigatron.convert.checkpoint_args import hf_dir_vocab
+    from gigatron.training.checkpoint_args import hf_dir_vocab, saved_args
 
     hf_vocab = hf_dir_vocab(args)  # --load HF_DIR: its config's vocabulary, padded
     if hf_vocab is not None:
         return hf_vocab
-    ckpt_dir = commit.tracked_dir(args.load, warn=False) if getattr(args, "load", None) else None
-    if ckpt_dir is None:
-        return None
-    if not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
-        return None  # load_checkpoint reports it
-    return dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")
+    return saved_args(args.load) if getattr(args, "load", None) else None
 
 
 def initialize_megatron(
@@ -217,7 +211,10 @@ def initialize_megatron(
         extra_args_provider, ignore_unknown_args, argv=argv, args_defaults=args_defaults
     )
     if parsed_args is None:  # a HF directory or converted checkpoint describes the model
-        from gigatron.convert.checkpoint_args import apply_checkpoint_model_args, command_line_dests
+        from gigatron.training.checkpoint_args import (
+            apply_checkpoint_model_args,
+            command_line_dests,
+        )
 
         argv = list(sys.argv[1:] if argv is None else argv)
         parser = build_parser(extra_args_provider)

@@ -13,45 +13,19 @@ from functools import partial
 import torch
 
 from gigatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
-from gigatron.core.models.gpt import GPTModel
 from gigatron.core.packed_seq_params import PackedSeqParams
 from gigatron.core.transformer.enums import ModelType
 from gigatron.core.utils import flatten_batch_for_packed_sequences, get_batch_on_this_cp_rank
 from gigatron.training import _pretrain_common as common
 from gigatron.training.global_vars import get_args, get_tokenizer
+from gigatron.training.gpt_builders import gpt_builder
 from gigatron.training.initialize import destroy_distributed
+from gigatron.training.model_provider import model_provider as _model_provider
 from gigatron.training.training import pretrain
 from gigatron.training.utils import args_by_name
 
-
-def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None):
-    """GPTModel from the flags (fast spec: same numbers as the local spec, faster kernels).
-    With `--num-experts` the decoder comes from `get_gpt_decoder_block_spec`, as Megatron's
-    pretrain_gpt builds it: MoE layers where `--moe-layer-freq` says, dense ones elsewhere."""
-    from gigatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_decoder_block_spec,
-        get_gpt_layer_fast_spec,
-    )
-    from gigatron.training._config_from_args import core_transformer_config_from_args
-
-    args = get_args()
-    config = core_transformer_config_from_args(args)
-    if args.num_experts:
-        spec = get_gpt_decoder_block_spec(
-            config, use_transformer_engine=True, normalization=args.normalization, vp_stage=vp_stage
-        )
-    else:
-        spec = get_gpt_layer_fast_spec(
-            **args_by_name(args, "qk_layernorm multi_latent_attention normalization"),
-        )
-    return GPTModel(
-        config=config,
-        transformer_layer_spec=spec,
-        **common.language_model_kwargs(args, pre_process, post_process),
-        **args_by_name(args, "rotary_percent rotary_base rope_scaling_factor"),
-        rope_scaling=args.use_rope_scaling,
-        vp_stage=vp_stage,
-    )
+# The model `gigatron generate` and `gigatron estimate` build too (Megatron binds it likewise).
+model_provider = partial(_model_provider, gpt_builder)
 
 
 _BATCH_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")

@@ -506,7 +506,7 @@ def pretrain(
     if math.isfinite(flops_so_far):
         result["flops"] = flops_so_far
     if args.save:  # the job is done with --save (every save published above)
-        from gigatron.training.checkpoint_files import unlock_save_dir
+        from gigatron.core.dist_checkpointing.checkpoint_files import unlock_save_dir
 
         unlock_save_dir(args.save)
     return result

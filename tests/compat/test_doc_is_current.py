@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 
-from gigatron.compat import loss_reports, megatron_only_fields, missing_names, training_args
+from gigatron.compat import loss_reports, megatron_only_fields, missing_names
+from gigatron.training import compat_flags as training_args
 from tests._paths import REPO, with_oracle
 
 ROOT = REPO

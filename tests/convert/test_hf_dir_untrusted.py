@@ -10,8 +10,8 @@ import time
 import pytest
 
 from gigatron.convert import convert_hf_to_gigatron
-from gigatron.convert.checkpoint_args import hf_dir_args
 from gigatron.convert.hf_io import INDEX_FNAME, HFReader
+from gigatron.training.checkpoint_args import hf_dir_args
 
 pytest.importorskip("transformers")
 

@@ -106,13 +106,13 @@ def test_saved_args_build_the_converted_model(family, changes, global_args):
 
 def test_converted_flags_file_and_movable_tokenizer(tmp_path, capsys):
     from gigatron.convert import convert_hf_to_gigatron
-    from gigatron.convert.checkpoint_args import (
+    from gigatron.convert.hf_config import MODEL_ARGS
+    from gigatron.training.arguments import parse_args
+    from gigatron.training.checkpoint_args import (
         apply_checkpoint_model_args,
         checkpoint_model_args,
         saved_args,
     )
-    from gigatron.convert.hf_config import MODEL_ARGS
-    from gigatron.training.arguments import parse_args
     from tests.convert.test_hf_fixtures import make_hf_model
 
     hf_dir, out, moved = str(tmp_path / "hf"), str(tmp_path / "out"), str(tmp_path / "moved")
@@ -144,8 +144,8 @@ def test_converted_flags_file_and_movable_tokenizer(tmp_path, capsys):
 def test_load_hf_dir_keeps_config_vocab_beyond_tokenizer(tmp_path):
     """HF configs pad their vocabulary past the tokenizer's (Qwen2: 151936 vs 151646): the
     model built for `--load HF_DIR` has room for every row of the weights."""
-    from gigatron.convert.checkpoint_args import checkpoint_model_args, hf_dir_vocab
     from gigatron.training.arguments import parse_args
+    from gigatron.training.checkpoint_args import checkpoint_model_args, hf_dir_vocab
     from tests.convert.test_hf_fixtures import make_hf_model
 
     hf_dir = str(tmp_path / "hf")

@@ -65,7 +65,7 @@ def _as_release(ckpt_dir):
     """The layout `gigatron convert hf-to-gigatron` writes: `release/` and tracker 'release'."""
     import os
 
-    from gigatron.training.checkpoint_files import TRACKER_FNAME
+    from gigatron.core.dist_checkpointing.checkpoint_files import TRACKER_FNAME
 
     with open(os.path.join(ckpt_dir, TRACKER_FNAME)) as f:
         iteration = int(f.read().strip())

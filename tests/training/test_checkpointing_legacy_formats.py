@@ -12,7 +12,7 @@ the command) hold a tiny Llama-style GPT trained 2 steps at TP 2 x DP 2:
 - `moe/`, `moe_grouped/`: an MoE GPT (4 experts, SwiGLU) trained 1 step, with SequentialMLP at
   EP 2 (experts as `local_experts.{global e}`) and with GroupedMLP at TP 2 x EP 2 (its own
   `mlp.experts.weight1` [E, h, 2f] / `weight2` [E, f, h]); per-layer keys, Adam moments.
-  `load_checkpoint` recognises the layout (`gigatron.compat.legacy_moe_checkpoint`) and resumes
+  `load_checkpoint` recognises the layout (`gigatron.training.legacy_moe_checkpoint`) and resumes
   at the saved layout and at others (EP 1 x TP 1; GroupedMLP also at expert-TP 2) with the saved
   logits and the losses of the two steps that followed the save (which a misplaced moment, e.g.
   swapped GLU gate/up halves, would change). The model tensors also load through
@@ -131,8 +131,8 @@ def test_moe_training_checkpoint_of_the_old_layout_resumes(case, tmp_path):
 
 
 def _load_moe_snippet(ckpt_dir: str, kw: dict):
-    from gigatron.compat.legacy_moe_checkpoint import PER_LAYER, legacy_moe_request
     from gigatron.core import dist_checkpointing
+    from gigatron.training.legacy_moe_checkpoint import PER_LAYER, legacy_moe_request
 
     model = fx.build_moe(**kw)[0].module.eval()
     with torch.no_grad():

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from gigatron.core import dist_checkpointing as dc
+from gigatron.core.dist_checkpointing import checkpoint_files as commit
 from gigatron.core.dist_checkpointing.strategies import torch as torch_strategy
-from gigatron.training import checkpoint_files as commit
 from gigatron.training import checkpointing as ckpt
 from tests._paths import REPO
 from tests.training.test_checkpointing import _args, _setup, _step

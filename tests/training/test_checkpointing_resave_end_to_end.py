@@ -112,7 +112,7 @@ def _publish_fails_on_rank0(root):
     (none waits in a collective) and the tracked copy still loads."""
     import torch.distributed as dist
 
-    from gigatron.training import checkpoint_files as commit
+    from gigatron.core.dist_checkpointing import checkpoint_files as commit
 
     model = _RowSharded(seed=dist.get_rank())
     ckpt.save_checkpoint(6, model, None, None, args=_args(root))

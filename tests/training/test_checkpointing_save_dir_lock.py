@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from gigatron.core.dist_checkpointing import CheckpointingException
+from gigatron.core.dist_checkpointing import checkpoint_files as commit
 from gigatron.testing import run_distributed
-from gigatron.training import checkpoint_files as commit
 from gigatron.training import checkpointing as ckpt
 from tests._paths import REPO
 from tests.training.test_checkpointing import _args, _setup

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from gigatron.core.dist_checkpointing import CheckpointingException
+from gigatron.core.dist_checkpointing import checkpoint_files as commit
 from gigatron.core.dist_checkpointing.strategies import torch as torch_strategy
 from gigatron.testing import run_distributed
-from gigatron.training import checkpoint_files as commit
 from gigatron.training import checkpointing as ckpt
 from tests._paths import REPO
 from tests.training.test_checkpointing import _args, _setup

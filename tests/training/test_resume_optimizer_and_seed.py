@@ -112,7 +112,7 @@ def test_the_chosen_side_is_what_the_param_groups_hold(tmp_path):
 def test_another_clip_grad_runs_with_a_note_but_adam_eps_is_refused():
     """--clip-grad is no optimizer state: a different value needs no side chosen; the load
     line names both values. Adam's eps still needs one."""
-    from gigatron.training import _checkpoint_args as ca
+    from gigatron.training import _resume_checks as ca
 
     saved = argparse.Namespace(optimizer="adam", adam_eps=1e-8, clip_grad=1.0)
     flags = argparse.Namespace(optimizer="adam", adam_eps=1e-8, clip_grad=2.0)

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from gigatron.convert.checkpoint_args import command_line_dests
 from gigatron.training.arguments import build_parser, parse_args
+from gigatron.training.checkpoint_args import command_line_dests
 
 # Nine levels of nine aliases under one flag: 9**9 (387 million) strings once expanded.
 _LEVELS = ["&a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + [

@@ -18,13 +18,13 @@ import torch
 from torch import Tensor
 
 from gigatron.core import parallel_state, tensor_parallel
-from gigatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's name here
     PackedSeqParams,  # noqa: F401
     layout_bounds,
 )
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.rope.rope_utils import apply_rotary_pos_emb
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
 from gigatron.core.transformer.transformer_config import MLATransformerConfig  # noqa: F401  (Megatron imports it from here)
 from gigatron.core.transformer.utils import check_attention_mask

@@ -32,12 +32,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gigatron.core import parallel_state
-from gigatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
-from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-from gigatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
-    YarnRotaryEmbedding,
-    _yarn_get_mscale,
-)
 from gigatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -46,6 +40,12 @@ from gigatron.core.tensor_parallel.mappings import (
 from gigatron.core.transformer.attention import Attention
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.rope.rope_utils import apply_rotary_pos_emb
+from gigatron.core.transformer.rope.rotary_pos_embedding import RotaryEmbedding
+from gigatron.core.transformer.rope.yarn_rotary_pos_embedding import (
+    YarnRotaryEmbedding,
+    _yarn_get_mscale,
+)
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
 from gigatron.core.utils import divide
 

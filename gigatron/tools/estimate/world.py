@@ -4,8 +4,8 @@
 is `rank` (backend "fake": collectives return at once, nothing is spawned or connected), builds
 gigatron's model-parallel groups there, sets the training args, and tears everything down on
 exit. Inside, `build_chunks(args)` is the rank's model exactly as `gigatron train` builds it
-(pretrain_gpt's model_provider, one chunk per virtual stage), on the meta device: every shape and
-buffer, no memory.
+(`model_provider` over `gpt_builder`, one chunk per virtual stage), on the meta device: every
+shape and buffer, no memory.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import contextlib
 import io
 import os
 import sys
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from gigatron.core import parallel_state as ps
 from gigatron.training import global_vars
-from gigatron.training.pretrain_gpt import model_provider
+from gigatron.training.gpt_builders import gpt_builder
+from gigatron.training.model_provider import model_provider
 from gigatron.training.training import get_model
 from gigatron.training.utils import PARALLEL_SIZE_FLAGS, args_by_name
 
@@ -67,4 +69,4 @@ def build_chunks(args) -> list[torch.nn.Module]:
     """This rank's model chunks (one per virtual stage) on the meta device, not DDP-wrapped."""
     args.perform_initialization = False
     with torch.device("meta"), contextlib.redirect_stdout(io.StringIO()):  # its count line
-        return get_model(model_provider, wrap_with_ddp=False)
+        return get_model(partial(model_provider, gpt_builder), wrap_with_ddp=False)

@@ -12,9 +12,6 @@ Used by `gigatron.training.arguments` (mirrors parts of `megatron.training.argum
   numbers gigatron computes (each is listed in `NO_OPS` with the reason);
 - refused: values gigatron cannot honour (`--ckpt-format torch`, `--use-legacy-models`, ...),
   a ValueError naming the flag, raised by `validate_compat_args`.
-
-Imports `gigatron.core` (its enums): only `gigatron.training` may import this module (see
-`gigatron.compat`).
 """
 
 from __future__ import annotations

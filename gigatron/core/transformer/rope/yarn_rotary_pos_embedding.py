@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from gigatron.core.transformer.rope.rotary_pos_embedding import RotaryEmbedding
 
 
 def _yarn_get_mscale(scale: float = 1, mscale: float = 1) -> float:

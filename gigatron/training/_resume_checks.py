@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import os
 
-from gigatron.core import dist_checkpointing
-from gigatron.training import checkpoint_files as commit
+from gigatron.training.checkpoint_args import saved_checkpoint
 from gigatron.training.global_vars import get_args
 from gigatron.training.utils import print_rank_0
 
@@ -113,15 +112,6 @@ FORCE_FIELDS = (  # the checkpoint's value replaces the command line's
     "mscale",
     "mscale_all_dim",
 )
-
-
-def saved_checkpoint(root: str) -> tuple[str, object] | None:
-    """(checkpoint directory, its saved args or None) for the tracker under `root`, or None
-    when `root` holds no complete checkpoint (load_checkpoint reports that case)."""
-    ckpt_dir = commit.tracked_dir(root, warn=False) if root else None
-    if ckpt_dir is None or not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
-        return None
-    return ckpt_dir, dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")
 
 
 def _applies(name: str, args, ckpt) -> bool:

@@ -12,13 +12,13 @@ import warnings
 import torch
 from torch import Tensor
 
-from gigatron.core.models.common.embeddings._rope_megatron import (
+from gigatron.core.packed_seq_params import thd_document_positions
+from gigatron.core.transformer.rope._rope_megatron import (
     _apply_rotary_pos_emb_bshd,
     _apply_rotary_pos_emb_thd,
     _get_thd_freqs_on_this_cp_rank,
     _rotate_half,
 )
-from gigatron.core.packed_seq_params import thd_document_positions
 
 __all__ = [
     "_apply_rotary_pos_emb_bshd",

@@ -13,10 +13,10 @@ import math
 import torch
 from torch import Tensor
 
-from gigatron.core.models.common.embeddings._multimodal_rope import (  # noqa: F401  (Megatron name)
+from gigatron.core.transformer.rope._multimodal_rope import (  # noqa: F401  (Megatron name)
     MultimodalRotaryEmbedding,
 )
-from gigatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+from gigatron.core.transformer.rope.rope_utils import apply_rotary_pos_emb
 
 __all__ = ["RotaryEmbedding", "apply_rotary_pos_emb"]
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from gigatron.core import parallel_state
-from gigatron.core.models.common.embeddings.rope_utils import get_pos_emb_on_this_cp_rank
+from gigatron.core.transformer.rope.rope_utils import get_pos_emb_on_this_cp_rank
 
 
 class MultimodalRotaryEmbedding(torch.nn.Module):

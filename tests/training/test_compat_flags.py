@@ -1,11 +1,10 @@
-"""Megatron example-script flags (gigatron.compat.training_args): each parses to Megatron's
+"""Megatron example-script flags (gigatron.training.compat_flags): each parses to Megatron's
 attribute, no-ops are documented, refused values raise a ValueError naming the flag, the
 weight-decay schedule equals megatron-core's scheduler, "did you mean" suggests related flags."""
 
 import pytest
 import torch
 
-from gigatron.compat.training_args import NO_OPS, moe_freq_type
 from gigatron.core.transformer.enums import AttnBackend
 from gigatron.training.arguments import (
     _known_flags,
@@ -14,6 +13,7 @@ from gigatron.training.arguments import (
     suggest_flag,
     validate_args,
 )
+from gigatron.training.compat_flags import NO_OPS, moe_freq_type
 from tests._paths import REPO
 
 BASE = (
@@ -326,7 +326,7 @@ def test_tokenizer_types_accepted_are_the_ones_built():
     """Every accepted --tokenizer-type has a branch in build_tokenizer (the list cannot drift)."""
     import inspect
 
-    from gigatron.compat.training_args import TOKENIZER_TYPES
+    from gigatron.training.compat_flags import TOKENIZER_TYPES
     from gigatron.training.tokenizer import tokenizer
 
     source = inspect.getsource(tokenizer.build_tokenizer)

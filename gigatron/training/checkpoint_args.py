@@ -1,4 +1,7 @@
-"""The training arguments a converted checkpoint or a Hugging Face directory carries.
+"""What a checkpoint's saved args carry, and the training arguments taken from them.
+
+`saved_checkpoint` / `saved_args` read the args Namespace a checkpoint saved (the one reader:
+resume checks, `--use-checkpoint-args`, the vocabulary padding and `gigatron generate` use it).
 
 `gigatron train --load OUT` and `gigatron generate --load OUT` (OUT written by `gigatron
 convert`, or saved by a run that started from one) and `--load HF_DIR` take the model shape,
@@ -23,8 +26,8 @@ from gigatron.convert.hf_config import (
     tokenizer_args,
 )
 from gigatron.core import dist_checkpointing
+from gigatron.core.dist_checkpointing import checkpoint_files as ckpt_files
 from gigatron.core.untrusted_yaml import read_yaml
-from gigatron.training import checkpoint_files as ckpt_files
 
 
 def command_line_dests(parser: argparse.ArgumentParser, argv: list[str], yaml_cfg=None) -> set:
@@ -38,12 +41,19 @@ def command_line_dests(parser: argparse.ArgumentParser, argv: list[str], yaml_cf
     return given
 
 
-def saved_args(load: str):
-    """The args Namespace saved in the checkpoint `load`'s tracker names (None: none)."""
-    ckpt_dir = ckpt_files.tracked_dir(load, warn=False)
+def saved_checkpoint(root: str) -> tuple[str, object] | None:
+    """(checkpoint directory, its saved args or None) for the tracker under `root`, or None
+    when `root` holds no complete checkpoint (load_checkpoint reports that case)."""
+    ckpt_dir = ckpt_files.tracked_dir(root, warn=False) if root else None
     if ckpt_dir is None or not dist_checkpointing.check_is_distributed_checkpoint(ckpt_dir):
         return None
-    return dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")
+    return ckpt_dir, dist_checkpointing.load_common_state_dict(ckpt_dir).get("args")
+
+
+def saved_args(load: str):
+    """The args Namespace saved in the checkpoint `load`'s tracker names (None: none)."""
+    found = saved_checkpoint(load)
+    return None if found is None else found[1]
 
 
 def hf_dir_args(hf_dir: str) -> dict:

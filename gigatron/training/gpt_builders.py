@@ -1,0 +1,50 @@
+"""`gpt_builder`: the GPTModel the training flags describe (Megatron-LM's gpt_builders.py).
+
+Megatron-LM keeps its model builders beside pretrain_gpt.py so that other programs (generation,
+RL, estimators) build the same model without importing the training script; here they sit in
+the training library for the same reason: `gigatron generate` and `gigatron estimate` build the
+model `gigatron train` trains through `model_provider(gpt_builder, ...)`.
+"""
+
+from __future__ import annotations
+
+from gigatron.core.models.gpt import GPTModel
+from gigatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
+    get_gpt_layer_fast_spec,
+)
+from gigatron.training import _pretrain_common as common
+from gigatron.training._config_from_args import core_transformer_config_from_args
+from gigatron.training.utils import args_by_name
+
+
+def gpt_builder(
+    args, pre_process=True, post_process=True, vp_stage=None, config=None, pg_collection=None
+) -> GPTModel:
+    """GPTModel from the flags (fast spec: same numbers as the local spec, faster kernels).
+    With `--num-experts` the decoder comes from `get_gpt_decoder_block_spec`, as Megatron's
+    pretrain_gpt builds it: MoE layers where `--moe-layer-freq` says, dense ones elsewhere.
+    `config` (a TransformerConfig) replaces the one the flags give; `pg_collection` is
+    Megatron's argument and must be None (the groups come from parallel_state)."""
+    if pg_collection is not None:
+        raise ValueError(
+            "gpt_builder: pg_collection must be None (gigatron builds models on parallel_state's "
+            "groups)"
+        )
+    config = config if config is not None else core_transformer_config_from_args(args)
+    if args.num_experts:
+        spec = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=True, normalization=args.normalization, vp_stage=vp_stage
+        )
+    else:
+        spec = get_gpt_layer_fast_spec(
+            **args_by_name(args, "qk_layernorm multi_latent_attention normalization"),
+        )
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        **common.language_model_kwargs(args, pre_process, post_process),
+        **args_by_name(args, "rotary_percent rotary_base rope_scaling_factor"),
+        rope_scaling=args.use_rope_scaling,
+        vp_stage=vp_stage,
+    )
