@@ -71,6 +71,10 @@ def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None, a
     if args.yaml_cfg:
         apply_yaml(parser, args, argv)
     for key, value in (args_defaults or {}).items():
+        if key == "tokenizer_type" and getattr(args, "vocab_file", None) is None:
+            # gigatron: the script's WordPiece / BPE default needs its --vocab-file; without one,
+            # --vocab-size alone keeps gigatron's NullTokenizer (Megatron stops on the file)
+            continue
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     return args

@@ -150,6 +150,12 @@ def _build_tokenizer(args) -> None:
 
     if args.tokenizer_type is None:
         if args.vocab_size is None:
+            if getattr(args, "padded_vocab_size", None) is None:
+                raise ValueError(
+                    "no tokenizer: pass --tokenizer-type with its files (--vocab-file / "
+                    "--merge-file / --tokenizer-model), or --vocab-size N for "
+                    "NullTokenizer (mock data)"
+                )
             return  # the script brings its own vocabulary (padded_vocab_size set by it)
         args.tokenizer_type = "NullTokenizer"
     from gigatron.training.tokenizer import build_tokenizer
