@@ -127,7 +127,6 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "moe_router_topk_limited_devices": (None, _MOE),
     "moe_router_padding_for_quantization": (False, _TE),
     "moe_router_padding_for_fp8": (False, _TE),
-    "moe_router_force_load_balancing": (False, _MOE),
     "moe_use_legacy_grouped_gemm": (False, "the legacy grouped_gemm package is not used"),
     "moe_token_dropping": (False, _MOE),
     "moe_enable_deepep": (False, _MOE),

@@ -81,6 +81,9 @@ NOT_FROM_FLAGS = (
     "moe_permute_fusion",
     "moe_router_fusion",
     "barrier_with_L1_time",
+    # backend choices the training layer answers (compat.training_args.BACKEND_ONLY)
+    "moe_flex_dispatcher_backend",
+    "disable_bf16_reduced_precision_matmul",
 )
 
 
@@ -103,8 +106,13 @@ def core_transformer_config_from_args(args, config_class=None):
 
 def ddp_config_from_args(args):
     """DistributedDataParallelConfig by field name; bf16 keeps fp32 gradient buffers."""
-    kw = fields_from_args(DistributedDataParallelConfig, args)
-    kw["grad_reduce_in_fp32"] = args.accumulate_allreduce_grads_in_fp32 or args.bf16
+    # --use-nccl-ub / --fsdp-manual-registration: backend flags answered by one printed line
+    kw = fields_from_args(
+        DistributedDataParallelConfig, args, skip=("nccl_ub", "fsdp_manual_registration")
+    )
+    # Megatron: bf16 reduces in fp32 unless --grad-reduce-in-bf16
+    bf16_fp32 = args.bf16 and not getattr(args, "grad_reduce_in_bf16", False)
+    kw["grad_reduce_in_fp32"] = args.accumulate_allreduce_grads_in_fp32 or bf16_fp32
     if args.ddp_bucket_size is not None:
         kw["bucket_size"] = args.ddp_bucket_size
     return DistributedDataParallelConfig(**kw)

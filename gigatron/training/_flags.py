@@ -84,6 +84,10 @@ def _model_args(p):
     _add(g, "--moe-router-load-balancing-type", str, "aux_loss", "aux_loss | seq_aux_loss | none")
     _add(g, "--moe-z-loss-coeff", float, None, "router z-loss weight")
     _add(g, "--moe-router-pre-softmax", bool, help_="softmax before the top-k selection")
+    _add(g, "--moe-router-force-load-balancing", bool,
+         help_="benchmarks: route on random logits (balanced load; gradients pass straight "
+         "through to the gate)")  # fmt: skip
+    _add(g, "--moe-per-layer-logging", bool, help_="log the MoE auxiliary losses of each layer")
 
 
 def _parallel_args(p):
@@ -124,6 +128,8 @@ def _training_args(p):
     g = p.add_argument_group("optimizer, precision and step")
     _add(g, "--lr", float, None, "peak learning rate")
     _add(g, "--min-lr", float, 0.0, "minimum learning rate")
+    _add(g, "--decoupled-lr", float, None, "peak learning rate of the embedding and output layer")
+    _add(g, "--decoupled-min-lr", float, None, "minimum learning rate of --decoupled-lr's params")
     _add(g, "--weight-decay", float, 0.01, "weight decay")
     _add(g, "--clip-grad", float, 1.0, "gradient clipping by global norm (0 disables)")
     _add(g, "--adam-beta1", float, 0.9, "Adam beta1")
@@ -133,11 +139,16 @@ def _training_args(p):
     _add(g, "--sgd-momentum", float, 0.9, "SGD momentum")
     _add(g, "--bf16", bool, help_="bf16 parameters with fp32 main weights")
     _add(g, "--fp16", bool, help_="fp16 parameters with loss scaling")
+    _add(g, "--grad-reduce-in-bf16", bool, help_="with --bf16: bf16 gradient buffers and "
+         "reductions (default: fp32)")  # fmt: skip
     _add(g, "--loss-scale", float, None, "static loss scale (default dynamic)")
     _add(g, "--initial-loss-scale", float, 2.0**32, "initial dynamic loss scale")
     _add(g, "--recompute-granularity", str, None, "full | selective", choices=["full", "selective"])
     _add(g, "--recompute-method", str, None, "uniform | block", choices=["uniform", "block"])
     _add(g, "--recompute-num-layers", int, None, "layers recomputed")
+    _add(g, "--recompute-modules", str, None, "with --recompute-granularity selective: "
+         "core_attn (default) mlp moe shared_experts moe_act layernorm mla_up_proj",
+         nargs="*")  # fmt: skip
     _add(g, "--calculate-per-token-loss", bool, help_="average the loss over all tokens of a step")
     _add(g, "--cross-entropy-loss-fusion", bool, help_="output layer + cross entropy in chunks")
     _add(

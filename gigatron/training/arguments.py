@@ -71,6 +71,10 @@ def parse_args(extra_args_provider=None, ignore_unknown_args=False, argv=None, a
     if args.yaml_cfg:
         apply_yaml(parser, args, argv)
     for key, value in (args_defaults or {}).items():
+        if key == "tokenizer_type" and getattr(args, "vocab_file", None) is None:
+            # gigatron: the script's WordPiece / BPE default needs its --vocab-file; without one,
+            # --vocab-size alone keeps gigatron's NullTokenizer (Megatron stops on the file)
+            continue
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     return args
@@ -224,6 +228,12 @@ def validate_args(args, world_size: int | None = None):
             + cli_errors.launch_hint(ws, model_parallel)
         )
     args.data_parallel_size = ws // model_parallel
+    if args.step_batch_size_schedule is not None and args.global_batch_size is not None:
+        raise ValueError(
+            "Cannot specify both --step-batch-size-schedule and --global-batch-size "
+            f"({args.global_batch_size}): the schedule gives every step's global batch "
+            "(Megatron's rule)"
+        )
     if args.global_batch_size is None:
         args.global_batch_size = args.micro_batch_size * args.data_parallel_size
     if args.global_batch_size % (args.micro_batch_size * args.data_parallel_size):
@@ -301,6 +311,8 @@ def validate_args(args, world_size: int | None = None):
     args.params_dtype = (
         torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
     )
+    if args.bf16 and args.grad_reduce_in_bf16:  # Megatron: bf16 buffers win over the fp32 ones
+        args.accumulate_allreduce_grads_in_fp32 = False
     if args.transformer_impl != "local":
         args.transformer_impl = "local"  # no Transformer Engine: the local spec is the only one
     if not args.mock_data and not args.data_path:

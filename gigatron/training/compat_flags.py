@@ -60,6 +60,35 @@ NO_OPS = {
     "--moe-router-fusion": "no fused router kernel; the plain path computes the same",
 }
 
+# Megatron flags that pick a backend gigatron does not have: accepted, and one line on rank 0
+# says what runs instead (dest -> (flag as printed, what runs)). A flag set at its default says
+# nothing.
+BACKEND_ONLY = {
+    "nccl_ub": (
+        "--use-nccl-ub",
+        "gradients and parameters are reduced / gathered from "
+        "ordinary buffers (no NCCL user-buffer registration); same numbers",
+    ),
+    "fsdp_manual_registration": (
+        "--fsdp-manual-registration",
+        "no Megatron-FSDP buffers to register (Megatron uses it only with --use-megatron-fsdp)",
+    ),
+    "enable_experimental": (
+        "--enable-experimental",
+        "gigatron has no experimental-only code "
+        "paths; every feature it implements runs without this switch",
+    ),
+    "export_force_local_attention": (
+        "--export-force-local-attention",
+        "a ModelOpt export switch; gigatron's attention is always its local one",
+    ),
+    "enable_gpt_oss": (
+        "--enable-gpt-oss",
+        "a ModelOpt export switch, unused by Megatron's "
+        "training; the model is the one the other flags describe",
+    ),
+}
+
 _MOE_FREQ_MAX_LAYERS = 100_000  # a pattern longer than any model is refused, not built
 
 
@@ -198,6 +227,17 @@ def add_compat_args(p) -> None:
         default=True,
     )
 
+    g = p.add_argument_group("megatron compatibility: backends (one line says what runs)")
+    _flag(g, "--use-nccl-ub", action="store_true", dest="nccl_ub")
+    for flag in ("--fsdp-manual-registration", "--enable-experimental",
+                 "--export-force-local-attention", "--enable-gpt-oss"):  # fmt: skip
+        _flag(g, flag, action="store_true")
+    _flag(g, "--moe-flex-dispatcher-backend", type=str, default="deepep",
+          choices=["deepep", "hybridep", "ncclep"],
+          help="with --moe-token-dispatcher-type flex: the alltoall dispatcher runs")  # fmt: skip
+    _flag(g, "--disable-bf16-reduced-precision-matmul", action="store_true",
+          help="with --bf16: no reduced-precision reductions in CUDA bf16 matmuls")  # fmt: skip
+
     g = p.add_argument_group("megatron compatibility: checkpoints and logging")
     _flag(g, "--use-dist-ckpt", action="store_true", dest="use_dist_ckpt_deprecated")
     _flag(g, "--no-barrier-with-level-1-timing", action="store_false", dest="barrier_with_L1_time")
@@ -294,8 +334,32 @@ def _legacy_spellings(args) -> None:
         raise ValueError("--squared-relu excludes --swiglu and --openai-gelu (one MLP activation)")
 
 
+def _say(args, line: str) -> None:
+    if getattr(args, "rank", 0) == 0:
+        print(f"gigatron: {line}", flush=True)
+
+
+def _backend_only(args) -> None:
+    """One line per backend flag set: what runs instead (Megatron's recipes pass them)."""
+    for dest, (flag, instead) in BACKEND_ONLY.items():
+        if getattr(args, dest, False):
+            _say(args, f"{flag}: {instead}")
+    if args.moe_token_dispatcher_type == "flex":
+        backend = args.moe_flex_dispatcher_backend
+        _say(args, f"--moe-token-dispatcher-type flex (--moe-flex-dispatcher-backend {backend}): "
+             "gigatron's alltoall dispatcher runs (the same routing and numbers; no "
+             f"{backend} kernels)")  # fmt: skip
+        args.moe_token_dispatcher_type = "alltoall"
+    if args.disable_bf16_reduced_precision_matmul:
+        if args.bf16:  # Megatron's TransformerConfig sets the same torch switch
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        _say(args, "--disable-bf16-reduced-precision-matmul: CUDA bf16 matmuls reduce in full "
+             "precision" + ("" if args.bf16 else " (no effect without --bf16)"))  # fmt: skip
+
+
 def validate_compat_args(args) -> None:
     """Derived values and refusals for the flags of this module (called by validate_args)."""
+    _backend_only(args)
     if getattr(args, "use_legacy_models", False):
         raise ValueError("--use-legacy-models: gigatron has only the Megatron Core models")
     fmt = args.ckpt_format
@@ -353,6 +417,7 @@ _MOE_DEFAULTS = {
     "moe_router_group_topk": None,
     "moe_shared_expert_overlap": False,
     "moe_input_jitter_eps": None,
+    "moe_router_force_load_balancing": False,
 }
 
 

@@ -7,6 +7,7 @@ as a plain single process. Without GPUs the backend is gloo on CPU.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sys
@@ -143,12 +144,27 @@ def _set_random_seed(
     )
 
 
+def _set_logging_level(args) -> None:
+    """Megatron's order: --logging-level, else MEGATRON_LOGGING_LEVEL, else the root's own."""
+    level = getattr(args, "logging_level", None)
+    if level is None and os.environ.get("MEGATRON_LOGGING_LEVEL") is not None:
+        level = int(os.environ["MEGATRON_LOGGING_LEVEL"])
+    if level is not None:
+        logging.getLogger().setLevel(level)
+
+
 def _build_tokenizer(args) -> None:
     """Build the tokenizer named by the flags and pad the vocabulary (Megatron does it here)."""
     from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
 
     if args.tokenizer_type is None:
         if args.vocab_size is None:
+            if getattr(args, "padded_vocab_size", None) is None:
+                raise ValueError(
+                    "no tokenizer: pass --tokenizer-type with its files (--vocab-file / "
+                    "--merge-file / --tokenizer-model), or --vocab-size N for "
+                    "NullTokenizer (mock data)"
+                )
             return  # the script brings its own vocabulary (padded_vocab_size set by it)
         args.tokenizer_type = "NullTokenizer"
     from gigatron.training.tokenizer import build_tokenizer
@@ -226,6 +242,7 @@ def initialize_megatron(
         load_args_from_checkpoint(args)  # the model flags, before validate_args derives from them
     world_size = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
     validate_args(args, world_size)  # errors surface before any process group exists
+    _set_logging_level(args)
     global_vars.set_args(args)
     global_vars.set_timers(Timers(log_level=0))
     _build_tokenizer(args)

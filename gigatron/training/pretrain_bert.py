@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None):
         ModelType.encoder_or_decoder,
         forward_step,
         extra_args_provider=add_bert_args,
+        args_defaults={"tokenizer_type": "BertWordPieceLowerCase"},  # Megatron's default
         argv=argv,
     )
     destroy_distributed()  # a clean exit (the process group this entry point created)

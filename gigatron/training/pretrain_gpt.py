@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         model_provider,
         ModelType.encoder_or_decoder,
         forward_step,
+        args_defaults={"tokenizer_type": "GPT2BPETokenizer"},  # Megatron's default
         argv=argv,
     )
     destroy_distributed()  # a clean exit (the process group this entry point created)

@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None):
         forward_step,
         extra_args_provider=add_t5_args,
         get_position_embedding_ranks=t5_position_embedding_ranks,
+        args_defaults={"tokenizer_type": "BertWordPieceLowerCase"},  # Megatron's default
         argv=argv,
     )
     destroy_distributed()  # a clean exit (the process group this entry point created)

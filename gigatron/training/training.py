@@ -172,7 +172,17 @@ def update_train_iters(args) -> None:
     counted step by step; a partial last batch is dropped). Nothing with --train-iters."""
     if args.train_iters:
         return
-    if not args.rampup_batch_size:
+    if args.step_batch_size_schedule is not None:
+        from gigatron.core.num_microbatches_calculator import get_current_global_batch_size
+
+        iterations, consumed = 0, 0
+        while consumed < args.train_samples:  # each step takes the schedule's batch
+            update_num_microbatches(consumed, consistency_check=False)
+            consumed += get_current_global_batch_size()
+            iterations += 1
+        update_num_microbatches(0, consistency_check=False)
+        args.train_iters = iterations
+    elif not args.rampup_batch_size:
         args.train_iters = args.train_samples // args.global_batch_size
     else:
         from gigatron.core.num_microbatches_calculator import get_current_global_batch_size
@@ -437,6 +447,8 @@ def pretrain(
         args.global_batch_size,
         args.micro_batch_size,
         args.data_parallel_size,
+        step_batch_size_schedule=args.step_batch_size_schedule,
+        seq_length=args.seq_length if args.step_batch_size_schedule is not None else None,
     )
     if args.save and not getattr(args, "skip_train", False):
         from gigatron.training.checkpointing import lock_save_dir

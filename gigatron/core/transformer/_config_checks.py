@@ -10,7 +10,15 @@ import numbers
 
 from gigatron.core.transformer._layer_split import layer_split
 
-SUPPORTED_RECOMPUTE_MODULES = ("core_attn", "mlp")
+SUPPORTED_RECOMPUTE_MODULES = (
+    "core_attn",
+    "mlp",
+    "moe",
+    "shared_experts",
+    "moe_act",
+    "layernorm",
+    "mla_up_proj",
+)
 
 
 def check_architecture(cfg) -> None:
@@ -173,6 +181,22 @@ def check_recompute(cfg) -> None:
             raise ValueError(
                 f"recompute_modules entry {module!r} is not supported by gigatron "
                 f"(supported: {', '.join(SUPPORTED_RECOMPUTE_MODULES)})"
+            )
+    if gran == "selective":  # Megatron's rules for the module names
+        modules = cfg.recompute_modules
+        if "moe_act" in modules and not cfg.moe_grouped_gemm:
+            raise ValueError("moe_act in recompute_modules is only supported with moe_grouped_gemm")
+        if "mla_up_proj" in modules and not getattr(cfg, "multi_latent_attention", False):
+            raise ValueError(
+                "mla_up_proj in recompute_modules is only supported with multi_latent_attention"
+            )
+        if (
+            "shared_experts" in modules
+            and cfg.moe_shared_expert_intermediate_size is not None
+            and cfg.moe_shared_expert_overlap
+        ):
+            raise ValueError(
+                "shared_experts recompute cannot work with moe_shared_expert_overlap=True"
             )
 
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gigatron.core import parallel_state
+from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -256,6 +256,7 @@ class MLASelfAttention(MultiLatentAttention):
         c = self.config
         inference_context = inference_context if inference_context is not None else inference_params
         sp = c.sequence_parallel and self.tp_size > 1
+        q = q_latent = None
         if c.q_lora_rank is None:
             q, _ = self.linear_q_proj(hidden_states)  # [s, b, np*qhd]
         else:
@@ -263,7 +264,6 @@ class MLASelfAttention(MultiLatentAttention):
             q_latent = self._whole_latent(q_latent, c.q_lora_rank)  # [s, b, q_lora_rank]
             if sp:  # the norm and q_up take this rank's s/tp rows, like the block input
                 q_latent = scatter_to_sequence_parallel_region(q_latent)
-            q, _ = self.linear_q_up_proj(self.q_layernorm(q_latent))  # [s, b, np*qhd]
         kv_combined, _ = self.linear_kv_down_proj(hidden_states)
         kv_combined = self._whole_latent(kv_combined, c.kv_lora_rank + c.qk_pos_emb_head_dim)
         kv_latent, k_rope = torch.split(
@@ -275,6 +275,27 @@ class MLASelfAttention(MultiLatentAttention):
             # Every head uses the one rotary key; each rank holds only its heads, so its grad is
             # summed over TP here (kv_latent's and q's are summed by the column-parallel up-proj).
             k_rope = copy_to_tensor_model_parallel_region(k_rope)
+
+        def up_proj_and_rope(q, q_latent, kv_latent, k_rope):
+            return self._up_proj_and_rope(q, q_latent, kv_latent, k_rope, inference_context)
+
+        if (
+            c.recompute_granularity == "selective"
+            and "mla_up_proj" in c.recompute_modules
+            and self.training
+            and torch.is_grad_enabled()
+        ):  # recompute "mla_up_proj": the up projections and RoPE run again at backward
+            args = (q, q_latent, kv_latent, k_rope)
+            return tensor_parallel.checkpoint(up_proj_and_rope, False, *args)
+        return up_proj_and_rope(q, q_latent, kv_latent, k_rope)
+
+    def _up_proj_and_rope(self, q, q_latent, kv_latent, k_rope, inference_context):
+        """q [s, b, np*qhd] (no q LoRA) or q_latent [s(/tp), b, q_lora_rank], kv_latent
+        [s(/tp), b, kv_lora_rank], k_rope [s, b, r] -> query, key [s, b, np, qhd], value
+        [s, b, np, vhd]."""
+        c = self.config
+        if q is None:
+            q, _ = self.linear_q_up_proj(self.q_layernorm(q_latent))  # [s, b, np*qhd]
         kv, _ = self.linear_kv_up_proj(self.kv_layernorm(kv_latent))  # [s, b, np*(qk+vhd)]
 
         s, b = q.shape[:2]

@@ -193,6 +193,9 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """Recompute whole MoE layers."""
     moe_per_layer_logging: bool = False
     """Log MoE statistics per layer."""
+    moe_router_force_load_balancing: bool = False
+    """Benchmarks: route on random normal logits (each rank its own expert-parallel RNG stream);
+    the gradient passes straight through to the gate's logits."""
 
     # ---- FP8 (gigatron's own linears through torchao; docs/fp8.md) ----
     fp8: str | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 from gigatron.core import parallel_state, tensor_parallel
@@ -145,8 +146,13 @@ class TransformerLayer(MegatronModule):
         if hasattr(self.mlp, "set_layer_number"):  # MoE layers file aux losses per layer
             self.mlp.set_layer_number(self.layer_number)
         self.mlp_bda = build_module(submodules.mlp_bda)
-        self.recompute_mlp = (
-            config.recompute_granularity == "selective" and "mlp" in config.recompute_modules
+        # Megatron's selective recompute by module: "mlp" the dense MLP, "moe" the whole MoE
+        # layer (checkpointed), "layernorm" both norms (outputs freed, recomputed at backward)
+        selective = config.recompute_modules if config.recompute_granularity == "selective" else ()
+        is_moe = getattr(self.mlp, "router", None) is not None
+        self.recompute_mlp = ("moe" if is_moe else "mlp") in selective
+        self.recompute_layernorm = (
+            "layernorm" in selective and not config.apply_residual_connection_post_layernorm
         )
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
@@ -166,6 +172,20 @@ class TransformerLayer(MegatronModule):
         return bda(self.training, self.config.bias_dropout_fusion)(
             out_with_bias, residual, self.hidden_dropout
         )
+
+    def _norm_checkpoint(self, norm):
+        """A CheckpointWithoutOutput for `norm` under recompute "layernorm" while training; None
+        otherwise or for an identity norm (IdentityOp returns its input: nothing to free)."""
+        if not (self.recompute_layernorm and self.training and torch.is_grad_enabled()):
+            return None
+        if isinstance(norm, IdentityOp):
+            return None
+        return tensor_parallel.CheckpointWithoutOutput()
+
+    @staticmethod
+    def _norm(norm, x: Tensor, ckpt) -> Tensor:
+        """norm(x) [s, b, h]; its output freed after use and recomputed under `ckpt`."""
+        return norm(x) if ckpt is None else ckpt.checkpoint(norm, x)
 
     def _mlp(self, x: Tensor):
         if not (self.recompute_mlp and self.training):
@@ -199,7 +219,8 @@ class TransformerLayer(MegatronModule):
     ) -> tuple[Tensor, Tensor | None]:
         """hidden_states [s, b, h] -> (hidden_states [s, b, h], context)."""
         residual = hidden_states
-        normed = self.input_layernorm(hidden_states)
+        norm_ckpt = self._norm_checkpoint(self.input_layernorm)
+        normed = self._norm(self.input_layernorm, hidden_states, norm_ckpt)
         if self.config.apply_residual_connection_post_layernorm:
             residual = normed
         attn_out = self.self_attention(
@@ -210,6 +231,8 @@ class TransformerLayer(MegatronModule):
             packed_seq_params=packed_seq_params,
             inference_context=inference_context,
         )
+        if norm_ckpt is not None:  # the norm's output is refilled when attention's grad arrives
+            norm_ckpt.discard_output_and_register_recompute(attn_out[0])
         hidden_states = self._bda(self.self_attn_bda, attn_out, residual)
 
         residual = hidden_states
@@ -222,10 +245,13 @@ class TransformerLayer(MegatronModule):
         hidden_states = self._bda(self.cross_attn_bda, cross_out, residual)
 
         residual = hidden_states
-        normed = self.pre_mlp_layernorm(hidden_states)
+        norm_ckpt = self._norm_checkpoint(self.pre_mlp_layernorm)
+        normed = self._norm(self.pre_mlp_layernorm, hidden_states, norm_ckpt)
         if self.config.apply_residual_connection_post_layernorm:
             residual = normed
         mlp_out = self._mlp(normed)
+        if norm_ckpt is not None:
+            norm_ckpt.discard_output_and_register_recompute(mlp_out[0])
         hidden_states = self._bda(self.mlp_bda, mlp_out, residual)
         output = make_viewless_tensor(
             hidden_states, requires_grad=hidden_states.requires_grad, keep_graph=True

@@ -79,7 +79,15 @@ def precision_of(args) -> Precision:
     and fp32 moments; gradients are fp32 with --bf16 or --accumulate-allreduce-grads-in-fp32;
     the flat Adam step (`flat_adam_step_of`) adds its group ids."""
     p = args.params_dtype.itemsize
-    grad = 4 if (p == 4 or args.accumulate_allreduce_grads_in_fp32 or args.bf16) else p
+    grad = (
+        4
+        if (
+            p == 4
+            or args.accumulate_allreduce_grads_in_fp32
+            or (args.bf16 and not getattr(args, "grad_reduce_in_bf16", False))
+        )
+        else p
+    )
     flat = int(flat_adam_step_of(args, grad))
     moments = 2 if args.optimizer == "adam" else int(bool(getattr(args, "sgd_momentum", 0.9)))
     return Precision(

@@ -65,3 +65,6 @@ class LoggerConfig:
 
     wandb_entity: str = ""
     """Accepted, no effect: W&B picks the entity from its own login (Megatron's default None)."""
+
+    logging_level: int | None = None
+    """Root logger level (10 DEBUG ... 50 CRITICAL); else MEGATRON_LOGGING_LEVEL, else INFO."""

@@ -37,6 +37,11 @@ class TrainingConfig:
     )
     """Start increment samples: grow the global batch from start by increment over samples."""
 
+    step_batch_size_schedule: str | None = None
+    """"THRESHOLD:BS THRESHOLD:BS ...": the global batch from each threshold on (suffixes K, M,
+    B, T; thresholds count tokens, converted to samples by --seq-length). Replaces
+    --global-batch-size."""
+
     train_iters: int | None = None
     """Training iterations."""
 

@@ -55,7 +55,11 @@ def test_unknown_name_suggests_the_closest_field():
             r"recompute_num_layers \(9\)",
         ),
         (dict(recompute_granularity="selective", recompute_num_layers=1), "must be None"),
-        (dict(recompute_granularity="selective", recompute_modules=["moe"]), "'moe' is not"),
+        (dict(recompute_granularity="selective", recompute_modules=["mhc"]), "'mhc' is not"),
+        (
+            dict(recompute_granularity="selective", recompute_modules=["moe_act"]),
+            "moe_act in recompute_modules is only supported with moe_grouped_gemm",
+        ),
         (dict(pipeline_model_parallel_size=3, pipeline_dtype=torch.float32), "divisible"),
         (dict(fp8="e4m3"), r"fp8_recipe='delayed' is not supported by gigatron"),
         (dict(fp8="e5m2"), r"fp8 \('e5m2'\) must be one of"),

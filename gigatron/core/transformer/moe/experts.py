@@ -41,6 +41,7 @@ from gigatron.compat import missing_names
 from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from gigatron.core.tensor_parallel.layers import _initialize_affine_weight_gpu  # Megatron's path
+from gigatron.core.tensor_parallel.random import CheckpointWithoutOutput
 from gigatron.core.transformer.mlp import MLP, MLPSubmodules
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
@@ -284,13 +285,29 @@ class GroupedMLP(MegatronModule):
         if self.fp8_recipe is not None:
             return fp8_grouped_mlp(self, x, w1, w2, tokens_per_expert, permuted_probs), None
         fc1 = grouped_gemm(x, w1, tokens_per_expert)  # [N, glu*f/etp]
+        c = self.config
+        if (
+            c.recompute_granularity == "selective"
+            and "moe_act" in c.recompute_modules
+            and self.training
+            and torch.is_grad_enabled()
+        ):  # recompute "moe_act": the activation's output is freed and refilled at backward
+            ckpt = CheckpointWithoutOutput()
+            act = ckpt.checkpoint(self._weighted_activation, fc1, permuted_probs)
+            out = grouped_gemm(act, w2, tokens_per_expert)  # [N, h]
+            ckpt.discard_output_and_register_recompute(out)
+            return out, None
+        act = self._weighted_activation(fc1, permuted_probs)  # [N, f/etp]
+        return grouped_gemm(act, w2, tokens_per_expert), None
+
+    def _weighted_activation(self, fc1: Tensor, probs: Tensor) -> Tensor:
+        """fc1 [N, glu*f/etp], probs [N] -> act(fc1) * probs [N, f/etp] in fc1's dtype."""
         if self.config.gated_linear_unit:
             gate, up = torch.chunk(fc1, 2, dim=-1)
             act = self.activation_func(gate) * (up + self.config.glu_linear_offset)
         else:
             act = self.activation_func(fc1)
-        act = (act * permuted_probs.unsqueeze(-1)).to(x.dtype)
-        return grouped_gemm(act, w2, tokens_per_expert), None
+        return (act * probs.unsqueeze(-1)).to(fc1.dtype)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
         """weight1 / weight2 as factories saving SequentialMLP's global expert tensors

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from gigatron.compat import missing_names
+from gigatron.core import tensor_parallel
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
 from gigatron.core.transformer.moe._checks import check_moe_config
@@ -130,6 +132,16 @@ class MoELayer(BaseMoELayer):
         per-expert slices read the token counts on the host."""
         return self.token_dispatcher.dropless_local and getattr(self.experts, "sync_free", False)
 
+    def _recompute_shared_experts(self) -> bool:
+        """Selective recompute "shared_experts": checkpoint them while training."""
+        c = self.config
+        return (
+            c.recompute_granularity == "selective"
+            and "shared_experts" in c.recompute_modules
+            and self.training
+            and torch.is_grad_enabled()
+        )
+
     def route(self, hidden_states: Tensor, padding_mask: Tensor | None = None):
         """[s, b, h] -> (probs [T, E], routing_map [T, E])."""
         return self.router(hidden_states, padding_mask)
@@ -154,7 +166,11 @@ class MoELayer(BaseMoELayer):
             padding_mask = padding_mask.transpose(0, 1).bool()  # [s, b]
         shared_out = None
         if self.use_shared_expert and self.token_dispatcher.shared_experts is None:
-            shared_out = self.shared_experts(hidden_states)  # else inside dispatch / combine
+            # else inside dispatch / combine (moe_shared_expert_overlap, which excludes recompute)
+            if self._recompute_shared_experts():
+                shared_out = tensor_parallel.checkpoint(self.shared_experts, False, hidden_states)
+            else:
+                shared_out = self.shared_experts(hidden_states)
         probs, routing_map = self.route(hidden_states, padding_mask)
         dispatcher = self.token_dispatcher
         x, probs = dispatcher.dispatch_preprocess(hidden_states, routing_map, probs)

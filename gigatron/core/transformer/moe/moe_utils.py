@@ -70,6 +70,33 @@ def z_loss_func(logits: Tensor, z_loss_coeff: float, padding_mask: Tensor | None
 _BACKWARD_SCALE: dict[str, Tensor] = {}
 
 
+class RandomSTE(torch.autograd.Function):
+    """Random logits for forced load balancing (`moe_router_force_load_balancing`).
+
+    forward:  logits [T, E] -> standard normal [T, E] from the expert-parallel RNG stream
+    backward: grad [T, E]   -> the same grad (straight-through)
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor) -> Tensor:
+        from gigatron.core.tensor_parallel.random import (
+            get_cuda_rng_tracker,
+            get_expert_parallel_rng_tracker_name,
+        )
+
+        with get_cuda_rng_tracker().fork(get_expert_parallel_rng_tracker_name()):
+            return logits.clone().normal_()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad
+
+
+def apply_random_logits(logits: Tensor) -> Tensor:
+    """[T, E] logits -> random [T, E] logits with a straight-through gradient (Megatron's)."""
+    return RandomSTE.apply(logits)
+
+
 class MoEAuxLossAutoScaler(torch.autograd.Function):
     """Attach an aux loss to an activation: identity forward; backward adds d(aux) = scale.
 

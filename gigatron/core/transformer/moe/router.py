@@ -257,4 +257,6 @@ class TopKRouter(Router):
                 buf.data = buf.data.float()
         input = self.apply_input_jitter(input)
         logits = self.gating(input)
+        if self.config.moe_router_force_load_balancing:  # benchmarks: balanced random routing
+            logits = moe_utils.apply_random_logits(logits)
         return self.routing(logits, padding_mask=padding_mask)
