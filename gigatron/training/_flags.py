@@ -84,6 +84,10 @@ def _model_args(p):
     _add(g, "--moe-router-load-balancing-type", str, "aux_loss", "aux_loss | seq_aux_loss | none")
     _add(g, "--moe-z-loss-coeff", float, None, "router z-loss weight")
     _add(g, "--moe-router-pre-softmax", bool, help_="softmax before the top-k selection")
+    _add(g, "--mtp-num-layers", int, None, "multi-token prediction depths (DeepSeek-V3 MTP)")
+    _add(g, "--mtp-loss-scaling-factor", float, 0.1, "weight of the mean MTP loss")
+    _add(g, "--mtp-use-repeated-layer", bool, help_="one MTP layer applied at every depth")
+    _add(g, "--mtp-detach-heads", bool, help_="MTP loss trains the MTP layers only")
 
 
 def _parallel_args(p):

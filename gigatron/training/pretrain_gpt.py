@@ -27,10 +27,12 @@ from gigatron.training.utils import args_by_name
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage=None):
     """GPTModel from the flags (fast spec: same numbers as the local spec, faster kernels).
     With `--num-experts` the decoder comes from `get_gpt_decoder_block_spec`, as Megatron's
-    pretrain_gpt builds it: MoE layers where `--moe-layer-freq` says, dense ones elsewhere."""
+    pretrain_gpt builds it: MoE layers where `--moe-layer-freq` says, dense ones elsewhere.
+    With `--mtp-num-layers` the last stage gets the MTP block (`get_gpt_mtp_block_spec`)."""
     from gigatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_decoder_block_spec,
         get_gpt_layer_fast_spec,
+        get_gpt_mtp_block_spec,
     )
     from gigatron.training._config_from_args import core_transformer_config_from_args
 
@@ -44,9 +46,15 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         spec = get_gpt_layer_fast_spec(
             **args_by_name(args, "qk_layernorm multi_latent_attention normalization"),
         )
+    mtp_block_spec = None
+    if args.mtp_num_layers is not None:  # MTP layers copy the decoder's last layer
+        mtp_block_spec = get_gpt_mtp_block_spec(
+            config, spec, use_transformer_engine=True, vp_stage=vp_stage
+        )
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
+        mtp_block_spec=mtp_block_spec,
         **common.language_model_kwargs(args, pre_process, post_process),
         **args_by_name(args, "rotary_percent rotary_base rope_scaling_factor"),
         rope_scaling=args.use_rope_scaling,

@@ -1,6 +1,7 @@
 """GPTModel with multi-token prediction through the pipeline schedule: TP = 2 (with and without
-SP), PP = 2 (the MTP block and its copy of the word embedding on the last stage) and CP = 2 give
-the one-rank run's LM losses, logged MTP losses and every main grad (fp32, 1e-5).
+SP), PP = 2 (the MTP block and its copy of the word embedding on the last stage, tied or not
+to the output layer) and CP = 2 give the one-rank run's LM losses, logged MTP losses and every
+main grad (fp32, 1e-5).
 
 Both sides build the model with the layout-invariant CPU initialisation, so no weights are
 copied. Megatron's MTP loss divides each CP rank's sum by its own token count and DDP averages
@@ -70,7 +71,7 @@ def _forward_step(data_iterator, model):
     return out, lambda per_token: _loss(batch["loss_mask"], per_token)
 
 
-def _run(tp: int, pp: int, cp: int, sp: bool, depths: int, tied: bool):
+def _run(tp: int, pp: int, cp: int, sp: bool, depths: int, tied: bool, fused: bool):
     torch.set_num_threads(1)
     ps.initialize_model_parallel(tp, pp, context_parallel_size=cp)
     tensor_parallel.model_parallel_cuda_manual_seed(3)
@@ -80,7 +81,7 @@ def _run(tp: int, pp: int, cp: int, sp: bool, depths: int, tied: bool):
         hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
         context_parallel_size=cp, sequence_parallel=sp, pipeline_dtype=torch.float32,
-        mtp_num_layers=depths, mtp_loss_scaling_factor=0.3,
+        mtp_num_layers=depths, mtp_loss_scaling_factor=0.3, gradient_accumulation_fusion=fused,
     )  # fmt: skip
     pp_rank = ps.get_pipeline_model_parallel_rank()
     spec = get_gpt_layer_local_spec()
@@ -147,18 +148,21 @@ def _compare(results, ref):
 
 
 @pytest.mark.parametrize(
-    "tp, pp, cp, sp, depths, tied",
+    "tp, pp, cp, sp, depths, tied, fused",
     [
-        (2, 1, 1, False, 2, True),
-        (2, 1, 1, True, 2, False),
-        (1, 2, 1, False, 2, False),
-        (1, 2, 1, False, 1, True),
-        (1, 1, 2, False, 1, False),
+        (2, 1, 1, False, 2, True, True),
+        (2, 1, 1, True, 2, False, False),
+        (1, 2, 1, False, 2, False, False),
+        (1, 2, 1, False, 1, True, True),
+        (1, 1, 2, False, 1, False, False),
     ],
     ids=["tp2-tied", "tp2-sp", "pp2", "pp2-tied", "cp2"],
 )
-def test_mtp_layout_matches_one_rank(tp, pp, cp, sp, depths, tied):
-    (ref,) = run_distributed(_run, 1, args=(1, 1, 1, False, depths, tied), timeout=180)
-    results = run_distributed(_run, tp * pp * cp, args=(tp, pp, cp, sp, depths, tied), timeout=240)
+def test_mtp_layout_matches_one_rank(tp, pp, cp, sp, depths, tied, fused):
+    """`fused`: gradient_accumulation_fusion, where the tied weight's lookup and output-layer
+    grads meet in main_grad (on the MTP stage too)."""
+    (ref,) = run_distributed(_run, 1, args=(1, 1, 1, False, depths, tied, fused), timeout=180)
+    layout = (tp, pp, cp, sp, depths, tied, fused)
+    results = run_distributed(_run, tp * pp * cp, args=layout, timeout=240)
     worst = _compare(results, ref)
     print(f"tp{tp} pp{pp} cp{cp} sp{sp} D{depths}: worst grad err {worst:.2e}, mtp {ref['mtp']}")

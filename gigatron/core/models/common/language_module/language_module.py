@@ -234,6 +234,10 @@ class LanguageModule(MegatronModule):
         tied_copy = self.post_process and self.share_embeddings_and_output_weights
         if (tied_copy or mtp) and not self.pre_process:
             weight = self.shared_embedding_or_output_weight()
+            # MTP's lookup and the tied output layer share it on this stage: as at PP = 1, the
+            # fused output-layer wgrad must leave zeros so the lookup's .grad is added on top
+            # (Megatron marks only PP = 1; without it the lookup's grad is dropped)
+            weight.zero_out_wgrad = bool(mtp and tied_copy)
             weight.data.fill_(0)
             weight.shared = True
             weight.shared_embedding = True
