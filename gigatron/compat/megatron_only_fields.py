@@ -44,7 +44,7 @@ _INFER = (
 )
 _HYBRID = "Mamba / hybrid / heterogeneous models are not implemented"
 _GTP = "GTP weight sharding / rematerialisation is not implemented"
-_MTP = "multi-token prediction is not implemented"
+_MTP = "hidden-state mixing / hybrid-pattern MTP is not implemented"
 _MUP = "muP parametrisation is not implemented"
 _MHC = "mHC (manifold-constrained hyper-connection) residual streams are not implemented"
 _GDP = "Gated DeltaProduct layers are not implemented"
@@ -70,7 +70,6 @@ PARALLEL: dict[str, tuple[object, str]] = {
     "delay_wgrad_compute": (False, _EP_OVERLAP),
     "ep_overlap_early_attn_memory_release": (False, _EP_OVERLAP),
     "overlap_p2p_comm_warmup_flush": (False, "p2p warm-up flush overlap is not implemented"),
-    "mtp_standalone": (False, "multi-token prediction is not implemented"),
     "cpu_offloading_num_layers": (0, _OFFLOAD),
     "cpu_offloading_activations": (True, _OFFLOAD),
     "cpu_offloading_weights": (False, _OFFLOAD),
@@ -80,15 +79,13 @@ PARALLEL: dict[str, tuple[object, str]] = {
     "gtp_weight_remat_size": (1, _GTP),
     "expert_tensor_parallel_num_weight_shards": (None, _GTP),
     "expert_gtp_weight_remat_size": (1, _GTP),
-    "moe_grad_scale_func": (None, "MoE / MTP grad-scale hooks are not implemented"),
-    "mtp_grad_scale_func": (None, "MoE / MTP grad-scale hooks are not implemented"),
+    "moe_grad_scale_func": (None, "the MoE grad-scale hook is not implemented"),
     "overlap_dispatch_backward_with_experts_wgrad": (False, _EP_OVERLAP),
     "_cpu_offloading_context": (None, _OFFLOAD),
     "cpu_offloading_retain_pinned_cpu_buffers": (False, _OFFLOAD),
 }
 
 TRANSFORMER: dict[str, tuple[object, str]] = {
-    "mtp_loss_scaling_factor": (0.1, "multi-token prediction is not implemented"),
     "activation_func_fp8_input_store": (False, _TE),
     "window_attn_skip_freq": (None, _ATTN),
     "qk_clip": (False, _ATTN),
@@ -163,8 +160,6 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "offload_modules": ([], _OFFLOAD),
     "min_offloaded_tensor_size": (1024 * 1024, _OFFLOAD),
     # added in megatron-core 0.19
-    "mtp_use_repeated_layer": (False, _MTP),
-    "mtp_detach_heads": (False, _MTP),
     "mtp_hybrid_override_pattern": (None, _MTP),
     "flash_attention_version": (None, "gigatron's attention is torch SDPA; no flash-attn package"),
     "experimental_attention_variant_loss_scale_func": (None, _ATTN),
@@ -314,7 +309,6 @@ DECLARED_PARALLEL: dict[str, str] = {
 DECLARED_TRANSFORMER: dict[str, str] = {
     "fp8_param": "FP8 parameters need Transformer Engine",
     "fp4": "FP4 needs Transformer Engine",
-    "mtp_num_layers": "multi-token prediction is not implemented",
     "window_size": "sliding-window attention is not implemented",
     "softmax_type": "only the 'vanilla' softmax is implemented",
     "qk_l2_norm": "q/k L2 norm is not implemented",

@@ -69,6 +69,8 @@ class ModelParallelConfig(megatron_only_fields.MegatronOnlyParallelFields):
     """Called by the schedules after the last backward to reduce gradients."""
     grad_scale_func: Callable | None = None
     """Scales the loss before backward (loss scaling for fp16)."""
+    mtp_grad_scale_func: Callable | None = None
+    """Returns the scale of the MTP losses' gradients (default: grad_scale_func's, else 1)."""
     no_sync_func: Callable | None = None
     """Context manager factory that disables gradient sync (gradient accumulation)."""
     grad_sync_func: Callable | None = None
@@ -114,6 +116,10 @@ class ModelParallelConfig(megatron_only_fields.MegatronOnlyParallelFields):
     """dtype of tensors sent between pipeline stages (required when PP > 1)."""
     variable_seq_lengths: bool = False
     """Exchange tensor shapes before each p2p send (sequence length varies per microbatch)."""
+    mtp_standalone: bool = False
+    """MTP layers on a pipeline stage of their own (Megatron sets it from
+    pipeline_model_parallel_layout): the stages exchange tensor shapes, as with
+    variable_seq_lengths."""
     overlap_p2p_comm: bool = False
     """Overlap p2p communication with compute (interleaved schedule)."""
     batch_p2p_comm: bool = True

@@ -88,6 +88,10 @@ def _model_args(p):
          help_="benchmarks: route on random logits (balanced load; gradients pass straight "
          "through to the gate)")  # fmt: skip
     _add(g, "--moe-per-layer-logging", bool, help_="log the MoE auxiliary losses of each layer")
+    _add(g, "--mtp-num-layers", int, None, "multi-token prediction depths (DeepSeek-V3 MTP)")
+    _add(g, "--mtp-loss-scaling-factor", float, 0.1, "weight of the mean MTP loss")
+    _add(g, "--mtp-use-repeated-layer", bool, help_="one MTP layer applied at every depth")
+    _add(g, "--mtp-detach-heads", bool, help_="MTP loss trains the MTP layers only")
 
 
 def _parallel_args(p):

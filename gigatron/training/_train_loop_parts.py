@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core.num_microbatches_calculator import get_num_microbatches
+from gigatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 from gigatron.training import _loop_extras as lx
 from gigatron.training import _training_log as tlog
 from gigatron.training import global_vars
@@ -33,7 +34,7 @@ def step_record(args, config, iteration: int, step_result) -> dict:
         grad_norm = float(grad_norm)  # a device tensor with the sync-free step: read when logging
     return {
         "iteration": iteration,
-        "losses": {**losses, **moe_losses(args, config, iteration)},
+        "losses": {**losses, **moe_losses(args, config, iteration), **mtp_losses(args, iteration)},
         "skipped": skipped,
         "nan": nan_iter,
         "grad_norm": grad_norm,
@@ -69,6 +70,23 @@ def moe_losses(args, config, iteration: int) -> dict[str, torch.Tensor]:
     return {
         name: torch.as_tensor(value).detach().float().reshape(()) for name, value in totals.items()
     }
+
+
+def mtp_losses(args, iteration: int) -> dict[str, torch.Tensor]:
+    """`mtp_{k} loss` of this iteration per MTP depth (the mean over micro-batches, averaged
+    over DP x CP), also written to TensorBoard / W&B with the acceptance rates; empty on stages
+    without the MTP block (the log line is printed by the last rank, which holds it)."""
+    if not getattr(args, "mtp_num_layers", None):
+        return {}
+    totals: dict = {}
+    MTPLossLoggingHelper.track_mtp_metrics(
+        loss_scale=1.0 / get_num_microbatches(),
+        iteration=iteration,
+        writer=global_vars.get_tensorboard_writer(),
+        wandb_writer=global_vars.get_wandb_writer(),
+        total_loss_dict=totals,
+    )
+    return {name: value.detach().float().reshape(()) for name, value in totals.items()}
 
 
 def tb_writer():

@@ -276,6 +276,14 @@ def validate_args(args, world_size: int | None = None):
             f"--seq-length ({args.seq_length}) exceeds --max-position-embeddings "
             f"({args.max_position_embeddings})"
         )
+    if getattr(args, "mtp_num_layers", None) and args.position_embedding_type not in (
+        "rope",
+        "none",
+    ):
+        raise ValueError(
+            f"--mtp-num-layers ({args.mtp_num_layers}) needs --position-embedding-type rope or "
+            f"none (Megatron's rule), got {args.position_embedding_type}"
+        )
     if args.hidden_size % args.num_attention_heads and args.kv_channels is None:
         raise ValueError(
             f"--hidden-size ({args.hidden_size}) must be divisible by --num-attention-heads "

@@ -12,6 +12,7 @@ from gigatron.core.models.gpt import GPTModel
 from gigatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
     get_gpt_layer_fast_spec,
+    get_gpt_mtp_block_spec,
 )
 from gigatron.training import _pretrain_common as common
 from gigatron.training._config_from_args import core_transformer_config_from_args
@@ -24,6 +25,7 @@ def gpt_builder(
     """GPTModel from the flags (fast spec: same numbers as the local spec, faster kernels).
     With `--num-experts` the decoder comes from `get_gpt_decoder_block_spec`, as Megatron's
     pretrain_gpt builds it: MoE layers where `--moe-layer-freq` says, dense ones elsewhere.
+    With `--mtp-num-layers` the last stage gets the MTP block (`get_gpt_mtp_block_spec`).
     `config` (a TransformerConfig) replaces the one the flags give; `pg_collection` is
     Megatron's argument and must be None (the groups come from parallel_state)."""
     if pg_collection is not None:
@@ -40,9 +42,15 @@ def gpt_builder(
         spec = get_gpt_layer_fast_spec(
             **args_by_name(args, "qk_layernorm multi_latent_attention normalization"),
         )
+    mtp_block_spec = None
+    if getattr(args, "mtp_num_layers", None) is not None:  # MTP layers copy the last layer
+        mtp_block_spec = get_gpt_mtp_block_spec(
+            config, spec, use_transformer_engine=True, vp_stage=vp_stage
+        )
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
+        mtp_block_spec=mtp_block_spec,
         **common.language_model_kwargs(args, pre_process, post_process),
         **args_by_name(args, "rotary_percent rotary_base rope_scaling_factor"),
         rope_scaling=args.use_rope_scaling,

@@ -20,6 +20,7 @@ import contextlib
 import torch
 
 from gigatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+from gigatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
 from gigatron.core.utils import get_attr_wrapped_model
 
 
@@ -138,6 +139,29 @@ def _set_moe_aux_loss_scale(config, model, cp_group_size, num_microbatches) -> N
         MoEAuxLossAutoScaler.set_loss_scale(loss_scale * cp_group_size / num_microbatches)
 
 
+def _set_mtp_loss_scale(config, model, num_microbatches) -> None:
+    """The MTP losses' backward scale (MTPLossAutoScaler): mtp_grad_scale_func's, else the main
+    loss's (grad_scale_func), divided by num_microbatches unless calculate_per_token_loss, as
+    Megatron's schedules set it. Before each forward, for the reason given above."""
+    if getattr(config, "mtp_num_layers", None) is None:
+        return
+    param = next(iter(model.parameters()), None)
+    if param is None:
+        return
+    ones = torch.ones(1, device=param.device)
+    custom = getattr(config, "mtp_grad_scale_func", None)
+    if custom is not None:
+        loss_scale = torch.as_tensor(custom(), dtype=torch.float32, device=param.device)
+    elif config.grad_scale_func is not None:
+        loss_scale = config.grad_scale_func(ones)
+    else:
+        loss_scale = ones
+    if getattr(config, "calculate_per_token_loss", False):
+        MTPLossAutoScaler.set_loss_scale(loss_scale)
+    else:
+        MTPLossAutoScaler.set_loss_scale(loss_scale / num_microbatches)
+
+
 def forward_step(
     forward_step_func,
     data_iterator,
@@ -170,6 +194,7 @@ def forward_step(
     inputs = [input_tensor] if unwrap else input_tensor
     get_attr_wrapped_model(model, "set_input_tensor")(inputs)
     _set_moe_aux_loss_scale(config, model, cp_group_size, num_microbatches)  # before the forward
+    _set_mtp_loss_scale(config, model, num_microbatches)
     with _autocast(config):
         if checkpoint_activations_microbatch is None:
             output_tensor, loss_func = forward_step_func(data_iterator, model)

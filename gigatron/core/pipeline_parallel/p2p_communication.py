@@ -86,6 +86,11 @@ class P2PCommunicator:
     def __init__(self, pp_group: dist.ProcessGroup, config) -> None:
         self.pp_group = pp_group
         self.config = config
+        # shapes travel ahead of the data: varying sequences, or a standalone MTP stage
+        self.variable_shapes = bool(
+            getattr(config, "variable_seq_lengths", False)
+            or getattr(config, "mtp_standalone", False)
+        )
         size, rank = pp_group.size(), pp_group.rank()
         self.next_rank = dist.get_global_rank(pp_group, (rank + 1) % size)
         self.prev_rank = dist.get_global_rank(pp_group, (rank - 1) % size)
@@ -148,7 +153,7 @@ class P2PCommunicator:
 
     def _check_send(self, msg: Message) -> None:
         t = msg.tensor
-        if self.config.variable_seq_lengths and t.dim() != 3:
+        if self.variable_shapes and t.dim() != 3:
             raise ValueError(
                 f"pipeline tensors are [s, b, h]; got shape {tuple(t.shape)}, which the shape "
                 "header of variable_seq_lengths cannot describe"
@@ -158,7 +163,7 @@ class P2PCommunicator:
                 f"pipeline tensor dtype ({t.dtype}) must equal config.pipeline_dtype "
                 f"({self.config.pipeline_dtype})"
             )
-        if msg.shape is not None and not self.config.variable_seq_lengths:
+        if msg.shape is not None and not self.variable_shapes:
             if tuple(t.shape) != tuple(msg.shape):
                 raise ValueError(
                     f"pipeline tensor shape {tuple(t.shape)} differs from the expected "
@@ -192,7 +197,7 @@ class P2PCommunicator:
         data = [m.tensor.detach() for m in sends]
         send_ops = [(True, d, m.to_next, _tag(m, True, False)) for d, m in zip(data, sends)]
         shapes = [m.shape for m in recvs]
-        if self.config.variable_seq_lengths and (sends or recvs):
+        if self.variable_shapes and (sends or recvs):
             # Shapes first. NCCL: in a batch of their own, data in the next one (Megatron's
             # order; a batch waits for all its ops). gloo: the data sends go out with the shapes
             # - sends never block there, so no rank waits on a send it has not started.
@@ -234,7 +239,7 @@ class P2PCommunicator:
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One batched exchange with both neighbours; waits for everything (sends too)."""
         receiving = recv_prev or recv_next
-        if receiving and tensor_shape is None and not self.config.variable_seq_lengths:
+        if receiving and tensor_shape is None and not self.variable_shapes:
             raise RuntimeError(
                 "tensor_shape must be given to receive: (seq_length, micro_batch_size, hidden)"
             )

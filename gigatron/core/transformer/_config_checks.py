@@ -31,6 +31,8 @@ def check_architecture(cfg) -> None:
         raise ValueError(f"hidden_size ({cfg.hidden_size}) must be positive (or 0: unset)")
     if cfg.fp16 and cfg.bf16:
         raise ValueError("fp16=True and bf16=True are exclusive; set at most one")
+    if cfg.mtp_num_layers is not None and cfg.mtp_num_layers < 0:
+        raise ValueError(f"mtp_num_layers ({cfg.mtp_num_layers}) must be None or >= 0")
     tp = cfg.tensor_model_parallel_size
     if cfg.num_attention_heads % tp != 0:
         raise ValueError(
@@ -74,6 +76,7 @@ _RULES = {
 FLOAT_FIELDS = {
     "layernorm_epsilon": ">= 0",
     "init_method_std": ">= 0",
+    "mtp_loss_scaling_factor": "finite",
     "embedding_init_method_std": ">= 0",
     "glu_linear_offset": "finite",
     "softmax_scale": "> 0",

@@ -215,6 +215,19 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     num_layers_at_end_in_bf16: int = 1
     """Layers at the end kept in high precision under first_last_layers_bf16."""
 
+    # ---- multi-token prediction (DeepSeek-V3; multi_token_prediction.py) ----
+    mtp_num_layers: int | None = None
+    """Multi-token-prediction depths D: D sequential modules predict D more tokens per
+    position (None or 0: no MTP)."""
+    mtp_loss_scaling_factor: float | None = 0.1
+    """Weight of the MTP loss: the mean of the D depths' losses times this factor is added to
+    the training objective."""
+    mtp_use_repeated_layer: bool = False
+    """Build one MTP layer and apply it at every depth instead of D layers."""
+    mtp_detach_heads: bool = False
+    """Detach the MTP inputs (hidden states, embeddings, output weight) from the main model:
+    the MTP loss trains the MTP layers only."""
+
     # ---- Megatron features gigatron does not implement (must stay at the default) ----
     fp8_param: bool = False
     """Keep parameters in FP8 (Transformer Engine only)."""
@@ -222,8 +235,6 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """FP4 training (Transformer Engine only)."""
     multi_latent_attention: bool = False
     """DeepSeek multi-latent attention: set by MLATransformerConfig (whose fields it needs)."""
-    mtp_num_layers: int | None = None
-    """Multi-token-prediction layers (not implemented)."""
     window_size: tuple[int, int] | None = None
     """Sliding-window attention (not implemented)."""
     no_rope_freq: int | list[int] | None = None

@@ -118,7 +118,7 @@ class TransformerLayer(MegatronModule):
     ):
         super().__init__(config)
         self.submodules_config = submodules
-        if add_layer_offset:
+        if add_layer_offset and not is_mtp_layer:  # MTP layers are numbered 1..D on their own
             offset = pp_layer_offset
             if offset is None:
                 offset = get_transformer_layer_offset(config, vp_stage)

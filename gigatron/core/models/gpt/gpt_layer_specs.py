@@ -23,6 +23,11 @@ from gigatron.core.transformer.multi_latent_attention import (
     MLASelfAttention,
     MLASelfAttentionSubmodules,
 )
+from gigatron.core.transformer.multi_token_prediction import (
+    MultiTokenPredictionBlockSubmodules,
+    get_mtp_layer_spec_for_backend,
+    get_mtp_num_layers_to_build,
+)
 from gigatron.core.transformer.sdpa_attention import SDPADotProductAttention
 from gigatron.core.transformer.spec_utils import ModuleSpec
 from gigatron.core.transformer.torch_norm import WrappedTorchNorm
@@ -311,3 +316,39 @@ def get_gpt_layer_with_transformer_engine_submodules(*args, **kwargs) -> Transfo
     """The submodules of `get_gpt_layer_with_transformer_engine_spec(...)`: without Transformer
     Engine, gigatron's fast-spec modules (SDPA core attention), as that spec documents."""
     return get_gpt_layer_with_transformer_engine_spec(*args, **kwargs).submodules
+
+
+def get_gpt_mtp_block_spec(
+    config,
+    spec,
+    use_transformer_engine: bool,
+    vp_stage: int | None = None,
+    pp_rank: int | None = None,
+):
+    """Multi-token-prediction block spec (MultiTokenPredictionBlockSubmodules) of this stage:
+    mtp_num_layers MTP layers around the decoder's last layer spec (`spec`: a layer ModuleSpec
+    or a TransformerBlockSubmodules) on the last pipeline stage; None elsewhere or without MTP.
+    `use_transformer_engine` picks the same modules (there is no Transformer Engine here)."""
+    return get_gpt_mtp_block_spec_for_backend(
+        config=config, spec=spec, backend=None, vp_stage=vp_stage, pp_rank=pp_rank
+    )
+
+
+def get_gpt_mtp_block_spec_for_backend(
+    config, spec, backend=None, vp_stage: int | None = None, pp_rank: int | None = None
+):
+    """`get_gpt_mtp_block_spec` with the norms / linear of `backend` (None: gigatron's)."""
+    if get_mtp_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank) == 0:
+        return None
+    if isinstance(spec, TransformerBlockSubmodules):
+        layer_spec = spec.layer_specs[-1]
+    elif isinstance(spec, ModuleSpec) and spec.module is TransformerLayer:
+        layer_spec = spec
+    else:
+        raise ValueError(
+            "spec must be a TransformerLayer ModuleSpec or TransformerBlockSubmodules, got "
+            f"{spec!r}"
+        )
+    mtp_layer = get_mtp_layer_spec_for_backend(layer_spec, backend=backend)
+    count = 1 if config.mtp_use_repeated_layer else config.mtp_num_layers
+    return MultiTokenPredictionBlockSubmodules(layer_specs=[mtp_layer] * count)

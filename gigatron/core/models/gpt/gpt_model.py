@@ -5,6 +5,10 @@ back as [b, s, V/tp] (full V with parallel_output=False), or, with labels, the u
 per-token loss [b, s]. Stages without pre_process take their input from `set_input_tensor`;
 stages without post_process return the decoder's hidden states [s, b, h].
 
+With `mtp_block_spec` and config.mtp_num_layers the last stage also runs the multi-token
+prediction block on the decoder's output and attaches its losses to the returned loss's
+backward (gigatron.core.transformer.multi_token_prediction); the returned loss is the main one.
+
 Shapes: b: micro-batch, s: seq, h: hidden, V: (padded) vocabulary, tp: tensor-parallel size.
 """
 
@@ -13,9 +17,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gigatron.core import parallel_state
 from gigatron.core.fusions.chunked_cross_entropy import chunked_linear_cross_entropy
 from gigatron.core.models.common.language_module.language_module import LanguageModule
 from gigatron.core.transformer.enums import ModelType
+from gigatron.core.transformer.multi_token_prediction import (
+    MultiTokenPredictionBlock,
+    mtp_on_this_rank,
+    process_mtp_loss,
+)
 from gigatron.core.transformer.transformer_block import TransformerBlock
 from gigatron.core.transformer.utils import check_attention_mask
 
@@ -59,13 +69,19 @@ class GPTModel(LanguageModule):
         super().__init__(config)
         # checks and stores vocab_size .. position_embedding_type (Megatron-named arguments)
         self._set_language_model_args(locals(), _POSITION_TYPES)
-        if mtp_block_spec is not None:
-            raise ValueError("mtp_block_spec (multi-token prediction) is not supported by gigatron")
         self.transformer_layer_spec = transformer_layer_spec
         self.vp_stage = vp_stage
         self.model_type = ModelType.encoder_or_decoder
+        self.mtp_block_spec = mtp_block_spec
+        self.mtp_process = mtp_block_spec is not None and mtp_on_this_rank(
+            layout=getattr(config, "pipeline_model_parallel_layout", None),
+            mtp_num_layers=config.mtp_num_layers,
+            ignore_virtual=False,
+            vp_stage=vp_stage,
+        )
+        _check_mtp_placement(self, config)
 
-        if pre_process:
+        if pre_process or self.mtp_process:  # MTP embeds the shifted tokens with a copy
             self._build_embedding(scatter_to_sequence_parallel=scatter_embedding_sequence_parallel)
         if position_embedding_type == "rope" and not config.multi_latent_attention:
             # (MLA builds its own RoPE, as in Megatron)
@@ -83,9 +99,11 @@ class GPTModel(LanguageModule):
             post_process=post_process,
             vp_stage=vp_stage,
         )
+        if self.mtp_process:
+            self.mtp = MultiTokenPredictionBlock(config, mtp_block_spec, vp_stage=vp_stage)
         if post_process:
             self._build_output_layer(bias=False)
-        if pre_process or post_process:
+        if pre_process or post_process or self.mtp_process:
             self.setup_embeddings_and_output_layer()
 
     def set_input_tensor(self, input_tensor) -> None:
@@ -134,18 +152,34 @@ class GPTModel(LanguageModule):
             position_ids = _inference_position_ids(self, inference_context, input_ids, position_ids)
         if decoder_input is None and self.pre_process:
             decoder_input = self.embedding(input_ids=input_ids, position_ids=position_ids)
+        rotary_pos_emb = self._rotary_pos_emb_for(
+            self.decoder, decoder_input, inference_context, packed_seq_params
+        )
         hidden_states = self.decoder(
             hidden_states=decoder_input,
             attention_mask=attention_mask,
-            rotary_pos_emb=self._rotary_pos_emb_for(
-                self.decoder, decoder_input, inference_context, packed_seq_params
-            ),
+            rotary_pos_emb=rotary_pos_emb,
             inference_context=inference_context,
             packed_seq_params=packed_seq_params,
             **(extra_block_kwargs or {}),
         )  # [s(/tp), b, h]
+        run_mtp = self.config.mtp_num_layers and inference_context is None  # not when decoding
+        if run_mtp and self.mtp_process:
+            hidden_states = self.mtp(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                hidden_states=hidden_states,
+                attention_mask=attention_mask,
+                rotary_pos_emb=rotary_pos_emb,
+                packed_seq_params=packed_seq_params,
+                embedding=self.embedding,
+            )  # [(1+D) s(/tp), b, h]
         if not self.post_process:
             return hidden_states
+        if run_mtp:  # the MTP losses ride on the decoder's hidden states [s(/tp), b, h]
+            hidden_states = self._process_mtp_loss(
+                hidden_states, labels, loss_mask, input_ids, packed_seq_params
+            )
         if output_processor is None:
             if inference_context is not None and not self.training:
                 hidden_states = _last_token_only(hidden_states, inference_context)
@@ -169,6 +203,23 @@ class GPTModel(LanguageModule):
             scale_logits=_identity,
             config=self.config,
         )
+
+    def _process_mtp_loss(self, hidden_states, labels, loss_mask, input_ids, packed_seq_params):
+        """`process_mtp_loss` with this model's output layer and loss. The MTP logits stay
+        vocab-parallel whatever runtime_gather_output says, as the main loss's do."""
+        cp_group = (
+            parallel_state.get_context_parallel_group()
+            if parallel_state.model_parallel_is_initialized()
+            else None
+        )
+        return process_mtp_loss(
+            hidden_states=hidden_states, labels=labels, loss_mask=loss_mask,
+            output_layer=self.output_layer, output_weight=self._tied_output_weight(),
+            runtime_gather_output=False, is_training=self.training,
+            compute_language_model_loss=self.compute_language_model_loss, config=self.config,
+            cp_group=cp_group, tp_group=self.output_layer.tp_group,
+            packed_seq_params=packed_seq_params, input_ids=input_ids,
+        )  # fmt: skip
 
     def _output_and_loss(self, hidden_states, labels, loss_mask, runtime_gather_output) -> Tensor:
         """hidden_states [s(/tp), b, h] -> logits [b, s, V/tp], or with labels [b, s] the fp32
@@ -215,6 +266,23 @@ class GPTModel(LanguageModule):
         sharded = super().sharded_state_dict(prefix, sharded_offsets, metadata)
         sharded.pop(f"{prefix}output_layer._extra_state", None)
         return sharded
+
+
+def _check_mtp_placement(model, config) -> None:
+    """One-line errors for MTP settings that would compute something else silently."""
+    if model.post_process and config.mtp_num_layers and not model.mtp_process:
+        raise ValueError(
+            f"mtp_num_layers ({config.mtp_num_layers}) is set but this last stage got no "
+            "mtp_block_spec: pass get_gpt_mtp_block_spec(config, layer_spec, ...) as "
+            "GPTModel(mtp_block_spec=...)"
+        )
+    if model.mtp_process and not model.pre_process:
+        if model.position_embedding_type == "learned_absolute":
+            raise ValueError(
+                "multi-token prediction on a pipeline stage without pre_process needs "
+                "position_embedding_type 'rope' or 'none' (got 'learned_absolute': that stage's "
+                "copy of the position table would train apart from the first stage's)"
+            )
 
 
 def _inference_position_ids(model, inference_context, input_ids, position_ids):

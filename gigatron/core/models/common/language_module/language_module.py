@@ -24,6 +24,7 @@ from gigatron.core.layout_invariant_init import init_rng_scope
 from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from gigatron.core.transformer.module import MegatronModule
+from gigatron.core.transformer.multi_token_prediction import tie_word_embeddings_state_dict
 from gigatron.core.utils import make_tp_sharded_tensor_for_checkpoint
 
 
@@ -110,7 +111,7 @@ class LanguageModule(MegatronModule):
                 bias=bias,
                 skip_bias_add=False,
                 gather_output=not self.parallel_output,
-                skip_weight_param_allocation=self.pre_process
+                skip_weight_param_allocation=(self.pre_process or self._mtp_process())
                 and self.share_embeddings_and_output_weights,
             )
 
@@ -172,6 +173,12 @@ class LanguageModule(MegatronModule):
             f"{prefix}embedding.word_embeddings.weight",
             f"{prefix}output_layer.weight",
         )
+        if self._mtp_process() and not self.pre_process:
+            tie_word_embeddings_state_dict(
+                sharded, self.embedding.word_embeddings.weight, emb_key,
+                tp_group=self.embedding.word_embeddings.tp_group,
+                dp_cp_group=_dp_cp_group(metadata),
+            )  # fmt: skip
         if self.share_embeddings_and_output_weights:
             self._tie_output_weight(sharded, out_key, emb_key, metadata)
         elif self.post_process:
@@ -183,12 +190,10 @@ class LanguageModule(MegatronModule):
     def _tie_output_weight(self, sharded: dict, out_key: str, emb_key: str, metadata) -> None:
         """Megatron's `tie_embeddings_and_output_weights_state_dict`: on a last stage without
         the embedding, the output weight is saved under `emb_key` as replica (1, 0, dp)."""
-        if not self.post_process or self.pre_process:
-            return  # no output layer, or it reads the embedding's own weight
+        if not self.post_process or self.pre_process or self._mtp_process():
+            return  # no output layer, or it reads the (first stage's / MTP copy of) embedding
         del sharded[out_key]
-        dp_cp_group = (metadata or {}).get("dp_cp_group")
-        if dp_cp_group is None and parallel_state.model_parallel_is_initialized():
-            dp_cp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        dp_cp_group = _dp_cp_group(metadata)
         dp_rank = dist.get_rank(dp_cp_group) if dp_cp_group is not None else 0
         sharded[out_key] = make_tp_sharded_tensor_for_checkpoint(
             self.shared_embedding_or_output_weight(), emb_key, replica_id=(1, 0, dp_rank),
@@ -196,9 +201,15 @@ class LanguageModule(MegatronModule):
             dp_cp_group=dp_cp_group,
         )  # fmt: skip
 
+    def _mtp_process(self) -> bool:
+        """Whether this stage runs a multi-token-prediction block (GPTModel sets mtp_process),
+        which holds a copy of the word embedding."""
+        return bool(getattr(self, "mtp_process", False))
+
     def shared_embedding_or_output_weight(self) -> Tensor | None:
-        """The word-embedding weight (first stage) or the output weight (last stage)."""
-        if self.pre_process:
+        """The word-embedding weight (first stage, or a stage running MTP, which holds a copy)
+        or the output weight (last stage)."""
+        if self.pre_process or self._mtp_process():
             return self.embedding.word_embeddings.weight
         if self.post_process:
             return self.output_layer.weight
@@ -206,11 +217,13 @@ class LanguageModule(MegatronModule):
 
     def setup_embeddings_and_output_layer(self) -> None:
         """Mark embedding/output params and tie them across pipeline stages when shared."""
-        if self.pre_process:
+        mtp = self._mtp_process()
+        if self.pre_process or mtp:
             self.embedding.word_embeddings.weight.is_embedding_or_output_parameter = True
         if self.post_process and self.output_layer.weight is not None:
             self.output_layer.weight.is_embedding_or_output_parameter = True
-        if not self.share_embeddings_and_output_weights:
+        # Tied weights, or MTP's copy of the embedding on a later stage: keep the copies equal.
+        if not self.share_embeddings_and_output_weights and not self.config.mtp_num_layers:
             return
         if self.config.pipeline_model_parallel_size == 1:
             self.shared_embedding_or_output_weight().zero_out_wgrad = True
@@ -218,8 +231,13 @@ class LanguageModule(MegatronModule):
         first_chunk = self.vp_stage is None or self.vp_stage == 0
         if self.pre_process and not self.post_process and first_chunk:
             self.shared_embedding_or_output_weight().shared_embedding = True
-        if self.post_process and not self.pre_process:
+        tied_copy = self.post_process and self.share_embeddings_and_output_weights
+        if (tied_copy or mtp) and not self.pre_process:
             weight = self.shared_embedding_or_output_weight()
+            # MTP's lookup and the tied output layer share it on this stage: as at PP = 1, the
+            # fused output-layer wgrad must leave zeros so the lookup's .grad is added on top
+            # (Megatron marks only PP = 1; without it the lookup's grad is dropped)
+            weight.zero_out_wgrad = bool(mtp and tied_copy)
             weight.data.fill_(0)
             weight.shared = True
             weight.shared_embedding = True
@@ -233,6 +251,14 @@ class LanguageModule(MegatronModule):
                     move_to_collective_device(weight, group)
                     with torch.no_grad():
                         dist.all_reduce(weight.data, group=group)
+
+
+def _dp_cp_group(metadata):
+    """The DP x CP group replicas are counted over: the metadata's, else parallel_state's."""
+    group = (metadata or {}).get("dp_cp_group")
+    if group is None and parallel_state.model_parallel_is_initialized():
+        group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    return group
 
 
 def move_to_collective_device(weight: torch.Tensor, group) -> None:
