@@ -100,8 +100,9 @@ def check_moe_layer_pattern(chunks, config) -> None:
 
     pattern = get_moe_layer_pattern(config)
     for chunk in chunks:
-        for layer in chunk.modules():
-            if not isinstance(layer, TransformerLayer):
+        for name, layer in chunk.named_modules():
+            # the MTP block's layers follow their own spec (Megatron's MTP copies the last layer)
+            if not isinstance(layer, TransformerLayer) or "mtp." in f".{name}":
                 continue
             i = layer.layer_number - 1
             if isinstance(layer.mlp, MoELayer) != bool(pattern[i]):

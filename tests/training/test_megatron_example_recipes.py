@@ -327,15 +327,7 @@ def _run(entry, build, tmp):
                 ),
             ),
         ),
-        pytest.param(
-            "pretrain_gpt",
-            _deepseek_v3,
-            4,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=("multi-token prediction: --mtp-num-layers, --mtp-loss-scaling-factor"),
-            ),
-        ),
+        ("pretrain_gpt", _deepseek_v3, 4),
     ],  # fmt: skip
     ids=[
         "gpt3_175b",
