@@ -95,6 +95,8 @@ class TensorParallelMuon(torch.optim.Optimizer):
     `pg_collection`: its `tp` / `expt_tp` groups (None: every weight is whole).
     """
 
+    state_names = ("momentum_buffer",)  # per-parameter state, one tensor of its shape each
+
     def __init__(
         self,
         params,
@@ -218,6 +220,8 @@ class TensorParallelMuon(torch.optim.Optimizer):
 
 class Lion(torch.optim.Optimizer):
     """Lion (see module doc): `betas` = (b1 of the sign update, b2 of the momentum EMA)."""
+
+    state_names = ("exp_avg",)  # per-parameter state, one tensor of its shape each
 
     def __init__(
         self,
