@@ -24,6 +24,7 @@ from gigatron.core.optimizer.emerging_optimizers import (
     _create_emerging_optimizer,
     _get_qkv_split_shapes,
     check_emerging_config,
+    model_config_of,
 )
 from gigatron.core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
 from gigatron.core.optimizer.optimizer import (
@@ -318,7 +319,7 @@ def _tag_emerging_params(model_chunks) -> None:
     """Megatron's tags: `expert_tp` on routed-expert weights, `is_qkv` / `qkv_split_shapes` on
     fused QKV weights whose rows hold whole query groups."""
     for chunk in model_chunks:
-        model_cfg = getattr(chunk, "config", None)
+        model_cfg = model_config_of(chunk)
         for name, param in chunk.named_parameters():
             if not param.requires_grad:
                 continue

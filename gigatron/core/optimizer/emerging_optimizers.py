@@ -79,6 +79,12 @@ def _is_muon_excluded(param) -> bool:
     return not getattr(param, "use_muon", True) or _is_nonlinear_or_embedding(param)
 
 
+def model_config_of(chunk):
+    """The chunk's TransformerConfig, or None (a plain module, or a DDP over one: no QKV)."""
+    cfg = getattr(chunk, "config", None)
+    return cfg if getattr(cfg, "num_attention_heads", None) else None
+
+
 def _get_qkv_split_shapes(model_cfg) -> list[int]:
     """Rows of Q, K and V in one query group of the fused QKV weight (Megatron's layout)."""
     q_rows = model_cfg.num_attention_heads // model_cfg.num_query_groups * model_cfg.kv_channels
@@ -293,7 +299,7 @@ class EmergingOptimizerEntry:
 def _muon_config_to_kwargs(config, model_chunks, pg_collection) -> dict:
     """TensorParallelMuon's arguments from OptimizerConfig (`muon_<name>`, else `<name>`;
     Megatron's matching, under which `use_decoupled_weight_decay` keeps its default True)."""
-    model_cfg = getattr(model_chunks[0], "config", None)  # a plain module (tests) has none
+    model_cfg = model_config_of(model_chunks[0])
     return dict(
         lr=config.lr,
         momentum=config.muon_momentum,
