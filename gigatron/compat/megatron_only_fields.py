@@ -236,13 +236,12 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
 
 # Older releases' defaults where a newer one changed them (the tables hold the newest): accepted
 # as well (inert without the feature, which gigatron refuses at any non-default value).
-# 0.16's where 0.19 changed them; muon_tp_mode: 0.16's and 0.19's where 0.20 changed it.
+# 0.16's where 0.19 changed them.
 OLDER_DEFAULTS: dict[str, tuple[object, ...]] = {
     "cuda_graph_scope": ("full",),
     "cuda_graph_use_single_mempool": (False,),
     "moe_deepep_num_sms": (20,),
     "moe_hybridep_num_sms": (16,),
-    "muon_tp_mode": ("blockwise",),
 }
 
 
@@ -257,31 +256,18 @@ def _mixin(name: str, table: dict[str, tuple[object, str]]):
     return make_dataclass(name, specs, kw_only=True)
 
 
-_MUON = "the Muon optimizer is not implemented"
+_ADAPTIVE_MUON = "the Adaptive Muon optimizer is not implemented"
 # OptimizerConfig (megatron.core.optimizer.optimizer_config)
 OPTIMIZER: dict[str, tuple[object, str]] = {
     "fp8_recipe": (None, _TE),
     "reuse_grad_buf_for_mxfp8_param_ag": (False, _TE),
-    "muon_momentum": (0.95, _MUON),
-    "muon_split_qkv": (True, _MUON),
-    "muon_use_nesterov": (False, _MUON),
-    "muon_scale_mode": ("spectral", _MUON),
-    "muon_fp32_matmul_prec": ("medium", _MUON),
-    "muon_num_ns_steps": (5, _MUON),
-    "muon_tp_mode": ("duplicated", _MUON),
-    "muon_extra_scale_factor": (1.0, _MUON),
     # added in megatron-core 0.19
-    "muon_nesterov": (False, _MUON),
-    "muon_coefficient_type": ("quintic", _MUON),
-    "muon_scalar_optimizer": ("adam", _MUON),
-    "lion_beta1": (0.95, "the Lion optimizer is not implemented"),
-    "lion_beta2": (0.98, "the Lion optimizer is not implemented"),
     "soap_shampoo_beta": (0.95, "the SOAP optimizer is not implemented"),
     "soap_precondition_frequency": (1, "the SOAP optimizer is not implemented"),
     "soap_use_kl_shampoo": (True, "the SOAP optimizer is not implemented"),
-    "adaptive_muon_moment2_method": ("adamuon", _MUON),
-    "adaptive_muon_beta2": (0.95, _MUON),
-    "adaptive_muon_eps": (1e-08, _MUON),
+    "adaptive_muon_moment2_method": ("adamuon", _ADAPTIVE_MUON),
+    "adaptive_muon_beta2": (0.95, _ADAPTIVE_MUON),
+    "adaptive_muon_eps": (1e-08, _ADAPTIVE_MUON),
     "use_layer_wise_distributed_optimizer": (
         False,
         "the layer-wise distributed optimizer is not implemented",
@@ -289,7 +275,7 @@ OPTIMIZER: dict[str, tuple[object, str]] = {
     "grad_norm_skip_threshold": (float("inf"), "skipping steps by grad norm is not implemented"),
     "optimizer_cuda_graph": (False, _GRAPH),
     # added in megatron-core 0.20
-    "muon_use_syrk": (False, _MUON),
+    "muon_use_syrk": (False, "the Triton SYRK kernel of Newton-Schulz is not implemented"),
 }
 
 MegatronOnlyParallelFields = _mixin("MegatronOnlyParallelFields", PARALLEL)

@@ -43,6 +43,7 @@ class ParamGroupOverride(TypedDict, total=False):
     start_wd: float
     end_wd: float
     wd_mult: float
+    optimizer: str
 
 
 class ScheduleMismatchError(ValueError):

@@ -128,6 +128,57 @@ def _parallel_args(p):
     _add(g, "--accumulate-allreduce-grads-in-fp32", bool, help_="fp32 gradient buffers")
 
 
+def _emerging_optimizer_args(g):
+    """Megatron's Muon / Lion flags (its defaults: --muon-momentum 0.9 here, 0.95 in the
+    config)."""
+    _add(g, "--muon-momentum", float, 0.9, "Muon's momentum")
+    g.add_argument(
+        "--muon-no-split-qkv",
+        action="store_false",
+        default=True,
+        dest="muon_split_qkv",
+        help="orthogonalise the fused QKV weight as one matrix",
+    )
+    _add(g, "--muon-nesterov", bool, help_="Nesterov momentum in Muon")
+    _add(
+        g,
+        "--muon-scale-mode",
+        str,
+        "spectral",
+        "scale of Muon's update",
+        choices=["spectral", "unit_rms_norm", "shape_scaling"],
+    )
+    _add(
+        g,
+        "--muon-fp32-matmul-prec",
+        str,
+        "medium",
+        "fp32 matmul precision of Newton-Schulz ('medium': bf16 iteration)",
+        choices=["low", "medium", "high"],
+    )
+    _add(g, "--muon-coefficient-type", str, "quintic", "Newton-Schulz coefficient set")
+    _add(g, "--muon-num-ns-steps", int, 5, "Newton-Schulz iterations")
+    _add(
+        g,
+        "--muon-tp-mode",
+        str,
+        "duplicated",
+        "TP-split weights: duplicated | distributed (whole matrix) | blockwise (per shard)",
+        choices=["blockwise", "duplicated", "distributed"],
+    )
+    _add(g, "--muon-extra-scale-factor", float, 1.0, "extra factor on Muon's update")
+    _add(
+        g,
+        "--muon-scalar-optimizer",
+        str,
+        "adam",
+        "optimizer of the params Muon does not take",
+        choices=["adam", "lion"],
+    )
+    _add(g, "--lion-beta1", float, 0.95, "Lion's beta of the sign update")
+    _add(g, "--lion-beta2", float, 0.98, "Lion's beta of the momentum EMA")
+
+
 def _training_args(p):
     g = p.add_argument_group("optimizer, precision and step")
     _add(g, "--lr", float, None, "peak learning rate")
@@ -139,8 +190,17 @@ def _training_args(p):
     _add(g, "--adam-beta1", float, 0.9, "Adam beta1")
     _add(g, "--adam-beta2", float, 0.999, "Adam beta2")
     _add(g, "--adam-eps", float, 1e-8, "Adam epsilon")
-    _add(g, "--optimizer", str, "adam", "adam | sgd", choices=["adam", "sgd"])
+    _add(
+        g,
+        "--optimizer",
+        str,
+        "adam",
+        "adam | sgd | muon | lion (muon / lion: 2-D weights; embeddings, output, norms and "
+        "biases on Adam)",
+        choices=["adam", "sgd", "muon", "lion"],
+    )
     _add(g, "--sgd-momentum", float, 0.9, "SGD momentum")
+    _emerging_optimizer_args(g)
     _add(g, "--bf16", bool, help_="bf16 parameters with fp32 main weights")
     _add(g, "--fp16", bool, help_="fp16 parameters with loss scaling")
     _add(g, "--grad-reduce-in-bf16", bool, help_="with --bf16: bf16 gradient buffers and "

@@ -120,7 +120,7 @@ _OPEN: dict[str, str] = {
 _ALLOWED_BOTH.update(_OPEN)
 _ALLOWED_BOTH["optimizer.optimizer_config:OptimizerConfig.muon_tp_mode: field default"] = (
     "0.20 changed it to 'duplicated' (gigatron's now); 0.16.1's and 0.19.2's 'blockwise' is "
-    "accepted as well (megatron_only_fields.OLDER_DEFAULTS)"
+    "one of the modes gigatron's Muon runs"
 )
 
 

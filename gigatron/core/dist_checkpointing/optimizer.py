@@ -77,6 +77,10 @@ def _step_tensor(torch_opt, main: torch.Tensor, value: float) -> torch.Tensor:
 
 def _ensure_state(torch_opt, main: torch.Tensor) -> dict:
     state = torch_opt.state[main]
+    names = getattr(torch_opt, "state_names", None)  # Muon, Lion: no step count
+    if not state and names is not None:
+        for name in names:
+            state[name] = torch.zeros_like(main, memory_format=torch.preserve_format)
     if not state:  # before the first step: Adam's zero state, so a load has somewhere to go
         state["step"] = _step_tensor(torch_opt, main, 0.0)
         state["exp_avg"] = torch.zeros_like(main, memory_format=torch.preserve_format)
@@ -166,7 +170,8 @@ def optimizer_sharded_state_dict(
             )
         base, pieces = found
         state = _ensure_state(torch_opt, main)
-        steps.add(float(state["step"]) if "step" in state else 0.0)
+        if getattr(torch_opt, "state_names", None) is None:  # step-counting (Adam) state
+            steps.add(float(state["step"]) if "step" in state else 0.0)
         named = {k: v for k, v in state.items() if torch.is_tensor(v) and v.shape == main.shape}
         if param.dtype != torch.float32:
             named["fp32_param"] = main.detach()

@@ -9,6 +9,7 @@ params get separate optimizers (different DP groups), joined by a ChainedOptimiz
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -16,6 +17,15 @@ import torch.distributed as dist
 
 from gigatron.core import parallel_state as ps
 from gigatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from gigatron.core.optimizer.emerging_optimizers import (
+    _EMERGING_OPTIMIZERS,
+    HAVE_EMERGING_OPTIMIZERS,
+    Lion,
+    _create_emerging_optimizer,
+    _get_qkv_split_shapes,
+    check_emerging_config,
+    model_config_of,
+)
 from gigatron.core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
 from gigatron.core.optimizer.optimizer import (
     ChainedOptimizer,
@@ -32,10 +42,6 @@ from gigatron.core.optimizer.optimizer_config import (
     ParamWithNamePredicate,
     SGDOptimizerConfig,
 )
-
-# Megatron's flag for the optional `emerging_optimizers` package (Muon and friends): gigatron
-# implements none of them, as Megatron without that package.
-HAVE_EMERGING_OPTIMIZERS = False
 
 __all__ = [
     "HAVE_EMERGING_OPTIMIZERS",
@@ -168,6 +174,13 @@ def _torch_optimizer(config: OptimizerConfig, groups: list[dict]) -> torch.optim
             eps=config.adam_eps,
             **({"fused": True} if fused else {}),
         )
+    if config.optimizer == "lion":
+        return Lion(
+            groups,
+            lr=config.lr,
+            betas=(config.lion_beta1, config.lion_beta2),
+            weight_decay=config.weight_decay,
+        )
     return torch.optim.SGD(
         groups, lr=config.lr, weight_decay=config.weight_decay, momentum=config.sgd_momentum
     )
@@ -215,16 +228,27 @@ def _groups_from_state(expert: bool, pg_collection=None):
     )
 
 
-def _build(config, groups, model_chunks, expert: bool, pg_collection) -> MegatronOptimizer:
-    dp_group, mp_group, world, tp_group = _groups_from_state(expert, pg_collection)
-    inner = _torch_optimizer(config, groups)
+def _state_names(optimizer: str) -> tuple[str, ...]:
+    return {"adam": ("exp_avg", "exp_avg_sq"), "lion": ("exp_avg",)}.get(optimizer, ())
 
-    def init_state_fn(opt, _config=None):
+
+def _build(
+    config, groups, model_chunks, expert: bool, pg_collection, inner=None, init_state_fn=None
+) -> MegatronOptimizer:
+    """Wrap `inner` (default: the torch optimizer `config.optimizer` names) for `groups`."""
+    dp_group, mp_group, world, tp_group = _groups_from_state(expert, pg_collection)
+    if inner is None:
+        inner = _torch_optimizer(config, groups)
+    names = _state_names(config.optimizer)
+
+    def default_init_state_fn(opt, _config=None):
         for group in opt.param_groups:
             for p in group["params"]:
-                if not opt.state[p] and config.optimizer == "adam":
-                    opt.state[p]["exp_avg"] = torch.zeros_like(p.data)
-                    opt.state[p]["exp_avg_sq"] = torch.zeros_like(p.data)
+                if not opt.state[p]:
+                    for name in names:
+                        opt.state[p][name] = torch.zeros_like(p.data)
+
+    init_state_fn = init_state_fn or default_init_state_fn
 
     scaler = _grad_scaler(config)
     if config.use_distributed_optimizer:
@@ -272,6 +296,10 @@ def get_megatron_optimizer(
         )
     if not isinstance(model_chunks, list):
         model_chunks = [model_chunks]
+    if config.optimizer not in ("adam", "sgd"):
+        return _get_megatron_emerging_optimizer(
+            config, model_chunks, config_overrides, pg_collection
+        )
     groups = _get_param_groups(
         model_chunks, config, config_overrides, no_weight_decay_cond, scale_lr_cond, lr_mult
     )
@@ -285,3 +313,75 @@ def get_megatron_optimizer(
     if not optimizers:
         raise ValueError(f"get_megatron_optimizer: the model has no trainable params ({_FILE})")
     return optimizers[0] if len(optimizers) == 1 else ChainedOptimizer(optimizers)
+
+
+def _tag_emerging_params(model_chunks) -> None:
+    """Megatron's tags: `expert_tp` on routed-expert weights, `is_qkv` / `qkv_split_shapes` on
+    fused QKV weights whose rows hold whole query groups."""
+    for chunk in model_chunks:
+        model_cfg = model_config_of(chunk)
+        for name, param in chunk.named_parameters():
+            if not param.requires_grad:
+                continue
+            if "experts" in name and "shared" not in name:
+                param.expert_tp = True
+            if "linear_qkv.weight" in name and param.dim() == 2 and model_cfg is not None:
+                shapes = _get_qkv_split_shapes(model_cfg)
+                if param.shape[0] % sum(shapes) == 0:
+                    param.is_qkv = True
+                    param.qkv_split_shapes = shapes
+
+
+def _muon_process_groups(pg_collection):
+    if pg_collection is not None or not ps.model_parallel_is_initialized():
+        return pg_collection
+    from gigatron.core.process_groups_config import ProcessGroupCollection
+
+    return ProcessGroupCollection.use_mpu_process_groups(["tp", "expt_tp"])
+
+
+def _get_megatron_emerging_optimizer(config, model_chunks, config_overrides, pg_collection):
+    """Muon / Lion on the 2-D weights, the scalar optimizer on the rest (Megatron's split:
+    a default config override `{"optimizer": "adam"}` on the excluded params), chained."""
+    eopt_name = config.optimizer
+    if eopt_name not in _EMERGING_OPTIMIZERS:
+        raise ValueError(f"Unsupported emerging optimizer: {eopt_name}")
+    if config.fp16:
+        raise ValueError("emerging optimizer with fp16 is not supported.")
+    check_emerging_config(config)
+    if config.use_distributed_optimizer:
+        raise ValueError(
+            f"OptimizerConfig.use_distributed_optimizer (True) is not supported with "
+            f"optimizer={eopt_name!r}: Megatron's training turns it into "
+            f"use_layer_wise_distributed_optimizer ({_FILE})"
+        )
+    _tag_emerging_params(model_chunks)
+    overrides = dict(
+        get_standard_config_overrides(config) if config_overrides is None else config_overrides
+    )
+    defaults = copy.deepcopy(_EMERGING_OPTIMIZERS[eopt_name].default_param_overrides)
+    if eopt_name == "muon":
+        for override in defaults.values():
+            override["optimizer"] = config.muon_scalar_optimizer
+    overrides.update(defaults)
+    groups = _get_param_groups(model_chunks, config, overrides, None, None, 1.0)
+    buckets: dict[tuple[str, bool], list[dict]] = {}
+    for group in groups:
+        key = (group.get("optimizer", eopt_name), group["is_expert_parallel"])
+        buckets.setdefault(key, []).append(group)
+    results = []
+    for (opt_name, expert), bucket in buckets.items():
+        if opt_name == eopt_name:
+            inner, init_fn = _create_emerging_optimizer(
+                config, bucket, eopt_name, model_chunks, _muon_process_groups(pg_collection)
+            )
+            results.append(
+                _build(config, bucket, model_chunks, expert, pg_collection, inner, init_fn)
+            )
+            continue
+        fallback = copy.copy(config)
+        fallback.optimizer = opt_name
+        result = _build(fallback, bucket, model_chunks, expert, pg_collection)
+        result.config = config
+        results.append(result)
+    return ChainedOptimizer(results)

@@ -42,7 +42,17 @@ from gigatron.core.optimizer.clip_grads import (
     param_is_not_shared,
 )
 
-_TP_ATTRS = ("tensor_model_parallel", "partition_dim", "partition_stride", "shared", "allreduce")
+# expert_tp, is_qkv, qkv_split_shapes: Muon's tags (Megatron copies them to main params too)
+_TP_ATTRS = (
+    "tensor_model_parallel",
+    "partition_dim",
+    "partition_stride",
+    "shared",
+    "allreduce",
+    "expert_tp",
+    "is_qkv",
+    "qkv_split_shapes",
+)
 
 
 def _copy_attrs(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -2,10 +2,10 @@
 `megatron.core.optimizer.optimizer_config` (OptimizerConfig, ParamKey, ParamPredicate,
 ParamWithNamePredicate).
 
-Supported: Adam/AdamW (`decoupled_weight_decay`) and SGD, fp16/bf16 models with fp32 main
-params, constant or dynamic loss scaling, global-norm clipping, the distributed optimizer.
-Megatron fields for features gigatron does not implement (precision-aware optimizer, CPU
-offload, low-precision optimizer state, Muon/Lion, ...) must keep their defaults.
+Supported: Adam/AdamW (`decoupled_weight_decay`), SGD, Muon and Lion (`emerging_optimizers`),
+fp16/bf16 models with fp32 main params, constant or dynamic loss scaling, global-norm clipping,
+the distributed optimizer. Megatron fields for features gigatron does not implement
+(precision-aware optimizer, low-precision optimizer state, SOAP, ...) must keep their defaults.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from gigatron.compat import megatron_only_fields
 
 _FILE = "gigatron/core/optimizer/optimizer_config.py"
+_OPTIMIZERS = ("adam", "sgd", "muon", "lion")
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,8 @@ class OptimizerConfig(megatron_only_fields.MegatronOnlyOptimizerFields):
     """Only fp32."""
 
     optimizer: str = "adam"
-    """'adam' (AdamW if decoupled_weight_decay) or 'sgd'."""
+    """'adam' (AdamW if decoupled_weight_decay), 'sgd', 'muon' or 'lion' (2-D weights on Muon /
+    Lion, the other params on Adam)."""
 
     # Loss scaling.
     loss_scale: float | None = None
@@ -138,6 +140,36 @@ class OptimizerConfig(megatron_only_fields.MegatronOnlyOptimizerFields):
     """AdamW (True) or Adam with L2 (False)."""
     sgd_momentum: float = 0.9
     """SGD momentum."""
+
+    # Muon and Lion (emerging_optimizers.py).
+    muon_momentum: float = 0.95
+    """EMA momentum of Muon's internal SGD."""
+    muon_split_qkv: bool = True
+    """Orthogonalise the Q, K and V rows of a fused QKV weight as three matrices."""
+    muon_use_nesterov: bool = False
+    """megatron-core 0.16's name of muon_nesterov (either one turns Nesterov momentum on)."""
+    muon_nesterov: bool = False
+    """Nesterov-style momentum in Muon's internal SGD."""
+    muon_scale_mode: str = "spectral"
+    """Scale of the orthogonalised update: 'spectral', 'unit_rms_norm' or 'shape_scaling'."""
+    muon_fp32_matmul_prec: str = "medium"
+    """torch fp32 matmul precision in Newton-Schulz; 'medium' iterates on a bf16 copy."""
+    muon_coefficient_type: str = "quintic"
+    """Newton-Schulz coefficient set (simple, quintic, polar_express, cans, aol, deepseekv4)."""
+    muon_num_ns_steps: int = 5
+    """Newton-Schulz iterations."""
+    muon_tp_mode: str = "duplicated"
+    """TP-split weights: 'duplicated' (gather the whole matrix), 'distributed' (all-reduced
+    Gram matrices; same result) or 'blockwise' (each shard on its own)."""
+    muon_extra_scale_factor: float = 1.0
+    """Extra factor on Muon's update."""
+    muon_scalar_optimizer: str = "adam"
+    """Optimizer of the params Muon does not take (embeddings, output, norms, biases): 'adam' or
+    'lion'."""
+    lion_beta1: float = 0.95
+    """Lion's beta of the sign update."""
+    lion_beta2: float = 0.98
+    """Lion's beta of the momentum EMA."""
 
     # Distributed optimizer.
     use_distributed_optimizer: bool = False
@@ -186,8 +218,8 @@ class OptimizerConfig(megatron_only_fields.MegatronOnlyOptimizerFields):
             return ValueError(f"OptimizerConfig.{name} ({value!r}) {rule} ({_FILE})")
 
         megatron_only_fields.check_config(self, "optimizer")
-        if self.optimizer not in ("adam", "sgd"):
-            raise bad("optimizer", self.optimizer, "must be 'adam' or 'sgd' in gigatron")
+        if self.optimizer not in _OPTIMIZERS:
+            raise bad("optimizer", self.optimizer, f"must be one of {_OPTIMIZERS}")
         if self.fp16 and self.bf16:
             raise bad("fp16", self.fp16, "and bf16 cannot both be True")
         for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):

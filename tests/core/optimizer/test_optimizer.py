@@ -237,8 +237,8 @@ def test_expert_params_get_their_own_optimizer():
 
 
 def test_config_errors():
-    with pytest.raises(ValueError, match=r"OptimizerConfig.optimizer \('lion'\)"):
-        OptimizerConfig(optimizer="lion")
+    with pytest.raises(ValueError, match=r"OptimizerConfig.optimizer \('soap'\)"):
+        OptimizerConfig(optimizer="soap")
     with pytest.raises(ValueError, match="fp16"):
         OptimizerConfig(fp16=True, bf16=True)
     with pytest.raises(ValueError, match="use_precision_aware_optimizer"):

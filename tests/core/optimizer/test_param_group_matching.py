@@ -1,6 +1,6 @@
 """Saved optimizer param groups are matched to the current ones by identifier (the
 ParamGroupOverride fields + structural flags), not by position; HAVE_EMERGING_OPTIMIZERS is
-False (no Muon-style optimizers in gigatron)."""
+True (gigatron carries its own Muon and Lion)."""
 
 import pytest
 
@@ -34,5 +34,5 @@ def test_missing_key_equals_none_and_unknown_group_is_refused():
         MegatronOptimizer._filter_and_reorder_param_groups([_group(max_lr=3.0)], [_group()])
 
 
-def test_no_emerging_optimizers():
-    assert HAVE_EMERGING_OPTIMIZERS is False
+def test_emerging_optimizers_are_present():
+    assert HAVE_EMERGING_OPTIMIZERS is True
