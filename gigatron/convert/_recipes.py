@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from gigatron.convert._deepseek_recipes import deepseek_recipes
+from gigatron.convert._gemma_recipes import gemma_recipes
 from gigatron.convert._recipe_ops import Recipe, _glu, _same, _transposed, _vocab
 from gigatron.core.models.gpt.hf_mapping import qkv_from_megatron, qkv_to_megatron
 
@@ -136,6 +137,8 @@ def family_recipes(family: str) -> Callable:
         return gpt2_recipes
     if family.startswith("deepseek"):
         return deepseek_recipes
+    if family.startswith("gemma"):
+        return gemma_recipes
     return llama_recipes
 
 

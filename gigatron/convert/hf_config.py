@@ -3,7 +3,8 @@
 No counterpart in megatron.core (Megatron Bridge does this outside the core). Works on the plain
 JSON dict, so conversion needs no `transformers`. Families: gpt2, llama (1-3, incl. Llama-3.1
 `rope_type: llama3` scaling with Megatron's fixed low/high factors 1/4 and 8192 original
-context), mistral, qwen2, mixtral, deepseek_v2 / deepseek_v3 (hf_config_deepseek.py). A setting
+context), mistral, qwen2, mixtral, deepseek_v2 / deepseek_v3 (hf_config_deepseek.py), gemma2 /
+gemma3_text (hf_config_gemma.py). A setting
 gigatron cannot reproduce exactly is a ValueError naming the key and its value (e.g. Mistral
 `sliding_window` shorter than the context).
 """
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 
 from gigatron.convert._hf_sizes import check_config_sizes
 from gigatron.convert.hf_config_deepseek import DEEPSEEK_FAMILIES, parse_deepseek
+from gigatron.convert.hf_config_gemma import GEMMA_FAMILIES, parse_gemma
 from gigatron.convert.hf_io import HFReader
 from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
 from gigatron.core.models.gpt import GPTModel
@@ -26,7 +28,7 @@ from gigatron.core.models.gpt import gpt_layer_specs as specs
 from gigatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 from gigatron.core.untrusted_files import UntrustedFileError, read_text
 
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", *DEEPSEEK_FAMILIES)
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", *DEEPSEEK_FAMILIES, *GEMMA_FAMILIES)
 _GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
 
 
@@ -269,6 +271,8 @@ def spec_from_hf_config(
     parse = _parse_gpt2 if family == "gpt2" else _parse_llama_like
     if family in DEEPSEEK_FAMILIES:
         parse = parse_deepseek
+    if family in GEMMA_FAMILIES:
+        parse = parse_gemma
     config_kwargs, model_kwargs, spec_kwargs = parse(family, cfg)
     vocab = int(cfg["vocab_size"])
     padded = vocab_size_with_padding(
