@@ -1,7 +1,6 @@
-"""HF `config.json` of Gemma 2 (`gemma2`) and Gemma 3 text (`gemma3_text`) -> gigatron's fields.
+"""Gemma 2 (`Gemma2ForCausalLM`) and Gemma 3 text (`Gemma3ForCausalLM`, model_type gemma3_text).
 
-No counterpart in megatron.core (Megatron-Bridge's Gemma2 / Gemma3 providers hold the same
-settings). What each HF key becomes:
+Megatron-Bridge's Gemma2 / Gemma3 providers hold the same settings. What each HF key becomes:
 
 - `hidden_activation` gelu_pytorch_tanh -> GeGLU (gated_linear_unit, tanh GELU);
 - Gemma's RMSNorm x * (1 + w) -> `layernorm_zero_centered_gamma` (the weight maps unchanged);
@@ -14,6 +13,12 @@ settings). What each HF key becomes:
 - Gemma 3's `rope_parameters["sliding_attention"]` -> `rotary_base_local`; the global layers'
   RoPE (`full_attention`, default or linear scaling) -> the model's `rotary_base` and
   `seq_len_interpolation_factor`; Gemma 3's q/k norms -> `qk_layernorm`.
+
+Tensors: the Llama decoder's names (`llama.decoder_recipes`) with Gemma's four norms per layer:
+input_layernorm -> `linear_qkv.layer_norm_weight`, post_attention_layernorm ->
+`post_self_attn_layernorm`, pre_feedforward_layernorm -> `mlp.linear_fc1.layer_norm_weight`,
+post_feedforward_layernorm -> `post_mlp_layernorm` (Megatron-Bridge's Gemma layer submodules).
+The norm weights map unchanged (x * (1 + w) is layernorm_zero_centered_gamma).
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ import functools
 
 import torch.nn.functional as F
 
-GEMMA_FAMILIES = ("gemma2", "gemma3_text")
+from gigatron.convert._recipe_ops import Recipe, glu, same
+from gigatron.convert.families._family import Family, config_error
+from gigatron.convert.families._registry import register
+from gigatron.convert.families.llama import decoder_recipes
+
 _TANH_GELU = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new", "gelu_fast")
-
-
-def _err(family: str, key: str, value, rule: str) -> ValueError:
-    return ValueError(f"{family} config.json: {key} ({value!r}) {rule}")
 
 
 def _base(theta) -> float | int:
@@ -58,12 +63,14 @@ def _window(family: str, cfg: dict, num_layers: int) -> dict:
     )
     bad = set(kinds) - {"sliding_attention", "full_attention"}
     if bad or len(kinds) != num_layers:
-        raise _err(family, "layer_types", kinds, "must list sliding/full_attention per layer")
+        raise config_error(
+            family, "layer_types", kinds, "must list sliding/full_attention per layer"
+        )
     window = cfg.get("sliding_window")
     if window is None or "sliding_attention" not in kinds:
         return {}
     if int(window) < 1:
-        raise _err(family, "sliding_window", window, "must be >= 1")
+        raise config_error(family, "sliding_window", window, "must be >= 1")
     return dict(window_size=(int(window) - 1, 0), window_attn_skip_freq=_skip_freq(kinds))
 
 
@@ -73,7 +80,7 @@ def _global_rope(family: str, rope: dict, key: str) -> dict:
     if kind == "linear":
         out["seq_len_interpolation_factor"] = float(rope["factor"])
     elif kind != "default":
-        raise _err(family, f"{key}.rope_type", kind, "must be 'default' or 'linear'")
+        raise config_error(family, f"{key}.rope_type", kind, "must be 'default' or 'linear'")
     return out
 
 
@@ -90,7 +97,7 @@ def _rope(family: str, cfg: dict) -> tuple[dict, dict]:
         rope.get("sliding_attention") or {"rope_theta": cfg.get("rope_local_base_freq", 1e4)}
     )
     if local.get("rope_type", "default") != "default":
-        raise _err(
+        raise config_error(
             family,
             "rope_parameters.sliding_attention.rope_type",
             local.get("rope_type"),
@@ -105,11 +112,13 @@ def parse_gemma(family: str, cfg: dict):
     config.json; ValueError naming the key for a setting gigatron cannot reproduce."""
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in _TANH_GELU:
-        raise _err(family, "hidden_activation", act, f"must be one of {_TANH_GELU}")
+        raise config_error(family, "hidden_activation", act, f"must be one of {_TANH_GELU}")
     if cfg.get("attention_bias"):
-        raise _err(family, "attention_bias", True, "must be false (Gemma has no biases)")
+        raise config_error(family, "attention_bias", True, "must be false (Gemma has no biases)")
     if cfg.get("use_bidirectional_attention"):
-        raise _err(family, "use_bidirectional_attention", True, "must be false (causal only)")
+        raise config_error(
+            family, "use_bidirectional_attention", True, "must be false (causal only)"
+        )
     heads = cfg["num_attention_heads"]
     layers = cfg["num_hidden_layers"]
     rope_config, model_rope = _rope(family, cfg)
@@ -147,3 +156,36 @@ def parse_gemma(family: str, cfg: dict):
     )
     spec_kwargs = {"normalization": "RMSNorm", "qk_layernorm": family == "gemma3_text"}
     return config_kwargs, model_kwargs, spec_kwargs
+
+
+def gemma_mlp(spec, i: int, names) -> list[Recipe]:
+    """Layer i's sandwich norms and GeGLU MLP (the llama decoder's `mlp` slot)."""
+    h, g = f"model.layers.{i}.", f"decoder.layers.{i}."
+    out = [
+        same(f"{g}post_self_attn_layernorm.weight", f"{h}post_attention_layernorm.weight"),
+        same(f"{g}mlp.linear_fc1.layer_norm_weight", f"{h}pre_feedforward_layernorm.weight"),
+        glu(f"{g}mlp.linear_fc1.weight", f"{h}mlp.gate_proj.weight", f"{h}mlp.up_proj.weight"),
+        same(f"{g}mlp.linear_fc2.weight", f"{h}mlp.down_proj.weight"),
+        same(f"{g}post_mlp_layernorm.weight", f"{h}post_feedforward_layernorm.weight"),
+    ]
+    return out
+
+
+_GEMMA = (
+    "RMSNorm x (1 + w), sandwich norms, GeGLU, sqrt(h) embedding scale, query_pre_attn_scalar, "
+    "sliding-window / global layers"
+)
+register(
+    Family(
+        "gemma2", "Gemma2ForCausalLM", functools.partial(parse_gemma, "gemma2"),
+        functools.partial(decoder_recipes, mlp=gemma_mlp),
+        _GEMMA + ", attention / final logit soft-capping",
+    )
+)  # fmt: skip
+register(
+    Family(
+        "gemma3_text", "Gemma3ForCausalLM", functools.partial(parse_gemma, "gemma3_text"),
+        functools.partial(decoder_recipes, mlp=gemma_mlp),
+        _GEMMA + ", QK norm, local RoPE base, linear RoPE scaling",
+    )
+)  # fmt: skip
