@@ -30,10 +30,7 @@ _TE = "needs Transformer Engine (FP4 / FP8 attention / userbuffers / TE modules)
 _DELAYED = "delayed FP8 scaling is not implemented (gigatron's recipes use current scaling)"
 _EP_OVERLAP = "EP all-to-all / weight-gradient overlap is not implemented"
 _OFFLOAD = "CPU / activation offloading is not implemented"
-_ATTN = (
-    "this attention variant (window skip, QK-clip, NoPE, DSA, gated delta net, mRoPE) is not "
-    "implemented"
-)
+_ATTN = "this attention variant (QK-clip, NoPE, DSA, gated delta net, mRoPE) is not implemented"
 _MOE = (
     "this MoE feature (gated shared experts, routing replay, device-limited routing, DeepEP / "
     "HybridEP) is not implemented"
@@ -87,7 +84,6 @@ PARALLEL: dict[str, tuple[object, str]] = {
 
 TRANSFORMER: dict[str, tuple[object, str]] = {
     "activation_func_fp8_input_store": (False, _TE),
-    "window_attn_skip_freq": (None, _ATTN),
     "qk_clip": (False, _ATTN),
     "qk_clip_alpha": (0.5, _ATTN),
     "qk_clip_threshold": (100, _ATTN),
@@ -295,7 +291,6 @@ DECLARED_PARALLEL: dict[str, str] = {
 DECLARED_TRANSFORMER: dict[str, str] = {
     "fp8_param": "FP8 parameters need Transformer Engine",
     "fp4": "FP4 needs Transformer Engine",
-    "window_size": "sliding-window attention is not implemented",
     "softmax_type": "only the 'vanilla' softmax is implemented",
     "qk_l2_norm": "q/k L2 norm is not implemented",
     "attention_output_gate": "gated attention output is not implemented",

@@ -68,6 +68,20 @@ def hf_dir_args(hf_dir: str) -> dict:
     return fields
 
 
+# Families whose model features have no `gigatron train` flags yet: their saved args cannot
+# describe the model, so train / generate --load refuse them instead of building another model.
+NO_TRAINING_FLAGS = ("gemma2", "gemma3_text")
+
+
+def _check_flags_exist(family: str, load: str) -> None:
+    if family in NO_TRAINING_FLAGS:
+        raise ValueError(
+            f"{load}: a {family} model (sliding-window layers, logit soft-capping, sandwich "
+            "norms) has no gigatron train flags yet; build it in Python (gigatron.convert: "
+            "spec_from_hf_config(...).build_model() + load_hf_into_model, docs/convert.md)"
+        )
+
+
 def checkpoint_model_args(load: str | None) -> tuple[dict, str] | None:
     """(argument fields, where they came from) when `load` is a HF directory or a checkpoint
     whose args say it came from Hugging Face (`hf_model_type`); None otherwise.
@@ -78,10 +92,12 @@ def checkpoint_model_args(load: str | None) -> tuple[dict, str] | None:
         return None
     if is_hf_dir(load):
         fields = hf_dir_args(load)
+        _check_flags_exist(fields["hf_model_type"], load)
         return fields, f"a Hugging Face {fields['hf_model_type']} directory (from its config.json)"
     saved = saved_args(load)
     if saved is None or not getattr(saved, "hf_model_type", None):
         return None
+    _check_flags_exist(saved.hf_model_type, load)
     fields = {k: getattr(saved, k) for k in MODEL_ARGS if hasattr(saved, k)}
     if getattr(saved, "tokenizer_in_checkpoint_dir", False):
         for key in TOKENIZER_PATH_ARGS:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
-ADAPTER_FAMILIES = ("qwen3", "qwen3_moe", "phi3")
+ADAPTER_FAMILIES = ("qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text")
 """Families added with the adapter registry (gigatron.convert.families)."""
 MOE_FAMILIES = ("mixtral", "qwen3_moe")
 VOCAB = 100  # padded to 128 (x TP) by gigatron: padding is exercised
@@ -61,6 +61,22 @@ def hf_config(family: str, vocab: int = VOCAB):
                              "partial_rotary_factor": 0.5},
             **llama_like,
         )  # fmt: skip
+    # Gemma: sliding window 4 < the tests' sequences; layer 1 sliding, layer 2 global.
+    gemma = dict(sliding_window=4, query_pre_attn_scalar=12, head_dim=16, **llama_like)
+    if family == "gemma2":  # small caps, so the tanh bends the scores and logits
+        return t.Gemma2Config(
+            attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+            **{**gemma, "tie_word_embeddings": True},
+        )  # fmt: skip
+    if family == "gemma3_text":  # local RoPE base 100, global 20000 with linear scaling 2
+        return t.Gemma3TextConfig(
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 20000.0},
+            },
+            **gemma,
+        )
     raise ValueError(family)
 
 
@@ -121,6 +137,8 @@ def make_hf_model(
         "qwen3": t.Qwen3ForCausalLM,
         "qwen3_moe": t.Qwen3MoeForCausalLM,
         "phi3": t.Phi3ForCausalLM,
+        "gemma2": t.Gemma2ForCausalLM,
+        "gemma3_text": t.Gemma3ForCausalLM,
     }[family]
     tok_vocab = len(make_tokenizer(path)) if tokenizer else VOCAB
     config = hf_config(family, vocab or tok_vocab)

@@ -87,6 +87,9 @@ FLOAT_FIELDS = {
     "moe_input_jitter_eps": "in [0, 1)",  # noise U(1 - eps, 1 + eps) keeps the input's sign
     "moe_expert_capacity_factor": "> 0",
     "rotary_base": "> 0",
+    "rotary_base_local": "> 0",
+    "attn_logit_softcapping": "> 0",
+    "final_logit_softcapping": "> 0",
     "rotary_percent": "in (0, 1]",
     "rotary_scaling_factor": "> 0",
     "beta_fast": "> 0",
@@ -265,4 +268,42 @@ def expand_no_rope_freq(cfg) -> None:
     elif len(freq) != cfg.num_layers:
         raise AssertionError(
             f"no_rope_freq has {len(freq)} entries; it needs one per layer ({cfg.num_layers})"
+        )
+
+
+def check_window_attention(cfg) -> None:
+    """window_size: two integers >= -1 (-1 = unbounded); window_attn_skip_freq: a positive int
+    or one 0/1 per layer; rotary_base_local only where some layer has a window."""
+    window, freq = cfg.window_size, cfg.window_attn_skip_freq
+    if window is not None:
+        if (
+            not isinstance(window, (tuple, list))
+            or len(window) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)
+        ):
+            raise ValueError(
+                f"window_size ({window!r}) must be a pair of ints (left, right), each >= -1 "
+                "(-1 = unbounded)"
+            )
+        cfg.window_size = tuple(window)
+    if isinstance(freq, bool) or (isinstance(freq, int) and freq <= 0):
+        raise ValueError(f"window_attn_skip_freq ({freq!r}) must be a positive int, a list or None")
+    if isinstance(freq, (list, tuple)):
+        if len(freq) != cfg.num_layers or any(v not in (0, 1) for v in freq):
+            raise ValueError(
+                f"window_attn_skip_freq ({list(freq)}) needs one 0/1 entry per layer "
+                f"(num_layers = {cfg.num_layers}; 1 = sliding window)"
+            )
+        cfg.window_attn_skip_freq = list(freq)
+    elif freq is not None and not isinstance(freq, int):
+        raise ValueError(f"window_attn_skip_freq ({freq!r}) must be a positive int, a list or None")
+    if cfg.attn_logit_softcapping and cfg.apply_query_key_layer_scaling:
+        raise ValueError(
+            f"attn_logit_softcapping ({cfg.attn_logit_softcapping}) caps the true scores; "
+            "apply_query_key_layer_scaling (True) divides them by layer_number first: set it False"
+        )
+    if cfg.rotary_base_local is not None and window is None:
+        raise ValueError(
+            f"rotary_base_local ({cfg.rotary_base_local}) applies to sliding-window layers: set "
+            "window_size too"
         )

@@ -25,9 +25,10 @@ from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's nam
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.rope.rope_utils import apply_rotary_pos_emb
+from gigatron.core.transformer.rope.rotary_pos_embedding import RotaryEmbedding
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
 from gigatron.core.transformer.transformer_config import MLATransformerConfig  # noqa: F401  (Megatron imports it from here)
-from gigatron.core.transformer.utils import check_attention_mask
+from gigatron.core.transformer.utils import check_attention_mask, is_layer_window_attention
 from gigatron.core.utils import divide
 
 
@@ -93,6 +94,20 @@ class Attention(MegatronModule):
             submodules, config, core_config, layer_number, attn_mask_type, attention_type,
             cp_comm_type, config.softmax_scale,
         )  # fmt: skip
+        # Gemma 3: sliding-window layers rotate with their own RoPE base (no saved state: the
+        # inverse frequencies are a non-persistent buffer); `_local_rotary_pos_emb` follows the
+        # model's table.
+        self.local_rotary_pos_emb = None
+        if config.rotary_base_local is not None and is_layer_window_attention(
+            config.window_size, config.window_attn_skip_freq, layer_number
+        ):
+            self.local_rotary_pos_emb = RotaryEmbedding(
+                config.kv_channels,
+                1.0,
+                config.rotary_interleaved,
+                rotary_base=config.rotary_base_local,
+                use_cpu_initialization=config.use_cpu_initialization,
+            )
 
     def _build_core_attention_and_proj(
         self, submodules, config, core_config, layer_number, attn_mask_type, attention_type,
@@ -183,6 +198,8 @@ class Attention(MegatronModule):
         no_rope = self.config.no_rope_freq
         if no_rope and no_rope[self.layer_number - 1]:  # a NoPE layer (layer_number is 1-based)
             rotary_pos_emb = None
+        if rotary_pos_emb is not None and self.local_rotary_pos_emb is not None:
+            rotary_pos_emb = self._local_rotary_pos_emb(rotary_pos_emb, cu_seqlens is not None)
         if rotary_pos_emb is not None and cu_seqlens is not None:
             q_pos_emb, k_pos_emb = (
                 rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
@@ -209,6 +226,22 @@ class Attention(MegatronModule):
         )  # fmt: skip
         output, bias = self.linear_proj(context)  # [sq, b, np*hn] -> [sq(/tp), b, h]
         return output, bias
+
+    def _local_rotary_pos_emb(self, rotary_pos_emb, packed: bool) -> Tensor:
+        """A sliding-window layer's own RoPE angles (base `config.rotary_base_local`, no
+        scaling: Gemma 3's local layers) for the positions the model's table covers: the same
+        rows, the same context-parallel slice. [s(/cp), 1, 1, dim] like `rotary_pos_emb`."""
+        table = rotary_pos_emb[0] if isinstance(rotary_pos_emb, tuple) else rotary_pos_emb
+        rope = self.local_rotary_pos_emb
+        if table.shape[-1] != rope.dim:
+            raise ValueError(
+                f"rotary_base_local needs RoPE over the whole head (kv_channels {rope.dim}); the "
+                f"model's angles cover {table.shape[-1]} channels (rotary_percent < 1)"
+            )
+        rows = table.shape[0]
+        if rope.cp_group is not None and not packed:  # the model's table is this rank's slice
+            rows *= rope.cp_group.size()
+        return rope(rows, packed_seq=packed).to(table.device, table.dtype)
 
     def _adjust_key_value_for_inference(self, inference_context, key, value):
         """Append this step's rotated keys and values [s, b, ng, hn] to the static KV cache and

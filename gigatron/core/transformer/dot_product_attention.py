@@ -4,6 +4,9 @@ Mirrors `megatron.core.transformer.dot_product_attention.DotProductAttention` (t
 path): GQA by repeating K/V heads, scores = softmax_scale * q.k^T, Megatron's scale-mask-softmax
 (bool mask, True = masked, filled with -10000; causal mask built when none is given; fp32 softmax
 for half inputs), dropout on the probabilities in the TP RNG fork, context = probs.v.
+Gemma's additions: `attn_logit_softcapping` caps the scaled scores (cap * tanh(x / cap)) before the
+mask; a sliding-window layer (`window_size`, `window_attn_skip_freq`) also masks keys outside the
+window of each query, on top of the causal / given mask (Megatron's local path replaces the mask).
 
 Shapes: s: seq, b: micro-batch, np: query heads on this rank, ng: query groups on this rank,
 hn: head dim (kv_channels).
@@ -26,7 +29,13 @@ from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's nam
 )
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
-from gigatron.core.transformer.utils import attention_mask_func, get_default_causal_mask
+from gigatron.core.transformer.utils import (
+    attention_mask_func,
+    get_default_causal_mask,
+    get_sliding_window_causal_mask,
+    is_layer_window_attention,
+    logit_softcapping,
+)
 from gigatron.core.utils import divide
 
 # Mask types that keep a packed document causal (sq == sk there: bottom-right is the diagonal).
@@ -78,6 +87,12 @@ class DotProductAttention(MegatronModule):
             coeff = self.layer_number
             softmax_scale /= coeff
         self.softmax_scale, self.softmax_coeff = softmax_scale, coeff
+        self.window_size = None  # (left, right) on a sliding-window layer
+        if is_layer_window_attention(
+            config.window_size, config.window_attn_skip_freq, self.layer_number
+        ):
+            self.window_size = tuple(config.window_size)
+        self.softcap = config.attn_logit_softcapping
         self.attention_dropout_p = (
             config.attention_dropout if attention_dropout is None else attention_dropout
         )
@@ -124,6 +139,7 @@ class DotProductAttention(MegatronModule):
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         if packed_seq_params is not None:
             attention_mask = self._packed_mask(query, packed_seq_params, attention_mask, mask_type)
+        attention_mask = self._with_window(attention_mask, mask_type, query, key)
         sq, b, np_, hn = query.shape
         sk = key.shape[0]
         if np_ != key.shape[2]:  # GQA: each K/V head serves np/ng consecutive query heads
@@ -134,6 +150,7 @@ class DotProductAttention(MegatronModule):
         scores = torch.bmm(q, k).mul_(self.softmax_scale).view(b, np_, sq, sk)  # [b, np, sq, sk]
         if attention_bias is not None:
             scores = scores + attention_bias
+        scores = logit_softcapping(scores, self.softcap)
         probs = self._scale_mask_softmax(scores, attention_mask, mask_type)
         with self._dropout_rng():
             probs = self.attention_dropout(probs)
@@ -141,6 +158,18 @@ class DotProductAttention(MegatronModule):
         context = torch.bmm(probs.view(b * np_, sq, sk), v)  # [b*np, sq, hn]
         context = context.view(b, np_, sq, hn).permute(2, 0, 1, 3)  # [sq, b, np, hn]
         return context.reshape(sq, b, np_ * hn)  # [sq, b, np*hn]
+
+    def _with_window(self, mask: Tensor | None, mask_type, query: Tensor, key: Tensor):
+        """On a sliding-window layer: `mask` (or the causal mask it stands for) OR-ed with the
+        window mask [sq, sk] (queries aligned bottom-right); elsewhere `mask` unchanged. Within
+        a packed document row distances are position distances, so one mask serves thd."""
+        if self.window_size is None:
+            return mask
+        sq, sk = query.shape[0], key.shape[0]
+        window = get_sliding_window_causal_mask(sq, sk, self.window_size, device=query.device)
+        if mask is None and mask_type == AttnMaskType.causal:
+            mask = get_default_causal_mask(sq, sk, device=query.device)
+        return window if mask is None else mask | window  # [sq, sk] or [b|1, 1, sq, sk]
 
     def _scale_mask_softmax(self, scores: Tensor, mask: Tensor | None, mask_type) -> Tensor:
         """Megatron's FusedScaleMaskSoftmax, torch path. scores [b, np, sq, sk]."""

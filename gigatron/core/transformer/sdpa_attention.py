@@ -8,7 +8,9 @@ Dropout draws from SDPA's own RNG stream, so with attention dropout on the two p
 distribution, not bit for bit. Packed sequences (`packed_seq_params`, thd): on CUDA in fp16/bf16
 without attention dropout, PyTorch's FlashAttention varlen kernel
 (`torch.nn.attention.varlen.varlen_attn`, no [s, s] mask); otherwise the block-diagonal document
-mask through SDPA, as the plain path does. Used by `get_gpt_layer_fast_spec`; gigatron-specific
+mask through SDPA, as the plain path does. Sliding-window layers pass their window mask as the
+bias; attention logit soft-capping (a function of the scores no SDPA kernel applies) runs the plain
+path. Used by `get_gpt_layer_fast_spec`; gigatron-specific
 (Megatron's counterpart is Transformer Engine's TEDotProductAttention).
 """
 
@@ -43,12 +45,17 @@ class SDPADotProductAttention(DotProductAttention):
                 "attention_bias is not supported by gigatron's SDPADotProductAttention; use "
                 "DotProductAttention"
             )
+        if self.softcap:
+            return super().forward(
+                query, key, value, attention_mask, attn_mask_type, None, packed_seq_params
+            )
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         sq, b, np_, hn = query.shape
         if packed_seq_params is not None:
             if self._use_varlen(query, attention_mask, mask_type):
                 return self._varlen(query, key, value, packed_seq_params, mask_type)
             attention_mask = self._packed_mask(query, packed_seq_params, attention_mask, mask_type)
+        attention_mask = self._with_window(attention_mask, mask_type, query, key)
         sk = key.shape[0]
         q = query.permute(1, 2, 0, 3)  # [b, np, sq, hn]
         k = key.permute(1, 2, 0, 3)  # [b, ng, sk, hn]
@@ -89,6 +96,7 @@ class SDPADotProductAttention(DotProductAttention):
             and attention_mask is None
             and not dropout
             and mask_type != AttnMaskType.arbitrary
+            and self.window_size is None
         )
 
     def _varlen(self, query, key, value, packed_seq_params, mask_type) -> Tensor:

@@ -72,7 +72,30 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     qk_layernorm: bool = False
     """Normalise queries and keys per head before attention."""
     softmax_scale: float | None = None
-    """Attention softmax scale; None = 1/sqrt(kv_channels)."""
+    """Attention softmax scale; None = 1/sqrt(kv_channels) (Gemma: query_pre_attn_scalar**-0.5)."""
+    window_size: tuple[int, int] | None = None
+    """Sliding-window attention (left, right): query i sees keys i - left .. i + right (-1 =
+    unbounded; causal masks cap right at 0); None = full attention."""
+    window_attn_skip_freq: int | list[int] | None = None
+    """Which layers use window_size: None = all; k = all but every k-th (layer_number % k == 0
+    is global); a list = one 0/1 per layer (1 = sliding window)."""
+    rotary_base_local: float | None = None
+    """gigatron (Megatron-Bridge's Gemma 3 provider: rotary_base=(local, global)): RoPE base of
+    the sliding-window layers, without the model's RoPE scaling; None = the model's RoPE."""
+    attn_logit_softcapping: float | None = None
+    """Cap attention scores as cap * tanh(scores / cap) after scaling, before the mask (Gemma 2;
+    Megatron-Bridge's name); None = off."""
+    final_logit_softcapping: float | None = None
+    """Cap output logits as cap * tanh(logits / cap) (Gemma 2; Megatron-Bridge's name)."""
+    post_self_attn_layernorm: bool = False
+    """gigatron (Megatron-Bridge's Gemma layer submodule): normalise the attention output before
+    its residual add (Gemma 2/3 sandwich norm); TransformerLayer builds the config's norm."""
+    post_mlp_layernorm: bool = False
+    """gigatron (Megatron-Bridge's Gemma layer submodule): normalise the MLP output before its
+    residual add."""
+    apply_embedding_scaling: bool = False
+    """gigatron (Megatron-Bridge's Gemma embedding mixin): multiply the word embeddings by
+    sqrt(hidden_size), rounded to their dtype, as Gemma does."""
     attention_backend: AttnBackend = AttnBackend.auto
     """Core attention implementation picked by the specs (local = DotProductAttention)."""
     rotary_interleaved: bool = False
@@ -235,8 +258,6 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """FP4 training (Transformer Engine only)."""
     multi_latent_attention: bool = False
     """DeepSeek multi-latent attention: set by MLATransformerConfig (whose fields it needs)."""
-    window_size: tuple[int, int] | None = None
-    """Sliding-window attention (not implemented)."""
     no_rope_freq: int | list[int] | None = None
     """NoPE layers: k -> every k-th layer skips RoPE; or one 0/1 per layer (1 = no RoPE)."""
     softmax_type: str = "vanilla"
@@ -277,6 +298,7 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
         _config_checks.check_pipeline(self)
         _config_checks.check_context_parallel(self)
         _config_checks.expand_no_rope_freq(self)
+        _config_checks.check_window_attention(self)
         check_fp8_config(self)
         if self.multi_latent_attention and not isinstance(self, MLATransformerConfig):
             raise ValueError(

@@ -1,4 +1,6 @@
 """One pre-norm transformer layer: x + attn(norm(x)), then (cross-attn), then x + mlp(norm(x)).
+With `post_self_attn_layernorm` / `post_mlp_layernorm` (Gemma 2/3's sandwich norms) the attention
+and MLP outputs are normalised too before their residual adds: x + norm(attn(norm(x))).
 
 Mirrors `megatron.core.transformer.transformer_layer` (TransformerLayer,
 TransformerLayerSubmodules, get_transformer_layer_offset, get_num_layers_to_build). Residual adds
@@ -23,6 +25,7 @@ from gigatron.core.transformer import _layer_split
 from gigatron.core.transformer.identity_op import IdentityFuncOp, IdentityOp
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
+from gigatron.core.transformer.torch_norm import WrappedTorchNorm
 from gigatron.core.utils import make_viewless_tensor
 
 
@@ -85,6 +88,26 @@ class TransformerLayerSubmodules:
     mlp: ModuleSpec | type = IdentityOp
     mlp_bda: ModuleSpec | type = IdentityFuncOp
     sharded_state_dict_keys_map: dict[str, str] = field(default_factory=dict)
+    # gigatron (the names of Megatron-Bridge's Gemma layer): norms of the attention / MLP output
+    # before the residual add; None = the config's norm where config.post_self_attn_layernorm /
+    # config.post_mlp_layernorm is set, else none.
+    post_self_attn_layernorm: ModuleSpec | type | None = None
+    post_mlp_layernorm: ModuleSpec | type | None = None
+
+
+def _post_norm(spec, enabled: bool, norm_kwargs: dict):
+    """The post-attention / post-MLP norm: `spec`, else the config's norm when `enabled`."""
+    if spec is None:
+        spec = WrappedTorchNorm if enabled else IdentityOp
+    return build_module(spec, **norm_kwargs)
+
+
+def _apply_post_norm(norm, out_with_bias):
+    """(out [s, b, h], bias [h] | None) -> (norm(out + bias), None); unchanged without a norm."""
+    if isinstance(norm, IdentityOp):
+        return out_with_bias
+    out, bias = out_with_bias
+    return norm(out if bias is None else out + bias), None
 
 
 class TransformerLayer(MegatronModule):
@@ -133,6 +156,9 @@ class TransformerLayer(MegatronModule):
         self.self_attention = build_module(
             submodules.self_attention, config=config, layer_number=layer_number
         )
+        self.post_self_attn_layernorm = _post_norm(
+            submodules.post_self_attn_layernorm, config.post_self_attn_layernorm, norm_kwargs
+        )
         self.self_attn_bda = build_module(submodules.self_attn_bda)
         self.pre_cross_attn_layernorm = build_module(
             submodules.pre_cross_attn_layernorm, **norm_kwargs
@@ -145,6 +171,9 @@ class TransformerLayer(MegatronModule):
         self.mlp = build_module(submodules.mlp, config=config)
         if hasattr(self.mlp, "set_layer_number"):  # MoE layers file aux losses per layer
             self.mlp.set_layer_number(self.layer_number)
+        self.post_mlp_layernorm = _post_norm(
+            submodules.post_mlp_layernorm, config.post_mlp_layernorm, norm_kwargs
+        )
         self.mlp_bda = build_module(submodules.mlp_bda)
         # Megatron's selective recompute by module: "mlp" the dense MLP, "moe" the whole MoE
         # layer (checkpointed), "layernorm" both norms (outputs freed, recomputed at backward)
@@ -233,6 +262,7 @@ class TransformerLayer(MegatronModule):
         )
         if norm_ckpt is not None:  # the norm's output is refilled when attention's grad arrives
             norm_ckpt.discard_output_and_register_recompute(attn_out[0])
+        attn_out = _apply_post_norm(self.post_self_attn_layernorm, attn_out)
         hidden_states = self._bda(self.self_attn_bda, attn_out, residual)
 
         residual = hidden_states
@@ -252,6 +282,7 @@ class TransformerLayer(MegatronModule):
         mlp_out = self._mlp(normed)
         if norm_ckpt is not None:
             norm_ckpt.discard_output_and_register_recompute(mlp_out[0])
+        mlp_out = _apply_post_norm(self.post_mlp_layernorm, mlp_out)
         hidden_states = self._bda(self.mlp_bda, mlp_out, residual)
         output = make_viewless_tensor(
             hidden_states, requires_grad=hidden_states.requires_grad, keep_graph=True

@@ -2,6 +2,8 @@
 
 Mirrors the parts of `megatron.core.utils` / `megatron.core.transformer.utils` the model code uses:
 `init_method_normal`, `scaled_init_method_normal`, `attention_mask_func`, `get_default_causal_mask`,
+`get_sliding_window_causal_mask` / `is_layer_window_attention` (sliding windows; `window_mask` on
+any positions, for context parallelism), `logit_softcapping` (Megatron-Bridge's Gemma 2 helper),
 and the sharded-state-dict helpers (`make_sharded_tensors_for_checkpoint`,
 `make_sharded_object_for_checkpoint`, defined in `gigatron.core.utils` so the tensor-parallel
 layers can use them too; `sharded_state_dict_default`).
@@ -25,8 +27,10 @@ __all__ = [
     "check_attention_mask",
     "ensure_metadata_has_dp_cp_group",
     "get_default_causal_mask",
+    "get_sliding_window_causal_mask",
     "init_method_normal",
     "is_layer_window_attention",
+    "logit_softcapping",
     "make_sharded_object_for_checkpoint",
     "make_sharded_tensors_for_checkpoint",
     "scaled_init_method_normal",
@@ -96,6 +100,34 @@ def ensure_metadata_has_dp_cp_group(metadata: dict | None) -> dict:
             else None
         )
     return metadata
+def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window_size) -> torch.Tensor:
+    """Bool [sq, sk], True where key position k_pos[j] lies outside the window
+    [q_pos[i] - left, q_pos[i] + right] of query position q_pos[i] (window_size = (left, right),
+    -1 = unbounded on that side, as Transformer Engine / FlashAttention count it)."""
+    left, right = window_size
+    ahead = k_pos[None, :] - q_pos[:, None]  # [sq, sk]: how far the key lies after the query
+    masked = torch.zeros(ahead.shape, dtype=torch.bool, device=ahead.device)
+    if left >= 0:
+        masked |= ahead < -left
+    if right >= 0:
+        masked |= ahead > right
+    return masked
+
+
+def get_sliding_window_causal_mask(sq: int, skv: int, window_size, device=None) -> torch.Tensor:
+    """Megatron's sliding-window mask: bool [sq, skv], True = masked, queries aligned
+    bottom-right (query i sits at position skv - sq + i), so (left, 0) is causal. Unlike
+    Megatron's, -1 means unbounded."""
+    q_pos = torch.arange(skv - sq, skv, device=device)
+    return window_mask(q_pos, torch.arange(skv, device=device), window_size)
+
+
+def logit_softcapping(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap * tanh(logits / cap) (Gemma 2's attention-score and final-logit cap); unchanged for
+    cap None."""
+    if not cap:
+        return logits
+    return torch.tanh(logits / cap) * cap
 
 
 def sharded_state_dict_default(

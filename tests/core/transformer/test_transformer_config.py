@@ -63,7 +63,15 @@ def test_unknown_name_suggests_the_closest_field():
         (dict(pipeline_model_parallel_size=3, pipeline_dtype=torch.float32), "divisible"),
         (dict(fp8="e4m3"), r"fp8_recipe='delayed' is not supported by gigatron"),
         (dict(fp8="e5m2"), r"fp8 \('e5m2'\) must be one of"),
-        (dict(window_size=(4, 0)), "sliding-window"),
+        (dict(window_size=(4,)), r"window_size \(\(4,\)\) must be a pair"),
+        (dict(window_size=(4, 0), window_attn_skip_freq=[1, 0, 1]), "one 0/1 entry per layer"),
+        (dict(window_attn_skip_freq=0), r"window_attn_skip_freq \(0\)"),
+        (dict(rotary_base_local=1e4), "set window_size too"),
+        (dict(attn_logit_softcapping=-1.0), "attn_logit_softcapping"),
+        (
+            dict(attn_logit_softcapping=50.0, apply_query_key_layer_scaling=True),
+            "apply_query_key_layer_scaling",
+        ),
         (dict(hidden_dropout=1.5), r"hidden_dropout \(1.5\)"),
     ],
 )

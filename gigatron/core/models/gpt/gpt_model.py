@@ -27,7 +27,7 @@ from gigatron.core.transformer.multi_token_prediction import (
     process_mtp_loss,
 )
 from gigatron.core.transformer.transformer_block import TransformerBlock
-from gigatron.core.transformer.utils import check_attention_mask
+from gigatron.core.transformer.utils import check_attention_mask, logit_softcapping
 
 _POSITION_TYPES = ("learned_absolute", "rope", "none")
 
@@ -226,7 +226,8 @@ class GPTModel(LanguageModule):
         loss [b, s]. The loss kernel follows cross_entropy_loss_fusion / cross_entropy_fusion_impl
         alone, whatever parallel_output is, as Megatron's compute_language_model_loss picks it."""
         output_weight = self._tied_output_weight()
-        if labels is None or not self.config.cross_entropy_loss_fusion:
+        softcap = self.config.final_logit_softcapping
+        if labels is None or not self.config.cross_entropy_loss_fusion or softcap:
             # With labels the loss is taken over the vocab-parallel logits, never gathered ones:
             # vocab_parallel_cross_entropy would read gathered [s, b, V] logits as a V-wide shard
             # per rank and return loss + log(tp) (Megatron does; gigatron differs on purpose).
@@ -234,6 +235,9 @@ class GPTModel(LanguageModule):
             logits, _ = self.output_layer(
                 hidden_states, weight=output_weight, runtime_gather_output=gather
             )  # [s, b, V/tp]
+            # Gemma 2: cap * tanh(logits / cap), elementwise, so on each vocabulary shard; the
+            # fused loss path never forms the logits and is skipped.
+            logits = logit_softcapping(logits, softcap)
             if labels is None:
                 return logits.transpose(0, 1).contiguous()  # [b, s, V/tp]
             return self.compute_language_model_loss(labels, logits)  # [b, s]

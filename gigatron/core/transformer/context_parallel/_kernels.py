@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gigatron.core.transformer.utils import get_sliding_window_causal_mask, logit_softcapping
+
 
 def _scores(q: Tensor, k: Tensor, scale: float, causal: bool) -> Tensor:
     """q [b, ng, g, sq, hn], k [b, ng, sk, hn] -> fp32 scores [b, ng, g, sq, sk]."""
@@ -132,12 +134,18 @@ def merge(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor, rows: 
     lse[..., rows] = new
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor:
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, window=None, softcap=None
+) -> Tensor:
     """Differentiable attention, causal aligned bottom-right (query i of sq sees keys up to
-    sk - sq + i) or full. q [b, ng, g, sq, hn], k/v [b, ng, sk, hn] -> [b, ng, g, sq, hn]."""
+    sk - sq + i) or full; `window` (left, right) also masks keys outside each query's sliding
+    window, `softcap` caps the scaled scores (cap * tanh(x / cap); both on the plain path).
+    q [b, ng, g, sq, hn], k/v [b, ng, sk, hn] -> [b, ng, g, sq, hn]."""
     b, ng, g, sq, hn = q.shape
     sk = k.shape[2]
-    if q.is_cuda:  # fused kernels; the causal bias object never materialises a [sq, sk] mask
+    if (
+        q.is_cuda and window is None and not softcap
+    ):  # fused kernels; the causal bias object never materialises a [sq, sk] mask
         from torch.nn.attention.bias import causal_lower_right
 
         q4, k4, v4 = _heads(q, k, v)
@@ -147,9 +155,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Te
         )
         return out.view(b, ng, g, sq, hn)
     s = torch.matmul(q.float(), k.float().unsqueeze(2).transpose(-1, -2)) * scale
+    s = logit_softcapping(s, softcap)
     if causal:
         future = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(1 + sk - sq)
         s = s.masked_fill(future, float("-inf"))
+    if window is not None:
+        s = s.masked_fill(get_sliding_window_causal_mask(sq, sk, window, q.device), float("-inf"))
     p = torch.softmax(s, dim=-1)
     return torch.matmul(p, v.float().unsqueeze(2)).to(q.dtype)
 

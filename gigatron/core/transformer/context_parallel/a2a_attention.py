@@ -36,9 +36,11 @@ def _heads_to_seq(x: Tensor, group, cp_size: int) -> Tensor:
 
 
 def a2a_attention(
-    query: Tensor, key: Tensor, value: Tensor, *, scale: float, causal: bool, group
-) -> Tensor:
-    """q [s, b, np, hn], k/v [s, b, ng, hn] (this rank's zigzag tokens) -> [s, b, np, hn]."""
+    query: Tensor, key: Tensor, value: Tensor, *, scale: float, causal: bool, group,
+    window=None, softcap=None,
+) -> Tensor:  # fmt: skip
+    """q [s, b, np, hn], k/v [s, b, ng, hn] (this rank's zigzag tokens) -> [s, b, np, hn].
+    window / softcap: `_kernels.attention`'s, on the position-ordered whole sequence."""
     cp_size = group.size()
     s, _, np_, _ = query.shape
     ng = key.shape[2]
@@ -59,6 +61,8 @@ def a2a_attention(
     to_pos = torch.argsort(pos)
     q, k, v = (t.index_select(0, to_pos) for t in (q, k, v))
     qg, kg, vg = _layout.to_grouped(q, k, v)
-    out = _layout.from_grouped(_kernels.attention(qg, kg, vg, scale, causal))  # [S, b, np/cp, hn]
+    out = _layout.from_grouped(
+        _kernels.attention(qg, kg, vg, scale, causal, window, softcap)
+    )  # [S, b, np/cp, hn]
     out = out.index_select(0, pos)  # position order -> rank order
     return _heads_to_seq(out, group, cp_size)

@@ -8,7 +8,8 @@ A per-layer list `config.cp_comm_type` is indexed by `layer_number - 1`.
 
 Masks: causal attention (the GPT layers' `AttnMaskType.causal`; an explicit mask tensor is then
 ignored, as TE does) or full attention (`no_mask`, or `padding` with no mask tensor). Inputs are
-this rank's zigzag tokens (`gigatron.core.utils.get_batch_on_this_cp_rank`).
+this rank's zigzag tokens (`gigatron.core.utils.get_batch_on_this_cp_rank`). Sliding-window layers
+and attention logit soft-capping (Gemma) run under "all_gather" and "a2a" (the ring refuses them).
 
 Shapes: s: local seq (2 zigzag chunks), b: micro-batch, np / ng: query heads / query groups on
 this TP rank, hn: head dim.
@@ -30,6 +31,7 @@ from gigatron.core.transformer.dot_product_attention import CAUSAL_MASK_TYPES, D
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec
+from gigatron.core.transformer.utils import is_layer_window_attention
 
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
 
@@ -127,6 +129,18 @@ class ContextParallelAttention(MegatronModule):
         self.attention_dropout_p = (
             config.attention_dropout if attention_dropout is None else attention_dropout
         )
+        self.window_size = None
+        if is_layer_window_attention(
+            config.window_size, config.window_attn_skip_freq, self.layer_number
+        ):
+            self.window_size = tuple(config.window_size)
+        self.softcap = config.attn_logit_softcapping
+        if (self.window_size or self.softcap) and self.cp_comm_type == "p2p":
+            raise ValueError(
+                f"window_size ({config.window_size}) / attn_logit_softcapping "
+                f"({config.attn_logit_softcapping}) under context parallelism need cp_comm_type "
+                "'all_gather' or 'a2a' in gigatron (the p2p ring has neither)"
+            )
 
     def _is_causal(self, attention_mask, mask_type) -> bool:
         if mask_type in (AttnMaskType.causal, AttnMaskType.causal_bottom_right):
@@ -165,6 +179,11 @@ class ContextParallelAttention(MegatronModule):
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         s, b, np_, hn = query.shape
         if packed_seq_params is not None:  # an explicit mask tensor is ignored, as TE does
+            if self.window_size or self.softcap:
+                raise ValueError(
+                    "packed_seq_params with a sliding window or attn_logit_softcapping is not "
+                    "supported under context parallelism by gigatron"
+                )
             causal = mask_type in CAUSAL_MASK_TYPES
             context = packed_attention(
                 query, key, value, packed_seq_params, scale=self.softmax_scale, causal=causal,
@@ -178,16 +197,17 @@ class ContextParallelAttention(MegatronModule):
                 "each rank holds two zigzag chunks (get_batch_on_this_cp_rank)"
             )
         kw = dict(scale=self.softmax_scale, causal=causal, group=self.cp_group)
+        extra = dict(window=self.window_size, softcap=self.softcap)
         if self.cp_group.size() == 1:
             q, k, v = _layout.to_grouped(query, key, value)
-            out = _kernels.attention(q, k, v, self.softmax_scale, causal)
+            out = _kernels.attention(q, k, v, self.softmax_scale, causal, **extra)
             context = _layout.from_grouped(out)
         elif self.cp_comm_type == "p2p":
             context = ring_attention(query, key, value, global_ranks=self.cp_global_ranks, **kw)
         elif self.cp_comm_type == "all_gather":
-            context = all_gather_attention(query, key, value, **kw)
+            context = all_gather_attention(query, key, value, **kw, **extra)
         else:
-            context = a2a_attention(query, key, value, **kw)
+            context = a2a_attention(query, key, value, **kw, **extra)
         return context.reshape(s, b, np_ * hn)  # [s, b, np*hn]
 
 

@@ -3,6 +3,8 @@ test_context_parallel.py beside this file): a one-rank reference model's full we
 are computed first, then each rank loads its shards of those weights into the parallel model
 (megatron.core.models.gpt under TP / CP)."""
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -23,6 +25,38 @@ LLAMA_CONFIG = dict(
     add_bias_linear=False,
 )
 LLAMA_MODEL = dict(position_embedding_type="rope", rotary_base=500)
+
+# Gemma 2 / 3 style: x (1 + w) RMSNorm, sandwich norms, GeGLU, sqrt(h) embedding scale, softmax
+# scale, attention / final logit soft-capping, sliding-window layer 1 (window 3 < the sequences)
+# with its own RoPE base, global layer 2 with linearly scaled RoPE, tied embeddings.
+GEMMA_CONFIG = dict(
+    num_layers=2,
+    hidden_size=32,
+    num_attention_heads=8,
+    num_query_groups=4,
+    kv_channels=8,
+    ffn_hidden_size=48,
+    normalization="RMSNorm",
+    layernorm_zero_centered_gamma=True,
+    gated_linear_unit=True,
+    activation_func=functools.partial(F.gelu, approximate="tanh"),
+    add_bias_linear=False,
+    softmax_scale=0.3,
+    attn_logit_softcapping=2.0,
+    final_logit_softcapping=3.0,
+    post_self_attn_layernorm=True,
+    post_mlp_layernorm=True,
+    apply_embedding_scaling=True,
+    window_size=(3, 0),
+    window_attn_skip_freq=2,
+    rotary_base_local=100,
+)
+GEMMA_MODEL = dict(
+    position_embedding_type="rope",
+    rotary_base=10000,
+    seq_len_interpolation_factor=2.0,
+    share_embeddings_and_output_weights=True,
+)
 
 
 def weights_and_grads(model):

@@ -3,7 +3,9 @@ CP x TP = 2 x 2 (with and without SP), give the same logits, per-token loss and 
 over CP, as DDP's DP x CP reduction does) as the one-rank model from the same weights (fp32, 1e-5).
 
 Models: Llama style (RoPE, GQA 8 heads / 4 groups, RMSNorm, SwiGLU) and GPT-2 style (learned
-positions, tied embeddings, explicit causal mask, which causal CP attention ignores as TE does).
+positions, tied embeddings, explicit causal mask, which causal CP attention ignores as TE does);
+Gemma 2 / 3 style (_parity.GEMMA_CONFIG: a sliding-window layer with its own RoPE base, logit
+soft-capping) under the all_gather and a2a modes, which the p2p ring refuses.
 """
 
 import copy
@@ -38,6 +40,7 @@ STYLES = {
             position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True
         ),
     ),
+    "gemma": dict(config=parity.GEMMA_CONFIG, model=parity.GEMMA_MODEL),
 }
 
 
@@ -166,3 +169,30 @@ def test_gpt_context_parallel_unmodified_spec(spec_fn):
     errors = run_distributed(_body, 2, args=(1, 2, comms, ("llama",), (False,), spec_fn))[0]
     for key, errs in errors.items():
         assert max(errs.values()) <= 1e-5, (key, errs)
+
+
+def test_gpt_context_parallel_gemma_window_and_softcap():
+    """Gemma style at CP = 2 (all_gather, a2a, per-layer list) and CP x TP = 2 x 2 with SP."""
+    comms = ("all_gather", "a2a", ("a2a", "all_gather"))
+    errors = run_distributed(_body, 2, args=(1, 2, comms, ("gemma",)), timeout=300)[0]
+    errors.update(
+        run_distributed(
+            _body, 4, args=(2, 2, ("all_gather", "a2a"), ("gemma",), (False, True)), timeout=300
+        )[0]
+    )
+    for key, errs in errors.items():
+        assert max(errs.values()) <= 1e-5, (key, errs)
+
+
+def _p2p_refusal():
+    ps.initialize_model_parallel(1, context_parallel_size=2)
+    try:
+        _build("gemma", cp=2, comm="p2p")
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_gpt_context_parallel_ring_refuses_window_and_softcap():
+    message = run_distributed(_p2p_refusal, 2)[0]
+    assert message is not None and "cp_comm_type 'all_gather' or 'a2a'" in message

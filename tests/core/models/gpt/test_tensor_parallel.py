@@ -4,7 +4,9 @@ also with cross_entropy_loss_fusion against the plain TP = 1 loss.
 
 Model styles: GPT-2 (LayerNorm, biases, GELU, learned positions, tied embeddings, explicit
 mask), Llama (RMSNorm, SwiGLU, RoPE, GQA, untied output, causal mask built inside), and a GQA
-model with 2 K/V heads (fewer than the ranks at TP = 4), a QKV bias and q/k layernorm."""
+model with 2 K/V heads (fewer than the ranks at TP = 4), a QKV bias and q/k layernorm, and a
+Gemma 2 / 3 model (sandwich norms, soft-capping, sliding-window and global layers with their own
+RoPE, q/k norms; _parity.GEMMA_CONFIG)."""
 
 import pytest
 import torch
@@ -55,6 +57,7 @@ STYLES = {
         ),
         model=dict(position_embedding_type="rope"),
     ),
+    "gemma": dict(config={**parity.GEMMA_CONFIG, "qk_layernorm": True}, model=parity.GEMMA_MODEL),
 }
 
 

@@ -118,6 +118,10 @@ class LanguageModelEmbedding(MegatronModule):
         checked_positions = position_ids if self.add_position_embedding else None
         check_token_ids(input_ids, self.vocab_size, checked_positions, self.max_sequence_length)
         embeddings = self.word_embeddings(input_ids)  # [b, s, h] ([s/tp, b, h] if reduce-scatter)
+        if self.config.apply_embedding_scaling:  # Gemma: sqrt(h), rounded to the weights' dtype
+            embeddings = embeddings * torch.tensor(
+                self.config.hidden_size**0.5, dtype=embeddings.dtype, device=embeddings.device
+            )
         if self.add_position_embedding:
             if position_ids is None:
                 position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
