@@ -117,7 +117,10 @@ def test_neither_stack_holds_embeddings_and_head_only_and_refuses_forward():
     model = _model(add_encoder=None, add_decoder=None)
     assert model.encoder is None and model.decoder is None
     assert {k.split(".")[0] for k in model.state_dict()} <= {
-        "embedding", "position_embeddings", "lm_head", "output_layer"
+        "embedding",
+        "position_embeddings",
+        "lm_head",
+        "output_layer",
     }
     ids = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(ValueError, match="add_encoder and add_decoder False"):
