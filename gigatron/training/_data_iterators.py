@@ -94,7 +94,10 @@ def _iterator(kind: str, loader):
 
 
 def _full_validation_eval_iters(args, loaders: list) -> None:
-    """args.eval_iters = each validation loader's length, MAX over the DP (x CP) ranks."""
+    """args.eval_iters = each validation loader's length, MAX over the DP (x CP) ranks; the
+    test split keeps --eval-iters (args.test_eval_iters), the count it was sized for."""
+    if getattr(args, "test_eval_iters", None) is None:
+        args.test_eval_iters = args.eval_iters
     if loaders[0] is None:
         args.eval_iters = [None] * len(loaders) if args.multiple_validation_sets else None
         return

@@ -424,9 +424,15 @@ def _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, it
         for losses in sets if write else ():
             lx.write_validation_ppl(args, parts.tb_writer(), iteration, losses)
         out["valid"] = sets if getattr(args, "multiple_validation_sets", False) else sets[0]
-    if test_iter is not None and args.eval_iters:
+    test_iters = getattr(args, "test_eval_iters", None)  # --full-validation: --eval-iters
+    test_iters = args.eval_iters if test_iters is None else test_iters
+    if test_iter is not None and test_iters:
         out["test"] = evaluate(
-            forward_step_func, parts.chunk_iterators(test_iter, model), model, config
+            forward_step_func,
+            parts.chunk_iterators(test_iter, model),
+            model,
+            config,
+            eval_iters=test_iters,
         )
         lx.empty_unused_memory(args, level=1)
         prefix = f"iteration {iteration} on test set"
