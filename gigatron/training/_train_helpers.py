@@ -15,6 +15,14 @@ import torch.distributed as dist
 from gigatron.core import parallel_state as ps
 
 
+def eval_batch_sizes(args) -> tuple[int, int]:
+    """(eval global batch, eval micro batch): `--eval-global-batch-size` and
+    `--eval-micro-batch-size`, each defaulting to its training size (as validate_args sets)."""
+    gbs = getattr(args, "eval_global_batch_size", None) or args.global_batch_size
+    mbs = getattr(args, "eval_micro_batch_size", None) or args.micro_batch_size
+    return gbs, mbs
+
+
 def num_samples(args) -> tuple[int, int | None, int]:
     """(train, validation, test) samples to build, Megatron's `get_train_valid_test_num_samples`.
 

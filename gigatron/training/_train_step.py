@@ -34,6 +34,7 @@ from gigatron.core.distributed import DistributedDataParallel
 from gigatron.core.num_microbatches_calculator import get_num_microbatches
 from gigatron.core.optimizer import MegatronOptimizer
 from gigatron.core.optimizer.grad_scaler import DynamicGradScaler
+from gigatron.training._train_helpers import eval_batch_sizes
 from gigatron.training.global_vars import get_args
 from gigatron.training.utils import args_by_name, print_rank_0
 
@@ -242,25 +243,44 @@ def materialize_losses(entries: list[dict]) -> None:
 
 
 # ---------------------------------------------------------------- evaluation
-def evaluate(forward_step_func, data_iterator, model, config, verbose: bool = False):
-    """Mean losses over `--eval-iters` forward-only iterations (last stage; {} elsewhere)."""
+def evaluate(
+    forward_step_func,
+    data_iterator,
+    model,
+    config,
+    verbose: bool = False,
+    *,
+    eval_iters=None,
+    full_validation: bool = False,
+):
+    """Mean losses over `eval_iters` (default `--eval-iters`) forward-only iterations of
+    `--eval-global-batch-size` samples each, in microbatches of `--eval-micro-batch-size`
+    (both default to the training sizes) (last stage; {} elsewhere).
+
+    `full_validation`: the iterator yields one sample per DP rank per batch
+    (MegatronFullValidationSampler); each iteration is one microbatch of one sample."""
     from gigatron.core.pipeline_parallel import get_forward_backward_func
 
     args = get_args()
     for chunk in model:
         chunk.eval()
     sums: dict[str, torch.Tensor] = {}
-    # the full global batch even during a batch-size ramp-up (Megatron's eval_num_microbatches):
-    # consumed_valid_samples counts global_batch_size per iteration
-    num_microbatches = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
+    # the full evaluation batch even during a batch-size ramp-up (Megatron's
+    # eval_num_microbatches); consumed_valid_samples counts it per iteration
+    eval_gbs, eval_mbs = eval_batch_sizes(args)
+    if full_validation:
+        eval_gbs, eval_mbs = args.data_parallel_size, 1
+    num_microbatches = eval_gbs // (eval_mbs * args.data_parallel_size)
+    eval_iters = args.eval_iters if eval_iters is None else eval_iters
     with torch.no_grad():
-        for _ in range(args.eval_iters):
+        for _ in range(eval_iters):
             losses = get_forward_backward_func()(
                 forward_step_func=forward_step_func,
                 data_iterator=data_iterator,
                 model=model,
                 num_microbatches=num_microbatches,
-                **args_by_name(args, "seq_length micro_batch_size"),
+                seq_length=args.seq_length,
+                micro_batch_size=eval_mbs,
                 decoder_seq_length=args.seq_length,
                 forward_only=True,
             )
@@ -271,7 +291,7 @@ def evaluate(forward_step_func, data_iterator, model, config, verbose: bool = Fa
                         if value.numel() == 1:  # legacy mean-per-microbatch reports
                             value = torch.cat([value, torch.ones(1)])
                         sums[key] = sums.get(key, torch.zeros(2)) + value.cpu()
-            args.consumed_valid_samples += args.global_batch_size
+            args.consumed_valid_samples += eval_gbs
     for chunk in model:
         chunk.train()
     out = {}

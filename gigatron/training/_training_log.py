@@ -149,17 +149,19 @@ def training_log(args, stats: dict, iteration: int, elapsed_s: float, iters: int
         wandb.log(scalars, step=iteration)
 
 
-def log_validation(args, prefix: str, losses: dict, iteration: int) -> None:
+def log_validation(args, prefix: str, losses: dict, iteration: int, suffix: str = "") -> None:
+    """The line "validation<suffix> loss at <prefix> | <key> value: ... | <key> PPL: ..." and
+    the "<key> validation<suffix>" scalars (suffix "-<set>" with --multiple-validation-sets)."""
     import math
 
-    parts = [f"validation loss at {prefix}"]
+    parts = [f"validation{suffix} loss at {prefix}"]
     for key, value in losses.items():
         parts.append(f"{key} value: {value:.6E} | {key} PPL: {math.exp(min(20.0, value)):.6E}")
     print_rank_last(" | ".join(parts))
     writer = global_vars.get_tensorboard_writer()
     if writer is not None:
         for key, value in losses.items():
-            writer.add_scalar(f"{key} validation", value, iteration)
+            writer.add_scalar(f"{key} validation{suffix}", value, iteration)
     wandb = global_vars.get_wandb_writer()
     if wandb is not None:
-        wandb.log({f"{k} validation": v for k, v in losses.items()}, step=iteration)
+        wandb.log({f"{k} validation{suffix}": v for k, v in losses.items()}, step=iteration)

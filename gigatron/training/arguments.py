@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from gigatron.compat.errors import ArgumentError
 from gigatron.training import cli_errors
 from gigatron.training._config_flags import add_config_flags, add_resume_flags
 from gigatron.training._flags import (
@@ -198,6 +199,29 @@ def _check_resume_flags(args) -> None:
         )
 
 
+def _check_validation(args) -> None:
+    """Megatron's rules: the evaluation batch sizes default to the training ones, and
+    eval_global_batch_size splits into whole microbatches over the data-parallel ranks
+    (ArgumentError: Megatron asserts it); several validation sets need full validation."""
+    if args.multiple_validation_sets and not args.full_validation:
+        raise ValueError(
+            "--multiple-validation-sets needs --full-validation (each set would need its own "
+            "consumed-samples count to resume; Megatron's rule)"
+        )
+    if args.validation_set_names and not args.multiple_validation_sets:
+        raise ValueError("--validation-set-names needs --multiple-validation-sets")
+    if args.eval_global_batch_size is None:
+        args.eval_global_batch_size = args.global_batch_size
+    if args.eval_micro_batch_size is None:
+        args.eval_micro_batch_size = args.micro_batch_size
+    gbs, mbs, dp = args.eval_global_batch_size, args.eval_micro_batch_size, args.data_parallel_size
+    if gbs < 1 or mbs < 1 or gbs % (mbs * dp):
+        raise ArgumentError(
+            f"eval_global_batch_size ({gbs}) must be divisible by eval_micro_batch_size "
+            f"({mbs}) * data_parallel_size ({dp}) (both >= 1)"
+        )
+
+
 def validate_args(args, world_size: int | None = None):
     """Fill derived values and check the combination, raising ValueError naming the flags."""
     ws = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
@@ -242,6 +266,7 @@ def validate_args(args, world_size: int | None = None):
             f"--micro-batch-size ({args.micro_batch_size}) x data-parallel size "
             f"({args.data_parallel_size})"
         )
+    _check_validation(args)
     if args.train_iters is None and args.train_samples is None:
         raise ValueError("one of --train-iters or --train-samples is required")
     if args.train_iters is not None and args.train_samples is not None:

@@ -204,6 +204,9 @@ def add_compat_args(p) -> None:
     _flag(g, "--deterministic-mode", action="store_true",
           help="deterministic kernels (torch.use_deterministic_algorithms); slower")  # fmt: skip
     _flag(g, "--dataloader-type", type=str, default=None, choices=["single", "cyclic", "external"])
+    _flag(g, "--no-data-sharding", action="store_false", dest="data_sharding",
+          help="--dataloader-type cyclic: one shuffle over all ranks' samples, not one per "
+          "rank's own bucket")  # fmt: skip
     _flag(g, "--no-create-attention-mask-in-dataloader", action="store_false",
           dest="create_attention_mask_in_dataloader")  # fmt: skip
     _flag(g, "--no-mmap-bin-files", action="store_false", dest="mmap_bin_files")
@@ -320,11 +323,8 @@ def _legacy_spellings(args) -> None:
         )
     if args.recompute_activations:
         args.recompute_granularity = "selective"
-    if args.dataloader_type in ("cyclic", "external"):
-        raise ValueError(
-            f"--dataloader-type {args.dataloader_type}: gigatron's loader is Megatron's "
-            "'single' (one ordered pass, resumable by consumed samples)"
-        )
+    if args.dataloader_type is None:
+        args.dataloader_type = "single"
     if not args.create_attention_mask_in_dataloader and args.reset_attention_mask:
         raise ValueError(
             "--no-create-attention-mask-in-dataloader with --reset-attention-mask: the "

@@ -34,6 +34,11 @@ from gigatron.training import _loop_extras as lx
 from gigatron.training import _train_helpers as helpers
 from gigatron.training import _train_loop_parts as parts
 from gigatron.training import _training_log as tlog
+from gigatron.training._data_iterators import (  # noqa: F401  (Megatron's names live here)
+    build_train_valid_test_data_iterators,
+    build_train_valid_test_data_loaders,
+    cyclic_iter,
+)
 from gigatron.training._megatron_flops import num_floating_point_operations  # noqa: F401
 from gigatron.training._profiler import StepProfiler
 from gigatron.training._startup_banner import print_startup_banner
@@ -45,7 +50,10 @@ from gigatron.training._train_step import (  # noqa: F401  (Megatron's public na
     train_step,
 )
 from gigatron.training.arguments import build_parser
-from gigatron.training.data_samplers import build_pretraining_data_loader, exit_signal_number
+from gigatron.training.data_samplers import (  # noqa: F401
+    build_pretraining_data_loader,
+    exit_signal_number,
+)
 from gigatron.training.global_vars import get_args, get_timers  # noqa: F401
 from gigatron.training.initialize import initialize_megatron
 from gigatron.training.utils import print_rank_0
@@ -244,25 +252,6 @@ def get_train_valid_test_num_samples() -> tuple[int, int | None, int]:
     return helpers.num_samples(get_args())
 
 
-def build_train_valid_test_data_iterators(train_valid_test_dataset_provider):
-    """Datasets from the provider, wrapped in resumable loaders; iterators (or None) per split."""
-    args = get_args()
-    sizes = list(helpers.num_samples(args))
-    print_rank_0(" > datasets target sizes (minimum size):")
-    for name, size in zip(("train:     ", "validation:", "test:      "), sizes):
-        print_rank_0(f"    {name} {size}")
-    train_ds, valid_ds, test_ds = train_valid_test_dataset_provider(sizes)
-    # Megatron's: --skip-train reads the validation split (sized for one evaluation) from its
-    # start, not from the loaded checkpoint's consumed_valid_samples
-    valid_start = 0 if getattr(args, "skip_train", False) else args.consumed_valid_samples
-    loaders = [
-        build_pretraining_data_loader(train_ds, args.consumed_train_samples, args),
-        build_pretraining_data_loader(valid_ds, valid_start, args),
-        build_pretraining_data_loader(test_ds, 0, args),
-    ]
-    return [iter(loader) if loader is not None else None for loader in loaders]
-
-
 def _save(iteration, model, optimizer, scheduler, flops_so_far) -> None:
     from gigatron.training.checkpointing import save_checkpoint
 
@@ -373,6 +362,42 @@ def _consume_global_batch(args) -> float:
 
 
 # ---------------------------------------------------------------- evaluation
+def _validation_sets(args, valid_iter) -> list[tuple[str, object, int]]:
+    """(suffix, iterator, eval_iters) per validation set: one set, suffix "", or with
+    --multiple-validation-sets "-<name>" (--validation-set-names) or "-<index>" per set."""
+    if not getattr(args, "multiple_validation_sets", False):
+        return [("", valid_iter, args.eval_iters)]
+    names = getattr(args, "validation_set_names", None)
+    if names and len(names) != len(valid_iter):
+        raise ValueError(
+            f"--validation-set-names gives {len(names)} names for {len(valid_iter)} "
+            "validation datasets"
+        )
+    suffixes = [f"-{name}" for name in (names or range(len(valid_iter)))]
+    return list(zip(suffixes, valid_iter, args.eval_iters))
+
+
+def _evaluate_validation(forward_step_func, model, config, valid_iter, prefix, iteration) -> list:
+    """Evaluate each validation set (Megatron's evaluate_and_print_results), log each line
+    "validation<suffix> loss at <prefix> | ..."; the losses per set."""
+    args = get_args()
+    out = []
+    full = getattr(args, "full_validation", False)
+    for suffix, iterator, eval_iters in _validation_sets(args, valid_iter):
+        losses = evaluate(
+            forward_step_func,
+            parts.chunk_iterators(iterator, model),
+            model,
+            config,
+            eval_iters=eval_iters,
+            full_validation=full,
+        )
+        lx.empty_unused_memory(args, level=1)
+        tlog.log_validation(args, prefix, losses, iteration, suffix=suffix)
+        out.append(losses)
+    return out
+
+
 def _evaluate_on_interval(forward_step_func, model, config, valid_iter, manual_gc) -> None:
     """--eval-interval: evaluate on the validation split after this iteration."""
     args = get_args()
@@ -385,11 +410,12 @@ def _evaluate_on_interval(forward_step_func, model, config, valid_iter, manual_g
     if start is not None and iteration < start:  # --start-eval-at-iter
         return
     manual_gc.around_evaluation()
-    losses = evaluate(forward_step_func, parts.chunk_iterators(valid_iter, model), model, config)
+    sets = _evaluate_validation(
+        forward_step_func, model, config, valid_iter, f"iteration {iteration}", iteration
+    )
     manual_gc.around_evaluation()
-    lx.empty_unused_memory(args, level=1)
-    tlog.log_validation(args, f"iteration {iteration}", losses, iteration)
-    lx.write_validation_ppl(args, parts.tb_writer(), iteration, losses)
+    for losses in sets:
+        lx.write_validation_ppl(args, parts.tb_writer(), iteration, losses)
 
 
 def _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, iteration) -> dict:
@@ -397,20 +423,32 @@ def _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, it
     --eval-iters iterations on the validation split, then one on the test split, each where the
     provider gave the split and --eval-iters > 0 (Megatron's do_valid / do_test). The validation
     runs even when the loop has just evaluated that iteration, as Megatron's does. Returns
-    {"valid": losses, "test": losses} for the splits evaluated."""
+    {"valid": losses, "test": losses} for the splits evaluated ("valid" a list of losses per
+    set with --multiple-validation-sets)."""
     args = get_args()
     out = {}
-    for name, iterator in (("valid", valid_iter), ("test", test_iter)):
-        if iterator is None or not args.eval_iters:
-            continue
-        out[name] = evaluate(
-            forward_step_func, parts.chunk_iterators(iterator, model), model, config
+    write = not getattr(args, "skip_train", False)  # Megatron writes no scalars under skip-train
+    if valid_iter is not None and args.eval_iters:
+        prefix = f"iteration {iteration} on validation set"
+        sets = _evaluate_validation(forward_step_func, model, config, valid_iter, prefix, iteration)
+        for losses in sets if write else ():
+            lx.write_validation_ppl(args, parts.tb_writer(), iteration, losses)
+        out["valid"] = sets if getattr(args, "multiple_validation_sets", False) else sets[0]
+    test_iters = getattr(args, "test_eval_iters", None)  # --full-validation: --eval-iters
+    test_iters = args.eval_iters if test_iters is None else test_iters
+    if test_iter is not None and test_iters:
+        out["test"] = evaluate(
+            forward_step_func,
+            parts.chunk_iterators(test_iter, model),
+            model,
+            config,
+            eval_iters=test_iters,
         )
         lx.empty_unused_memory(args, level=1)
-        split = "validation" if name == "valid" else "test"
-        tlog.log_validation(args, f"iteration {iteration} on {split} set", out[name], iteration)
-        if not getattr(args, "skip_train", False):  # Megatron writes no scalars under skip-train
-            lx.write_validation_ppl(args, parts.tb_writer(), iteration, out[name])
+        prefix = f"iteration {iteration} on test set"
+        tlog.log_validation(args, prefix, out["test"], iteration)
+        if write:
+            lx.write_validation_ppl(args, parts.tb_writer(), iteration, out["test"])
     return out
 
 
@@ -480,7 +518,10 @@ def pretrain(
         train_valid_test_dataset_provider
     )
     train_iter = parts.chunk_iterators(train_iter, model)  # one cursor per virtual stage
-    valid_iter = parts.chunk_iterators(valid_iter, model)
+    if not getattr(args, "multiple_validation_sets", False):
+        valid_iter = parts.chunk_iterators(valid_iter, model)
+    elif valid_iter is not None:  # one cursor per virtual stage, per validation set
+        valid_iter = [parts.chunk_iterators(it, model) for it in valid_iter]
     result = {"iteration": iteration}
     if getattr(args, "skip_train", False):  # Megatron's: no step; evaluate valid + test, exit
         print_rank_0("skipping training (--skip-train is on) ...")

@@ -88,8 +88,27 @@ class ValidationConfig:
     """No evaluation during training before this iteration: the first is at the first multiple
     of eval_interval at or after it (None or 0: from the first eval_interval)."""
 
+    eval_global_batch_size: int | None = None
+    """Samples per evaluation iteration (default --global-batch-size); divisible by
+    eval_micro_batch_size x data-parallel size."""
+
+    eval_micro_batch_size: int | None = None
+    """Samples per evaluation microbatch per data-parallel rank (default --micro-batch-size)."""
+
     skip_train: bool = False
     """No training: evaluate and exit."""
+
+    full_validation: bool = False
+    """Each evaluation reads the whole validation split (dataset), every sample once, one per
+    data-parallel rank per step; --eval-iters becomes the split's length in steps."""
+
+    multiple_validation_sets: bool = False
+    """Evaluate each dataset of the validation split on its own, one loss each ("validation-<i>");
+    needs --full-validation."""
+
+    validation_set_names: list[str] | None = None
+    """Names of the validation sets of --multiple-validation-sets ("validation-<name>" instead
+    of "validation-<i>"); one per set."""
 
 
 @dataclass(kw_only=True)
