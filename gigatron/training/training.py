@@ -258,12 +258,24 @@ def _save(iteration, model, optimizer, scheduler, flops_so_far) -> None:
     args = get_args()
     if getattr(args, "last_saved_iteration", None) == iteration:
         return  # already saved at this step (interval and end of training coincide)
+    _sync_params_before_save(model)
     save_checkpoint(iteration, model, optimizer, scheduler, flops_so_far)
     args.last_saved_iteration = iteration
     if args.async_save:  # written in the background: published (and said so) when finalized
         print_rank_0(f"scheduled checkpoint at iteration {iteration} to {args.save} (async)")
     else:
         print_rank_0(f"saved checkpoint at iteration {iteration} to {args.save}")
+
+
+def _sync_params_before_save(model) -> None:
+    """--overlap-param-gather: after a step each DP rank holds only its own shard of the new
+    params until the next forward's pre-hooks all-gather them; a checkpoint needs them whole
+    (Megatron disables the pre-hooks with a param sync around its saves). The sync marks the
+    gather done, so the next forward does not gather again."""
+    args = get_args()
+    if args.overlap_param_gather and args.use_distributed_optimizer:
+        for chunk in model:
+            chunk.start_param_sync(force_sync=True)
 
 
 def _finalize_async_save(blocking: bool) -> None:

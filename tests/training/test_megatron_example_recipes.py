@@ -286,21 +286,7 @@ def _run(entry, build, tmp):
         ("pretrain_gpt", _gpt3, 4),
         ("pretrain_bert", _bert, 2),
         ("pretrain_t5", _t5, 1),
-        pytest.param(
-            "pretrain_gpt",
-            _mixtral,
-            4,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=(
-                    "--overlap-grad-reduce / --overlap-param-gather with PP 2 x EP 2 x DP 2 and "
-                    "the "
-                    "distributed optimizer: the data-parallel replicas of dense weights diverge "
-                    "(linear_proj.weight, ~1e-2 relative) and the checkpoint save refuses; trains "
-                    "without the two overlap flags"
-                ),
-            ),
-        ),
+        ("pretrain_gpt", _mixtral, 4),  # overlapped param gather: params synced before a save
         pytest.param(
             "pretrain_gpt",
             _llama3_fp8,
