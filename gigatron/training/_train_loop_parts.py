@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core.num_microbatches_calculator import get_num_microbatches
-from gigatron.training import _loop_extras as lx
 from gigatron.training import _training_log as tlog
 from gigatron.training import global_vars
 from gigatron.training._train_step import materialize_losses
@@ -71,11 +70,6 @@ def moe_losses(args, config, iteration: int) -> dict[str, torch.Tensor]:
     }
 
 
-def tb_writer():
-
-    return global_vars.get_tensorboard_writer()
-
-
 # ---------------------------------------------------------------- the log window
 class LogWindow:
     """The iterations since the last log line: their entries (`pending`: values maybe still on
@@ -126,7 +120,7 @@ class LogWindow:
         }
         elapsed = time.perf_counter() - self.start
         tlog.training_log(args, stats, iteration, elapsed, self.num_iters, self.bar)
-        lx.write_extra_scalars(args, tb_writer(), iteration, stats)
+        tlog.write_extra_scalars(args, tlog.tb_writer(), iteration, stats)
         self._restart()
 
 

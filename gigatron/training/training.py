@@ -30,7 +30,7 @@ from gigatron.core.num_microbatches_calculator import (
     update_num_microbatches,
 )
 from gigatron.training import _config_from_args as cfa
-from gigatron.training import _loop_extras as lx
+from gigatron.training import _memory as memory
 from gigatron.training import _train_helpers as helpers
 from gigatron.training import _train_loop_parts as parts
 from gigatron.training import _training_log as tlog
@@ -78,7 +78,7 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
             chunk.to(device)
         if args.params_dtype != torch.float32:
             chunk.to(args.params_dtype)
-    lx.check_moe_layer_pattern(chunks, getattr(chunks[0], "config", None))
+    helpers.check_moe_layer_pattern(chunks, getattr(chunks[0], "config", None))
     _compile_chunks(args, chunks)
     num_params = sum(p.numel() for c in chunks for p in c.parameters())
     print_rank_0(f" > number of parameters on (tp, pp) rank (0, 0): {num_params}")
@@ -300,7 +300,7 @@ def train(
     history = args.train_history = getattr(args, "train_history", [])
     profiler = StepProfiler(args, start_iteration)
     timeline = TrainingTimeline(args, config)  # --timeline: nothing when off
-    manual_gc = lx.ManualGC(args)  # --manual-gc: collector off, collections at set points
+    manual_gc = memory.ManualGC(args)  # --manual-gc: collector off, collections at set points
     start_time, iteration = time.time(), start_iteration
     try:
         while iteration < args.train_iters:
@@ -318,7 +318,7 @@ def train(
             )
             timeline.after_step()
             iteration = args.iteration = iteration + 1
-            lx.empty_unused_memory(args, level=1)
+            memory.empty_unused_memory(args, level=1)
             manual_gc.after_step(iteration)
             entry = parts.step_record(args, config, iteration, result)
             history.append(entry)
@@ -377,9 +377,9 @@ def _evaluate_on_interval(forward_step_func, model, config, valid_iter, manual_g
     manual_gc.around_evaluation()
     losses = evaluate(forward_step_func, parts.chunk_iterators(valid_iter, model), model, config)
     manual_gc.around_evaluation()
-    lx.empty_unused_memory(args, level=1)
+    memory.empty_unused_memory(args, level=1)
     tlog.log_validation(args, f"iteration {iteration}", losses, iteration)
-    lx.write_validation_ppl(args, parts.tb_writer(), iteration, losses)
+    tlog.write_validation_ppl(args, tlog.tb_writer(), iteration, losses)
 
 
 def _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, iteration) -> dict:
@@ -396,11 +396,11 @@ def _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, it
         out[name] = evaluate(
             forward_step_func, parts.chunk_iterators(iterator, model), model, config
         )
-        lx.empty_unused_memory(args, level=1)
+        memory.empty_unused_memory(args, level=1)
         split = "validation" if name == "valid" else "test"
         tlog.log_validation(args, f"iteration {iteration} on {split} set", out[name], iteration)
         if not getattr(args, "skip_train", False):  # Megatron writes no scalars under skip-train
-            lx.write_validation_ppl(args, parts.tb_writer(), iteration, out[name])
+            tlog.write_validation_ppl(args, tlog.tb_writer(), iteration, out[name])
     return out
 
 
