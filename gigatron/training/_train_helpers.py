@@ -9,6 +9,7 @@ reset `training._seqlen_stats_in_iteration` / `_seqlen_stats_active` there); the
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -93,6 +94,17 @@ def check_moe_layer_pattern(chunks, config) -> None:
                     f"{pattern}; the model provider must build the decoder from "
                     "get_gpt_decoder_block_spec(config, ...)"
                 )
+
+
+def chunk_iterators(iterator, model):
+    """Interleaved schedules take one iterator per virtual stage, each yielding the same
+    micro-batches (Megatron builds one loader per stage). `itertools.tee` gives each chunk its
+    own cursor over the one loader; sharing one iterator object made every chunk draw a
+    different micro-batch (the first stage's tokens and the last stage's labels disagreed).
+    Call once per loader: a list (already split) is returned as it is."""
+    if iterator is None or len(model) == 1 or isinstance(iterator, list):
+        return iterator
+    return list(itertools.tee(iterator, len(model)))
 
 
 def add_seqlen_stats(acc: torch.Tensor | None, cu_seqlens: torch.Tensor) -> torch.Tensor:

@@ -30,9 +30,10 @@ from gigatron.core.num_microbatches_calculator import (
     update_num_microbatches,
 )
 from gigatron.training import _config_from_args as cfa
+from gigatron.training import _exit_conditions as exits
+from gigatron.training import _log_window
 from gigatron.training import _memory as memory
 from gigatron.training import _train_helpers as helpers
-from gigatron.training import _train_loop_parts as parts
 from gigatron.training import _training_log as tlog
 from gigatron.training._megatron_flops import num_floating_point_operations  # noqa: F401
 from gigatron.training._profiler import StepProfiler
@@ -46,6 +47,7 @@ from gigatron.training._train_step import (  # noqa: F401  (Megatron's public na
 )
 from gigatron.training.arguments import build_parser
 from gigatron.training.data_samplers import build_pretraining_data_loader, exit_signal_number
+from gigatron.training.flops import num_floating_point_operations as step_flops
 from gigatron.training.global_vars import get_args, get_timers  # noqa: F401
 from gigatron.training.initialize import initialize_megatron
 from gigatron.training.utils import print_rank_0
@@ -293,10 +295,10 @@ def train(
     args = get_args()
     for chunk in model:
         chunk.train()
-    exit_signal = parts.ExitSignal(args.exit_signal_handler, exit_signal_number(args))
+    exit_signal = exits.ExitSignal(args.exit_signal_handler, exit_signal_number(args))
     args.train_exit_reason = None  # set when an exit condition stops the loop
     bar = tlog.ProgressBar(args.train_iters, start_iteration, enabled=not args.no_progress_bar)
-    window = parts.LogWindow(args, bar)
+    window = _log_window.LogWindow(args, bar)
     history = args.train_history = getattr(args, "train_history", [])
     profiler = StepProfiler(args, start_iteration)
     timeline = TrainingTimeline(args, config)  # --timeline: nothing when off
@@ -310,7 +312,7 @@ def train(
             args.iteration = iteration
             result = train_step(
                 forward_step_func,
-                parts.chunk_iterators(train_iter, model),
+                helpers.chunk_iterators(train_iter, model),
                 model,
                 optimizer,
                 scheduler,
@@ -320,7 +322,7 @@ def train(
             iteration = args.iteration = iteration + 1
             memory.empty_unused_memory(args, level=1)
             manual_gc.after_step(iteration)
-            entry = parts.step_record(args, config, iteration, result)
+            entry = _log_window.step_record(args, config, iteration, result)
             history.append(entry)
             flops_so_far += _consume_global_batch(args)
             window.add(entry, model=model, optimizer=optimizer, num_zeros=result[3])
@@ -330,7 +332,7 @@ def train(
             if saved:
                 window.read()  # a NaN step the sync-free step skipped: raise first
                 _save(iteration, model, optimizer, scheduler, flops_so_far)
-            reason = parts.exit_reason(args, exit_signal, start_time, iteration)
+            reason = exits.exit_reason(args, exit_signal, start_time, iteration)
             if reason is not None:
                 if args.save and not saved:
                     window.read()
@@ -359,7 +361,7 @@ def _consume_global_batch(args) -> float:
     """Add this iteration's global batch to consumed_train_samples; its floating-point ops."""
     batch = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
     args.consumed_train_samples += batch
-    return parts.step_flops(args, batch)
+    return step_flops(args, batch)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -375,7 +377,7 @@ def _evaluate_on_interval(forward_step_func, model, config, valid_iter, manual_g
     if start is not None and iteration < start:  # --start-eval-at-iter
         return
     manual_gc.around_evaluation()
-    losses = evaluate(forward_step_func, parts.chunk_iterators(valid_iter, model), model, config)
+    losses = evaluate(forward_step_func, helpers.chunk_iterators(valid_iter, model), model, config)
     manual_gc.around_evaluation()
     memory.empty_unused_memory(args, level=1)
     tlog.log_validation(args, f"iteration {iteration}", losses, iteration)
@@ -394,7 +396,7 @@ def _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, it
         if iterator is None or not args.eval_iters:
             continue
         out[name] = evaluate(
-            forward_step_func, parts.chunk_iterators(iterator, model), model, config
+            forward_step_func, helpers.chunk_iterators(iterator, model), model, config
         )
         memory.empty_unused_memory(args, level=1)
         split = "validation" if name == "valid" else "test"
@@ -467,8 +469,8 @@ def pretrain(
     train_iter, valid_iter, test_iter = build_train_valid_test_data_iterators(
         train_valid_test_dataset_provider
     )
-    train_iter = parts.chunk_iterators(train_iter, model)  # one cursor per virtual stage
-    valid_iter = parts.chunk_iterators(valid_iter, model)
+    train_iter = helpers.chunk_iterators(train_iter, model)  # one cursor per virtual stage
+    valid_iter = helpers.chunk_iterators(valid_iter, model)
     result = {"iteration": iteration}
     if getattr(args, "skip_train", False):  # Megatron's: no step; evaluate valid + test, exit
         print_rank_0("skipping training (--skip-train is on) ...")
