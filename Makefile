@@ -8,6 +8,9 @@ ORACLE ?= .venv-oracle
 MEGATRON_TEST_DEPS ?= .venv-megatron-tests
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test` (the CI machine has 2 cores); each test file runs on one
+# worker (--dist loadfile), so module fixtures and per-file caches are built once
+PYTEST_WORKERS ?= 2
 
 .PHONY: help setup oracle megatron-test-deps test lint format train train-fresh clean
 
@@ -53,7 +56,7 @@ format: setup  ## ruff format and ruff check --fix
 	$(BIN)/ruff check --fix gigatron tests bench examples scripts
 
 test: setup lint oracle  ## lint, then the test suite with the megatron-core oracle (what CI runs)
-	MEGATRON_ORACLE=$(ORACLE) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	MEGATRON_ORACLE=$(ORACLE) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 train: setup  ## the demo: tokenizer, data, GPT with TP=2 on 2 ranks, sample (DEMO_ITERS=400)
 	$(BIN)/python -m gigatron.cli train --demo

@@ -15,8 +15,15 @@ if MEGATRON_ORACLE.is_dir():
 elif os.environ.get("MEGATRON_ORACLE"):
     raise pytest.UsageError(f"MEGATRON_ORACLE={MEGATRON_ORACLE} is no folder (`make oracle`)")
 
-# Single-threaded torch keeps spawned-rank tests from oversubscribing the 2 CI cores.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# At most 2 torch threads (the CI machine has 2 cores). Under pytest-xdist (`make test` runs
+# 2 workers) one thread per worker, and one for the processes it starts (gigatron train,
+# torchrun, examples read OMP_NUM_THREADS), so workers and their ranks do not oversubscribe the
+# cores. (Ranks of run_distributed set 1 thread themselves.)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # this worker process and its children only
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -76,6 +76,19 @@ def test_test_target_installs_the_oracle_apart():
     assert "megatron-core==0.16.1" in (REPO / "requirements-oracle.txt").read_text()
 
 
+def test_test_target_runs_two_xdist_workers_that_setup_installs():
+    """`make test` spreads the suite over the CI machine's 2 cores (pytest-xdist, one file per
+    worker); the package is in both install lists `make setup` reads."""
+    text = (REPO / "Makefile").read_text()
+    assert re.search(r"^PYTEST_WORKERS \?= 2$", text, re.M)
+    assert "-n $(PYTEST_WORKERS) --dist loadfile" in _recipe("test")
+    dev = (REPO / "requirements-dev.txt").read_text().splitlines()
+    assert "pytest-xdist" in _requirement_names(ln for ln in dev if ln and ln[0] != "#")
+    assert "pytest-xdist" in _requirement_names(
+        _pyproject()["project"]["optional-dependencies"]["test"]
+    )
+
+
 def test_license_is_an_spdx_string():
     data = _pyproject()
     assert data["project"]["license"] == "Apache-2.0"

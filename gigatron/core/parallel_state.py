@@ -2,7 +2,8 @@
 
 Mirrors `megatron.core.parallel_state`: `initialize_model_parallel(...)` builds TP, PP, CP, DP,
 DP×CP, model-parallel, embedding, expert (EP, expert-TP, expert-DP), combined and (singleton)
-GTP weight-sharding groups from the pure layout in `_rank_grid`; the getters (written in
+GTP weight-sharding groups from the pure layout in `_rank_grid`
+(`_groups_from_rank_grid`), then installs them (`_install`); the getters (written in
 `_parallel_state_getters`, re-exported here) read them. `rank_layout(...)` (gigatron) returns
 the same groups as rank lists without creating any (what `gigatron layout` prints and draws).
 All state lives in one immutable `_ParallelState` in `_parallel_state_store` (plus Megatron's
@@ -126,16 +127,7 @@ def initialize_model_parallel(
     torch.distributed is not, or the groups already are, initialised. `create_all_gather_group`
     (megatron-core 0.16's separate DP×CP all-gather group) is accepted only as False.
     """
-    global _GLOBAL_MEMORY_BUFFER
-    if not dist.is_initialized():
-        raise StateError(
-            "torch.distributed must be initialized (init_process_group) before "
-            "initialize_model_parallel"
-        )
-    if _store.STATE is not None:
-        raise StateError(
-            "model parallel groups are already initialized; call destroy_model_parallel() first"
-        )
+    _check_can_initialize()
     _reject_unsupported(
         gtp_remat_size=(gtp_remat_size, 1),
         expert_gtp_remat_size=(expert_gtp_remat_size, 1),
@@ -150,43 +142,72 @@ def initialize_model_parallel(
             else None,
         ),
     )
-    world_size = local_world_size if local_world_size is not None else dist.get_world_size()
-    tp, pp, cp = tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size
-    ep = expert_model_parallel_size
+    _check_virtual_pipeline(virtual_pipeline_model_parallel_size, pipeline_model_parallel_size)
+    tp = tensor_model_parallel_size
     etp = tp if expert_tensor_parallel_size is None else expert_tensor_parallel_size
-    if virtual_pipeline_model_parallel_size is not None:
-        if pp <= 1:
-            raise ValueError(
-                "virtual_pipeline_model_parallel_size "
-                f"({virtual_pipeline_model_parallel_size}) requires "
-                f"pipeline_model_parallel_size > 1 (got {pp})"
-            )
-        if virtual_pipeline_model_parallel_size < 1:
-            raise ValueError(
-                "virtual_pipeline_model_parallel_size "
-                f"({virtual_pipeline_model_parallel_size}) must be >= 1"
-            )
     layout = rank_layout(
-        world_size,
+        local_world_size if local_world_size is not None else dist.get_world_size(),
         tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        context_parallel_size=cp,
-        expert_model_parallel_size=ep,
+        pipeline_model_parallel_size=pipeline_model_parallel_size,
+        context_parallel_size=context_parallel_size,
+        expert_model_parallel_size=expert_model_parallel_size,
         expert_tensor_parallel_size=etp,
         order=order,
         rank_offset=rank_offset,
         get_embedding_ranks=get_embedding_ranks,
         get_position_embedding_ranks=get_position_embedding_ranks,
     )
-    dense, expert = layout.dense, layout.expert
     if nccl_communicator_config_path is not None and dist.get_backend() == "nccl":
         warnings.warn(
             "nccl_communicator_config_path is not applied by gigatron; groups use NCCL defaults",
             stacklevel=2,
         )
+    state = _groups_from_rank_grid(
+        layout,
+        timeout=timedelta(minutes=distributed_timeout_minutes),
+        create_gloo_process_groups=create_gloo_process_groups,
+        embedding_of=get_embedding_ranks or default_embedding_ranks,
+        pos_embedding_of=get_position_embedding_ranks or default_position_embedding_ranks,
+    )
+    _install(state, virtual_pipeline_model_parallel_size)
 
+
+def _check_can_initialize() -> None:
+    if not dist.is_initialized():
+        raise StateError(
+            "torch.distributed must be initialized (init_process_group) before "
+            "initialize_model_parallel"
+        )
+    if _store.STATE is not None:
+        raise StateError(
+            "model parallel groups are already initialized; call destroy_model_parallel() first"
+        )
+
+
+def _check_virtual_pipeline(vpp: int | None, pp: int) -> None:
+    if vpp is None:
+        return
+    if pp <= 1:
+        raise ValueError(
+            f"virtual_pipeline_model_parallel_size ({vpp}) requires "
+            f"pipeline_model_parallel_size > 1 (got {pp})"
+        )
+    if vpp < 1:
+        raise ValueError(f"virtual_pipeline_model_parallel_size ({vpp}) must be >= 1")
+
+
+def _groups_from_rank_grid(
+    layout: RankLayout,
+    *,
+    timeout: timedelta,
+    create_gloo_process_groups: bool,
+    embedding_of,
+    pos_embedding_of,
+) -> _ParallelState:
+    """Create every process group of `layout` (a collective: all ranks call it, and create the
+    groups in the same order) and return this rank's view of them; installs nothing."""
+    dense, expert = layout.dense, layout.expert
     rank = dist.get_rank()
-    timeout = timedelta(minutes=distributed_timeout_minutes)
     # Same creation order on every rank (a torch.distributed requirement): GROUP_TOKENS' order,
     # the embedding groups after "pp".
     dp_cp, dp, cp_axis, mp, tp_axis, pp_axis = (
@@ -211,9 +232,7 @@ def initialize_model_parallel(
         dp_gloo = dp_cp_gloo = expt_dp_gloo = None
 
     pp_ranks = list(pp_axis.ranks)
-    embedding_of = get_embedding_ranks or default_embedding_ranks
-    pos_embedding_of = get_position_embedding_ranks or default_position_embedding_ranks
-    _store.STATE = _ParallelState(
+    return _ParallelState(
         tp=tp_axis,
         pp=pp_axis,
         cp=cp_axis,
@@ -240,6 +259,13 @@ def initialize_model_parallel(
         dense=dense,
         expert=expert,
     )
+
+
+def _install(state: _ParallelState, virtual_pipeline_model_parallel_size: int | None) -> None:
+    """Make `state` the process-wide parallel state (with the virtual-pipeline size and the
+    scratch buffer); `destroy_model_parallel` undoes it."""
+    global _GLOBAL_MEMORY_BUFFER
+    _store.STATE = state
     if virtual_pipeline_model_parallel_size is not None:
         _store.VIRTUAL_PP_RANK = 0
         _store.VIRTUAL_PP_SIZE = virtual_pipeline_model_parallel_size

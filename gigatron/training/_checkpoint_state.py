@@ -6,6 +6,10 @@ saved state dict:
 `args`, `checkpoint_version` (3.0), `iteration`, `num_floating_point_operations_so_far`,
 `model` (or `model0..N` for virtual pipeline chunks: each chunk's own `sharded_state_dict()`,
 megatron-core's stacked layout), `optimizer`, `opt_param_scheduler`, `rng_state`.
+
+Transformer Engine `_extra_state`s: gigatron builds no TE modules, so its own are always empty;
+`fp8_extra_state_is_persistent` still judges TE-format payloads (a `torch.save`d dict in a uint8
+tensor) as Megatron does, for state dicts that carry them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from gigatron.core.dist_checkpointing.checkpoint_files import (  # noqa: F401  (
     read_tracker,
     write_tracker,
 )
+from gigatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
+from gigatron.core.dist_checkpointing.mapping import LocalNonpersistentObject
 
 
 def _ranks() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -105,3 +111,44 @@ def safe_args(args) -> argparse.Namespace:
 
 def model_keys(model: list) -> list[str]:
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
+
+
+# Keys TE writes into `_extra_state` only under delayed FP8 scaling (amax history + scales):
+# their bytes in the payload mean state that the run's config cannot rebuild.
+_DELAYED_SCALING_MARKERS = (b"amax_history_fwd", b"scale_fwd", b"scale_bwd")
+
+
+def fp8_extra_state_is_persistent(data) -> bool:
+    """Must this `_extra_state` payload be checkpointed?
+
+    None or an empty tensor (no FP8) and a payload without delayed-scaling keys (block or
+    current scaling: recipe and config-derived scalars) are not; one with them is. Read from
+    the raw bytes, nothing unpickled. Any other type is kept, so no real state is dropped."""
+    if data is None:
+        return False
+    if not isinstance(data, torch.Tensor):
+        return True
+    if data.numel() == 0:
+        return False
+    try:
+        raw = data.detach().cpu().contiguous().numpy().tobytes()
+    except (TypeError, RuntimeError):  # a dtype numpy cannot hold: keep it
+        return True
+    return any(marker in raw for marker in _DELAYED_SCALING_MARKERS)
+
+
+def localize_redundant_extra_states(state_dict) -> None:
+    """In place: each `ShardedObject` whose key ends in `_extra_state` and whose payload is not
+    persistent becomes a `LocalNonpersistentObject` (not written on save; on load the local
+    value is put back). Everything else is left as it is."""
+
+    def localize(value):
+        if (
+            isinstance(value, ShardedObject)
+            and value.key.endswith("_extra_state")
+            and not fp8_extra_state_is_persistent(value.data)
+        ):
+            return LocalNonpersistentObject(value.data)
+        return value
+
+    dict_list_map_inplace(localize, state_dict)

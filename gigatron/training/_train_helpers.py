@@ -1,5 +1,6 @@
 """Small helpers of `megatron.training.training` that Megatron's scripts and tests call:
-sample counts per split, --freeze-all-layers, and packed-sequence (THD) length statistics.
+sample counts per split, --freeze-all-layers, the built model's --moe-layer-freq check, one
+data cursor per virtual stage, and packed-sequence (THD) length statistics.
 
 The statistics accumulator's state lives in `gigatron.training.training` (Megatron's tests
 reset `training._seqlen_stats_in_iteration` / `_seqlen_stats_active` there); the math is here.
@@ -8,11 +9,14 @@ reset `training._seqlen_stats_in_iteration` / `_seqlen_stats_active` there); the
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import torch
 import torch.distributed as dist
 
 from gigatron.core import parallel_state as ps
+from gigatron.core.transformer.moe.moe_layer import MoELayer
+from gigatron.core.transformer.transformer_layer import TransformerLayer
 
 
 def eval_batch_sizes(args) -> tuple[int, int]:
@@ -75,6 +79,41 @@ def forward_backward_grad_context(args):
     frozen stage would still build a graph), else a no-op context and False."""
     frozen = bool(getattr(args, "freeze_all_layers", False))
     return (torch.no_grad() if frozen else contextlib.nullcontext()), frozen
+
+
+def check_moe_layer_pattern(chunks, config) -> None:
+    """--moe-layer-freq: the built layers must follow the config's MoE pattern. A provider that
+    builds every layer from one layer spec ignores the pattern (pretrain_gpt's did: MoE in
+    every layer under --moe-layer-freq 2, a silently different model)."""
+    if config is None or not config.num_moe_experts or config.moe_layer_freq == 1:
+        return
+    from gigatron.core.transformer.moe.moe_utils import get_moe_layer_pattern
+
+    pattern = get_moe_layer_pattern(config)
+    for chunk in chunks:
+        for name, layer in chunk.named_modules():
+            # the MTP block's layers follow their own spec (Megatron's MTP copies the last layer)
+            if not isinstance(layer, TransformerLayer) or "mtp." in f".{name}":
+                continue
+            i = layer.layer_number - 1
+            if isinstance(layer.mlp, MoELayer) != bool(pattern[i]):
+                raise ValueError(
+                    f"--moe-layer-freq {config.moe_layer_freq}: layer {i} was built "
+                    f"{'with' if pattern[i] == 0 else 'without'} experts against the pattern "
+                    f"{pattern}; the model provider must build the decoder from "
+                    "get_gpt_decoder_block_spec(config, ...)"
+                )
+
+
+def chunk_iterators(iterator, model):
+    """Interleaved schedules take one iterator per virtual stage, each yielding the same
+    micro-batches (Megatron builds one loader per stage). `itertools.tee` gives each chunk its
+    own cursor over the one loader; sharing one iterator object made every chunk draw a
+    different micro-batch (the first stage's tokens and the last stage's labels disagreed).
+    Call once per loader: a list (already split) is returned as it is."""
+    if iterator is None or len(model) == 1 or isinstance(iterator, list):
+        return iterator
+    return list(itertools.tee(iterator, len(model)))
 
 
 def add_seqlen_stats(acc: torch.Tensor | None, cu_seqlens: torch.Tensor) -> torch.Tensor:

@@ -2,10 +2,13 @@
 
 One line every `--log-interval` iterations with iteration, consumed samples, ms/iter, learning
 rate, loss values, grad norm, skipped and NaN counts, tokens/s, TFLOP/s per GPU, MFU and memory.
+Also the TensorBoard scalars behind Megatron's `--log-*-to-tensorboard` flags (loss scale,
+world size, memory, validation perplexity).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import sys
@@ -69,6 +72,11 @@ class ProgressBar:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def tb_writer():
+    """The TensorBoard writer (None unless `--tensorboard-dir` on the last rank)."""
+    return global_vars.get_tensorboard_writer()
 
 
 def setup_writers(args) -> None:
@@ -165,3 +173,34 @@ def log_validation(args, prefix: str, losses: dict, iteration: int, suffix: str 
     wandb = global_vars.get_wandb_writer()
     if wandb is not None:
         wandb.log({f"{k} validation{suffix}": v for k, v in losses.items()}, step=iteration)
+
+
+def write_extra_scalars(args, writer, iteration: int, stats: dict) -> None:
+    """The TensorBoard scalars Megatron writes beyond gigatron's log line set: loss scale (on by
+    default; `--no-log-loss-scale-to-tensorboard`), world size and memory. (The params norm is
+    written with the losses: the loop shows it after them.)"""
+    if writer is None:
+        return
+    if stats.get("loss_scale") is not None and getattr(args, "log_loss_scale_to_tensorboard", 1):
+        writer.add_scalar("loss-scale", stats["loss_scale"], iteration)
+    if getattr(args, "log_world_size_to_tensorboard", False):
+        writer.add_scalar("world-size", args.world_size, iteration)
+    if getattr(args, "log_memory_to_tensorboard", False):
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            writer.add_scalar("mem-allocated-bytes", torch.cuda.memory_allocated(), iteration)
+            writer.add_scalar(
+                "mem-max-allocated-bytes", torch.cuda.max_memory_allocated(), iteration
+            )
+            writer.add_scalar("mem-reserved-bytes", torch.cuda.memory_reserved(), iteration)
+        else:
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB -> bytes
+            writer.add_scalar("mem-max-rss-bytes", rss, iteration)
+
+
+def write_validation_ppl(args, writer, iteration: int, losses: dict) -> None:
+    """`--log-validation-ppl-to-tensorboard`: exp(loss) per validation loss (Megatron clips the
+    exponent at 20, as the log line does)."""
+    if writer is None or not getattr(args, "log_validation_ppl_to_tensorboard", False):
+        return
+    for key, value in losses.items():
+        writer.add_scalar(f"{key} validation ppl", math.exp(min(20.0, value)), iteration)

@@ -43,7 +43,7 @@ from gigatron.core.dist_checkpointing.optimizer import (
 from gigatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from gigatron.core.optimizer_param_scheduler import ScheduleMismatchError
 from gigatron.core.transformer.utils import sharded_state_dict_default
-from gigatron.training import _checkpoint_extras as extras
+from gigatron.training import _checkpoint_assets as assets
 from gigatron.training import _checkpoint_state as cs
 from gigatron.training import _resume_checks as ca
 from gigatron.training import legacy_moe_checkpoint as legacy_moe
@@ -93,17 +93,20 @@ def read_frozen_resume_iteration(save_dir: str | None) -> int:
     """Iteration a --freeze-all-layers run resumes at: the one in `save_dir`'s tracker file
     (a release tracker reads 0), or 0 when there is no tracker (a first run)."""
     tracker = None if save_dir is None else get_checkpoint_tracker_filename(save_dir)
-    return extras.frozen_resume_iteration(tracker, read_metadata)
+    if tracker is None or not os.path.isfile(tracker):
+        return 0
+    iteration, _release = read_metadata(tracker)
+    return iteration
 
 
 def save_tokenizer_assets(tokenizer, config, checkpoint_path: str) -> None:
     """Copy the tokenizer's files into `<checkpoint_path>/tokenizer/` (rank 0; errors logged)."""
-    extras.save_tokenizer_assets(tokenizer, config, checkpoint_path, logger)
+    assets.save_tokenizer_assets(tokenizer, config, checkpoint_path, logger)
 
 
-save_grads = extras.save_grads
-_fp8_extra_state_is_persistent = extras.fp8_extra_state_is_persistent
-_localize_redundant_extra_states = extras.localize_redundant_extra_states
+save_grads = assets.save_grads
+_fp8_extra_state_is_persistent = cs.fp8_extra_state_is_persistent
+_localize_redundant_extra_states = cs.localize_redundant_extra_states
 
 
 def _args(args):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import socket
 import sys
 from datetime import timedelta
 
@@ -34,6 +35,15 @@ def _slurm_env() -> None:
     os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
 
 
+def _free_port() -> str:
+    """A port nothing listens on, chosen by the kernel (as `torchrun --standalone` chooses one); a
+    port derived from the pid could be another process's on the same machine (tests run side by
+    side, a second run)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def initialize_distributed(args) -> None:
     """init_process_group from the environment (torchrun / SLURM) or as a single process."""
     if dist.is_initialized():
@@ -47,7 +57,8 @@ def initialize_distributed(args) -> None:
         torch.cuda.set_device(args.local_rank % torch.cuda.device_count())
     if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:  # one process, no torchrun
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        if "MASTER_PORT" not in os.environ:
+            os.environ["MASTER_PORT"] = _free_port()
         os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", "1"
     dist.init_process_group(
         backend,

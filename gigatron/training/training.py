@@ -30,9 +30,10 @@ from gigatron.core.num_microbatches_calculator import (
     update_num_microbatches,
 )
 from gigatron.training import _config_from_args as cfa
-from gigatron.training import _loop_extras as lx
+from gigatron.training import _exit_conditions as exits
+from gigatron.training import _log_window
+from gigatron.training import _memory as memory
 from gigatron.training import _train_helpers as helpers
-from gigatron.training import _train_loop_parts as parts
 from gigatron.training import _training_log as tlog
 from gigatron.training._data_iterators import (  # noqa: F401  (Megatron's names live here)
     build_train_valid_test_data_iterators,
@@ -54,6 +55,7 @@ from gigatron.training.data_samplers import (  # noqa: F401
     build_pretraining_data_loader,
     exit_signal_number,
 )
+from gigatron.training.flops import num_floating_point_operations as step_flops
 from gigatron.training.global_vars import get_args, get_timers  # noqa: F401
 from gigatron.training.initialize import initialize_megatron
 from gigatron.training.utils import print_rank_0
@@ -86,7 +88,7 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
             chunk.to(device)
         if args.params_dtype != torch.float32:
             chunk.to(args.params_dtype)
-    lx.check_moe_layer_pattern(chunks, getattr(chunks[0], "config", None))
+    helpers.check_moe_layer_pattern(chunks, getattr(chunks[0], "config", None))
     _compile_chunks(args, chunks)
     num_params = sum(p.numel() for c in chunks for p in c.parameters())
     print_rank_0(f" > number of parameters on (tp, pp) rank (0, 0): {num_params}")
@@ -304,14 +306,14 @@ def train(
     args = get_args()
     for chunk in model:
         chunk.train()
-    exit_signal = parts.ExitSignal(args.exit_signal_handler, exit_signal_number(args))
+    exit_signal = exits.ExitSignal(args.exit_signal_handler, exit_signal_number(args))
     args.train_exit_reason = None  # set when an exit condition stops the loop
     bar = tlog.ProgressBar(args.train_iters, start_iteration, enabled=not args.no_progress_bar)
-    window = parts.LogWindow(args, bar)
+    window = _log_window.LogWindow(args, bar)
     history = args.train_history = getattr(args, "train_history", [])
     profiler = StepProfiler(args, start_iteration)
     timeline = TrainingTimeline(args, config)  # --timeline: nothing when off
-    manual_gc = lx.ManualGC(args)  # --manual-gc: collector off, collections at set points
+    manual_gc = memory.ManualGC(args)  # --manual-gc: collector off, collections at set points
     start_time, iteration = time.time(), start_iteration
     try:
         while iteration < args.train_iters:
@@ -321,7 +323,7 @@ def train(
             args.iteration = iteration
             result = train_step(
                 forward_step_func,
-                parts.chunk_iterators(train_iter, model),
+                helpers.chunk_iterators(train_iter, model),
                 model,
                 optimizer,
                 scheduler,
@@ -329,9 +331,9 @@ def train(
             )
             timeline.after_step()
             iteration = args.iteration = iteration + 1
-            lx.empty_unused_memory(args, level=1)
+            memory.empty_unused_memory(args, level=1)
             manual_gc.after_step(iteration)
-            entry = parts.step_record(args, config, iteration, result)
+            entry = _log_window.step_record(args, config, iteration, result)
             history.append(entry)
             flops_so_far += _consume_global_batch(args)
             window.add(entry, model=model, optimizer=optimizer, num_zeros=result[3])
@@ -341,7 +343,7 @@ def train(
             if saved:
                 window.read()  # a NaN step the sync-free step skipped: raise first
                 _save(iteration, model, optimizer, scheduler, flops_so_far)
-            reason = parts.exit_reason(args, exit_signal, start_time, iteration)
+            reason = exits.exit_reason(args, exit_signal, start_time, iteration)
             if reason is not None:
                 if args.save and not saved:
                     window.read()
@@ -370,7 +372,7 @@ def _consume_global_batch(args) -> float:
     """Add this iteration's global batch to consumed_train_samples; its floating-point ops."""
     batch = get_num_microbatches() * args.micro_batch_size * args.data_parallel_size
     args.consumed_train_samples += batch
-    return parts.step_flops(args, batch)
+    return step_flops(args, batch)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -398,13 +400,13 @@ def _evaluate_validation(forward_step_func, model, config, valid_iter, prefix, i
     for suffix, iterator, eval_iters in _validation_sets(args, valid_iter):
         losses = evaluate(
             forward_step_func,
-            parts.chunk_iterators(iterator, model),
+            helpers.chunk_iterators(iterator, model),
             model,
             config,
             eval_iters=eval_iters,
             full_validation=full,
         )
-        lx.empty_unused_memory(args, level=1)
+        memory.empty_unused_memory(args, level=1)
         tlog.log_validation(args, prefix, losses, iteration, suffix=suffix)
         out.append(losses)
     return out
@@ -427,7 +429,7 @@ def _evaluate_on_interval(forward_step_func, model, config, valid_iter, manual_g
     )
     manual_gc.around_evaluation()
     for losses in sets:
-        lx.write_validation_ppl(args, parts.tb_writer(), iteration, losses)
+        tlog.write_validation_ppl(args, tlog.tb_writer(), iteration, losses)
 
 
 def _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, iteration) -> dict:
@@ -444,23 +446,23 @@ def _evaluate_at_end(forward_step_func, model, config, valid_iter, test_iter, it
         prefix = f"iteration {iteration} on validation set"
         sets = _evaluate_validation(forward_step_func, model, config, valid_iter, prefix, iteration)
         for losses in sets if write else ():
-            lx.write_validation_ppl(args, parts.tb_writer(), iteration, losses)
+            tlog.write_validation_ppl(args, tlog.tb_writer(), iteration, losses)
         out["valid"] = sets if getattr(args, "multiple_validation_sets", False) else sets[0]
     test_iters = getattr(args, "test_eval_iters", None)  # --full-validation: --eval-iters
     test_iters = args.eval_iters if test_iters is None else test_iters
     if test_iter is not None and test_iters:
         out["test"] = evaluate(
             forward_step_func,
-            parts.chunk_iterators(test_iter, model),
+            helpers.chunk_iterators(test_iter, model),
             model,
             config,
             eval_iters=test_iters,
         )
-        lx.empty_unused_memory(args, level=1)
+        memory.empty_unused_memory(args, level=1)
         prefix = f"iteration {iteration} on test set"
         tlog.log_validation(args, prefix, out["test"], iteration)
         if write:
-            lx.write_validation_ppl(args, parts.tb_writer(), iteration, out["test"])
+            tlog.write_validation_ppl(args, tlog.tb_writer(), iteration, out["test"])
     return out
 
 
@@ -529,11 +531,11 @@ def pretrain(
     train_iter, valid_iter, test_iter = build_train_valid_test_data_iterators(
         train_valid_test_dataset_provider
     )
-    train_iter = parts.chunk_iterators(train_iter, model)  # one cursor per virtual stage
+    train_iter = helpers.chunk_iterators(train_iter, model)  # one cursor per virtual stage
     if not getattr(args, "multiple_validation_sets", False):
-        valid_iter = parts.chunk_iterators(valid_iter, model)
+        valid_iter = helpers.chunk_iterators(valid_iter, model)
     elif valid_iter is not None:  # one cursor per virtual stage, per validation set
-        valid_iter = [parts.chunk_iterators(it, model) for it in valid_iter]
+        valid_iter = [helpers.chunk_iterators(it, model) for it in valid_iter]
     result = {"iteration": iteration}
     if getattr(args, "skip_train", False):  # Megatron's: no step; evaluate valid + test, exit
         print_rank_0("skipping training (--skip-train is on) ...")

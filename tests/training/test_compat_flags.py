@@ -251,22 +251,22 @@ class _Writer:
 
 
 def test_extra_tensorboard_scalars():
-    from gigatron.training import _loop_extras as lx
+    from gigatron.training import _training_log as tlog
 
     args = _args("--log-memory-to-tensorboard", "--log-world-size-to-tensorboard")
     writer = _Writer()
-    lx.write_extra_scalars(args, writer, 3, {"loss_scale": 1024.0})
+    tlog.write_extra_scalars(args, writer, 3, {"loss_scale": 1024.0})
     assert writer.scalars["loss-scale"] == (1024.0, 3)
     assert writer.scalars["world-size"] == (1, 3)
     assert any(k.startswith("mem-") for k in writer.scalars)
     quiet = _Writer()
-    lx.write_extra_scalars(
+    tlog.write_extra_scalars(
         _args("--no-log-loss-scale-to-tensorboard"), quiet, 3, {"loss_scale": 2.0}
     )
     assert quiet.scalars == {}
-    lx.write_validation_ppl(_args(), quiet, 3, {"lm loss": 2.0})
+    tlog.write_validation_ppl(_args(), quiet, 3, {"lm loss": 2.0})
     assert quiet.scalars == {}  # only with --log-validation-ppl-to-tensorboard
-    lx.write_validation_ppl(
+    tlog.write_validation_ppl(
         _args("--log-validation-ppl-to-tensorboard"), quiet, 3, {"lm loss": 2.0}
     )
     assert quiet.scalars["lm loss validation ppl"][0] == pytest.approx(7.389056, rel=1e-6)
@@ -275,7 +275,7 @@ def test_extra_tensorboard_scalars():
 def test_manual_gc_restores_the_collector():
     import gc
 
-    from gigatron.training._loop_extras import ManualGC
+    from gigatron.training._memory import ManualGC
 
     assert gc.isenabled()
     mgc = ManualGC(_args("--manual-gc", "--manual-gc-interval", "3"))

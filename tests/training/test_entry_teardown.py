@@ -31,9 +31,8 @@ print("CLEAN EXIT", flush=True)
 def test_pretrain_gpt_main_destroys_the_process_group_it_created(tmp_path):
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    port = str(29300 + os.getpid() % 500)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", port, str(script), *ARGS, "--train-iters", "2"]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(script), *ARGS, "--train-iters", "2"]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -11,7 +11,6 @@ only one rank was signalled.
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import torch
 
 from gigatron.testing import run_distributed
 from tests._paths import REPO
+from tests._ports import free_port
 from tests.training._gpt_runs import ARGS, run_pretrain_gpt
 
 pytestmark = pytest.mark.multirank
@@ -46,16 +46,10 @@ _ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?lm loss: (\S+) .*?grad norm: (\
 _REFERENCE_UNTIL = 20  # the uninterrupted run, shared by the tests while the signal lands before
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(log_path, *extra):
     """torchrun (2 ranks) running `python -m gigatron.training.pretrain_gpt`, own session."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(_free_port()), "-m", "gigatron.training.pretrain_gpt",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "gigatron.training.pretrain_gpt",
            *TRAIN, *extra]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env["OMP_NUM_THREADS"] = "1"
@@ -222,7 +216,7 @@ def test_sigterm_to_a_rank_and_its_workers_saves_and_exits_0(tmp_path):
     log, ckpt = tmp_path / "log.txt", str(tmp_path / "ckpt")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-    env.update(MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    env.update(MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "gigatron.training.pretrain_gpt", *TRAIN, "--save", ckpt,
            "--exit-signal-handler"]  # fmt: skip
     with open(log, "w") as out:

@@ -16,6 +16,7 @@ from bench.gpt import bench_gemm_shapes, bench_gpt
 from bench.optimizer import bench_adamw
 from tests._one_rank import one_rank_fixtures
 from tests._paths import REPO
+from tests._ports import free_port
 
 gloo_world, single_rank = one_rank_fixtures()
 
@@ -25,7 +26,7 @@ ROOT = str(REPO)
 def _bench(*flags):
     cmd = [sys.executable, os.path.join(ROOT, "bench", "gpt", "bench_gpt.py"), "--config", "tiny"]
     cmd += ["--device", "cpu", "--steps", "3", "--warmup", "1", *flags]
-    env = dict(os.environ, MASTER_PORT=str(29000 + os.getpid() % 1000))
+    env = dict(os.environ, MASTER_PORT=str(free_port()))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     return out, (json.loads(lines[-1][7:]) if lines else None)

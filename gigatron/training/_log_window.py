@@ -1,5 +1,4 @@
-"""The pieces `training.train()` loops over: one iteration's record, the log window, the exit
-conditions.
+"""What `training.train()` keeps between log lines: each iteration's record and the log window.
 
 Each iteration appends one history entry (`args.train_history`): its losses, skipped / NaN
 flags and grad norm. Losses are device tensors (and under `--sync-free-step` so are the norm
@@ -9,16 +8,12 @@ and reads them all with one host sync when the loop logs, saves or stops.
 
 from __future__ import annotations
 
-import itertools
-import signal
 import time
 
 import torch
-import torch.distributed as dist
 
 from gigatron.core.num_microbatches_calculator import get_num_microbatches
 from gigatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
-from gigatron.training import _loop_extras as lx
 from gigatron.training import _training_log as tlog
 from gigatron.training import global_vars
 from gigatron.training._train_step import materialize_losses
@@ -39,12 +34,6 @@ def step_record(args, config, iteration: int, step_result) -> dict:
         "nan": nan_iter,
         "grad_norm": grad_norm,
     }
-
-
-def step_flops(args, batch: int) -> float:
-    from gigatron.training.flops import num_floating_point_operations
-
-    return num_floating_point_operations(args, batch)
 
 
 def moe_losses(args, config, iteration: int) -> dict[str, torch.Tensor]:
@@ -87,11 +76,6 @@ def mtp_losses(args, iteration: int) -> dict[str, torch.Tensor]:
         total_loss_dict=totals,
     )
     return {name: value.detach().float().reshape(()) for name, value in totals.items()}
-
-
-def tb_writer():
-
-    return global_vars.get_tensorboard_writer()
 
 
 # ---------------------------------------------------------------- the log window
@@ -144,7 +128,7 @@ class LogWindow:
         }
         elapsed = time.perf_counter() - self.start
         tlog.training_log(args, stats, iteration, elapsed, self.num_iters, self.bar)
-        lx.write_extra_scalars(args, tb_writer(), iteration, stats)
+        tlog.write_extra_scalars(args, tlog.tb_writer(), iteration, stats)
         self._restart()
 
 
@@ -157,68 +141,3 @@ def window_mean(entries: list[dict]) -> dict[str, float]:
         for key, value in e["losses"].items():
             sums.setdefault(key, []).append(float(value))
     return {key: sum(v) / len(v) for key, v in sums.items()}
-
-
-# ---------------------------------------------------------------- exit conditions
-class ExitSignal:
-    """Remembers the exit signal (SIGTERM, or `--exit-signal`) so the loop can save and stop at
-    a step boundary. DataLoader workers ignore it (`build_pretraining_data_loader`)."""
-
-    def __init__(self, enabled: bool, signum: int = signal.SIGTERM) -> None:
-        self.received = False
-        self.name = signal.Signals(signum).name
-        self._signum, self._previous = signum, None
-        if enabled:
-            self._previous = signal.signal(signum, self._handler)
-
-    def _handler(self, signum, frame) -> None:
-        self.received = True
-
-    def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(self._signum, self._previous)
-
-
-def any_rank(*flags: bool) -> list[bool]:
-    """Each flag OR-ed over all ranks (one all-reduce)."""
-    t = torch.tensor(
-        [1.0 if f else 0.0 for f in flags],
-        device="cuda" if dist.get_backend() == "nccl" else "cpu",
-    )
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
-
-
-def exit_reason(args, exit_signal: ExitSignal, start_time: float, iteration: int) -> str | None:
-    """Why the loop stops after `iteration` (None: it goes on), the same on every rank: the
-    exit signal on any rank, `--exit-duration-in-mins` passed on any rank, `--exit-interval`."""
-    out_of_time = (
-        args.exit_duration_in_mins is not None
-        and (time.time() - start_time) / 60.0 > args.exit_duration_in_mins
-    )
-    # Agreed over ranks only when an exit condition is armed (a collective and a host sync
-    # each iteration otherwise, as Megatron also skips them); the reason agreed too: a rank
-    # that was not signalled names the signal as well
-    armed = args.exit_signal_handler or args.exit_duration_in_mins is not None
-    signalled, out_of_time = (
-        any_rank(exit_signal.received, out_of_time) if armed else (False, False)
-    )
-    if signalled:
-        return f"{exit_signal.name} received"
-    if out_of_time:
-        return "exit duration reached"
-    if args.exit_interval and iteration % args.exit_interval == 0:
-        return "--exit-interval"
-    return None
-
-
-# ---------------------------------------------------------------- data
-def chunk_iterators(iterator, model):
-    """Interleaved schedules take one iterator per virtual stage, each yielding the same
-    micro-batches (Megatron builds one loader per stage). `itertools.tee` gives each chunk its
-    own cursor over the one loader; sharing one iterator object made every chunk draw a
-    different micro-batch (the first stage's tokens and the last stage's labels disagreed).
-    Call once per loader: a list (already split) is returned as it is."""
-    if iterator is None or len(model) == 1 or isinstance(iterator, list):
-        return iterator
-    return list(itertools.tee(iterator, len(model)))

@@ -1,10 +1,8 @@
-"""Checkpoint helpers of `megatron.training.checkpointing` beyond save / load: the resume
-iteration of a --freeze-all-layers run, the tokenizer files a checkpoint carries, and the
-test of which Transformer Engine `_extra_state` payloads are worth saving.
+"""Files a training run writes beside its checkpoints: the tokenizer's files in
+`<checkpoint>/tokenizer/` and saved gradients / activations (`<save>/<label>/iter_N/`).
 
-gigatron builds no Transformer Engine modules, so its own `_extra_state`s are always empty;
-the helpers still judge TE-format payloads (a `torch.save`d dict in a uint8 tensor) as
-Megatron does, for state dicts that carry them.
+Helpers of `megatron.training.checkpointing` (`save_tokenizer_assets`, `save_grads`), re-exported
+there.
 """
 
 from __future__ import annotations
@@ -14,13 +12,6 @@ import os
 import shutil
 
 import torch
-
-from gigatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
-from gigatron.core.dist_checkpointing.mapping import LocalNonpersistentObject, ShardedObject
-
-# Keys TE writes into `_extra_state` only under delayed FP8 scaling (amax history + scales):
-# their bytes in the payload mean state that the run's config cannot rebuild.
-_DELAYED_SCALING_MARKERS = (b"amax_history_fwd", b"scale_fwd", b"scale_bwd")
 
 # tokenizer type -> ((config attribute, file name in <checkpoint>/tokenizer/), ...)
 _TOKENIZER_FILES = {
@@ -33,50 +24,6 @@ _TOKENIZER_FILES = {
     "TikTokenizer": (("tokenizer_model", "tokenizer.json"),),
 }
 _SAVE_PRETRAINED_TYPES = ("HuggingFaceTokenizer", "MultimodalTokenizer")
-
-
-def fp8_extra_state_is_persistent(data) -> bool:
-    """Must this `_extra_state` payload be checkpointed?
-
-    None or an empty tensor (no FP8) and a payload without delayed-scaling keys (block or
-    current scaling: recipe and config-derived scalars) are not; one with them is. Read from
-    the raw bytes, nothing unpickled. Any other type is kept, so no real state is dropped."""
-    if data is None:
-        return False
-    if not isinstance(data, torch.Tensor):
-        return True
-    if data.numel() == 0:
-        return False
-    try:
-        raw = data.detach().cpu().contiguous().numpy().tobytes()
-    except (TypeError, RuntimeError):  # a dtype numpy cannot hold: keep it
-        return True
-    return any(marker in raw for marker in _DELAYED_SCALING_MARKERS)
-
-
-def localize_redundant_extra_states(state_dict) -> None:
-    """In place: each `ShardedObject` whose key ends in `_extra_state` and whose payload is not
-    persistent becomes a `LocalNonpersistentObject` (not written on save; on load the local
-    value is put back). Everything else is left as it is."""
-
-    def localize(value):
-        if (
-            isinstance(value, ShardedObject)
-            and value.key.endswith("_extra_state")
-            and not fp8_extra_state_is_persistent(value.data)
-        ):
-            return LocalNonpersistentObject(value.data)
-        return value
-
-    dict_list_map_inplace(localize, state_dict)
-
-
-def frozen_resume_iteration(tracker_filename: str | None, read_metadata) -> int:
-    """The iteration in a --freeze-all-layers run's tracker file; 0 when there is none."""
-    if tracker_filename is None or not os.path.isfile(tracker_filename):
-        return 0
-    iteration, _release = read_metadata(tracker_filename)
-    return iteration
 
 
 def _absolute(path: str) -> str:
