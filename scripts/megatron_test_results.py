@@ -31,7 +31,7 @@ SKIP_RULES = (
     # "Spec function is not supported": the TE op-fuser layer spec, None without TE >= 1.13
     ("needs Transformer Engine", r"transformer.?engine|\bTE\b|\bte\b|Spec function is not supp"),
     ("needs CUDA", r"cuda|gpu|nccl|nvidia|blackwell|hopper|ampere|fp8|mxfp|nvfp4|device"),
-    ("needs more ranks", r"world.?size|ranks?\b|processes|at least \d"),
+    ("needs more ranks", r"world.?size|ranks?\b|processes|at least \d|\* PP \(\d+\) > \d"),
     ("process group did not form", r"wait timeout|Cannot initialize distributed"),
     ("runs its own launcher", r"spawns its own|own torchrun|as a plain process"),
     ("needs Megatron's CI data or network", CI_LAYOUT + r"|download|internet|path not avail"),
@@ -40,7 +40,8 @@ SKIP_RULES = (
         r"not installed|could not import|requires?\b|No module named|avail",
     ),
     ("xfail", r"^xfail"),
-    ("the test's own choice", r"^Skipping\b"),
+    ("the test's own choice", r"^Skipping\b|^unconditional skip|was broken after"),
+    ("gap: missing name", r"not importable"),
 )
 FAILURE_RULES = (
     ("needs Megatron's CI data or network", CI_LAYOUT),

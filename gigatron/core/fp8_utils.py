@@ -223,7 +223,10 @@ def set_fp8(module: torch.nn.Module, recipe: Fp8Recipe | None) -> None:
 
 
 def check_fp8_config(config) -> None:
-    """ValueError for FP8 fields a TransformerConfig cannot run with (called by the config)."""
+    """ValueError for FP8 fields a TransformerConfig cannot run with (called by the config).
+    fp8=False is None (off): Megatron tests the field for truth, and its tests pass False."""
+    if config.fp8 is False:
+        config.fp8 = None
     if config.fp8 is None:
         return
     if config.fp8 not in SUPPORTED_FP8_FORMATS:

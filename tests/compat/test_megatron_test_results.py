@@ -52,6 +52,11 @@ FAILURES = [
 ]  # fmt: skip
 SKIPS = [
     ("Spec function is not supported", "needs Transformer Engine"),
+    ("TP (2) * PP (8) > 2", "needs more ranks"),
+    ("unconditional skip", "the test's own choice"),
+    ("Late init of parallel_state was broken after parallel states refactor MR2988.",
+     "the test's own choice"),
+    ("SFTTokenizer not importable", "gap: missing name"),
     ("launcher spawns its own torchrun; run as a plain process", "runs its own launcher"),
     ("needs more ranks: tensor 2 x pipeline 4 x context 1 (expert 1 x expert tensor 2) takes 8 "
      "ranks, world size 1", "needs more ranks"),

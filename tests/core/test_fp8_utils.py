@@ -96,3 +96,10 @@ def test_the_torchao_import_filter_drops_only_its_import_noise():
     assert not noise.filter(record("torchao", "Failed to load /x/torchao/_C_mxfp8.so: no GPU"))
     assert noise.filter(record("torchao", "Skipping import of cpp extensions due to ..."))
     assert noise.filter(record("torchao", "Failed to load config.json"))
+
+
+def test_fp8_false_means_off_as_megatron_reads_it():
+    config = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, fp8=False)
+    assert config.fp8 is None
+    with pytest.raises(ValueError, match="must be one of"):
+        TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, fp8="e5m2")
