@@ -90,7 +90,6 @@ PARALLEL: dict[str, tuple[object, str]] = {
 TRANSFORMER: dict[str, tuple[object, str]] = {
     "mtp_loss_scaling_factor": (0.1, "multi-token prediction is not implemented"),
     "activation_func_fp8_input_store": (False, _TE),
-    "window_attn_skip_freq": (None, _ATTN),
     "qk_clip": (False, _ATTN),
     "qk_clip_alpha": (0.5, _ATTN),
     "qk_clip_threshold": (100, _ATTN),
@@ -316,8 +315,6 @@ DECLARED_TRANSFORMER: dict[str, str] = {
     "fp8_param": "FP8 parameters need Transformer Engine",
     "fp4": "FP4 needs Transformer Engine",
     "mtp_num_layers": "multi-token prediction is not implemented",
-    "window_size": "sliding-window attention is not implemented",
-    "softmax_type": "only the 'vanilla' softmax is implemented",
     "qk_l2_norm": "q/k L2 norm is not implemented",
     "attention_output_gate": "gated attention output is not implemented",
     "experimental_attention_variant": "experimental attention variants are not implemented",
@@ -327,7 +324,6 @@ DECLARED_TRANSFORMER: dict[str, str] = {
     "init_model_with_meta_device": "meta-device initialisation is not implemented",
     "use_te_rng_tracker": "the Transformer Engine RNG tracker is not available",
     "moe_latent_size": "latent MoE is not implemented",
-    "activation_func_clamp_value": "activation clamping is not implemented",
     "pipeline_model_parallel_layout": "explicit pipeline layouts are not implemented",
 }
 

@@ -239,3 +239,55 @@ def expand_no_rope_freq(cfg) -> None:
         raise AssertionError(
             f"no_rope_freq has {len(freq)} entries; it needs one per layer ({cfg.num_layers})"
         )
+
+
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
+
+
+def check_attention_variants(cfg) -> None:
+    """Sliding windows, attention sinks and the GLU clamp (GPT-OSS / Mistral / Gemma fields):
+    well-formed values; window_size becomes a tuple (YAML and JSON give lists)."""
+    if cfg.softmax_type not in SOFTMAX_TYPES:
+        raise ValueError(f"softmax_type ({cfg.softmax_type!r}) must be one of {SOFTMAX_TYPES}")
+    win = cfg.window_size
+    if win is not None:
+        if len(win) != 2 or not all(isinstance(w, int) and w >= -1 for w in win):
+            raise ValueError(
+                f"window_size ({win!r}) must be (left, right): two ints >= -1 (-1 = unbounded)"
+            )
+        cfg.window_size = tuple(win)
+    freq = cfg.window_attn_skip_freq
+    if isinstance(freq, bool) or (isinstance(freq, int) and freq < 1):
+        raise ValueError(f"window_attn_skip_freq ({freq!r}) must be an int >= 1 or a 0/1 list")
+    if isinstance(freq, (list, tuple)):
+        if len(freq) != cfg.num_layers or any(f not in (0, 1) for f in freq):
+            raise ValueError(
+                f"window_attn_skip_freq ({freq!r}) as a list needs one 0/1 entry per layer "
+                f"(num_layers = {cfg.num_layers}; 1 = sliding window)"
+            )
+        cfg.window_attn_skip_freq = list(freq)
+    _check_clamp(cfg)
+
+
+def _check_clamp(cfg) -> None:
+    clamp = cfg.activation_func_clamp_value
+    if clamp is None:
+        return
+    if not (math.isfinite(clamp) and clamp > 0):
+        raise ValueError(
+            f"activation_func_clamp_value ({clamp}) must be finite and greater than zero"
+        )
+    if not cfg.gated_linear_unit:
+        raise ValueError(
+            f"activation_func_clamp_value ({clamp}) clamps a gated linear unit's halves: it needs "
+            "gated_linear_unit=True (--swiglu or --quick-geglu)"
+        )
+    import torch.nn.functional as F
+
+    if cfg.activation_func is F.silu:  # Megatron's rules for the clamped SwiGLU
+        if cfg.num_moe_experts is None:
+            raise ValueError("activation_func_clamp_value for SwiGLU is only supported with MoE.")
+        if cfg.glu_linear_offset != 0.0:
+            raise ValueError(
+                "glu_linear_offset must be zero when activation_func_clamp_value is set for SwiGLU."
+            )

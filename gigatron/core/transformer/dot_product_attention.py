@@ -4,6 +4,10 @@ Mirrors `megatron.core.transformer.dot_product_attention.DotProductAttention` (t
 path): GQA by repeating K/V heads, scores = softmax_scale * q.k^T, Megatron's scale-mask-softmax
 (bool mask, True = masked, filled with -10000; causal mask built when none is given; fp32 softmax
 for half inputs), dropout on the probabilities in the TP RNG fork, context = probs.v.
+Sliding windows (`config.window_size` on the layers `is_layer_window_attention` picks) are OR-ed
+into the mask (`utils.sliding_window_mask`); `config.softmax_type` 'off-by-one' / 'learnable'
+adds one sink logit per head to the softmax denominator (`softmax_offset`, [np], zeros or a
+TP-sharded parameter: GPT-OSS's attention sinks).
 
 Shapes: s: seq, b: micro-batch, np: query heads on this rank, ng: query groups on this rank,
 hn: head dim (kv_channels).
@@ -26,7 +30,13 @@ from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's nam
 )
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
-from gigatron.core.transformer.utils import attention_mask_func, get_default_causal_mask
+from gigatron.core.transformer.utils import (
+    attention_mask_func,
+    get_default_causal_mask,
+    get_sliding_window_causal_mask,
+    is_layer_window_attention,
+    sliding_window_mask,
+)
 from gigatron.core.utils import divide
 
 # Mask types that keep a packed document causal (sq == sk there: bottom-right is the diagonal).
@@ -82,6 +92,8 @@ class DotProductAttention(MegatronModule):
             config.attention_dropout if attention_dropout is None else attention_dropout
         )
         self.attention_dropout = torch.nn.Dropout(self.attention_dropout_p)
+        self.window_size = layer_window_size(config, self.layer_number)
+        add_softmax_offset(self, config, self.num_attention_heads_per_partition)
 
     def _dropout_rng(self):
         """Dropout inside a TP region uses the model-parallel RNG (different per TP rank).
@@ -105,6 +117,8 @@ class DotProductAttention(MegatronModule):
         )
         causal = mask_type in CAUSAL_MASK_TYPES
         mask = thd_attention_mask(doc, pos, doc, pos, causal)
+        if self.window_size is not None:  # the window counts positions inside the document
+            mask = mask | sliding_window_mask(pos, pos, self.window_size)
         return mask if attention_mask is None else mask | attention_mask
 
     def forward(
@@ -151,7 +165,69 @@ class DotProductAttention(MegatronModule):
             x = x * self.softmax_coeff
         if mask is None and mask_type == AttnMaskType.causal and x.shape[2] > 1:
             mask = get_default_causal_mask(x.shape[2], x.shape[3], device=x.device)
+        if self.window_size is not None:
+            window = get_sliding_window_causal_mask(*x.shape[2:], self.window_size, x.device)
+            mask = window if mask is None else mask | window
         if mask is not None:
             x = attention_mask_func(x, mask)
-        probs = torch.softmax(x, dim=-1)
+        if self.softmax_offset is None:
+            probs = torch.softmax(x, dim=-1)
+        else:
+            probs = softmax_with_sink(x, self.softmax_offset)
         return probs.to(scores.dtype) if upcast else probs
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """The learnable `softmax_offset` split over TP along heads (Megatron's key
+        `...core_attention.softmax_offset`); nothing else."""
+        return softmax_offset_sharded_state_dict(self, prefix, sharded_offsets, metadata)
+
+
+def layer_window_size(config, layer_number: int) -> tuple[int, int] | None:
+    """config.window_size on the layers `is_layer_window_attention` picks, else None."""
+    if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number):
+        return tuple(config.window_size)
+    return None
+
+
+def add_softmax_offset(module, config, num_heads_per_rank: int, head_offset: int = 0) -> None:
+    """`module.softmax_offset`: None ('vanilla'), zeros [np] ('off-by-one', a non-persistent
+    buffer) or a Parameter [np] ('learnable'), this TP rank's heads of the [num_attention_heads]
+    sink logits, drawn in full with `config.init_method` and sliced (any TP gives the same
+    sinks; Megatron draws each rank's slice on the TP RNG stream)."""
+    kind = config.softmax_type
+    if kind == "vanilla":
+        module.softmax_offset = None
+        return
+    dtype = config.params_dtype
+    if kind == "off-by-one":
+        module.register_buffer(
+            "softmax_offset", torch.zeros(num_heads_per_rank, dtype=dtype), persistent=False
+        )
+        return
+    full = torch.zeros(config.num_attention_heads, dtype=torch.float32)
+    if config.perform_initialization:
+        config.init_method(full)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    first = tp_rank * num_heads_per_rank + head_offset
+    param = torch.nn.Parameter(full[first : first + num_heads_per_rank].to(dtype).clone())
+    param.tensor_model_parallel, param.partition_dim, param.partition_stride = True, 0, 1
+    module.softmax_offset = param
+
+
+def softmax_with_sink(scores: Tensor, softmax_offset: Tensor) -> Tensor:
+    """softmax over [b, np, sq, sk] scores with one more logit per head (softmax_offset [np])
+    in each row's denominator; the sink's own probability is dropped."""
+    b, np_, sq, _ = scores.shape
+    sink = softmax_offset.to(scores.dtype).reshape(1, np_, 1, 1).expand(b, np_, sq, 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+
+
+def softmax_offset_sharded_state_dict(module, prefix, sharded_offsets, metadata) -> dict:
+    from gigatron.core.utils import make_sharded_tensors_for_checkpoint
+
+    if not isinstance(module.softmax_offset, torch.nn.Parameter):
+        return {}
+    return make_sharded_tensors_for_checkpoint(
+        {"softmax_offset": module.softmax_offset}, prefix, {"softmax_offset": 0}, sharded_offsets,
+        dp_cp_group=(metadata or {}).get("dp_cp_group"),
+    )  # fmt: skip

@@ -8,7 +8,10 @@ Dropout draws from SDPA's own RNG stream, so with attention dropout on the two p
 distribution, not bit for bit. Packed sequences (`packed_seq_params`, thd): on CUDA in fp16/bf16
 without attention dropout, PyTorch's FlashAttention varlen kernel
 (`torch.nn.attention.varlen.varlen_attn`, no [s, s] mask); otherwise the block-diagonal document
-mask through SDPA, as the plain path does. Used by `get_gpt_layer_fast_spec`; gigatron-specific
+mask through SDPA, as the plain path does. Sliding windows become part of the bool mask (no
+`is_causal`; varlen takes the window itself);
+attention sinks (`softmax_type` other than 'vanilla') have no SDPA kernel and take the plain path.
+Used by `get_gpt_layer_fast_spec`; gigatron-specific
 (Megatron's counterpart is Transformer Engine's TEDotProductAttention).
 """
 
@@ -22,6 +25,7 @@ from torch.nn.attention.varlen import varlen_attn
 from gigatron.core.packed_seq_params import layout_bounds
 from gigatron.core.transformer.dot_product_attention import CAUSAL_MASK_TYPES, DotProductAttention
 from gigatron.core.transformer.enums import AttnMaskType
+from gigatron.core.transformer.utils import get_sliding_window_causal_mask
 
 
 class SDPADotProductAttention(DotProductAttention):
@@ -43,6 +47,11 @@ class SDPADotProductAttention(DotProductAttention):
                 "attention_bias is not supported by gigatron's SDPADotProductAttention; use "
                 "DotProductAttention"
             )
+        if self.softmax_offset is not None:  # sinks: no SDPA kernel takes them
+            return super().forward(
+                query, key, value, attention_mask, attn_mask_type,
+                packed_seq_params=packed_seq_params,
+            )  # fmt: skip
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         sq, b, np_, hn = query.shape
         if packed_seq_params is not None:
@@ -55,12 +64,15 @@ class SDPADotProductAttention(DotProductAttention):
         v = value.permute(1, 2, 0, 3)
         is_causal, bias = False, None
         if attention_mask is None and mask_type == AttnMaskType.causal and sq > 1:
-            if sq == sk:
+            if sq == sk and self.window_size is None:
                 is_causal = True
             else:
                 attention_mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(
                     1 + sk - sq
                 )
+        if self.window_size is not None:
+            window = get_sliding_window_causal_mask(sq, sk, self.window_size, q.device)
+            attention_mask = window if attention_mask is None else attention_mask | window
         if attention_mask is not None:
             bias = torch.zeros(attention_mask.shape, dtype=q.dtype, device=q.device)
             bias = bias.masked_fill(attention_mask, -10000.0)
@@ -91,6 +103,12 @@ class SDPADotProductAttention(DotProductAttention):
             and mask_type != AttnMaskType.arbitrary
         )
 
+    def _varlen_window(self, causal: bool) -> tuple[int, int]:
+        """FlashAttention's (left, right) for varlen: the layer's window, right side 0 when
+        causal (the causal mask wins, as when the masks are OR-ed)."""
+        left, right = self.window_size if self.window_size is not None else (-1, -1)
+        return (left, 0) if causal else (left, right)
+
     def _varlen(self, query, key, value, packed_seq_params, mask_type) -> Tensor:
         """q [t, 1, np, hn], k/v [t, 1, ng, hn] -> [t, 1, np*hn], one FlashAttention varlen
         call over all documents (causal inside each for causal masks)."""
@@ -107,6 +125,6 @@ class SDPADotProductAttention(DotProductAttention):
         context = varlen_attn(
             query[:, 0], key, value, cu, cu, max_len, max_len,
             scale=self.softmax_scale * (self.softmax_coeff or 1),
-            window_size=(-1, 0) if causal else (-1, -1),
+            window_size=self._varlen_window(causal),
         )  # fmt: skip
         return context.reshape(t, 1, np_ * hn)  # [t, 1, np*hn]

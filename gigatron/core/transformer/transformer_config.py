@@ -212,6 +212,20 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     num_layers_at_end_in_bf16: int = 1
     """Layers at the end kept in high precision under first_last_layers_bf16."""
 
+    # ---- attention and activation variants (GPT-OSS, Mistral, Gemma) ----
+    window_size: tuple[int, int] | None = None
+    """Sliding-window attention: (left, right) keys seen around each query, -1 = unbounded on
+    that side ((W, 0): causal, W keys back). None: full attention."""
+    window_attn_skip_freq: int | list[int] | None = None
+    """Which layers keep full attention under window_size: k -> every k-th layer (1-based
+    layer_number % k == 0); a list: one entry per layer, 1 = sliding window, 0 = full."""
+    softmax_type: str = "vanilla"
+    """'vanilla', 'off-by-one' (a zero sink logit per head in the softmax denominator) or
+    'learnable' (a learned sink logit per head, TP-sharded over heads: GPT-OSS)."""
+    activation_func_clamp_value: float | None = None
+    """GLU clamp: gate clamped to <= value, linear half to [-value, value] before the
+    activation (GPT-OSS's clamped SwiGLU; with silu, MoE only, as in Megatron)."""
+
     # ---- Megatron features gigatron does not implement (must stay at the default) ----
     fp8_param: bool = False
     """Keep parameters in FP8 (Transformer Engine only)."""
@@ -221,12 +235,8 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """DeepSeek multi-latent attention: set by MLATransformerConfig (whose fields it needs)."""
     mtp_num_layers: int | None = None
     """Multi-token-prediction layers (not implemented)."""
-    window_size: tuple[int, int] | None = None
-    """Sliding-window attention (not implemented)."""
     no_rope_freq: int | list[int] | None = None
     """NoPE layers: k -> every k-th layer skips RoPE; or one 0/1 per layer (1 = no RoPE)."""
-    softmax_type: str = "vanilla"
-    """'vanilla' only ('off-by-one' / 'learnable' not implemented)."""
     qk_l2_norm: bool = False
     """L2-normalise q and k (not implemented)."""
     attention_output_gate: bool = False
@@ -248,8 +258,6 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """Transformer Engine RNG tracker (not available)."""
     moe_latent_size: int | None = None
     """Latent MoE projection (not implemented)."""
-    activation_func_clamp_value: float | None = None
-    """Clamp of the activation input (not implemented)."""
     clone_scatter_output_in_embedding: bool = True
     """Clone the SP-scattered embedding output so its buffer can be freed."""
 
@@ -263,6 +271,7 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
         _config_checks.check_pipeline(self)
         _config_checks.check_context_parallel(self)
         _config_checks.expand_no_rope_freq(self)
+        _config_checks.check_attention_variants(self)
         check_fp8_config(self)
         if self.multi_latent_attention and not isinstance(self, MLATransformerConfig):
             raise ValueError(

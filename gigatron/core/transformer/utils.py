@@ -2,7 +2,9 @@
 
 Mirrors the parts of `megatron.core.utils` / `megatron.core.transformer.utils` the model code uses:
 `init_method_normal`, `scaled_init_method_normal`, `attention_mask_func`, `get_default_causal_mask`,
-and the sharded-state-dict helpers (`make_sharded_tensors_for_checkpoint`,
+the sliding-window helpers (`sliding_window_mask`, `get_sliding_window_causal_mask`: the one
+window rule, from `gigatron.core._window_mask`; `is_layer_window_attention`) and the
+sharded-state-dict helpers (`make_sharded_tensors_for_checkpoint`,
 `make_sharded_object_for_checkpoint`, defined in `gigatron.core.utils` so the tensor-parallel
 layers can use them too; `sharded_state_dict_default`).
 """
@@ -14,6 +16,7 @@ import math
 
 import torch
 
+from gigatron.core._window_mask import get_sliding_window_causal_mask, sliding_window_mask
 from gigatron.core.utils import (
     make_sharded_object_for_checkpoint,
     make_sharded_tensors_for_checkpoint,
@@ -23,6 +26,7 @@ __all__ = [
     "attention_mask_func",
     "check_attention_mask",
     "get_default_causal_mask",
+    "get_sliding_window_causal_mask",
     "init_method_normal",
     "is_layer_window_attention",
     "make_sharded_object_for_checkpoint",
@@ -31,6 +35,7 @@ __all__ = [
     "set_model_config_attribute",
     "set_model_to_sequence_parallel",
     "sharded_state_dict_default",
+    "sliding_window_mask",
 ]
 
 

@@ -59,7 +59,7 @@ def test_unknown_name_suggests_the_closest_field():
         (dict(pipeline_model_parallel_size=3, pipeline_dtype=torch.float32), "divisible"),
         (dict(fp8="e4m3"), r"fp8_recipe='delayed' is not supported by gigatron"),
         (dict(fp8="e5m2"), r"fp8 \('e5m2'\) must be one of"),
-        (dict(window_size=(4, 0)), "sliding-window"),
+        (dict(window_size=(4, 0, 1)), r"window_size \(\(4, 0, 1\)\) must be \(left, right\)"),
         (dict(hidden_dropout=1.5), r"hidden_dropout \(1.5\)"),
     ],
 )

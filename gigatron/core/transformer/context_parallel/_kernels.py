@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gigatron.core._window_mask import get_sliding_window_causal_mask
+
 
 def _scores(q: Tensor, k: Tensor, scale: float, causal: bool) -> Tensor:
     """q [b, ng, g, sq, hn], k [b, ng, sk, hn] -> fp32 scores [b, ng, g, sq, sk]."""
@@ -132,12 +134,17 @@ def merge(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor, rows: 
     lse[..., rows] = new
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor:
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, window=None, sink=None
+) -> Tensor:
     """Differentiable attention, causal aligned bottom-right (query i of sq sees keys up to
-    sk - sq + i) or full. q [b, ng, g, sq, hn], k/v [b, ng, sk, hn] -> [b, ng, g, sq, hn]."""
+    sk - sq + i) or full. q [b, ng, g, sq, hn], k/v [b, ng, sk, hn] -> [b, ng, g, sq, hn].
+    window: (left, right) sliding window, aligned the same way (utils.sliding_window_mask);
+    sink: [ng * g] per-head sink logits in the softmax denominator. Either takes the plain path
+    (no fused kernel has them)."""
     b, ng, g, sq, hn = q.shape
     sk = k.shape[2]
-    if q.is_cuda:  # fused kernels; the causal bias object never materialises a [sq, sk] mask
+    if q.is_cuda and window is None and sink is None:  # fused kernels, no [sq, sk] mask
         from torch.nn.attention.bias import causal_lower_right
 
         q4, k4, v4 = _heads(q, k, v)
@@ -150,7 +157,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Te
     if causal:
         future = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(1 + sk - sq)
         s = s.masked_fill(future, float("-inf"))
-    p = torch.softmax(s, dim=-1)
+    if window is not None:
+        s = s.masked_fill(get_sliding_window_causal_mask(sq, sk, window, q.device), float("-inf"))
+    if sink is None:
+        p = torch.softmax(s, dim=-1)
+    else:  # one more logit per head, dropped after the softmax
+        sink = sink.float().reshape(1, ng, g, 1, 1).expand(b, ng, g, sq, 1)
+        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
     return torch.matmul(p, v.float().unsqueeze(2)).to(q.dtype)
 
 

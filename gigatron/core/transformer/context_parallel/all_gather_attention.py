@@ -20,16 +20,18 @@ from gigatron.core.transformer.context_parallel import _kernels, _layout
 
 
 def all_gather_attention(
-    query: Tensor, key: Tensor, value: Tensor, *, scale: float, causal: bool, group
-) -> Tensor:
-    """q [s, b, np, hn], k/v [s, b, ng, hn] (this rank's zigzag tokens) -> [s, b, np, hn]."""
+    query: Tensor, key: Tensor, value: Tensor, *, scale: float, causal: bool, group,
+    window=None, sink=None,
+) -> Tensor:  # fmt: skip
+    """q [s, b, np, hn], k/v [s, b, ng, hn] (this rank's zigzag tokens) -> [s, b, np, hn].
+    window (left, right) / sink [np]: as `_kernels.attention` (a window needs causal)."""
     cp_size, cp_rank = group.size(), group.rank()
     s = query.shape[0]
     kv = torch.stack([key, value], dim=1)  # [s, 2, b, ng, hn]
     kv = gather_from_sequence_parallel_region(kv, True, group=group)  # [cp*s, 2, b, ng, hn]
     if not causal:  # key order does not matter
         q, k, v = _layout.to_grouped(query, kv[:, 0], kv[:, 1])  # k/v [b, ng, cp*s, hn]
-        return _layout.from_grouped(_kernels.attention(q, k, v, scale, False))
+        return _layout.from_grouped(_kernels.attention(q, k, v, scale, False, None, sink))
     # rank order -> position order; then each local chunk sees the keys up to its own end
     pos = _layout.gathered_positions(cp_size, s, device=query.device)
     kv = kv.index_select(0, torch.argsort(pos))
@@ -38,5 +40,6 @@ def all_gather_attention(
     for chunk, rows in ((cp_rank, slice(0, c)), (2 * cp_size - 1 - cp_rank, slice(c, s))):
         end = (chunk + 1) * c  # keys 0 .. end-1; the last c of them form the causal diagonal
         q, k, v = _layout.to_grouped(query[rows], kv[:end, 0], kv[:end, 1])
-        outs.append(_layout.from_grouped(_kernels.attention(q, k, v, scale, True)))
+        out = _kernels.attention(q, k, v, scale, True, window, sink)
+        outs.append(_layout.from_grouped(out))
     return torch.cat(outs, dim=0)  # [s, b, np, hn]

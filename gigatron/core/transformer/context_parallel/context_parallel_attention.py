@@ -6,6 +6,10 @@ TE-free equivalent: same constructor and forward signature as `DotProductAttenti
 on `cp_comm_type` ("p2p" ring, "all_gather", "a2a" Ulysses; None means "p2p" as in Megatron).
 A per-layer list `config.cp_comm_type` is indexed by `layer_number - 1`.
 
+Sliding windows (`config.window_size`) and attention sinks (`config.softmax_type`) run on the
+"all_gather" and "a2a" modes (the window needs a causal mask on "all_gather"); the "p2p" ring and
+packed sequences refuse them.
+
 Masks: causal attention (the GPT layers' `AttnMaskType.causal`; an explicit mask tensor is then
 ignored, as TE does) or full attention (`no_mask`, or `padding` with no mask tensor). Inputs are
 this rank's zigzag tokens (`gigatron.core.utils.get_batch_on_this_cp_rank`).
@@ -26,7 +30,13 @@ from gigatron.core.transformer.context_parallel.a2a_attention import a2a_attenti
 from gigatron.core.transformer.context_parallel.all_gather_attention import all_gather_attention
 from gigatron.core.transformer.context_parallel.packed_attention import packed_attention
 from gigatron.core.transformer.context_parallel.ring_attention import ring_attention
-from gigatron.core.transformer.dot_product_attention import CAUSAL_MASK_TYPES, DotProductAttention
+from gigatron.core.transformer.dot_product_attention import (
+    CAUSAL_MASK_TYPES,
+    DotProductAttention,
+    add_softmax_offset,
+    layer_window_size,
+    softmax_offset_sharded_state_dict,
+)
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec
@@ -127,6 +137,22 @@ class ContextParallelAttention(MegatronModule):
         self.attention_dropout_p = (
             config.attention_dropout if attention_dropout is None else attention_dropout
         )
+        self.window_size = layer_window_size(config, self.layer_number)
+        np_per_rank = config.num_attention_heads // config.tensor_model_parallel_size
+        add_softmax_offset(self, config, np_per_rank)
+        self._variant = None
+        if self.window_size is not None or self.softmax_offset is not None:
+            self._variant = "window_size" if self.window_size is not None else "softmax_type"
+            if self.cp_comm_type == "p2p":
+                raise ValueError(
+                    f"{self._variant} under context parallelism needs cp_comm_type 'all_gather' "
+                    f"or 'a2a' (layer {self.layer_number} has 'p2p'; gigatron's ring has no window "
+                    "or sink)"
+                )
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """The learnable `softmax_offset` split over TP (as DotProductAttention's)."""
+        return softmax_offset_sharded_state_dict(self, prefix, sharded_offsets, metadata)
 
     def _is_causal(self, attention_mask, mask_type) -> bool:
         if mask_type in (AttnMaskType.causal, AttnMaskType.causal_bottom_right):
@@ -164,6 +190,11 @@ class ContextParallelAttention(MegatronModule):
             )
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         s, b, np_, hn = query.shape
+        if packed_seq_params is not None and self._variant is not None:
+            raise ValueError(
+                f"{self._variant} with packed sequences under context parallelism is not "
+                "supported by gigatron"
+            )
         if packed_seq_params is not None:  # an explicit mask tensor is ignored, as TE does
             causal = mask_type in CAUSAL_MASK_TYPES
             context = packed_attention(
@@ -178,16 +209,22 @@ class ContextParallelAttention(MegatronModule):
                 "each rank holds two zigzag chunks (get_batch_on_this_cp_rank)"
             )
         kw = dict(scale=self.softmax_scale, causal=causal, group=self.cp_group)
+        variant = dict(window=self.window_size, sink=self.softmax_offset)
         if self.cp_group.size() == 1:
             q, k, v = _layout.to_grouped(query, key, value)
-            out = _kernels.attention(q, k, v, self.softmax_scale, causal)
+            out = _kernels.attention(q, k, v, self.softmax_scale, causal, **variant)
             context = _layout.from_grouped(out)
         elif self.cp_comm_type == "p2p":
             context = ring_attention(query, key, value, global_ranks=self.cp_global_ranks, **kw)
         elif self.cp_comm_type == "all_gather":
-            context = all_gather_attention(query, key, value, **kw)
+            if self.window_size is not None and not causal:
+                raise ValueError(
+                    "window_size without a causal mask under cp_comm_type 'all_gather' is not "
+                    "supported by gigatron; use 'a2a'"
+                )
+            context = all_gather_attention(query, key, value, **kw, **variant)
         else:
-            context = a2a_attention(query, key, value, **kw)
+            context = a2a_attention(query, key, value, **kw, **variant)
         return context.reshape(s, b, np_ * hn)  # [s, b, np*hn]
 
 

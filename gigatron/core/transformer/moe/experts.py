@@ -41,7 +41,7 @@ from gigatron.compat import missing_names
 from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from gigatron.core.tensor_parallel.layers import _initialize_affine_weight_gpu  # Megatron's path
-from gigatron.core.transformer.mlp import MLP, MLPSubmodules
+from gigatron.core.transformer.mlp import MLP, MLPSubmodules, glu_activation
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
 from gigatron.core.transformer.moe.fp8_experts import fp8_grouped_mlp
@@ -285,8 +285,7 @@ class GroupedMLP(MegatronModule):
             return fp8_grouped_mlp(self, x, w1, w2, tokens_per_expert, permuted_probs), None
         fc1 = grouped_gemm(x, w1, tokens_per_expert)  # [N, glu*f/etp]
         if self.config.gated_linear_unit:
-            gate, up = torch.chunk(fc1, 2, dim=-1)
-            act = self.activation_func(gate) * (up + self.config.glu_linear_offset)
+            act = glu_activation(fc1, self.config, self.activation_func)
         else:
             act = self.activation_func(fc1)
         act = (act * permuted_probs.unsqueeze(-1)).to(x.dtype)
