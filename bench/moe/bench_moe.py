@@ -59,7 +59,6 @@ CONFIGS = {
 
 
 def _build(cfg, grouped: bool, dtype, device):
-    from gigatron.core.models.gpt import hf_mapping_moe  # noqa: F401  (import check)
     from gigatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from gigatron.core.models.gpt.gpt_model import GPTModel
     from gigatron.core.transformer.transformer_config import TransformerConfig

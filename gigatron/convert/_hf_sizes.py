@@ -93,7 +93,9 @@ def check_config_sizes(cfg: dict, shapes: dict[str, tuple], path: str) -> None:
         fc = [(lab("n_embd", h), h), (lab("n_inner", ffn), ffn)]  # Conv1D: [in, out]
         _shape(shapes, f"{p}h.0.mlp.c_fc.weight", fc, path)
         return
-    if family not in ("llama", "mistral", "qwen2", "mixtral", "deepseek_v2", "deepseek_v3"):
+    from gigatron.convert.families import FAMILIES
+
+    if family not in FAMILIES:
         return
     extra = cfg.get("num_nextn_predict_layers") or 0
     _count(cfg, "num_hidden_layers", path, layers, "layers", extra if type(extra) is int else 0)
@@ -106,8 +108,10 @@ def check_config_sizes(cfg: dict, shapes: dict[str, tuple], path: str) -> None:
     # layer 0: dense in Llama-like models and in DeepSeek's first_k_dense_replace layers
     _shape(shapes, "model.layers.0.mlp.down_proj.weight",
            [hid, (lab("intermediate_size", ffn), ffn)], path)  # fmt: skip
+    for key in ("num_local_experts", "num_experts"):  # Mixtral / Qwen-MoE, OLMoE
+        if key in cfg and _indices(_EXPERT, names):
+            _count(cfg, key, path, _indices(_EXPERT, names), "experts")
     if family == "mixtral":
-        _count(cfg, "num_local_experts", path, _indices(_EXPERT, names), "experts")
         moe = "model.layers.0.block_sparse_moe.experts.0.w2.weight"
         _shape(shapes, moe, [hid, (lab("intermediate_size", ffn), ffn)], path)
     if not deepseek:

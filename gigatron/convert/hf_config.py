@@ -1,11 +1,11 @@
 """HF `config.json` -> gigatron model description (TransformerConfig, GPTModel kwargs, flags).
 
 No counterpart in megatron.core (Megatron Bridge does this outside the core). Works on the plain
-JSON dict, so conversion needs no `transformers`. Families: gpt2, llama (1-3, incl. Llama-3.1
-`rope_type: llama3` scaling with Megatron's fixed low/high factors 1/4 and 8192 original
-context), mistral, qwen2, mixtral, deepseek_v2 / deepseek_v3 (hf_config_deepseek.py). A setting
-gigatron cannot reproduce exactly is a ValueError naming the key and its value (e.g. Mistral
-`sliding_window` shorter than the context).
+JSON dict, so conversion needs no `transformers`. Each family's config mapping lives in its
+adapter (`gigatron.convert.families`, keyed by `model_type`); here is what they share: the
+model description `HFModelSpec`, the training arguments it implies, reading config.json. A
+setting gigatron cannot reproduce exactly is a ValueError naming the key and its value (e.g.
+Mistral `sliding_window` shorter than the context).
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-import torch.nn.functional as F
-
 from gigatron.convert._hf_sizes import check_config_sizes
-from gigatron.convert.hf_config_deepseek import DEEPSEEK_FAMILIES, parse_deepseek
+from gigatron.convert.families import FAMILIES, get_family
 from gigatron.convert.hf_io import HFReader
 from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
 from gigatron.core.models.gpt import GPTModel
@@ -26,12 +24,7 @@ from gigatron.core.models.gpt import gpt_layer_specs as specs
 from gigatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 from gigatron.core.untrusted_files import UntrustedFileError, read_text
 
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", *DEEPSEEK_FAMILIES)
-_GPT2_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
-
-
-def _err(family: str, key: str, value, rule: str) -> ValueError:
-    return ValueError(f"{family} config.json: {key} ({value!r}) {rule}")
+__all__ = ["FAMILIES", "HFModelSpec", "read_hf_config", "spec_from_hf_config"]
 
 
 @dataclass
@@ -120,7 +113,7 @@ class HFModelSpec:
         if m["position_embedding_type"] == "rope":
             args.update(
                 rotary_base=m["rotary_base"],
-                rotary_percent=1.0,
+                rotary_percent=m.get("rotary_percent", 1.0),
                 rotary_interleaved=False,
                 use_rope_scaling=bool(m.get("rope_scaling")),
                 rope_scaling_factor=float(m.get("rope_scaling_factor", 8.0)),
@@ -264,154 +257,9 @@ def spec_from_hf_config(
 ) -> HFModelSpec:
     """Parse a config.json dict; ValueError for an unknown family or an unsupported setting."""
     family = cfg.get("model_type")
-    if family not in FAMILIES:
-        raise ValueError(f"config.json: model_type ({family!r}) is not one of {FAMILIES}")
-    parse = _parse_gpt2 if family == "gpt2" else _parse_llama_like
-    if family in DEEPSEEK_FAMILIES:
-        parse = parse_deepseek
-    config_kwargs, model_kwargs, spec_kwargs = parse(family, cfg)
+    config_kwargs, model_kwargs, spec_kwargs = get_family(family).parse(cfg)
     vocab = int(cfg["vocab_size"])
     padded = vocab_size_with_padding(
         vocab, make_vocab_size_divisible_by, tensor_model_parallel_size
     )
     return HFModelSpec(family, cfg, config_kwargs, model_kwargs, vocab, padded, spec_kwargs)
-
-
-def _parse_gpt2(family: str, cfg: dict):
-    act = cfg.get("activation_function", "gelu_new")
-    if act not in _GPT2_GELU:
-        raise _err(family, "activation_function", act, f"must be one of {sorted(_GPT2_GELU)}")
-    for key, ok in (
-        ("scale_attn_weights", True),
-        ("scale_attn_by_inverse_layer_idx", False),
-        ("add_cross_attention", False),
-    ):
-        if cfg.get(key, ok) != ok:
-            raise _err(family, key, cfg.get(key), f"must be {ok}")
-    h = cfg["n_embd"]
-    config_kwargs = dict(
-        num_layers=cfg["n_layer"],
-        hidden_size=h,
-        num_attention_heads=cfg["n_head"],
-        ffn_hidden_size=cfg.get("n_inner") or 4 * h,
-        layernorm_epsilon=cfg.get("layer_norm_epsilon", 1e-5),
-        activation_func=functools.partial(F.gelu, approximate=_GPT2_GELU[act]),
-        hidden_dropout=cfg.get("resid_pdrop", 0.1),
-        attention_dropout=cfg.get("attn_pdrop", 0.1),
-        init_method_std=cfg.get("initializer_range", 0.02),
-        add_bias_linear=True,
-    )
-    model_kwargs = dict(
-        max_sequence_length=cfg.get("n_positions", 1024),
-        position_embedding_type="learned_absolute",
-        share_embeddings_and_output_weights=bool(cfg.get("tie_word_embeddings", True)),
-    )
-    return config_kwargs, model_kwargs, {}
-
-
-def _rope(family: str, cfg: dict) -> dict:
-    """GPTModel rotary kwargs from `rope_parameters` (transformers 5) or `rope_scaling` +
-    `rope_theta` (transformers 4)."""
-    rope = dict(cfg.get("rope_parameters") or {})
-    key = "rope_parameters"
-    if not rope and cfg.get("rope_scaling"):
-        rope, key = dict(cfg["rope_scaling"]), "rope_scaling"
-    theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    out = dict(rotary_base=int(theta) if float(theta).is_integer() else theta)
-    if kind == "default":
-        return out
-    if kind != "llama3":
-        raise _err(family, f"{key}.rope_type", kind, "must be 'default' or 'llama3'")
-    for name, want in (
-        ("low_freq_factor", 1.0),
-        ("high_freq_factor", 4.0),
-        ("original_max_position_embeddings", 8192),
-    ):
-        if float(rope.get(name, want)) != float(want):
-            raise _err(
-                family,
-                f"{key}.{name}",
-                rope.get(name),
-                f"must be {want} (Megatron's fixed Llama-3.1 scaling)",
-            )
-    out.update(rope_scaling=True, rope_scaling_factor=float(rope.get("factor", 8.0)))
-    return out
-
-
-def _check_attention_window(family: str, cfg: dict) -> None:
-    if cfg.get("use_sliding_window", False):
-        raise _err(family, "use_sliding_window", True, "is not supported (full attention only)")
-    window = cfg.get("sliding_window")
-    if family in ("mistral", "mixtral") and window is not None:
-        if window < cfg["max_position_embeddings"]:
-            raise _err(
-                family,
-                "sliding_window",
-                window,
-                "must be null or >= "
-                f"max_position_embeddings ({cfg['max_position_embeddings']}): gigatron "
-                "has no sliding-window attention",
-            )
-    kinds = set(cfg.get("layer_types") or ["full_attention"])
-    if kinds != {"full_attention"}:
-        raise _err(family, "layer_types", sorted(kinds), "must all be 'full_attention'")
-
-
-def _parse_llama_like(family: str, cfg: dict):
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise _err(family, "hidden_act", act, "must be 'silu'")
-    _check_attention_window(family, cfg)
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    if family == "qwen2":  # q/k/v always carry a bias, o_proj and the MLP none
-        add_bias, add_qkv_bias = False, True
-    else:
-        attn_bias, mlp_bias = bool(cfg.get("attention_bias")), bool(cfg.get("mlp_bias"))
-        if attn_bias != mlp_bias:  # HF's attention_bias also covers o_proj
-            raise _err(
-                family,
-                "attention_bias/mlp_bias",
-                (attn_bias, mlp_bias),
-                "must be equal (gigatron's add_bias_linear covers both)",
-            )
-        add_bias, add_qkv_bias = attn_bias, attn_bias
-    config_kwargs = dict(
-        num_layers=cfg["num_hidden_layers"],
-        hidden_size=cfg["hidden_size"],
-        num_attention_heads=heads,
-        num_query_groups=cfg.get("num_key_value_heads") or heads,
-        kv_channels=head_dim,
-        ffn_hidden_size=cfg["intermediate_size"],
-        normalization="RMSNorm",
-        layernorm_epsilon=cfg.get("rms_norm_eps", 1e-6),
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=add_bias,
-        add_qkv_bias=add_qkv_bias,
-        hidden_dropout=0.0,
-        attention_dropout=cfg.get("attention_dropout", 0.0),
-        init_method_std=cfg.get("initializer_range", 0.02),
-    )
-    spec_kwargs = {"normalization": "RMSNorm"}
-    if family == "mixtral":
-        if cfg.get("router_jitter_noise", 0.0):
-            raise _err(family, "router_jitter_noise", cfg["router_jitter_noise"], "must be 0")
-        num_experts = cfg["num_local_experts"]
-        config_kwargs.update(
-            num_moe_experts=num_experts,
-            moe_router_topk=cfg["num_experts_per_tok"],
-            moe_ffn_hidden_size=cfg["intermediate_size"],
-            moe_aux_loss_coeff=cfg.get("router_aux_loss_coef", 0.0),
-            moe_router_pre_softmax=False,
-            moe_token_dispatcher_type="alltoall",
-        )
-        spec_kwargs["num_experts"] = num_experts
-    model_kwargs = dict(
-        max_sequence_length=cfg["max_position_embeddings"],
-        position_embedding_type="rope",
-        share_embeddings_and_output_weights=bool(cfg.get("tie_word_embeddings", False)),
-        **_rope(family, cfg),
-    )
-    return config_kwargs, model_kwargs, spec_kwargs

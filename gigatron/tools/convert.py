@@ -4,6 +4,7 @@
         [--target-tensor-parallel-size 2] [--target-pipeline-parallel-size 2]
     gigatron convert gigatron-to-hf --load CKPT_DIR --save HF_OUT [--hf-config HF_DIR]
     gigatron convert --load X --save Y        # direction from X: config.json + safetensors = HF
+    gigatron convert --list                   # the families (model_type) and what each supports
 
 Megatron ships this as tools/checkpoint/convert.py (--loader/--saver plugins); the flag names
 --load/--save and --target-*-parallel-size follow it. Runs in one process on CPU, streaming
@@ -36,8 +37,9 @@ def _size(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gigatron convert", description=__doc__.split("\n\n")[0])
     p.add_argument("direction", nargs="?", choices=_DIRECTIONS, help="default: from --load")
-    p.add_argument("--load", required=True, help="HF model directory or gigatron checkpoint")
-    p.add_argument("--save", required=True, help="output directory")
+    p.add_argument("--list", action="store_true", help="print the families and exit")
+    p.add_argument("--load", help="HF model directory or gigatron checkpoint")
+    p.add_argument("--save", help="output directory")
     # dests are the converter's parameter names (Megatron's model-parallel flag names)
     p.add_argument(
         "--target-tensor-parallel-size",
@@ -92,7 +94,15 @@ def _hint(family: str, load: str, save: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.list:
+        from gigatron.convert.families import describe
+
+        print(describe())
+        return 0
+    if not (args.load and args.save):
+        parser.error("--load and --save are required (or --list)")
     from gigatron.convert import convert_gigatron_to_hf, convert_hf_to_gigatron, is_hf_dir
     from gigatron.training.utils import args_by_name
 

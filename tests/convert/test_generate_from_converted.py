@@ -1,8 +1,9 @@
 """A converted checkpoint describes itself: `gigatron generate --load OUT --greedy` with no model
 or tokenizer flags continues prompts exactly as transformers' greedy `generate` does.
 
-Per family (GPT-2, Llama with GQA, Mistral, Qwen2, Mixtral): a tiny random-weight model with a
-byte-level BPE `tokenizer.json` is saved by transformers and converted with `gigatron convert`;
+Per family (GPT-2, Llama with GQA, Mistral, Qwen2, Mixtral, Qwen3, Qwen3-MoE, Phi-3): a tiny
+random-weight model with a byte-level BPE `tokenizer.json` is saved by transformers and
+converted with `gigatron convert`;
 `gigatron generate --load OUT --prompt ... --greedy --max-new-tokens 8` (in a fresh process:
 generation sets up process groups and global args) must give transformers' token ids. GPT-2
 also runs as a subprocess through the `gigatron` command line; its printed text must be the
@@ -19,7 +20,7 @@ import torch
 
 from gigatron.testing import run_distributed
 from tests._paths import REPO
-from tests.convert.test_hf_fixtures import FAMILIES, make_hf_model
+from tests.convert.test_hf_fixtures import ADAPTER_FAMILIES, FAMILIES, make_hf_model
 
 pytestmark = pytest.mark.multirank
 
@@ -35,7 +36,7 @@ def _convert(family: str, tmp_path):
     from gigatron.cli import main as cli
 
     hf_dir, out = str(tmp_path / "hf"), str(tmp_path / "out")
-    seed = FAMILIES.index(family)
+    seed = (FAMILIES + ADAPTER_FAMILIES).index(family)
     hf = make_hf_model(family, hf_dir, seed=seed, tokenizer=True, init_std=INIT_STD)
     assert cli(["convert", "--load", hf_dir, "--save", out]) == 0
     return hf, transformers.AutoTokenizer.from_pretrained(hf_dir), out
@@ -65,7 +66,7 @@ def _argv(out: str) -> list[str]:
     return ["--load", out, *prompts, "--greedy", "--max-new-tokens", str(NEW_TOKENS)]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ADAPTER_FAMILIES)
 def test_generate_from_converted_checkpoint_matches_transformers(family, tmp_path):
     hf, tok, out = _convert(family, tmp_path)
     want = _hf_greedy(hf, tok)

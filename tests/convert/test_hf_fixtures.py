@@ -8,6 +8,9 @@ import pytest
 import torch
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
+ADAPTER_FAMILIES = ("qwen3", "qwen3_moe", "phi3")
+"""Families added with the adapter registry (gigatron.convert.families)."""
+MOE_FAMILIES = ("mixtral", "qwen3_moe")
 VOCAB = 100  # padded to 128 (x TP) by gigatron: padding is exercised
 
 
@@ -47,6 +50,17 @@ def hf_config(family: str, vocab: int = VOCAB):
         return t.MixtralConfig(
             num_local_experts=4, num_experts_per_tok=2, sliding_window=None, **llama_like
         )
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24)
+    if family == "qwen3":  # head_dim 16 != hidden / heads (8); tied output
+        return t.Qwen3Config(head_dim=16, **{**llama_like, "tie_word_embeddings": True})
+    if family == "qwen3_moe":  # norm_topk_prob True: the renormalised router
+        return t.Qwen3MoeConfig(head_dim=8, norm_topk_prob=True, **moe, **llama_like)
+    if family == "phi3":
+        return t.Phi3Config(
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5},
+            **llama_like,
+        )  # fmt: skip
     raise ValueError(family)
 
 
@@ -104,6 +118,9 @@ def make_hf_model(
         "mistral": t.MistralForCausalLM,
         "qwen2": t.Qwen2ForCausalLM,
         "mixtral": t.MixtralForCausalLM,
+        "qwen3": t.Qwen3ForCausalLM,
+        "qwen3_moe": t.Qwen3MoeForCausalLM,
+        "phi3": t.Phi3ForCausalLM,
     }[family]
     tok_vocab = len(make_tokenizer(path)) if tokenizer else VOCAB
     config = hf_config(family, vocab or tok_vocab)

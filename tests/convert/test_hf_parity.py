@@ -7,7 +7,7 @@ through `gigatron.training.checkpointing.load_checkpoint` and run the pipeline s
 model filled by `load_hf_into_model` straight from the HF files must give the same logits. The
 reference logits come from transformers in this process (fp32, <= 1e-5). The checkpoint exported
 with `convert_gigatron_to_hf` holds bitwise the original tensors (names, dtypes, shapes).
-Mixtral is also converted for, and loaded at, TP1 x EP2 x PP2 (global expert keys).
+MoE families are also converted for, and loaded at, TP1 x EP2 x PP2 (global expert keys).
 """
 
 import argparse
@@ -16,7 +16,13 @@ import pytest
 import torch
 
 from gigatron.testing import run_distributed
-from tests.convert.test_hf_fixtures import VOCAB, make_hf_model
+from tests.convert.test_hf_fixtures import (
+    ADAPTER_FAMILIES,
+    FAMILIES,
+    MOE_FAMILIES,
+    VOCAB,
+    make_hf_model,
+)
 
 pytestmark = pytest.mark.multirank
 
@@ -78,7 +84,7 @@ def _rank_fn(hf_dir, ckpt_root, ids, tp=2, pp=2, ep=1, sources=("checkpoint", "h
     return results if last else None
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "mixtral"])
+@pytest.mark.parametrize("family", FAMILIES + ADAPTER_FAMILIES)
 def test_convert_tp2_pp2_logits_and_bitwise_export(family, tmp_path):
     from gigatron.convert import convert_gigatron_to_hf, convert_hf_to_gigatron
     from gigatron.convert.hf_io import HFReader
@@ -116,13 +122,14 @@ def test_convert_tp2_pp2_logits_and_bitwise_export(family, tmp_path):
         assert torch.equal(reloaded(input_ids=ids).logits, ref)
 
 
-def test_mixtral_expert_parallel_from_hf_and_converted_checkpoint(tmp_path):
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_moe_expert_parallel_from_hf_and_converted_checkpoint(family, tmp_path):
     """TP1 x EP2 x PP2: load_hf_into_model gives each EP rank its global experts, and so does
     load_checkpoint from a checkpoint converted with target EP2 (global expert keys)."""
     from gigatron.convert import convert_hf_to_gigatron
 
     hf_dir, ckpt = str(tmp_path / "hf"), str(tmp_path / "gt")
-    hf = make_hf_model("mixtral", hf_dir, seed=1)
+    hf = make_hf_model(family, hf_dir, seed=1)
     convert_hf_to_gigatron(
         hf_dir, ckpt, pipeline_model_parallel_size=2, expert_model_parallel_size=2
     )
@@ -134,6 +141,6 @@ def test_mixtral_expert_parallel_from_hf_and_converted_checkpoint(tmp_path):
     assert len(got) == 2  # the two EP (= DP) ranks of the last stage
     for from_ckpt, from_hf in got:
         err = (from_ckpt - ref).abs().max().item()
-        print(f"mixtral EP2: max |logits - transformers| = {err:.2e}")
+        print(f"{family} EP2: max |logits - transformers| = {err:.2e}")
         assert err <= 1e-5, err
         torch.testing.assert_close(from_hf, from_ckpt, rtol=0, atol=0)

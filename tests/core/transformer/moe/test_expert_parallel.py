@@ -24,7 +24,7 @@ from gigatron.core.distributed import (
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
-from gigatron.core.models.gpt.hf_mapping_moe import load_full_moe_state_dict
+from gigatron.core.models.common.moe_state_dict import load_full_moe_state_dict
 from gigatron.core.process_groups_config import ProcessGroupCollection
 from gigatron.core.transformer.mlp import MLPSubmodules
 from gigatron.core.transformer.moe.experts import (

@@ -1,5 +1,6 @@
 """transformers' MegatronBertForPreTraining state dict -> BertModel (Megatron key names).
 
+A state-dict mapping (not a `gigatron convert` family: the converter builds GPT models).
 The Hugging Face port keeps Megatron's pre-norm layout; only names differ and Q, K, V are
 separate (fused here into Megatron's per-group QKV rows). The LM decoder weight is tied to the
 word embeddings there, so BertModel is built with share_embeddings_and_output_weights=True.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from gigatron.core.models.gpt.hf_mapping import qkv_to_megatron
+from gigatron.convert._recipe_ops import qkv_to_megatron
 from gigatron.core.transformer.transformer_config import TransformerConfig
 
 _LAYER = {

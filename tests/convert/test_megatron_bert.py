@@ -1,12 +1,13 @@
 """BertModel reproduces transformers' MegatronBertForPreTraining (the Hugging Face port of
 Megatron's BERT): masked-LM logits, next-sentence logits and both losses, from the same random
-weights mapped through gigatron.core.models.bert.hf_mapping (fp32)."""
+weights mapped through gigatron.convert.megatron_bert (fp32)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gigatron.core.models.bert import BertModel, hf_mapping
+from gigatron.convert import megatron_bert as hf_mapping
+from gigatron.core.models.bert import BertModel
 from gigatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
 from gigatron.core.models.common.tp_state_dict import load_full_state_dict
 from tests._one_rank import one_rank_fixtures
