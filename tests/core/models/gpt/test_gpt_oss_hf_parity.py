@@ -6,7 +6,6 @@ interleaved gate/up expert columns become Megatron's [gate; up] fc1 rows."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from gigatron.convert._recipe_ops import qkv_to_megatron
 from gigatron.core.activations import quick_gelu
