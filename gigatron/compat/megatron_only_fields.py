@@ -291,7 +291,6 @@ DECLARED_PARALLEL: dict[str, str] = {
 DECLARED_TRANSFORMER: dict[str, str] = {
     "fp8_param": "FP8 parameters need Transformer Engine",
     "fp4": "FP4 needs Transformer Engine",
-    "softmax_type": "only the 'vanilla' softmax is implemented",
     "qk_l2_norm": "q/k L2 norm is not implemented",
     "attention_output_gate": "gated attention output is not implemented",
     "experimental_attention_variant": "experimental attention variants are not implemented",
@@ -301,7 +300,6 @@ DECLARED_TRANSFORMER: dict[str, str] = {
     "init_model_with_meta_device": "meta-device initialisation is not implemented",
     "use_te_rng_tracker": "the Transformer Engine RNG tracker is not available",
     "moe_latent_size": "latent MoE is not implemented",
-    "activation_func_clamp_value": "activation clamping is not implemented",
     "pipeline_model_parallel_layout": "explicit pipeline layouts are not implemented",
 }
 

@@ -5,7 +5,7 @@ JSON dict, so conversion needs no `transformers`. Each family's config mapping l
 adapter (`gigatron.convert.families`, keyed by `model_type`); here is what they share: the
 model description `HFModelSpec`, the training arguments it implies, reading config.json. A
 setting gigatron cannot reproduce exactly is a ValueError naming the key and its value (e.g.
-Mistral `sliding_window` shorter than the context).
+Qwen2 `use_sliding_window`).
 """
 
 from __future__ import annotations
@@ -118,6 +118,8 @@ class HFModelSpec:
                 use_rope_scaling=bool(m.get("rope_scaling")),
                 rope_scaling_factor=float(m.get("rope_scaling_factor", 8.0)),
             )
+        if c.get("window_size") is not None:  # Mistral / Mixtral sliding_window
+            args.update(window_size=tuple(c["window_size"]))
         if c.get("num_moe_experts"):
             args.update(
                 num_experts=c["num_moe_experts"],
@@ -173,6 +175,8 @@ def args_to_flags(fields: dict) -> list[str]:
             value = int(value)
         if isinstance(value, list):  # --moe-layer-freq [0,1,1]: one word, no spaces
             value = "[" + ",".join(str(v) for v in value) + "]"
+        if isinstance(value, tuple):  # --window-size 127,0
+            value = ",".join(str(v) for v in value)
         out += [flag, str(value)]
     return out
 
@@ -191,7 +195,7 @@ MODEL_ARGS = (
     "disable_bias_linear", "add_qkv_bias", "qk_layernorm", "untie_embeddings_and_output_weights",
     "hidden_dropout", "attention_dropout", "init_method_std", "vocab_size",
     "make_vocab_size_divisible_by", "rotary_base", "rotary_percent", "rotary_interleaved",
-    "use_rope_scaling", "rope_scaling_factor", "num_experts", "moe_router_topk",
+    "use_rope_scaling", "rope_scaling_factor", "window_size", "num_experts", "moe_router_topk",
     "moe_ffn_hidden_size", "moe_aux_loss_coeff", "moe_router_pre_softmax",
     "moe_router_load_balancing_type", "moe_token_dispatcher_type", *_MOE_EXTRA_ARGS,
     *_MLA_ARGS, *(f"yarn_{k}" for k in _YARN_ARGS), "tokenizer_type",

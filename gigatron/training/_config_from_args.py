@@ -11,7 +11,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from gigatron.core.activations import squared_relu  # Megatron's `--squared-relu`
+from gigatron.core.activations import quick_gelu, squared_relu  # `--quick-geglu`, `--squared-relu`
 from gigatron.core.distributed import DistributedDataParallelConfig
 from gigatron.core.optimizer import OptimizerConfig
 from gigatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -29,6 +29,8 @@ def _activation(args):
         return squared_relu
     if args.swiglu:
         return F.silu
+    if getattr(args, "quick_geglu", False):
+        return quick_gelu
     return openai_gelu if args.openai_gelu else F.gelu
 
 
@@ -47,7 +49,7 @@ def fields_from_args(cls, args, *, skip=()) -> dict:
 TRANSFORMER_EXCEPTIONS = {
     "layernorm_epsilon": lambda a: a.norm_epsilon,
     "add_bias_linear": lambda a: not a.disable_bias_linear,
-    "gated_linear_unit": lambda a: a.swiglu,
+    "gated_linear_unit": lambda a: a.swiglu or getattr(a, "quick_geglu", False),
     "activation_func": _activation,
     "num_moe_experts": lambda a: a.num_experts or None,
     "pipeline_dtype": lambda a: a.params_dtype,

@@ -7,6 +7,13 @@ Validation of the parsed values lives in `arguments.py`."""
 
 from __future__ import annotations
 
+from gigatron.training.compat_flags import moe_freq_type
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    """Megatron's tuple_type: "127,0" or "(127,0)" -> (127, 0)."""
+    return tuple(int(i) for i in text.strip("()").split(","))
+
 
 def _add(group, flag, type_=None, default=None, help_="", **kw):
     if type_ is bool:
@@ -55,6 +62,25 @@ def _model_args(p):
     )
     _add(g, "--norm-epsilon", float, 1e-5, "epsilon of the norms")
     _add(g, "--swiglu", bool, help_="SwiGLU MLP")
+    _add(g, "--quick-geglu", bool, help_="quick-GELU gated linear unit (GPT-OSS)")
+    _add(g, "--glu-linear-offset", float, 0.0, "GLU: act(gate) * (up + offset)")
+    _add(g, "--activation-func-clamp-value", float, None, "GLU: clamp gate <= v, up to [-v, v]")
+    _add(g, "--window-size", _int_tuple, None, "sliding window 'left,right' (-1: unbounded)")
+    _add(
+        g,
+        "--window-attn-skip-freq",
+        moe_freq_type,  # Megatron's type: an int or a 0/1 list pattern
+        None,
+        "full-attention layers under --window-size: every N-th, or a 0/1 list (1 = window)",
+    )
+    _add(
+        g,
+        "--softmax-type",
+        str,
+        "vanilla",
+        "attention softmax: vanilla | off-by-one | learnable (per-head sinks)",
+        choices=["vanilla", "off-by-one", "learnable"],
+    )
     _add(g, "--openai-gelu", bool, help_="tanh-approximated GELU (GPT-2)")
     _add(g, "--disable-bias-linear", bool, help_="no biases in linear layers")
     _add(g, "--add-qkv-bias", bool, help_="bias in the QKV projection only")

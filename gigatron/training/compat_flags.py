@@ -332,6 +332,8 @@ def _legacy_spellings(args) -> None:
         )
     if args.squared_relu and (args.swiglu or args.openai_gelu):
         raise ValueError("--squared-relu excludes --swiglu and --openai-gelu (one MLP activation)")
+    if getattr(args, "quick_geglu", False) and (args.swiglu or args.squared_relu):
+        raise ValueError("--quick-geglu excludes --swiglu and --squared-relu (one MLP activation)")
 
 
 def _say(args, line: str) -> None:

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
 def test_load_of_gemma_names_the_python_api(family, tmp_path):
-    from gigatron.convert.checkpoint_args import checkpoint_model_args
+    from gigatron.training.checkpoint_args import checkpoint_model_args
 
     make_hf_model(family, str(tmp_path))
     with pytest.raises(ValueError) as info:

@@ -42,6 +42,15 @@ def test_qwen2_has_qkv_bias_only_and_tied_embeddings():
     assert spec.tied
 
 
+def test_mistral_sliding_window_is_window_size_w_minus_one():
+    spec = spec_from_hf_config(_cfg("mistral", sliding_window=16))
+    assert spec.config_kwargs["window_size"] == (15, 0)
+    flags = spec.training_flags()
+    assert flags[flags.index("--window-size") + 1] == "15,0"
+    full = spec_from_hf_config(_cfg("mistral", sliding_window=None))
+    assert "window_size" not in full.config_kwargs
+
+
 def test_gpt2_tanh_gelu():
     spec = spec_from_hf_config(_cfg("gpt2"))
     assert spec.config_kwargs["activation_func"].keywords == {"approximate": "tanh"}
@@ -52,7 +61,7 @@ def test_gpt2_tanh_gelu():
     "family, changes, named",
     [
         ("llama", {"model_type": "falcon"}, "model_type ('falcon')"),
-        ("mistral", {"sliding_window": 16}, "sliding_window (16)"),
+        ("mistral", {"sliding_window": 0}, "sliding_window (0)"),
         ("qwen2", {"use_sliding_window": True}, "use_sliding_window (True)"),
         ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "'yarn'"),
         ("llama", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0,

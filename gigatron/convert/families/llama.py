@@ -50,20 +50,27 @@ def rope_kwargs(family: str, cfg: dict) -> dict:
 
 
 def check_full_attention(family: str, cfg: dict) -> None:
-    """Refuse sliding-window settings that would change the attention (full attention only)."""
+    """Refuse sliding-window settings that would change the attention (full attention only);
+    Mistral's and Mixtral's `sliding_window` is mapped instead (`sliding_window_kwargs`)."""
     if cfg.get("use_sliding_window", False):
         raise config_error(family, "use_sliding_window", True, "is not supported (full attention)")
-    window = cfg.get("sliding_window")
-    if family in ("mistral", "mixtral") and window is not None:
-        if window < cfg["max_position_embeddings"]:
-            raise config_error(
-                family, "sliding_window", window,
-                f"must be null or >= max_position_embeddings ({cfg['max_position_embeddings']}):"
-                " gigatron has no sliding-window attention",
-            )  # fmt: skip
     kinds = set(cfg.get("layer_types") or ["full_attention"])
     if kinds != {"full_attention"}:
         raise config_error(family, "layer_types", sorted(kinds), "must all be 'full_attention'")
+
+
+def sliding_window_kwargs(family: str, cfg: dict) -> dict:
+    """Mistral / Mixtral `sliding_window` W (each query sees itself and the W - 1 keys before
+    it, transformers' rule) -> Megatron's window_size (W - 1, 0) on every layer; none (null, or
+    a window covering the context) -> {}."""
+    window = cfg.get("sliding_window")
+    if family not in ("mistral", "mixtral") or window is None:
+        return {}
+    if not isinstance(window, int) or window < 1:
+        raise config_error(family, "sliding_window", window, "must be null or a positive int")
+    if window >= cfg["max_position_embeddings"]:
+        return {}
+    return {"window_size": (window - 1, 0)}
 
 
 def parse_llama_like(family: str, cfg: dict, *, qkv_bias_only: bool = False):
@@ -102,6 +109,7 @@ def parse_llama_like(family: str, cfg: dict, *, qkv_bias_only: bool = False):
         hidden_dropout=0.0,
         attention_dropout=cfg.get("attention_dropout", 0.0),
         init_method_std=cfg.get("initializer_range", 0.02),
+        **sliding_window_kwargs(family, cfg),
     )
     model_kwargs = dict(
         max_sequence_length=cfg["max_position_embeddings"],
@@ -185,7 +193,7 @@ _LLAMA = "RMSNorm, RoPE (default / llama3 scaling), GQA, SwiGLU, optional biases
 for _name, _cls, _parse, _features in (
     ("llama", "LlamaForCausalLM", functools.partial(parse_llama_like, "llama"), _LLAMA),
     ("mistral", "MistralForCausalLM", functools.partial(parse_llama_like, "mistral"),
-     _LLAMA + ", head_dim; sliding_window only >= the context"),
+     _LLAMA + ", head_dim, sliding_window (window_size (W - 1, 0))"),
     ("qwen2", "Qwen2ForCausalLM",
      functools.partial(parse_llama_like, "qwen2", qkv_bias_only=True), "Llama + q/k/v biases"),
 ):  # fmt: skip

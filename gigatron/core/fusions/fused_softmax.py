@@ -15,6 +15,7 @@ from torch import nn
 
 from gigatron.compat.errors import ArgumentError
 from gigatron.core.transformer.enums import AttnMaskType
+from gigatron.core.transformer.utils import get_sliding_window_causal_mask
 
 
 class SoftmaxOne(nn.Module):
@@ -34,13 +35,6 @@ class SoftmaxOne(nn.Module):
 
 def _causal_mask(sq: int, sk: int, device) -> torch.Tensor:
     return torch.ones(sq, sk, dtype=torch.bool, device=device).triu(diagonal=1)
-
-
-def _sliding_window_mask(sq: int, sk: int, window_size, device) -> torch.Tensor:
-    """True outside the band (window_size = (left, right)) that ends at the last key."""
-    ones = torch.ones(sq, sk, dtype=torch.bool, device=device)
-    band = ones.triu(diagonal=sk - sq - window_size[0]).tril(diagonal=sk - sq + window_size[1])
-    return ~band
 
 
 class FusedScaleMaskSoftmax(nn.Module):
@@ -92,7 +86,8 @@ class FusedScaleMaskSoftmax(nn.Module):
             input = input * self.scale
         sq, sk = input.size(2), input.size(3)
         if self.window_size is not None:
-            mask = _sliding_window_mask(sq, sk, self.window_size, input.device)
+            # Megatron's rule: the window mask replaces any given mask
+            mask = get_sliding_window_causal_mask(sq, sk, self.window_size, input.device)
         elif self.attn_mask_type == AttnMaskType.causal and mask is None and sq > 1:
             # sq == 1: one query against a KV cache (or a one-token context), nothing to mask
             if sq != sk:

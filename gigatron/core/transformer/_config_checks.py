@@ -271,9 +271,32 @@ def expand_no_rope_freq(cfg) -> None:
         )
 
 
-def check_window_attention(cfg) -> None:
-    """window_size: two integers >= -1 (-1 = unbounded); window_attn_skip_freq: a positive int
-    or one 0/1 per layer; rotary_base_local only where some layer has a window."""
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
+
+
+def check_attention_variants(cfg) -> None:
+    """Sliding windows, soft-capping, the local RoPE base (Gemma / Mistral / GPT-OSS), attention
+    sinks and the GLU clamp (GPT-OSS): well-formed values; window_size becomes a tuple and a
+    window_attn_skip_freq pattern a list (YAML and JSON give lists)."""
+    if cfg.softmax_type not in SOFTMAX_TYPES:
+        raise ValueError(f"softmax_type ({cfg.softmax_type!r}) must be one of {SOFTMAX_TYPES}")
+    _check_window(cfg)
+    if cfg.attn_logit_softcapping and cfg.apply_query_key_layer_scaling:
+        raise ValueError(
+            f"attn_logit_softcapping ({cfg.attn_logit_softcapping}) caps the true scores; "
+            "apply_query_key_layer_scaling (True) divides them by layer_number first: set it False"
+        )
+    if cfg.rotary_base_local is not None and cfg.window_size is None:
+        raise ValueError(
+            f"rotary_base_local ({cfg.rotary_base_local}) applies to sliding-window layers: set "
+            "window_size too"
+        )
+    _check_clamp(cfg)
+
+
+def _check_window(cfg) -> None:
+    """window_size: two ints >= -1 (-1 = unbounded); window_attn_skip_freq: an int >= 1 or
+    one 0/1 per layer."""
     window, freq = cfg.window_size, cfg.window_attn_skip_freq
     if window is not None:
         if (
@@ -286,8 +309,6 @@ def check_window_attention(cfg) -> None:
                 "(-1 = unbounded)"
             )
         cfg.window_size = tuple(window)
-    if isinstance(freq, bool) or (isinstance(freq, int) and freq <= 0):
-        raise ValueError(f"window_attn_skip_freq ({freq!r}) must be a positive int, a list or None")
     if isinstance(freq, (list, tuple)):
         if len(freq) != cfg.num_layers or any(v not in (0, 1) for v in freq):
             raise ValueError(
@@ -295,15 +316,31 @@ def check_window_attention(cfg) -> None:
                 f"(num_layers = {cfg.num_layers}; 1 = sliding window)"
             )
         cfg.window_attn_skip_freq = list(freq)
-    elif freq is not None and not isinstance(freq, int):
-        raise ValueError(f"window_attn_skip_freq ({freq!r}) must be a positive int, a list or None")
-    if cfg.attn_logit_softcapping and cfg.apply_query_key_layer_scaling:
+    elif freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
         raise ValueError(
-            f"attn_logit_softcapping ({cfg.attn_logit_softcapping}) caps the true scores; "
-            "apply_query_key_layer_scaling (True) divides them by layer_number first: set it False"
+            f"window_attn_skip_freq ({freq!r}) must be an int >= 1, a 0/1 list or None"
         )
-    if cfg.rotary_base_local is not None and window is None:
+
+
+def _check_clamp(cfg) -> None:
+    clamp = cfg.activation_func_clamp_value
+    if clamp is None:
+        return
+    if not (math.isfinite(clamp) and clamp > 0):
         raise ValueError(
-            f"rotary_base_local ({cfg.rotary_base_local}) applies to sliding-window layers: set "
-            "window_size too"
+            f"activation_func_clamp_value ({clamp}) must be finite and greater than zero"
         )
+    if not cfg.gated_linear_unit:
+        raise ValueError(
+            f"activation_func_clamp_value ({clamp}) clamps a gated linear unit's halves: it needs "
+            "gated_linear_unit=True (--swiglu or --quick-geglu)"
+        )
+    import torch.nn.functional as F
+
+    if cfg.activation_func is F.silu:  # Megatron's rules for the clamped SwiGLU
+        if cfg.num_moe_experts is None:
+            raise ValueError("activation_func_clamp_value for SwiGLU is only supported with MoE.")
+        if cfg.glu_linear_offset != 0.0:
+            raise ValueError(
+                "glu_linear_offset must be zero when activation_func_clamp_value is set for SwiGLU."
+            )

@@ -5,8 +5,11 @@ path): GQA by repeating K/V heads, scores = softmax_scale * q.k^T, Megatron's sc
 (bool mask, True = masked, filled with -10000; causal mask built when none is given; fp32 softmax
 for half inputs), dropout on the probabilities in the TP RNG fork, context = probs.v.
 Gemma's additions: `attn_logit_softcapping` caps the scaled scores (cap * tanh(x / cap)) before the
-mask; a sliding-window layer (`window_size`, `window_attn_skip_freq`) also masks keys outside the
-window of each query, on top of the causal / given mask (Megatron's local path replaces the mask).
+mask; a sliding-window layer (`config.window_size` on the layers `is_layer_window_attention`
+picks) also masks keys outside the window of each query, OR-ed into the causal / given mask
+(`utils.get_sliding_window_causal_mask`; Megatron's local path replaces the mask). GPT-OSS's
+attention sinks: `config.softmax_type` 'off-by-one' / 'learnable' adds one sink logit per head to
+the softmax denominator (`softmax_offset`, [np], zeros or a TP-sharded parameter).
 
 Shapes: s: seq, b: micro-batch, np: query heads on this rank, ng: query groups on this rank,
 hn: head dim (kv_channels).
@@ -87,16 +90,13 @@ class DotProductAttention(MegatronModule):
             coeff = self.layer_number
             softmax_scale /= coeff
         self.softmax_scale, self.softmax_coeff = softmax_scale, coeff
-        self.window_size = None  # (left, right) on a sliding-window layer
-        if is_layer_window_attention(
-            config.window_size, config.window_attn_skip_freq, self.layer_number
-        ):
-            self.window_size = tuple(config.window_size)
         self.softcap = config.attn_logit_softcapping
         self.attention_dropout_p = (
             config.attention_dropout if attention_dropout is None else attention_dropout
         )
         self.attention_dropout = torch.nn.Dropout(self.attention_dropout_p)
+        self.window_size = layer_window_size(config, self.layer_number)  # (left, right) | None
+        add_softmax_offset(self, config, self.num_attention_heads_per_partition)
 
     def _dropout_rng(self):
         """Dropout inside a TP region uses the model-parallel RNG (different per TP rank).
@@ -139,7 +139,6 @@ class DotProductAttention(MegatronModule):
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         if packed_seq_params is not None:
             attention_mask = self._packed_mask(query, packed_seq_params, attention_mask, mask_type)
-        attention_mask = self._with_window(attention_mask, mask_type, query, key)
         sq, b, np_, hn = query.shape
         sk = key.shape[0]
         if np_ != key.shape[2]:  # GQA: each K/V head serves np/ng consecutive query heads
@@ -159,18 +158,6 @@ class DotProductAttention(MegatronModule):
         context = context.view(b, np_, sq, hn).permute(2, 0, 1, 3)  # [sq, b, np, hn]
         return context.reshape(sq, b, np_ * hn)  # [sq, b, np*hn]
 
-    def _with_window(self, mask: Tensor | None, mask_type, query: Tensor, key: Tensor):
-        """On a sliding-window layer: `mask` (or the causal mask it stands for) OR-ed with the
-        window mask [sq, sk] (queries aligned bottom-right); elsewhere `mask` unchanged. Within
-        a packed document row distances are position distances, so one mask serves thd."""
-        if self.window_size is None:
-            return mask
-        sq, sk = query.shape[0], key.shape[0]
-        window = get_sliding_window_causal_mask(sq, sk, self.window_size, device=query.device)
-        if mask is None and mask_type == AttnMaskType.causal:
-            mask = get_default_causal_mask(sq, sk, device=query.device)
-        return window if mask is None else mask | window  # [sq, sk] or [b|1, 1, sq, sk]
-
     def _scale_mask_softmax(self, scores: Tensor, mask: Tensor | None, mask_type) -> Tensor:
         """Megatron's FusedScaleMaskSoftmax, torch path. scores [b, np, sq, sk]."""
         in_half = scores.dtype in (torch.float16, torch.bfloat16)
@@ -180,7 +167,71 @@ class DotProductAttention(MegatronModule):
             x = x * self.softmax_coeff
         if mask is None and mask_type == AttnMaskType.causal and x.shape[2] > 1:
             mask = get_default_causal_mask(x.shape[2], x.shape[3], device=x.device)
+        if self.window_size is not None:
+            # queries aligned bottom-right (a KV cache); in a packed (thd) row the distances are
+            # the in-document ones, and the document mask keeps other documents out
+            window = get_sliding_window_causal_mask(*x.shape[2:], self.window_size, x.device)
+            mask = window if mask is None else mask | window  # [sq, sk] or [b|1, 1, sq, sk]
         if mask is not None:
             x = attention_mask_func(x, mask)
-        probs = torch.softmax(x, dim=-1)
+        if self.softmax_offset is None:
+            probs = torch.softmax(x, dim=-1)
+        else:
+            probs = softmax_with_sink(x, self.softmax_offset)
         return probs.to(scores.dtype) if upcast else probs
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """The learnable `softmax_offset` split over TP along heads (Megatron's key
+        `...core_attention.softmax_offset`); nothing else."""
+        return softmax_offset_sharded_state_dict(self, prefix, sharded_offsets, metadata)
+
+
+def layer_window_size(config, layer_number: int) -> tuple[int, int] | None:
+    """config.window_size on the layers `is_layer_window_attention` picks, else None."""
+    if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number):
+        return tuple(config.window_size)
+    return None
+
+
+def add_softmax_offset(module, config, num_heads_per_rank: int, head_offset: int = 0) -> None:
+    """`module.softmax_offset`: None ('vanilla'), zeros [np] ('off-by-one', a non-persistent
+    buffer) or a Parameter [np] ('learnable'), this TP rank's heads of the [num_attention_heads]
+    sink logits, drawn in full with `config.init_method` and sliced (any TP gives the same
+    sinks; Megatron draws each rank's slice on the TP RNG stream)."""
+    kind = config.softmax_type
+    if kind == "vanilla":
+        module.softmax_offset = None
+        return
+    dtype = config.params_dtype
+    if kind == "off-by-one":
+        module.register_buffer(
+            "softmax_offset", torch.zeros(num_heads_per_rank, dtype=dtype), persistent=False
+        )
+        return
+    full = torch.zeros(config.num_attention_heads, dtype=torch.float32)
+    if config.perform_initialization:
+        config.init_method(full)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    first = tp_rank * num_heads_per_rank + head_offset
+    param = torch.nn.Parameter(full[first : first + num_heads_per_rank].to(dtype).clone())
+    param.tensor_model_parallel, param.partition_dim, param.partition_stride = True, 0, 1
+    module.softmax_offset = param
+
+
+def softmax_with_sink(scores: Tensor, softmax_offset: Tensor) -> Tensor:
+    """softmax over [b, np, sq, sk] scores with one more logit per head (softmax_offset [np])
+    in each row's denominator; the sink's own probability is dropped."""
+    b, np_, sq, _ = scores.shape
+    sink = softmax_offset.to(scores.dtype).reshape(1, np_, 1, 1).expand(b, np_, sq, 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+
+
+def softmax_offset_sharded_state_dict(module, prefix, sharded_offsets, metadata) -> dict:
+    from gigatron.core.utils import make_sharded_tensors_for_checkpoint
+
+    if not isinstance(module.softmax_offset, torch.nn.Parameter):
+        return {}
+    return make_sharded_tensors_for_checkpoint(
+        {"softmax_offset": module.softmax_offset}, prefix, {"softmax_offset": 0}, sharded_offsets,
+        dp_cp_group=(metadata or {}).get("dp_cp_group"),
+    )  # fmt: skip

@@ -3,7 +3,9 @@
 Mirrors `megatron.core.transformer.mlp` (MLP, MLPSubmodules). With `gated_linear_unit` fc1 has
 2*ffn rows and each TP rank's shard is [gate_shard; up_shard] (stride 2 over the global
 [all gate; all up] weight), so the output is act(gate) * (up + glu_linear_offset): SwiGLU when
-the activation is silu.
+the activation is silu, quick GEGLU with quick_gelu; `activation_func_clamp_value` c first clamps
+gate to <= c and up to [-c, c] (GPT-OSS: quick GEGLU, offset 1, c = 7; `glu_activation`, shared
+with the experts).
 
 Checkpoints hold fc1 of a GLU as the global [all gate; all up] tensor, as in Megatron: the
 `sharded_state_dict` wraps fc1's weight and bias in `apply_swiglu_sharded_factory`, which saves
@@ -99,8 +101,7 @@ class MLP(MegatronModule):
         if bias is not None:
             x = x + bias
         if self.config.gated_linear_unit:
-            gate, up = torch.chunk(x, 2, dim=-1)  # [s, b, f/tp] each
-            return self.activation_func(gate) * (up + self.config.glu_linear_offset)
+            return glu_activation(x, self.config, self.activation_func)  # [s, b, f/tp]
         return self.activation_func(x)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
@@ -114,6 +115,16 @@ class MLP(MegatronModule):
                         sub[key] = apply_swiglu_sharded_factory(sub[key], sharded_offsets)
             out.update(sub)
         return out
+
+
+def glu_activation(x: Tensor, config, activation_func) -> Tensor:
+    """[..., 2f] (gate half, up half) -> [..., f]: act(gate) * (up + glu_linear_offset), the
+    halves clamped first when config.activation_func_clamp_value is set (Megatron's `glu`)."""
+    gate, up = torch.chunk(x, 2, dim=-1)
+    clamp = config.activation_func_clamp_value
+    if clamp is not None:
+        gate, up = gate.clamp(max=clamp), up.clamp(min=-clamp, max=clamp)
+    return activation_func(gate) * (up + config.glu_linear_offset)
 
 
 def apply_swiglu_sharded_factory(

@@ -8,9 +8,11 @@ Dropout draws from SDPA's own RNG stream, so with attention dropout on the two p
 distribution, not bit for bit. Packed sequences (`packed_seq_params`, thd): on CUDA in fp16/bf16
 without attention dropout, PyTorch's FlashAttention varlen kernel
 (`torch.nn.attention.varlen.varlen_attn`, no [s, s] mask); otherwise the block-diagonal document
-mask through SDPA, as the plain path does. Sliding-window layers pass their window mask as the
-bias; attention logit soft-capping (a function of the scores no SDPA kernel applies) runs the plain
-path. Used by `get_gpt_layer_fast_spec`; gigatron-specific
+mask through SDPA, as the plain path does. Sliding windows become part of the bool mask (no
+`is_causal`; packed sequences with a window take that mask path, not varlen). Attention logit
+soft-capping (a function of the scores) and attention sinks (`softmax_type` other than
+'vanilla') have no SDPA kernel and take the plain path. Used by `get_gpt_layer_fast_spec`;
+gigatron-specific
 (Megatron's counterpart is Transformer Engine's TEDotProductAttention).
 """
 
@@ -24,6 +26,7 @@ from torch.nn.attention.varlen import varlen_attn
 from gigatron.core.packed_seq_params import layout_bounds
 from gigatron.core.transformer.dot_product_attention import CAUSAL_MASK_TYPES, DotProductAttention
 from gigatron.core.transformer.enums import AttnMaskType
+from gigatron.core.transformer.utils import get_sliding_window_causal_mask
 
 
 class SDPADotProductAttention(DotProductAttention):
@@ -45,29 +48,32 @@ class SDPADotProductAttention(DotProductAttention):
                 "attention_bias is not supported by gigatron's SDPADotProductAttention; use "
                 "DotProductAttention"
             )
-        if self.softcap:
+        if self.softcap or self.softmax_offset is not None:  # no SDPA kernel takes them
             return super().forward(
-                query, key, value, attention_mask, attn_mask_type, None, packed_seq_params
-            )
+                query, key, value, attention_mask, attn_mask_type,
+                packed_seq_params=packed_seq_params,
+            )  # fmt: skip
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         sq, b, np_, hn = query.shape
         if packed_seq_params is not None:
             if self._use_varlen(query, attention_mask, mask_type):
                 return self._varlen(query, key, value, packed_seq_params, mask_type)
             attention_mask = self._packed_mask(query, packed_seq_params, attention_mask, mask_type)
-        attention_mask = self._with_window(attention_mask, mask_type, query, key)
         sk = key.shape[0]
         q = query.permute(1, 2, 0, 3)  # [b, np, sq, hn]
         k = key.permute(1, 2, 0, 3)  # [b, ng, sk, hn]
         v = value.permute(1, 2, 0, 3)
         is_causal, bias = False, None
         if attention_mask is None and mask_type == AttnMaskType.causal and sq > 1:
-            if sq == sk:
+            if sq == sk and self.window_size is None:
                 is_causal = True
             else:
                 attention_mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(
                     1 + sk - sq
                 )
+        if self.window_size is not None:
+            window = get_sliding_window_causal_mask(sq, sk, self.window_size, q.device)
+            attention_mask = window if attention_mask is None else attention_mask | window
         if attention_mask is not None:
             bias = torch.zeros(attention_mask.shape, dtype=q.dtype, device=q.device)
             bias = bias.masked_fill(attention_mask, -10000.0)

@@ -251,6 +251,14 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """Detach the MTP inputs (hidden states, embeddings, output weight) from the main model:
     the MTP loss trains the MTP layers only."""
 
+    # ---- attention sinks and the clamped GLU (GPT-OSS) ----
+    softmax_type: str = "vanilla"
+    """'vanilla', 'off-by-one' (a zero sink logit per head in the softmax denominator) or
+    'learnable' (a learned sink logit per head, TP-sharded over heads: GPT-OSS)."""
+    activation_func_clamp_value: float | None = None
+    """GLU clamp: gate clamped to <= value, linear half to [-value, value] before the
+    activation (GPT-OSS's clamped SwiGLU; with silu, MoE only, as in Megatron)."""
+
     # ---- Megatron features gigatron does not implement (must stay at the default) ----
     fp8_param: bool = False
     """Keep parameters in FP8 (Transformer Engine only)."""
@@ -260,8 +268,6 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """DeepSeek multi-latent attention: set by MLATransformerConfig (whose fields it needs)."""
     no_rope_freq: int | list[int] | None = None
     """NoPE layers: k -> every k-th layer skips RoPE; or one 0/1 per layer (1 = no RoPE)."""
-    softmax_type: str = "vanilla"
-    """'vanilla' only ('off-by-one' / 'learnable' not implemented)."""
     qk_l2_norm: bool = False
     """L2-normalise q and k (not implemented)."""
     attention_output_gate: bool = False
@@ -283,8 +289,6 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """Transformer Engine RNG tracker (not available)."""
     moe_latent_size: int | None = None
     """Latent MoE projection (not implemented)."""
-    activation_func_clamp_value: float | None = None
-    """Clamp of the activation input (not implemented)."""
     clone_scatter_output_in_embedding: bool = True
     """Clone the SP-scattered embedding output so its buffer can be freed."""
 
@@ -298,7 +302,7 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
         _config_checks.check_pipeline(self)
         _config_checks.check_context_parallel(self)
         _config_checks.expand_no_rope_freq(self)
-        _config_checks.check_window_attention(self)
+        _config_checks.check_attention_variants(self)
         check_fp8_config(self)
         if self.multi_latent_attention and not isinstance(self, MLATransformerConfig):
             raise ValueError(

@@ -2,11 +2,13 @@
 
 Mirrors the parts of `megatron.core.utils` / `megatron.core.transformer.utils` the model code uses:
 `init_method_normal`, `scaled_init_method_normal`, `attention_mask_func`, `get_default_causal_mask`,
-`get_sliding_window_causal_mask` / `is_layer_window_attention` (sliding windows; `window_mask` on
-any positions, for context parallelism), `logit_softcapping` (Megatron-Bridge's Gemma 2 helper),
-and the sharded-state-dict helpers (`make_sharded_tensors_for_checkpoint`,
-`make_sharded_object_for_checkpoint`, defined in `gigatron.core.utils` so the tensor-parallel
-layers can use them too; `sharded_state_dict_default`).
+`get_sliding_window_causal_mask` / `is_layer_window_attention` (sliding windows;
+`sliding_window_mask` on any positions is the one window rule, which every attention path, the
+fused-softmax shim and context parallelism use through Megatron's function), `logit_softcapping`
+(Megatron-Bridge's Gemma 2 helper), and the sharded-state-dict helpers
+(`make_sharded_tensors_for_checkpoint`, `make_sharded_object_for_checkpoint`, defined in
+`gigatron.core.utils` so the tensor-parallel layers can use them too;
+`sharded_state_dict_default`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "set_model_config_attribute",
     "set_model_to_sequence_parallel",
     "sharded_state_dict_default",
+    "sliding_window_mask",
 ]
 
 
@@ -100,12 +103,20 @@ def ensure_metadata_has_dp_cp_group(metadata: dict | None) -> dict:
             else None
         )
     return metadata
-def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window_size) -> torch.Tensor:
-    """Bool [sq, sk], True where key position k_pos[j] lies outside the window
-    [q_pos[i] - left, q_pos[i] + right] of query position q_pos[i] (window_size = (left, right),
-    -1 = unbounded on that side, as Transformer Engine / FlashAttention count it)."""
+
+
+def sliding_window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window_size) -> torch.Tensor:
+    """Bool [sq, sk], True where key position k_pos[j] lies outside query q_pos[i]'s window.
+
+    window_size = (left, right), Megatron's / Transformer Engine's convention: a query at
+    position p sees keys p - left .. p + right; -1 on a side means unbounded there. (W, 0) is
+    causal with W keys back, W + 1 keys in all (Hugging Face's `sliding_window` W' is
+    (W' - 1, 0)). q_pos [sq], k_pos [sk]: integer positions (global ones under context
+    parallelism, positions inside the document for packed sequences). OR it with a causal or
+    padding mask.
+    """
     left, right = window_size
-    ahead = k_pos[None, :] - q_pos[:, None]  # [sq, sk]: how far the key lies after the query
+    ahead = k_pos.reshape(1, -1) - q_pos.reshape(-1, 1)  # [sq, sk]: how far after the query
     masked = torch.zeros(ahead.shape, dtype=torch.bool, device=ahead.device)
     if left >= 0:
         masked |= ahead < -left
@@ -115,11 +126,11 @@ def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window_size) -> torch.
 
 
 def get_sliding_window_causal_mask(sq: int, skv: int, window_size, device=None) -> torch.Tensor:
-    """Megatron's sliding-window mask: bool [sq, skv], True = masked, queries aligned
-    bottom-right (query i sits at position skv - sq + i), so (left, 0) is causal. Unlike
-    Megatron's, -1 means unbounded."""
+    """Megatron's sliding-window mask: bool [sq, skv], True = masked, `sliding_window_mask` with
+    the queries aligned bottom-right (query i at position skv - sq + i: a KV cache, or the whole
+    sequence when sq = skv), so (left, 0) is causal. Unlike Megatron's, -1 means unbounded."""
     q_pos = torch.arange(skv - sq, skv, device=device)
-    return window_mask(q_pos, torch.arange(skv, device=device), window_size)
+    return sliding_window_mask(q_pos, torch.arange(skv, device=device), window_size)
 
 
 def logit_softcapping(logits: torch.Tensor, cap: float | None) -> torch.Tensor:

@@ -72,6 +72,7 @@ def test_unknown_name_suggests_the_closest_field():
             dict(attn_logit_softcapping=50.0, apply_query_key_layer_scaling=True),
             "apply_query_key_layer_scaling",
         ),
+        (dict(window_size=(4, 0, 1)), r"window_size \(\(4, 0, 1\)\) must be a pair"),
         (dict(hidden_dropout=1.5), r"hidden_dropout \(1.5\)"),
     ],
 )

@@ -135,17 +135,18 @@ def merge(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor, rows: 
 
 
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, window=None, softcap=None
-) -> Tensor:
+    q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool,
+    window=None, softcap=None, sink=None,
+) -> Tensor:  # fmt: skip
     """Differentiable attention, causal aligned bottom-right (query i of sq sees keys up to
-    sk - sq + i) or full; `window` (left, right) also masks keys outside each query's sliding
-    window, `softcap` caps the scaled scores (cap * tanh(x / cap); both on the plain path).
-    q [b, ng, g, sq, hn], k/v [b, ng, sk, hn] -> [b, ng, g, sq, hn]."""
+    sk - sq + i) or full. q [b, ng, g, sq, hn], k/v [b, ng, sk, hn] -> [b, ng, g, sq, hn].
+    window: (left, right) sliding window, aligned the same way (utils.sliding_window_mask);
+    softcap: caps the scaled scores (cap * tanh(x / cap)); sink: [ng * g] per-head sink logits
+    in the softmax denominator. Any of them takes the plain path (no fused kernel has them)."""
     b, ng, g, sq, hn = q.shape
     sk = k.shape[2]
-    if (
-        q.is_cuda and window is None and not softcap
-    ):  # fused kernels; the causal bias object never materialises a [sq, sk] mask
+    if q.is_cuda and window is None and not softcap and sink is None:
+        # fused kernels; the causal bias object never materialises a [sq, sk] mask
         from torch.nn.attention.bias import causal_lower_right
 
         q4, k4, v4 = _heads(q, k, v)
@@ -161,7 +162,11 @@ def attention(
         s = s.masked_fill(future, float("-inf"))
     if window is not None:
         s = s.masked_fill(get_sliding_window_causal_mask(sq, sk, window, q.device), float("-inf"))
-    p = torch.softmax(s, dim=-1)
+    if sink is None:
+        p = torch.softmax(s, dim=-1)
+    else:  # one more logit per head, dropped after the softmax
+        sink = sink.float().reshape(1, ng, g, 1, 1).expand(b, ng, g, sq, 1)
+        p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
     return torch.matmul(p, v.float().unsqueeze(2)).to(q.dtype)
 
 

@@ -37,10 +37,11 @@ def _heads_to_seq(x: Tensor, group, cp_size: int) -> Tensor:
 
 def a2a_attention(
     query: Tensor, key: Tensor, value: Tensor, *, scale: float, causal: bool, group,
-    window=None, softcap=None,
+    window=None, softcap=None, sink=None,
 ) -> Tensor:  # fmt: skip
     """q [s, b, np, hn], k/v [s, b, ng, hn] (this rank's zigzag tokens) -> [s, b, np, hn].
-    window / softcap: `_kernels.attention`'s, on the position-ordered whole sequence."""
+    window (left, right) / softcap / sink [np] (all np heads; this rank uses its slice): as
+    `_kernels.attention`, on the position-ordered whole sequence."""
     cp_size = group.size()
     s, _, np_, _ = query.shape
     ng = key.shape[2]
@@ -61,8 +62,10 @@ def a2a_attention(
     to_pos = torch.argsort(pos)
     q, k, v = (t.index_select(0, to_pos) for t in (q, k, v))
     qg, kg, vg = _layout.to_grouped(q, k, v)
-    out = _layout.from_grouped(
-        _kernels.attention(qg, kg, vg, scale, causal, window, softcap)
-    )  # [S, b, np/cp, hn]
+    if sink is not None:  # rank r holds heads block r after the all-to-all
+        per_rank = np_ // cp_size
+        sink = sink[group.rank() * per_rank : (group.rank() + 1) * per_rank]
+    out = _kernels.attention(qg, kg, vg, scale, causal, window=window, softcap=softcap, sink=sink)
+    out = _layout.from_grouped(out)  # [S, b, np/cp, hn]
     out = out.index_select(0, pos)  # position order -> rank order
     return _heads_to_seq(out, group, cp_size)

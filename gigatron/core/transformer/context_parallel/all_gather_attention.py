@@ -21,11 +21,12 @@ from gigatron.core.transformer.context_parallel import _kernels, _layout
 
 def all_gather_attention(
     query: Tensor, key: Tensor, value: Tensor, *, scale: float, causal: bool, group,
-    window=None, softcap=None,
+    window=None, softcap=None, sink=None,
 ) -> Tensor:  # fmt: skip
     """q [s, b, np, hn], k/v [s, b, ng, hn] (this rank's zigzag tokens) -> [s, b, np, hn].
-    window / softcap: `_kernels.attention`'s (each chunk's queries are its keys' last c)."""
-    extra = dict(window=window, softcap=softcap)
+    window (left, right) / softcap / sink [np]: `_kernels.attention`'s (each chunk's queries
+    are its keys' last c; a window needs causal)."""
+    extra = dict(window=window, softcap=softcap, sink=sink)
     cp_size, cp_rank = group.size(), group.rank()
     s = query.shape[0]
     kv = torch.stack([key, value], dim=1)  # [s, 2, b, ng, hn]

@@ -6,10 +6,14 @@ TE-free equivalent: same constructor and forward signature as `DotProductAttenti
 on `cp_comm_type` ("p2p" ring, "all_gather", "a2a" Ulysses; None means "p2p" as in Megatron).
 A per-layer list `config.cp_comm_type` is indexed by `layer_number - 1`.
 
+Sliding windows (`config.window_size`), attention logit soft-capping (Gemma's
+`attn_logit_softcapping`) and attention sinks (`config.softmax_type`, GPT-OSS) run on the
+"all_gather" and "a2a" modes (the window needs a causal mask on "all_gather"); the "p2p" ring and
+packed sequences refuse them.
+
 Masks: causal attention (the GPT layers' `AttnMaskType.causal`; an explicit mask tensor is then
 ignored, as TE does) or full attention (`no_mask`, or `padding` with no mask tensor). Inputs are
-this rank's zigzag tokens (`gigatron.core.utils.get_batch_on_this_cp_rank`). Sliding-window layers
-and attention logit soft-capping (Gemma) run under "all_gather" and "a2a" (the ring refuses them).
+this rank's zigzag tokens (`gigatron.core.utils.get_batch_on_this_cp_rank`).
 
 Shapes: s: local seq (2 zigzag chunks), b: micro-batch, np / ng: query heads / query groups on
 this TP rank, hn: head dim.
@@ -27,11 +31,16 @@ from gigatron.core.transformer.context_parallel.a2a_attention import a2a_attenti
 from gigatron.core.transformer.context_parallel.all_gather_attention import all_gather_attention
 from gigatron.core.transformer.context_parallel.packed_attention import packed_attention
 from gigatron.core.transformer.context_parallel.ring_attention import ring_attention
-from gigatron.core.transformer.dot_product_attention import CAUSAL_MASK_TYPES, DotProductAttention
+from gigatron.core.transformer.dot_product_attention import (
+    CAUSAL_MASK_TYPES,
+    DotProductAttention,
+    add_softmax_offset,
+    layer_window_size,
+    softmax_offset_sharded_state_dict,
+)
 from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec
-from gigatron.core.transformer.utils import is_layer_window_attention
 
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
 
@@ -129,18 +138,28 @@ class ContextParallelAttention(MegatronModule):
         self.attention_dropout_p = (
             config.attention_dropout if attention_dropout is None else attention_dropout
         )
-        self.window_size = None
-        if is_layer_window_attention(
-            config.window_size, config.window_attn_skip_freq, self.layer_number
-        ):
-            self.window_size = tuple(config.window_size)
+        self.window_size = layer_window_size(config, self.layer_number)
         self.softcap = config.attn_logit_softcapping
-        if (self.window_size or self.softcap) and self.cp_comm_type == "p2p":
+        np_per_rank = config.num_attention_heads // config.tensor_model_parallel_size
+        add_softmax_offset(self, config, np_per_rank)
+        # what the ring and packed sequences lack, named by its field (None: plain attention)
+        self._variant = None
+        if self.window_size is not None:
+            self._variant = f"window_size ({config.window_size})"
+        elif self.softcap:
+            self._variant = f"attn_logit_softcapping ({self.softcap})"
+        elif self.softmax_offset is not None:
+            self._variant = f"softmax_type ({config.softmax_type!r})"
+        if self._variant is not None and self.cp_comm_type == "p2p":
             raise ValueError(
-                f"window_size ({config.window_size}) / attn_logit_softcapping "
-                f"({config.attn_logit_softcapping}) under context parallelism need cp_comm_type "
-                "'all_gather' or 'a2a' in gigatron (the p2p ring has neither)"
+                f"{self._variant} under context parallelism needs cp_comm_type 'all_gather' or "
+                f"'a2a' (layer {self.layer_number} has 'p2p'; gigatron's ring has no window, "
+                "soft-capping or sink)"
             )
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """The learnable `softmax_offset` split over TP (as DotProductAttention's)."""
+        return softmax_offset_sharded_state_dict(self, prefix, sharded_offsets, metadata)
 
     def _is_causal(self, attention_mask, mask_type) -> bool:
         if mask_type in (AttnMaskType.causal, AttnMaskType.causal_bottom_right):
@@ -178,12 +197,12 @@ class ContextParallelAttention(MegatronModule):
             )
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         s, b, np_, hn = query.shape
+        if packed_seq_params is not None and self._variant is not None:
+            raise ValueError(
+                f"{self._variant} with packed sequences under context parallelism is not "
+                "supported by gigatron"
+            )
         if packed_seq_params is not None:  # an explicit mask tensor is ignored, as TE does
-            if self.window_size or self.softcap:
-                raise ValueError(
-                    "packed_seq_params with a sliding window or attn_logit_softcapping is not "
-                    "supported under context parallelism by gigatron"
-                )
             causal = mask_type in CAUSAL_MASK_TYPES
             context = packed_attention(
                 query, key, value, packed_seq_params, scale=self.softmax_scale, causal=causal,
@@ -197,17 +216,17 @@ class ContextParallelAttention(MegatronModule):
                 "each rank holds two zigzag chunks (get_batch_on_this_cp_rank)"
             )
         kw = dict(scale=self.softmax_scale, causal=causal, group=self.cp_group)
-        extra = dict(window=self.window_size, softcap=self.softcap)
+        variant = dict(window=self.window_size, softcap=self.softcap, sink=self.softmax_offset)
         if self.cp_group.size() == 1:
             q, k, v = _layout.to_grouped(query, key, value)
-            out = _kernels.attention(q, k, v, self.softmax_scale, causal, **extra)
+            out = _kernels.attention(q, k, v, self.softmax_scale, causal, **variant)
             context = _layout.from_grouped(out)
         elif self.cp_comm_type == "p2p":
             context = ring_attention(query, key, value, global_ranks=self.cp_global_ranks, **kw)
         elif self.cp_comm_type == "all_gather":
-            context = all_gather_attention(query, key, value, **kw, **extra)
+            context = all_gather_attention(query, key, value, **kw, **variant)
         else:
-            context = a2a_attention(query, key, value, **kw, **extra)
+            context = a2a_attention(query, key, value, **kw, **variant)
         return context.reshape(s, b, np_ * hn)  # [s, b, np*hn]
 
 

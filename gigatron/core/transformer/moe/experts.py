@@ -42,7 +42,7 @@ from gigatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTenso
 from gigatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
 from gigatron.core.tensor_parallel.layers import _initialize_affine_weight_gpu  # Megatron's path
 from gigatron.core.tensor_parallel.random import CheckpointWithoutOutput
-from gigatron.core.transformer.mlp import MLP, MLPSubmodules
+from gigatron.core.transformer.mlp import MLP, MLPSubmodules, glu_activation
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.moe import moe_utils
 from gigatron.core.transformer.moe.fp8_experts import fp8_grouped_mlp
@@ -303,8 +303,7 @@ class GroupedMLP(MegatronModule):
     def _weighted_activation(self, fc1: Tensor, probs: Tensor) -> Tensor:
         """fc1 [N, glu*f/etp], probs [N] -> act(fc1) * probs [N, f/etp] in fc1's dtype."""
         if self.config.gated_linear_unit:
-            gate, up = torch.chunk(fc1, 2, dim=-1)
-            act = self.activation_func(gate) * (up + self.config.glu_linear_offset)
+            act = glu_activation(fc1, self.config, self.activation_func)
         else:
             act = self.activation_func(fc1)
         return (act * probs.unsqueeze(-1)).to(fc1.dtype)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from gigatron.core.tensor_parallel.fp8_linear import Fp8LinearFunction
+from gigatron.core.transformer.mlp import glu_activation
 
 
 def fp8_grouped_mlp(
@@ -34,8 +35,7 @@ def fp8_grouped_mlp(
             x_e, w1[e].t(), None, recipe, "column", False, False, False, group
         )  # [n_e, glu*f/etp]
         if cfg.gated_linear_unit:
-            gate, up = torch.chunk(fc1, 2, dim=-1)
-            act = module.activation_func(gate) * (up + cfg.glu_linear_offset)
+            act = glu_activation(fc1, cfg, module.activation_func)
         else:
             act = module.activation_func(fc1)
         act = (act * p_e.unsqueeze(-1)).to(x.dtype)
