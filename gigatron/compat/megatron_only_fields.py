@@ -35,7 +35,7 @@ _ATTN = (
     "implemented"
 )
 _MOE = (
-    "this MoE feature (gated shared experts, routing replay, device-limited routing, DeepEP / "
+    "this MoE feature (routing replay, device-limited routing, DeepEP / "
     "HybridEP) is not implemented"
 )
 _GRAPH = "CUDA graphs are not implemented"
@@ -122,7 +122,6 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "fp4_recipe": ("nvfp4", _TE),
     "fp4_param": (False, _TE),
     "fp4_quantizer_factory": (None, _TE),
-    "moe_shared_expert_gate": (False, _MOE),
     "moe_enable_routing_replay": (False, _MOE),
     "moe_router_topk_limited_devices": (None, _MOE),
     "moe_router_padding_for_quantization": (False, _TE),

@@ -143,7 +143,8 @@ class HFModelSpec:
 # DeepSeek's MoE router, MLA and YaRN settings (config field = flag name; YaRN's flags carry
 # Megatron's `yarn_` prefix)
 _MOE_EXTRA_ARGS = (
-    "moe_layer_freq", "moe_shared_expert_intermediate_size", "moe_router_score_function",
+    "moe_layer_freq", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+    "moe_router_score_function",
     "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
     "moe_router_topk_scaling_factor", "moe_router_dtype",
 )  # fmt: skip

@@ -334,7 +334,7 @@ def test_megatron_only_fields_at_default_construct_like_megatron():
         for n, d in every.items()
         if theirs[n] != d and theirs[n] not in mof.OLDER_DEFAULTS.get(n, ())
     }
-    assert len(every) >= 100 and not differ, differ
+    assert len(every) >= 90 and not differ, differ  # fields leave as gigatron implements them
     config = _tiny(**{n: theirs[n] for n in every})
     assert all(getattr(config, n) == theirs[n] for n in every)
     par = [n for n in mof.PARALLEL if n in theirs]

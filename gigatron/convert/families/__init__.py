@@ -9,7 +9,15 @@ docs/convert.md. Family modules import `_family` / `_registry`, never this packa
 
 from __future__ import annotations
 
-from gigatron.convert.families import deepseek, gpt2, llama, mixtral, phi3, qwen3  # noqa: F401
+from gigatron.convert.families import (  # noqa: F401
+    deepseek,
+    gpt2,
+    llama,
+    mixtral,
+    phi3,
+    qwen2_moe,
+    qwen3,
+)
 from gigatron.convert.families._family import Family, config_error
 from gigatron.convert.families._registry import FAMILIES, describe, get_family, register
 
