@@ -32,7 +32,7 @@ _EP_OVERLAP = "EP all-to-all / weight-gradient overlap is not implemented"
 _OFFLOAD = "CPU / activation offloading is not implemented"
 _ATTN = "this attention variant (QK-clip, NoPE, DSA, gated delta net, mRoPE) is not implemented"
 _MOE = (
-    "this MoE feature (gated shared experts, routing replay, device-limited routing, DeepEP / "
+    "this MoE feature (routing replay, device-limited routing, DeepEP / "
     "HybridEP) is not implemented"
 )
 _GRAPH = "CUDA graphs are not implemented"
@@ -115,7 +115,6 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "fp4_recipe": ("nvfp4", _TE),
     "fp4_param": (False, _TE),
     "fp4_quantizer_factory": (None, _TE),
-    "moe_shared_expert_gate": (False, _MOE),
     "moe_enable_routing_replay": (False, _MOE),
     "moe_router_topk_limited_devices": (None, _MOE),
     "moe_router_padding_for_quantization": (False, _TE),

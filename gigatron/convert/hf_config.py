@@ -117,6 +117,7 @@ class HFModelSpec:
                 rotary_interleaved=False,
                 use_rope_scaling=bool(m.get("rope_scaling")),
                 rope_scaling_factor=float(m.get("rope_scaling_factor", 8.0)),
+                rotary_seq_len_interpolation_factor=m.get("seq_len_interpolation_factor"),
             )
         if c.get("window_size") is not None:  # Mistral / Mixtral sliding_window
             args.update(window_size=tuple(c["window_size"]))
@@ -145,7 +146,8 @@ class HFModelSpec:
 # DeepSeek's MoE router, MLA and YaRN settings (config field = flag name; YaRN's flags carry
 # Megatron's `yarn_` prefix)
 _MOE_EXTRA_ARGS = (
-    "moe_layer_freq", "moe_shared_expert_intermediate_size", "moe_router_score_function",
+    "moe_layer_freq", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+    "moe_router_score_function",
     "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
     "moe_router_topk_scaling_factor", "moe_router_dtype",
 )  # fmt: skip
@@ -195,7 +197,8 @@ MODEL_ARGS = (
     "disable_bias_linear", "add_qkv_bias", "qk_layernorm", "untie_embeddings_and_output_weights",
     "hidden_dropout", "attention_dropout", "init_method_std", "vocab_size",
     "make_vocab_size_divisible_by", "rotary_base", "rotary_percent", "rotary_interleaved",
-    "use_rope_scaling", "rope_scaling_factor", "window_size", "num_experts", "moe_router_topk",
+    "use_rope_scaling", "rope_scaling_factor", "rotary_seq_len_interpolation_factor",
+    "window_size", "num_experts", "moe_router_topk",
     "moe_ffn_hidden_size", "moe_aux_loss_coeff", "moe_router_pre_softmax",
     "moe_router_load_balancing_type", "moe_token_dispatcher_type", *_MOE_EXTRA_ARGS,
     *_MLA_ARGS, *(f"yarn_{k}" for k in _YARN_ARGS), "tokenizer_type",

@@ -52,6 +52,8 @@ def _model_args(p):
     _add(g, "--rotary-interleaved", bool, help_="interleaved (GPT-J style) rotary")
     _add(g, "--use-rope-scaling", bool, help_="Llama-3.1 RoPE frequency scaling")
     _add(g, "--rope-scaling-factor", float, 8.0, "factor of --use-rope-scaling")
+    _add(g, "--rotary-seq-len-interpolation-factor", float, None,
+         "positions / this factor (linear RoPE scaling; Megatron's flag takes an int)")  # fmt: skip
     _add(
         g,
         "--normalization",

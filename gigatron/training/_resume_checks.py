@@ -106,6 +106,7 @@ FORCE_FIELDS = (  # the checkpoint's value replaces the command line's
     "moe_router_pre_softmax",
     "moe_grouped_gemm",
     "moe_shared_expert_intermediate_size",
+    "moe_shared_expert_gate",
     "moe_router_score_function",
     "moe_router_enable_expert_bias",
     "moe_router_topk_scaling_factor",

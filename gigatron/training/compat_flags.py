@@ -188,6 +188,8 @@ def add_compat_args(p) -> None:
     _flag(g, "--moe-router-num-groups", type=int, default=None)
     _flag(g, "--moe-router-group-topk", type=int, default=None)
     _flag(g, "--moe-shared-expert-overlap", action="store_true")
+    _flag(g, "--moe-shared-expert-gate", action="store_true",
+          help="sigmoid gate on the shared experts' output (Qwen2-MoE)")  # fmt: skip
     _flag(g, "--moe-input-jitter-eps", type=float, default=None)
     _flag(g, "--moe-permute-fusion", action="store_true", help="accepted; no effect (docs)")
     _flag(g, "--moe-router-fusion", action="store_true", help="accepted; no effect (docs)")
@@ -418,6 +420,7 @@ _MOE_DEFAULTS = {
     "moe_router_num_groups": None,
     "moe_router_group_topk": None,
     "moe_shared_expert_overlap": False,
+    "moe_shared_expert_gate": False,
     "moe_input_jitter_eps": None,
     "moe_router_force_load_balancing": False,
 }

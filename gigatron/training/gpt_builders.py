@@ -54,5 +54,6 @@ def gpt_builder(
         **common.language_model_kwargs(args, pre_process, post_process),
         **args_by_name(args, "rotary_percent rotary_base rope_scaling_factor"),
         rope_scaling=args.use_rope_scaling,
+        seq_len_interpolation_factor=getattr(args, "rotary_seq_len_interpolation_factor", None),
         vp_stage=vp_stage,
     )

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
-ADAPTER_FAMILIES = ("qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text")
+ADAPTER_FAMILIES = ("qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "qwen2_moe")
 """Families added with the adapter registry (gigatron.convert.families)."""
-MOE_FAMILIES = ("mixtral", "qwen3_moe")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe")
 VOCAB = 100  # padded to 128 (x TP) by gigatron: padding is exercised
 
 
@@ -56,6 +56,8 @@ def hf_config(family: str, vocab: int = VOCAB):
         return t.Qwen3Config(head_dim=16, **{**llama_like, "tie_word_embeddings": True})
     if family == "qwen3_moe":  # norm_topk_prob True: the renormalised router
         return t.Qwen3MoeConfig(head_dim=8, norm_topk_prob=True, **moe, **llama_like)
+    if family == "qwen2_moe":  # norm_topk_prob False (softmax over all); gated shared expert
+        return t.Qwen2MoeConfig(shared_expert_intermediate_size=40, **moe, **llama_like)
     if family == "phi3":
         return t.Phi3Config(
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
@@ -140,6 +142,7 @@ def make_hf_model(
         "phi3": t.Phi3ForCausalLM,
         "gemma2": t.Gemma2ForCausalLM,
         "gemma3_text": t.Gemma3ForCausalLM,
+        "qwen2_moe": t.Qwen2MoeForCausalLM,
     }[family]
     tok_vocab = len(make_tokenizer(path)) if tokenizer else VOCAB
     config = hf_config(family, vocab or tok_vocab)

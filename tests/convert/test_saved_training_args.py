@@ -62,6 +62,7 @@ def global_args():
         ("gpt2", {"activation_function": "gelu"}),
         ("llama", {}),
         ("llama", {"rope_parameters": LLAMA3_ROPE}),
+        ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.5}}),
         ("mistral", {}),
         ("qwen2", {}),
         ("mixtral", {}),
@@ -96,7 +97,9 @@ def test_saved_args_build_the_converted_model(family, changes, global_args):
     assert err <= 2e-5, err
     if family == "gpt2":
         assert args.openai_gelu == (changes.get("activation_function") != "gelu")
-    if "rope_parameters" in changes:
+    if changes.get("rope_parameters", {}).get("rope_type") == "linear":
+        assert args.rotary_seq_len_interpolation_factor == 2.5
+    elif "rope_parameters" in changes:
         assert (args.use_rope_scaling, args.rope_scaling_factor, args.rotary_base) == (
             True,
             32.0,

@@ -16,6 +16,7 @@ from gigatron.convert.families import (  # noqa: F401
     llama,
     mixtral,
     phi3,
+    qwen2_moe,
     qwen3,
 )
 from gigatron.convert.families._family import Family, config_error

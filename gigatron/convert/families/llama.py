@@ -8,7 +8,8 @@ grouped-query) -> post_attention_layernorm -> mlp gate/up/down_proj (SwiGLU), RM
 Megatron names: num_key_value_heads -> num_query_groups, head_dim -> kv_channels,
 intermediate_size -> ffn_hidden_size, rms_norm_eps -> layernorm_epsilon, rope_theta ->
 rotary_base, Llama-3.1 `rope_type: llama3` -> rope_scaling / rope_scaling_factor (Megatron's
-fixed low / high frequency factors 1 and 4 and original context 8192).
+fixed low / high frequency factors 1 and 4 and original context 8192), `rope_type: linear` ->
+seq_len_interpolation_factor (positions / factor: HF's frequencies / factor).
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ def rope_kwargs(family: str, cfg: dict) -> dict:
     out = dict(rotary_base=int(theta) if float(theta).is_integer() else theta)
     if kind == "default":
         return out
+    if kind == "linear":  # HF inv_freq / factor == Megatron's positions / factor
+        return {**out, "seq_len_interpolation_factor": float(rope["factor"])}
     if kind != "llama3":
-        raise config_error(family, f"{key}.rope_type", kind, "must be 'default' or 'llama3'")
+        raise config_error(
+            family, f"{key}.rope_type", kind, "must be 'default', 'linear' or 'llama3'"
+        )
     for name, want in (
         ("low_freq_factor", 1.0),
         ("high_freq_factor", 4.0),
@@ -189,7 +194,7 @@ def decoder_recipes(spec, names, padded: int, *, mlp=dense_mlp, fused_qkv: bool 
     return out
 
 
-_LLAMA = "RMSNorm, RoPE (default / llama3 scaling), GQA, SwiGLU, optional biases"
+_LLAMA = "RMSNorm, RoPE (default / llama3 / linear scaling), GQA, SwiGLU, optional biases"
 for _name, _cls, _parse, _features in (
     ("llama", "LlamaForCausalLM", functools.partial(parse_llama_like, "llama"), _LLAMA),
     ("mistral", "MistralForCausalLM", functools.partial(parse_llama_like, "mistral"),

@@ -170,6 +170,9 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """Expert MLP hidden size; None = ffn_hidden_size."""
     moe_shared_expert_intermediate_size: int | None = None
     """Hidden size of the shared experts (None = no shared experts)."""
+    moe_shared_expert_gate: bool = False
+    """Scale the shared experts' output per token by sigmoid(x @ w), w [1, h] (Qwen2-MoE);
+    only with moe_shared_expert_intermediate_size."""
     moe_shared_expert_overlap: bool = False
     """Overlap shared-expert compute with dispatch."""
     moe_router_load_balancing_type: str | list[str] = "aux_loss"

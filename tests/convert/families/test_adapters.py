@@ -28,7 +28,9 @@ def _model(spec, fast: bool, grouped: bool):
 
 
 LAYOUTS = [(f, fast, False) for f in FAMILIES + ADAPTER_FAMILIES for fast in (False, True)]
-LAYOUTS += [(f, fast, True) for f in ("mixtral", "qwen3_moe") for fast in (False, True)]
+LAYOUTS += [
+    (f, fast, True) for f in ("mixtral", "qwen3_moe", "qwen2_moe") for fast in (False, True)
+]
 
 
 @pytest.mark.parametrize(("family", "fast", "grouped"), LAYOUTS)

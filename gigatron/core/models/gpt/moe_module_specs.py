@@ -35,7 +35,7 @@ def get_moe_module_spec(
         experts = ModuleSpec(module=GroupedMLP)
     else:
         experts = ModuleSpec(module=SequentialMLP, submodules=mlp)
-    shared = ModuleSpec(module=SharedExpertMLP, params={"gate": False}, submodules=mlp)
+    shared = ModuleSpec(module=SharedExpertMLP, submodules=mlp)  # gate: the config decides
     return ModuleSpec(
         module=MoELayer, submodules=MoESubmodules(experts=experts, shared_experts=shared)
     )

@@ -114,6 +114,13 @@ def _check_dispatch(config, etp_size: int) -> None:
                 f"(got {kind!r}; as Megatron, which also allows 'flex')"
             )
         )
+    if config.moe_shared_expert_gate and config.moe_shared_expert_intermediate_size is None:
+        raise ValueError(
+            _where(
+                "moe_shared_expert_gate=True needs moe_shared_expert_intermediate_size (the gate "
+                "scales the shared experts' output; Megatron ignores it without them)"
+            )
+        )
     cap = config.moe_expert_capacity_factor
     if cap is not None and cap <= 0:
         raise ValueError(_where(f"moe_expert_capacity_factor ({cap}) must be positive or None"))

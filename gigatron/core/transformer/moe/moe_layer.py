@@ -14,6 +14,7 @@ Shapes: s: seq (s/tp under sequence parallel), b: micro-batch, h: hidden.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -99,7 +100,10 @@ class MoELayer(BaseMoELayer):
         )
         if self.use_shared_expert:
             self.shared_experts = build_module(
-                submodules.shared_experts, config=config, pg_collection=pg
+                _without_gate_param(submodules.shared_experts, config),
+                config=config,
+                pg_collection=pg,
+                gate=config.moe_shared_expert_gate,
             )
             if self.shared_expert_overlap and group_size(self.ep_group) > 1:
                 # the alltoall dispatcher runs them while its all-to-alls are in flight; with one
@@ -183,6 +187,23 @@ class MoELayer(BaseMoELayer):
         if shared_out is not None:
             out = out + shared_out
         return out, mlp_bias
+
+
+def _without_gate_param(spec, config):
+    """The shared experts' spec without a `gate` in its params: the config's
+    moe_shared_expert_gate decides (as in Megatron's MoELayer); older specs spell
+    `params={"gate": False}`, which must agree with it."""
+    params = getattr(spec, "params", None) or {}
+    if "gate" not in params:
+        return spec
+    if bool(params["gate"]) != config.moe_shared_expert_gate:
+        raise ValueError(
+            f"the shared experts' spec has params gate={params['gate']} but "
+            f"moe_shared_expert_gate={config.moe_shared_expert_gate}: they must agree "
+            "(the config field decides)"
+        )
+    rest = {k: v for k, v in params.items() if k != "gate"}
+    return dataclasses.replace(spec, params=rest)
 
 
 # tutorials' names (MoEMLP, Router, ...) say what to use (gigatron.compat.missing_names)

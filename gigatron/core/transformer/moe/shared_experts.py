@@ -1,8 +1,11 @@
 """Shared experts: a dense MLP every token goes through, added to the routed experts' output.
 
 Mirrors `megatron.core.transformer.moe.shared_experts.SharedExpertMLP` (DeepSeek / Qwen-MoE
-style) without the gate: an ordinary (TP-sharded, not expert) MLP of size
-`moe_shared_expert_intermediate_size` whose fc2 bias is added in place.
+style): an ordinary (TP-sharded, not expert) MLP of size `moe_shared_expert_intermediate_size`
+whose fc2 bias is added in place. With `gate=True` (`moe_shared_expert_gate`, Qwen2-MoE) its
+output is scaled per token by `sigmoid(x @ gate_weight^T)`, `gate_weight` [1, h] replicated on
+every TP rank (as Megatron: not TP-sharded; marked `sequence_parallel` under SP, where each
+rank sees its own tokens and finalize_model_grads sums its grad over TP).
 
 `moe_shared_expert_overlap=True` (alltoall dispatcher, expert-parallel size > 1): the dispatcher
 runs the MLP in Megatron's steps, `pre_forward_comm` (keep the input) ->
@@ -20,9 +23,12 @@ from __future__ import annotations
 import copy
 import enum
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from gigatron.core.transformer.mlp import MLP, MLPSubmodules
+from gigatron.core.utils import make_sharded_tensor_for_checkpoint, parameter_device
 
 
 class SharedExpertState(enum.Enum):
@@ -46,25 +52,54 @@ class SharedExpertMLP(MLP):
         pg_collection=None,
         name=None,  # Megatron 0.19+: a label
     ):
-        if gate:
-            raise ValueError("SharedExpertMLP: gate=True (gated shared experts) is not supported")
         cfg = copy.copy(config)
         cfg.ffn_hidden_size = config.moe_shared_expert_intermediate_size
         tp_group = None if pg_collection is None else pg_collection.tp
         super().__init__(cfg, submodules, tp_group=tp_group)
         self.name = name
-        self.use_shared_expert_gate = False
+        self.use_shared_expert_gate = bool(gate)
+        if self.use_shared_expert_gate:
+            h = config.hidden_size
+            weight = torch.empty(1, h, dtype=torch.float32, device=parameter_device(config))
+            self.gate_weight = torch.nn.Parameter(weight)  # [1, h]
+            if config.perform_initialization:
+                config.init_method(self.gate_weight)
+            self.gate_weight.data = self.gate_weight.data.to(config.params_dtype)
+            self.gate_weight.sequence_parallel = config.sequence_parallel
+        else:
+            self.gate_weight = None
+        self.gate_score = None
         self._reset_overlap()
+
+    def _gate_score(self, hidden_states: Tensor) -> Tensor:
+        """[s(/tp), b, h] -> sigmoid(x @ gate_weight^T) [s(/tp), b, 1]."""
+        return torch.sigmoid(F.linear(hidden_states, self.gate_weight))
 
     def _reset_overlap(self) -> None:
         self._overlap_state = SharedExpertState.IDLE
         self.cached_fc1_input = self.cached_fc2_input = None
         self.cached_fc2_output = self.cached_output = None
+        self.gate_score = None
 
     def forward(self, hidden_states: Tensor) -> Tensor:
-        """[s, b, h] -> [s, b, h] (bias added)."""
+        """[s, b, h] -> [s, b, h] (bias added, times the gate score with the gate)."""
         output, bias = super().forward(hidden_states)
-        return output if bias is None else output + bias
+        output = output if bias is None else output + bias
+        if self.use_shared_expert_gate:
+            output = output * self._gate_score(hidden_states)
+        return output
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
+        """fc1 / fc2's entries, plus `gate_weight` [1, h] (TP-replicated) with the gate."""
+        out = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        if self.use_shared_expert_gate:
+            key = f"{prefix}gate_weight"
+            out[key] = make_sharded_tensor_for_checkpoint(
+                self.gate_weight, key, prepend_offsets=sharded_offsets,
+                tp_group=getattr(self.linear_fc1, "tp_group", None),
+                dp_cp_group=(metadata or {}).get("dp_cp_group"),
+            )  # fmt: skip
+        return out
 
     # --- the overlapped forward, in Megatron's steps (called by the alltoall dispatcher) ------
 
@@ -88,6 +123,8 @@ class SharedExpertMLP(MLP):
         self._step(
             SharedExpertState.IDLE, SharedExpertState.PRE_FORWARD_COMM_DONE, "pre_forward_comm"
         )
+        if self.use_shared_expert_gate:
+            self.gate_score = self._gate_score(input)
         self.cached_fc1_input = input
 
     def linear_fc1_forward_and_act(self, overlapped_comm_output=None) -> None:
@@ -125,4 +162,6 @@ class SharedExpertMLP(MLP):
         """The shared experts' output [s, b, h]; back to IDLE."""
         self._step(SharedExpertState.POST_FORWARD_COMM_DONE, SharedExpertState.IDLE, "get_output")
         output, self.cached_output = self.cached_output, None
+        if self.use_shared_expert_gate:
+            output, self.gate_score = output * self.gate_score, None
         return output

@@ -43,10 +43,13 @@ pytestmark = pytest.mark.multirank
 F_SHARED = 12
 
 
-def _shared_config(tp, ep, etp, overlap, dispatcher="alltoall"):
+def _shared_config(tp, ep, etp, overlap, dispatcher="alltoall", gate=False):
     cfg = _config(tp, ep, etp, dispatcher, True)
     return dataclasses.replace(
-        cfg, moe_shared_expert_intermediate_size=F_SHARED, moe_shared_expert_overlap=overlap
+        cfg,
+        moe_shared_expert_intermediate_size=F_SHARED,
+        moe_shared_expert_overlap=overlap,
+        moe_shared_expert_gate=gate,
     )
 
 
@@ -65,6 +68,11 @@ def _shared_weights():
     ) * 0.3
 
 
+def _gate_weight():
+    """The shared experts' gate [1, h] (moe_shared_expert_gate)."""
+    return torch.randn(1, H, generator=torch.Generator().manual_seed(13)) * 0.5
+
+
 def _shard_shared(fc1, fc2, tp, tp_rank):
     """The shared experts' [gate; up] rows and fc2 columns of TP rank `tp_rank`."""
     f = F_SHARED // tp
@@ -79,6 +87,8 @@ def _load_all(layer, weights, shared, experts_idx, etp, etp_rank, tp, tp_rank):
     with torch.no_grad():
         layer.shared_experts.linear_fc1.weight.copy_(fc1)
         layer.shared_experts.linear_fc2.weight.copy_(fc2)
+        if layer.shared_experts.use_shared_expert_gate:
+            layer.shared_experts.gate_weight.copy_(_gate_weight())
 
 
 # forward: dispatch tokens + probs started, shared fc1, their waits, combine started, shared
@@ -124,7 +134,7 @@ def _grad(p):
     return p.main_grad if hasattr(p, "main_grad") else p.grad
 
 
-def _layout(tp, ep, etp, self_pg):
+def _layout(tp, ep, etp, self_pg, gate=False):
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tp,
         expert_model_parallel_size=ep,
@@ -142,7 +152,7 @@ def _layout(tp, ep, etp, self_pg):
     b_sl = slice(dp_rank * B_LOCAL, (dp_rank + 1) * B_LOCAL)
     n_local = E // ep
 
-    ref = _layer(_shared_config(1, 1, 1, False), self_pg)
+    ref = _layer(_shared_config(1, 1, 1, False, gate=gate), self_pg)
     _load_all(ref, weights, shared, range(E), 1, 0, 1, 0)
     xr = x_full.clone().requires_grad_()
     outs = []
@@ -160,10 +170,12 @@ def _layout(tp, ep, etp, self_pg):
         ref.shared_experts.linear_fc2.weight.grad,
     )
     want += [r / dp for r in _shard_shared(*ref_shared, tp, tp_rank)]
+    if gate:  # replicated over TP: under SP each rank's partial grad is summed over TP
+        want.append(ref.shared_experts.gate_weight.grad / dp)
 
     results = {}
     for overlap in (False, True):
-        cfg = _shared_config(tp, ep, etp, overlap)
+        cfg = _shared_config(tp, ep, etp, overlap, gate=gate)
         layer = _layer(cfg)
         assert (layer.token_dispatcher.shared_experts is not None) == overlap
         _load_all(
@@ -184,6 +196,9 @@ def _layout(tp, ep, etp, self_pg):
         got += [t for pair in _expert_grads(layer) for t in pair]
         sh = layer.shared_experts
         got += [_grad(sh.linear_fc1.weight), _grad(sh.linear_fc2.weight)]
+        if gate:
+            got.append(_grad(sh.gate_weight))
+            assert sh.gate_score is None  # the overlapped forward dropped its cached score
         results[overlap] = got
     errors = []  # fp32 sums in other orders: relative 1e-6 of values up to ~10
     for i, (a, b, r) in enumerate(zip(results[True], results[False], want, strict=True)):
