@@ -147,6 +147,12 @@ def render_saved(paths: list[str], report: str) -> int:
             raise SystemExit(f"run_megatron_unit_tests: the files differ in {key}: "
                              f"{sorted({m[key] for m in metas})}")  # fmt: skip
     meta = dict(metas[0], command=" ; ".join(m["command"] for m in metas))
+    rules_at = _commit(Path(__file__).resolve().parent.parent)
+    if rules_at != meta["gigatron_commit"]:
+        meta["note"] = (
+            f"Outcomes are those of the run at gigatron `{meta['gigatron_commit']}`; skip reasons and "
+            f"failures are classified by the rules at gigatron `{rules_at}` (`--render`)."
+        )
     Path(report).write_text(mtr.render(meta, results))
     print(f"report: {report}")
     return 0
