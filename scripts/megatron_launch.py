@@ -150,8 +150,8 @@ def render_saved(paths: list[str], report: str) -> int:
     rules_at = _commit(Path(__file__).resolve().parent.parent)
     if rules_at != meta["gigatron_commit"]:
         meta["note"] = (
-            f"Outcomes are those of the run at gigatron `{meta['gigatron_commit']}`; skip reasons and "
-            f"failures are classified by the rules at gigatron `{rules_at}` (`--render`)."
+            f"Outcomes are those of the run at gigatron `{meta['gigatron_commit']}`; skip reasons "
+            f"and failures are classified by the rules at gigatron `{rules_at}` (`--render`)."
         )
     Path(report).write_text(mtr.render(meta, results))
     print(f"report: {report}")
