@@ -296,7 +296,7 @@ def check_attention_variants(cfg) -> None:
 
 def _check_window(cfg) -> None:
     """window_size: two ints >= -1 (-1 = unbounded); window_attn_skip_freq: an int >= 1 or
-    one 0/1 per layer."""
+    one int per layer (its truth: sliding window)."""
     window, freq = cfg.window_size, cfg.window_attn_skip_freq
     if window is not None:
         if (
@@ -310,15 +310,16 @@ def _check_window(cfg) -> None:
             )
         cfg.window_size = tuple(window)
     if isinstance(freq, (list, tuple)):
-        if len(freq) != cfg.num_layers or any(v not in (0, 1) for v in freq):
+        if len(freq) != cfg.num_layers or not all(isinstance(v, int) for v in freq):
             raise ValueError(
-                f"window_attn_skip_freq ({list(freq)}) needs one 0/1 entry per layer "
-                f"(num_layers = {cfg.num_layers}; 1 = sliding window)"
+                f"window_attn_skip_freq ({list(freq)}) needs one int entry per layer "
+                f"(num_layers = {cfg.num_layers}; 0 = full attention, non-zero = sliding "
+                "window, as Megatron reads it)"
             )
         cfg.window_attn_skip_freq = list(freq)
     elif freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
         raise ValueError(
-            f"window_attn_skip_freq ({freq!r}) must be an int >= 1, a 0/1 list or None"
+            f"window_attn_skip_freq ({freq!r}) must be an int >= 1, a list of ints or None"
         )
 
 

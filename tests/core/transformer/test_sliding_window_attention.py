@@ -145,7 +145,7 @@ def test_sdpa_window_matches_dot_product_attention(ng, softmax_type):
         (dict(window_size=(3,)), "window_size"),
         (dict(window_size=(-2, 0)), "window_size"),
         (dict(window_size=(4, 0), window_attn_skip_freq=0), "window_attn_skip_freq"),
-        (dict(window_size=(4, 0), window_attn_skip_freq=[1, 0]), "one 0/1 entry per layer"),
+        (dict(window_size=(4, 0), window_attn_skip_freq=[1, 0]), "one int entry per layer"),
         (dict(softmax_type="softmax1"), "softmax_type"),
     ],
 )

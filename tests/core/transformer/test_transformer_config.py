@@ -64,7 +64,7 @@ def test_unknown_name_suggests_the_closest_field():
         (dict(fp8="e4m3"), r"fp8_recipe='delayed' is not supported by gigatron"),
         (dict(fp8="e5m2"), r"fp8 \('e5m2'\) must be one of"),
         (dict(window_size=(4,)), r"window_size \(\(4,\)\) must be a pair"),
-        (dict(window_size=(4, 0), window_attn_skip_freq=[1, 0, 1]), "one 0/1 entry per layer"),
+        (dict(window_size=(4, 0), window_attn_skip_freq=[1, 0, 1]), "one int entry per layer"),
         (dict(window_attn_skip_freq=0), r"window_attn_skip_freq \(0\)"),
         (dict(rotary_base_local=1e4), "set window_size too"),
         (dict(attn_logit_softcapping=-1.0), "attn_logit_softcapping"),
@@ -97,3 +97,15 @@ def test_speed_hints_are_accepted():
         persist_layer_norm=True,
     )
     assert c.masked_softmax_fusion
+
+
+def test_window_skip_list_is_read_by_truth_as_megatron_does():
+    from gigatron.core.transformer.utils import is_layer_window_attention
+
+    config = TransformerConfig(
+        num_layers=4, hidden_size=32, num_attention_heads=4, window_size=(8, 0),
+        window_attn_skip_freq=[1, 0, 2, 0],
+    )  # fmt: skip
+    flags = [is_layer_window_attention(config.window_size, config.window_attn_skip_freq, n)
+             for n in range(1, 5)]  # fmt: skip
+    assert flags == [True, False, True, False]
