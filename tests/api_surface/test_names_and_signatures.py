@@ -94,9 +94,6 @@ _ALLOWED_BOTH: dict[str, str] = {
     "transformer.transformer_block:TransformerBlockSubmodules.layer_specs: field default": (
         "an empty list instead of None: the same 'no layers' meaning, iterable"
     ),
-    "models.gpt.gpt_layer_specs:get_gpt_mtp_block_spec: missing": (
-        "multi-token prediction is refused (mtp_num_layers)"
-    ),
     "transformer.moe.token_dispatcher:MoEFlexTokenDispatcher: missing": (
         "DeepEP / HybridEP fused dispatch kernels (CUDA only); 'flex' is refused"
     ),

@@ -66,7 +66,10 @@ def _argv(out: str) -> list[str]:
     return ["--load", out, *prompts, "--greedy", "--max-new-tokens", str(NEW_TOKENS)]
 
 
-@pytest.mark.parametrize("family", FAMILIES + ADAPTER_FAMILIES)
+# Gemma 2 / 3 have no gigatron train flags yet: generate refuses them (test_gemma_load_refused.py)
+@pytest.mark.parametrize(
+    "family", [f for f in FAMILIES + ADAPTER_FAMILIES if not f.startswith("gemma")]
+)
 def test_generate_from_converted_checkpoint_matches_transformers(family, tmp_path):
     hf, tok, out = _convert(family, tmp_path)
     want = _hf_greedy(hf, tok)

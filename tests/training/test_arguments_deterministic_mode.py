@@ -3,7 +3,7 @@ attention can not be used in deterministic mode"); each flag alone still parses.
 
 import pytest
 
-from tests.compat.test_training_args import _args
+from tests.training.test_compat_flags import _args
 
 
 def test_deterministic_mode_refuses_flash_attention(monkeypatch):

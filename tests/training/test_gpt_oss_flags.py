@@ -15,6 +15,8 @@ from gigatron.training import _config_from_args as cfa
 from gigatron.training.arguments import parse_args, validate_args
 from tests.training._gpt_runs import ARGS, run_pretrain_gpt
 
+pytestmark = pytest.mark.multirank
+
 GPT_OSS_FLAGS = (
     "--window-size 3,0 --window-attn-skip-freq 2 --softmax-type learnable --quick-geglu "
     "--glu-linear-offset 1.0 --activation-func-clamp-value 7.0 --num-experts 4 "

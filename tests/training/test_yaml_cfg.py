@@ -17,7 +17,12 @@ from gigatron.training.pretrain_t5 import add_t5_args
 
 PROVIDERS = {"train": None, "train-bert": add_bert_args, "train-t5": add_t5_args,
              "generate": add_text_generation_args}  # fmt: skip
-SPECIAL = {"--moe-layer-freq": ("[1, 0]", "[1, 0]"), "--rampup-batch-size": (["2", "2", "8"],)}
+SPECIAL = {
+    "--moe-layer-freq": ("[1, 0]", "[1, 0]"),
+    "--rampup-batch-size": (["2", "2", "8"],),
+    "--window-size": ("4,0",),
+    "--window-attn-skip-freq": ("[1, 0]",),
+}
 
 
 def _value(action):
