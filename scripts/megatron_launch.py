@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -86,6 +87,33 @@ def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
     buckets: dict[str, list[str]] = defaultdict(list)
     for f in cpu:
         buckets[mtr.directory(f)].append(f)
+    meta = {
+        "command": " ".join(["python scripts/run_megatron_unit_tests.py", *_shown(sys.argv[1:])]),
+        "megatron_commit": _commit(checkout),
+        "gigatron_commit": _commit(script.parent.parent),
+        "timeout": f"{timeout:g}",
+        "n_files": len(files),
+        "n_cpu": len(cpu),
+        "excluded": excluded,
+        "test_counts": {f: mtr.count_tests(s) for f, s in sources.items()},
+    }
+    lock = threading.Lock()
+
+    def save() -> None:
+        """Every test's outcome and message, and the run's facts, as JSON (after each directory,
+        so a run stopped from outside keeps what finished)."""
+        if "results" in opts:
+            with lock:
+                for _ in range(5):  # other directories' threads may add results meanwhile
+                    try:
+                        text = json.dumps({**{str(n): r for n, r in results.items()}, "meta": meta})
+                        break
+                    except RuntimeError:
+                        time.sleep(0.1)
+                else:
+                    return
+                Path(opts["results"]).write_text(text)
+
     results = {}
     with tempfile.TemporaryDirectory(prefix="megatron-tests-") as work:
 
@@ -97,6 +125,7 @@ def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
             took = time.monotonic() - t0
             print(f"N={n} {name}: {len(bucket)} files, {c['passed']} passed, {c['failed']} "
                   f"failed, {c['skipped']} skipped ({took:.0f} s)", flush=True)  # fmt: skip
+            save()
 
         for n in sizes:
             results[n] = {"tests": {}, "import_errors": {}, "stopped": {}, "files": cpu}
@@ -110,19 +139,7 @@ def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
         print(f"megatron-on-gigatron N={n}: {c['passed']} passed, {c['failed']} failed, "
               f"{c['skipped']} skipped, {len(results[n]['import_errors'])} files failed to import, "
               f"{len(results[n]['stopped'])} files stopped")  # fmt: skip
-    meta = {
-        "command": " ".join(["python scripts/run_megatron_unit_tests.py", *_shown(sys.argv[1:])]),
-        "megatron_commit": _commit(checkout),
-        "gigatron_commit": _commit(script.parent.parent),
-        "timeout": f"{timeout:g}",
-        "n_files": len(files),
-        "n_cpu": len(cpu),
-        "excluded": excluded,
-        "test_counts": {f: mtr.count_tests(s) for f, s in sources.items()},
-    }
-    if "results" in opts:  # every test's outcome and message, and the run's facts, as JSON
-        out = {str(n): r for n, r in results.items()}
-        Path(opts["results"]).write_text(json.dumps({**out, "meta": meta}))
+    save()
     if "report" in opts:
         Path(opts["report"]).write_text(mtr.render(meta, results))
         print(f"report: {opts['report']}")
