@@ -148,22 +148,28 @@ def launch(checkout: Path, opts: dict, rest: list[str], script: Path) -> int:
 
 def render_saved(paths: list[str], report: str) -> int:
     """`--render A.json,B.json --report R.md`: one report from the --results files of runs at
-    other world sizes (e.g. 1,2 on one machine and 4,8 on a larger one) of the same commits."""
-    metas, results = [], {}
+    other world sizes (e.g. 1,2 on one machine and 4,8 on a larger one) of one Megatron-LM commit;
+    where the gigatron commits differ, the report names each world size's."""
+    metas, results, sizes = [], {}, []
     for p in paths:
         saved = json.loads(Path(p).read_text())
         if "meta" not in saved:
             raise SystemExit(f"run_megatron_unit_tests: {p}: no 'meta' (written by --results?)")
         metas.append(saved.pop("meta"))
+        sizes.append(sorted(int(n) for n in saved))
         for n, r in saved.items():
             if int(n) in results:
                 raise SystemExit(f"run_megatron_unit_tests: world size {n} is in two files")
             results[int(n)] = r
-    for key in ("megatron_commit", "gigatron_commit"):
-        if len({m[key] for m in metas}) > 1:
-            raise SystemExit(f"run_megatron_unit_tests: the files differ in {key}: "
-                             f"{sorted({m[key] for m in metas})}")  # fmt: skip
+    if len({m["megatron_commit"] for m in metas}) > 1:
+        raise SystemExit(f"run_megatron_unit_tests: the files differ in megatron_commit: "
+                         f"{sorted({m['megatron_commit'] for m in metas})}")  # fmt: skip
     meta = dict(metas[0], command=" ; ".join(m["command"] for m in metas))
+    if len({m["gigatron_commit"] for m in metas}) > 1:  # e.g. 4, 8 ranks run on a larger machine
+        meta["gigatron_commit"] = "; ".join(
+            f"{m['gigatron_commit'][:10]} (world size {', '.join(map(str, ns))})"
+            for m, ns in zip(metas, sizes)
+        )
     rules_at = _commit(Path(__file__).resolve().parent.parent)
     if rules_at != meta["gigatron_commit"]:
         meta["note"] = (

@@ -15,9 +15,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 import megatron_launch  # noqa: E402
 
 
-def _saved(path, sizes, gigatron="abc", command="run"):
+def _saved(path, sizes, gigatron="abc", command="run", megatron="m1"):
     meta = {
-        "command": command, "megatron_commit": "m1", "gigatron_commit": gigatron,
+        "command": command, "megatron_commit": megatron, "gigatron_commit": gigatron,
         "timeout": "120", "n_files": 1, "n_cpu": 1, "excluded": {}, "test_counts": {"t.py": 2},
     }  # fmt: skip
     out = {"meta": meta}
@@ -40,11 +40,18 @@ def test_runs_at_other_world_sizes_make_one_report(tmp_path):
         assert row in text
 
 
-def test_files_of_different_commits_or_the_same_world_size_are_refused(tmp_path):
+def test_runs_at_other_gigatron_commits_name_each_world_sizes_commit(tmp_path):
+    a = _saved(tmp_path / "a.json", {1: 2, 2: 1}, gigatron="abc")
+    b = _saved(tmp_path / "b.json", {4: 2}, gigatron="def")
+    assert megatron_launch.render_saved([a, b], str(tmp_path / "r.md")) == 0
+    assert "abc (world size 1, 2); def (world size 4)" in (tmp_path / "r.md").read_text()
+
+
+def test_files_of_other_megatron_commits_or_the_same_world_size_are_refused(tmp_path):
     a = _saved(tmp_path / "a.json", {1: 2})
-    with pytest.raises(SystemExit, match="gigatron_commit"):
+    with pytest.raises(SystemExit, match="megatron_commit"):
         megatron_launch.render_saved(
-            [a, _saved(tmp_path / "b.json", {2: 1}, gigatron="def")], str(tmp_path / "r.md")
+            [a, _saved(tmp_path / "b.json", {2: 1}, megatron="m2")], str(tmp_path / "r.md")
         )
     with pytest.raises(SystemExit, match="world size 1 is in two files"):
         megatron_launch.render_saved(
