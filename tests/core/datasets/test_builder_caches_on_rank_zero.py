@@ -60,31 +60,3 @@ def test_rank0_builds_other_ranks_load(tmp_path):
     numpy.testing.assert_array_equal(tok0, tok1)
     assert tok0.shape == (64, 16)
     assert nv0 == nv1 >= 8 and t0 is None and t1 is None
-
-
-def _rank0_waits_for_the_others(directory):
-    """Rank 1 reaches the build late (0.5 s), leaving a marker first: rank 0 returns from its
-    build only once every rank has reached it, as after Megatron's barrier there."""
-    import time
-
-    import torch.distributed as dist
-
-    from gigatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
-
-    BlendedMegatronDatasetBuilder.build_generic_dataset(dict, lambda: True, True)  # pairs connect
-    marker = os.path.join(directory, "rank1-arrived")
-    if dist.get_rank() == 1:
-        time.sleep(0.5)
-        open(marker, "w").close()
-    built = BlendedMegatronDatasetBuilder.build_generic_dataset(dict, lambda: True, True)
-    return built, os.path.exists(marker)
-
-
-def test_rank0_leaves_the_build_only_after_every_rank_reached_it(tmp_path):
-    """A broadcast from rank 0 let it run ahead of the others by whole builds: in Megatron's
-    test_builder at 4 and 8 ranks it went on to the next test and emptied the directory the
-    others still read (FileNotFoundError there, then every collective out of step)."""
-    results = run_distributed(_rank0_waits_for_the_others, 2, args=(str(tmp_path),), timeout=60)
-    assert results == [({}, True), ({}, True)], results
