@@ -115,6 +115,20 @@ KNOWN_TESTS = (
         r"pair closure|Connection closed by peer|Timed out waiting \d+ms for (?:send|recv)|"
         r"^FileNotFoundError: .*test_fast_builder/",
     ),
+    (
+        r"test_parallel_state\.py::test_different_initialize_order_unconsistency\[",
+        "fails on Megatron too (marked flaky; its CI deselects it)",
+        "order tp-pp-ep-dp with pp > 1 and expert data parallel size != data parallel size: "
+        "Megatron's initialize_model_parallel asserts the same rule",
+        r"does not end with 'pp'",
+    ),
+    (
+        r"test_hyper_comm_grid\.py::TestHyperCommGridIntegration::"
+        r"test_real_distributed_rank_enumeration_verification",
+        "needs CUDA",
+        "puts its tensor on cuda:{rank % torch.cuda.device_count()}; the count is 0 on CPU",
+        r"^ZeroDivisionError: integer modulo by zero",
+    ),
 )
 
 _MISSING = (

@@ -104,6 +104,28 @@ def test_a_known_test_with_a_message_pattern_is_classified_only_by_that_message(
     assert mtr.classify(cascade, nodeid=other) == mtr.UNCLASSIFIED
 
 
+def test_megatrons_own_order_assertion_is_not_called_a_gigatron_gap():
+    nodeid = (
+        "tests/unit_tests/test_parallel_state.py::test_different_initialize_order_unconsistency"
+        "[src_tp_pp3-2]"
+    )
+    message = (
+        "ArgumentError: order 'tp-pp-ep-dp' does not end with 'pp', which requires expert "
+        "data parallel size (1) to equal data parallel size (2)"
+    )
+    assert mtr.classify(message, nodeid=nodeid).startswith("fails on Megatron too")
+    assert mtr.classify(message, nodeid="t.py::test_x") == "deliberate difference"
+
+
+def test_a_cuda_device_index_modulo_zero_device_count_needs_cuda():
+    nodeid = (
+        "tests/unit_tests/test_hyper_comm_grid.py::TestHyperCommGridIntegration::"
+        "test_real_distributed_rank_enumeration_verification"
+    )
+    message = "ZeroDivisionError: integer modulo by zero\n  torch.cuda.device_count()"
+    assert mtr.classify(message, nodeid=nodeid) == "needs CUDA"
+
+
 def test_an_unknown_message_stays_unclassified():
     assert mtr.classify("RuntimeError: something new") == mtr.UNCLASSIFIED
 
