@@ -158,7 +158,7 @@ def _cuda_amp_scaler():
 
 
 def test_megatron_tokenizer_null_library():
-    """"null": the legacy null tokenizer (EOD the extra id vocab_size)."""
+    """ "null": the legacy null tokenizer (EOD the extra id vocab_size)."""
     from gigatron.core.tokenizers import MegatronTokenizer
 
     tok = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=64)
@@ -167,7 +167,7 @@ def test_megatron_tokenizer_null_library():
 
 
 def test_megatron_tokenizer_null_text_library_is_megatrons_text_null_tokenizer():
-    """"null-text" (Megatron 0.20's text library): vocab_size as given, EOD its last id, pad -1,
+    """ "null-text" (Megatron 0.20's text library): vocab_size as given, EOD its last id, pad -1,
     and detokenize takes skip_special_tokens (ignored: no special tokens)."""
     from gigatron.core.tokenizers import MegatronTokenizer
 
