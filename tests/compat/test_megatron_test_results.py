@@ -92,6 +92,40 @@ def test_a_known_test_is_classified_by_its_node_id_before_its_message():
     assert mtr.classify(message, nodeid="tests/unit_tests/other.py::test_x") == mtr.UNCLASSIFIED
 
 
+def test_a_known_test_with_a_message_pattern_is_classified_only_by_that_message():
+    """test_fast_builder's gloo cascade (after gigatron's refusal, Megatron's TempNamedDir
+    deletes the shared directory on the first rank out) is known; another failure of the same
+    test is classified by its own message."""
+    nodeid = "tests/unit_tests/data/test_builder.py::test_fast_builder[0-20000-True-True]"
+    cascade = "RuntimeError: Application timeout caused pair closure\n  barrier(...)"
+    assert mtr.classify(cascade, nodeid=nodeid) == "deliberate difference"
+    assert mtr.classify("RuntimeError: something new", nodeid=nodeid) == mtr.UNCLASSIFIED
+    other = "tests/unit_tests/data/test_builder.py::test_builder"
+    assert mtr.classify(cascade, nodeid=other) == mtr.UNCLASSIFIED
+
+
+def test_megatrons_own_order_assertion_is_not_called_a_gigatron_gap():
+    nodeid = (
+        "tests/unit_tests/test_parallel_state.py::test_different_initialize_order_unconsistency"
+        "[src_tp_pp3-2]"
+    )
+    message = (
+        "ArgumentError: order 'tp-pp-ep-dp' does not end with 'pp', which requires expert "
+        "data parallel size (1) to equal data parallel size (2)"
+    )
+    assert mtr.classify(message, nodeid=nodeid).startswith("fails on Megatron too")
+    assert mtr.classify(message, nodeid="t.py::test_x") == "deliberate difference"
+
+
+def test_a_cuda_device_index_modulo_zero_device_count_needs_cuda():
+    nodeid = (
+        "tests/unit_tests/test_hyper_comm_grid.py::TestHyperCommGridIntegration::"
+        "test_real_distributed_rank_enumeration_verification"
+    )
+    message = "ZeroDivisionError: integer modulo by zero\n  torch.cuda.device_count()"
+    assert mtr.classify(message, nodeid=nodeid) == "needs CUDA"
+
+
 def test_an_unknown_message_stays_unclassified():
     assert mtr.classify("RuntimeError: something new") == mtr.UNCLASSIFIED
 

@@ -157,13 +157,24 @@ def _cuda_amp_scaler():
         return torch.cuda.amp.GradScaler(enabled=torch.cuda.is_available())
 
 
-@pytest.mark.parametrize("library", ["null", "null-text"])
-def test_megatron_tokenizer_null_library(library):
+def test_megatron_tokenizer_null_library():
+    """ "null": the legacy null tokenizer (EOD the extra id vocab_size)."""
     from gigatron.core.tokenizers import MegatronTokenizer
 
-    tok = MegatronTokenizer.from_pretrained(metadata_path={"library": library}, vocab_size=64)
+    tok = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=64)
     assert tok.vocab_size == 65 and tok.eod == 64
     assert tok.tokenize("3 5 7") == [3, 5, 7]
+
+
+def test_megatron_tokenizer_null_text_library_is_megatrons_text_null_tokenizer():
+    """ "null-text" (Megatron 0.20's text library): vocab_size as given, EOD its last id, pad -1,
+    and detokenize takes skip_special_tokens (ignored: no special tokens)."""
+    from gigatron.core.tokenizers import MegatronTokenizer
+
+    tok = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=64)
+    assert (tok.vocab_size, tok.eod, tok.pad) == (64, 63, -1)
+    assert tok.tokenize("3 5 7") == [3, 5, 7]
+    assert tok.detokenize([3, 5, 7], skip_special_tokens=True) == "3 5 7"
 
 
 def test_megatron_tokenizer_other_library_points_to_build_tokenizer():

@@ -148,6 +148,12 @@ def test_impossible_layouts_raise_with_numbers(world, kwargs, message):
         _grids(world, order, **kwargs)
 
 
+def test_pp_not_last_with_a_different_expert_dp_is_megatrons_assertion():
+    """Megatron asserts it (AssertionError); gigatron's error is also a ValueError."""
+    with pytest.raises(AssertionError, match=r"order 'tp-pp-ep-dp' does not end with 'pp'"):
+        _grids(4, "tp-pp-ep-dp", pp=2, ep=2)
+
+
 def _golden_cases():
     for world in (8, 16, 32, 64):
         for tp, pp, cp, ep in itertools.product((1, 2, 4), (1, 2, 4), (1, 2), (1, 2, 4)):

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from gigatron.core.dist_checkpointing import _integrity
 from gigatron.core.dist_checkpointing._replica_check import check_replicas_equal
@@ -338,30 +340,44 @@ def _get_at_path(root: Any, path: tuple) -> Any:
 
 
 def _strict_filter(tensors, objects, checkpoint_dir, strict, group):
-    """Apply StrictHandling: drop/log/raise on unexpected keys, optionally find missing ones."""
-    ckpt_keys = set(torch_dist.read_dcp_metadata(checkpoint_dir).state_dict_metadata)
-    requested = {t.key for _, t in tensors} | {o.unique_key for _, o in objects}
+    """Apply StrictHandling: drop/log/raise on unexpected keys, optionally find missing ones.
+    Keys are Megatron's: a ShardedObject counts by its key, not by its shards' unique keys."""
+    md = torch_dist.read_dcp_metadata(checkpoint_dir).state_dict_metadata
+    ckpt_keys = {_base_key(k) if isinstance(v, BytesStorageMetadata) else k for k, v in md.items()}
+    requested = {t.key for _, t in tensors} | {o.key for _, o in objects}
     unexpected = requested - ckpt_keys
     missing: set[str] = set()
     if StrictHandling.requires_global_app_metadata(strict):
         all_requested = set().union(*torch_dist._all_gather_object(requested, group))
         missing = ckpt_keys - all_requested - {"common_state"}
-    if strict in (StrictHandling.RAISE_UNEXPECTED, StrictHandling.RAISE_ALL) and (
-        unexpected or missing
-    ):
-        raise CheckpointingException(
-            f"{checkpoint_dir}: unexpected keys (requested, not in checkpoint): "
-            f"{sorted(unexpected)}; missing keys (in checkpoint, not requested): {sorted(missing)}"
-        )
-    if strict in (StrictHandling.LOG_UNEXPECTED, StrictHandling.LOG_ALL) and (
-        unexpected or missing
-    ):
-        logger.warning(
-            "checkpoint mismatch: unexpected %s, missing %s", sorted(unexpected), sorted(missing)
-        )
+    if unexpected or missing:
+        raise_error = strict in (StrictHandling.RAISE_UNEXPECTED, StrictHandling.RAISE_ALL)
+        if raise_error or strict in (StrictHandling.LOG_UNEXPECTED, StrictHandling.LOG_ALL):
+            _report_mismatch(checkpoint_dir, missing, unexpected, raise_error)
     tensors = [(p, t) for p, t in tensors if t.key not in unexpected]
-    objects = [(p, o) for p, o in objects if o.unique_key not in unexpected]
+    objects = [(p, o) for p, o in objects if o.key not in unexpected]
     return tensors, objects, missing, unexpected
+
+
+def _base_key(unique_key: str) -> str:
+    """'ObjB/shard_0.3_1.8' -> 'ObjB' (ShardedObject.unique_key is key/shard_offsets_shape)."""
+    return re.sub(r"/shard_[\d.]*_[\d.]*$", "", unique_key)
+
+
+def _report_mismatch(checkpoint_dir, missing: set, unexpected: set, raise_error: bool) -> None:
+    """Megatron's wording ("Missing keys (for all ranks)", "Unexpected keys (for this rank)"),
+    only the non-empty sets, after the directory."""
+    parts = []
+    if missing:
+        parts.append(f"Missing keys (for all ranks), in the checkpoint but not requested: "
+                     f"{sorted(missing)}")  # fmt: skip
+    if unexpected:
+        parts.append(f"Unexpected keys (for this rank), requested but not in the checkpoint: "
+                     f"{sorted(unexpected)}")  # fmt: skip
+    message = f"{checkpoint_dir}: " + "; ".join(parts)
+    if raise_error:
+        raise CheckpointingException(message)
+    logger.warning("checkpoint mismatch: %s", message)
 
 
 def load_common_state_dict(checkpoint_dir: str | Path) -> StateDict:

@@ -2,9 +2,10 @@
 
 Mirrors `megatron.core.tokenizers.megatron_tokenizer.MegatronTokenizer`. Megatron reads a
 metadata dict (or a metadata.json path) naming a tokenizer library; gigatron supports the null
-library (`{"library": "null"}`, also spelled `"null-text"` in Megatron's examples), which needs
-no files: ids are integers, EOD is the extra id `vocab_size`, so the tokenizer's `vocab_size` is
-the argument + 1 (as in Megatron). The byte-level library (`{"library": "byte-level"}`,
+library, which needs no files: `{"library": "null-text"}` (Megatron 0.20's text library) gives a
+`MegatronTokenizerText` whose `vocab_size` is the argument, EOD its last id and pad -1;
+gigatron's `{"library": "null"}` gives the legacy `NullTokenizer` (EOD the extra id `vocab_size`,
+so its `vocab_size` is the argument + 1). The byte-level library (`{"library": "byte-level"}`,
 `gigatron.core.tokenizers.text.libraries.ByteLevelTokenizer`) gives a `MegatronTokenizerText`
 over UTF-8 bytes, its kwargs passed on. Other libraries raise a ValueError pointing at
 `gigatron.training.tokenizer.build_tokenizer`.
@@ -45,7 +46,8 @@ class MegatronTokenizer:
             metadata_path: `{"library": "null"}` / `{"library": "null-text"}` or a json file.
             **kwargs: `vocab_size` (required for the null library).
         Returns:
-            a `NullTokenizer` with `vocab_size == kwargs["vocab_size"] + 1` and `eod` the last id.
+            for "null-text" (and "byte-level") a `MegatronTokenizerText`; for "null" a
+            `NullTokenizer` with `vocab_size == kwargs["vocab_size"] + 1` and `eod` the last id.
         """
         if metadata_path is None and tokenizer_path is not None:
             metadata_path = os.path.join(tokenizer_path, "metadata.json")
@@ -64,7 +66,7 @@ class MegatronTokenizer:
                 f"metadata_path ({metadata_path!r}) must be a dict or a path to metadata.json"
             )
         library = metadata.get("library")
-        if library == "byte-level":  # no files: the library's kwargs configure it
+        if library in ("byte-level", "null-text"):  # no files: the library's kwargs configure it
             from gigatron.core.tokenizers.text.text_tokenizer import MegatronTokenizerText
 
             return MegatronTokenizerText(tokenizer_path, metadata, **kwargs)

@@ -323,6 +323,19 @@ def _check_window(cfg) -> None:
         )
 
 
+def check_clamped_swiglu_te(cfg) -> None:
+    """Megatron's clamped-SwiGLU rule on use_te_activation_func, checked before gigatron's
+    refusal of that Transformer Engine field (which names another reason)."""
+    import torch.nn.functional as F
+
+    clamped_swiglu = cfg.activation_func_clamp_value is not None and cfg.activation_func is F.silu
+    if clamped_swiglu and cfg.use_te_activation_func:
+        raise ValueError(
+            "use_te_activation_func must be False when activation_func_clamp_value is not None "
+            "for SwiGLU"
+        )
+
+
 def _check_clamp(cfg) -> None:
     clamp = cfg.activation_func_clamp_value
     if clamp is None:

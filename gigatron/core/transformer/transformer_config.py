@@ -297,6 +297,7 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _config_checks.check_clamped_swiglu_te(self)
         megatron_only_fields.check_config(self, "transformer")
         _config_checks.check_architecture(self)
         _config_checks.check_value_ranges(self)

@@ -8,6 +8,7 @@ combination, plus the validation errors a bad sharding gets.
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint import CheckpointException as DCPCheckpointException
 
 from gigatron.core import dist_checkpointing as dc
 from gigatron.core.dist_checkpointing import ShardedObject, ShardedTensor
@@ -179,6 +180,20 @@ def _objects_and_strict(ckpt_dir):
     assert unexpected == {"not_saved"} and missing == {"w"}
     with pytest.raises(dc.CheckpointingException, match="not_saved"):
         dc.load(req, ckpt_dir, strict="raise_unexpected", validate_access_integrity=False)
+    # Megatron's keys and wording: an object by its key, only the non-empty sets named
+    only_extra = {"extra": req["extra"]}
+    _, missing, unexpected = dc.load(only_extra, ckpt_dir, strict="return_all")
+    assert missing == {"w", "rng"} and unexpected == {"not_saved"}
+    with pytest.raises(dc.CheckpointingException) as err:
+        dc.load(only_extra, ckpt_dir, strict="raise_all")
+    assert "Missing keys (for all ranks)" in str(err.value) and "rng/shard" not in str(err.value)
+    assert "Unexpected keys (for this rank)" in str(err.value)
+    with pytest.raises(dc.CheckpointingException) as err:
+        dc.load({"rng": req["rng"]}, ckpt_dir, strict="raise_all")
+    assert "Unexpected keys" not in str(err.value) and "'w'" in str(err.value)
+    # left to the read, as Megatron leaves it to torch's DCP: its CheckpointException too
+    with pytest.raises(DCPCheckpointException, match="not_saved"):
+        dc.load(req, ckpt_dir, strict="assume_ok_unexpected", validate_access_integrity=False)
     assert dc.load_content_metadata(ckpt_dir) == {"format": "test"}
     return True
 

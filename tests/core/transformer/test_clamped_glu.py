@@ -46,6 +46,15 @@ def test_clamped_quick_geglu_is_gpt_oss_activation():
             "glu_linear_offset must be zero",
         ),
         (dict(gated_linear_unit=False, activation_func_clamp_value=7.0), "gated_linear_unit"),
+        (  # Megatron's rule, ahead of gigatron's refusal of the TE field itself
+            dict(
+                activation_func=F.silu,
+                num_moe_experts=2,
+                use_te_activation_func=True,
+                activation_func_clamp_value=7.0,
+            ),  # fmt: skip
+            "use_te_activation_func must be False",
+        ),
     ],
 )
 def test_bad_clamp_settings_are_one_line_errors(kw, match):

@@ -304,20 +304,32 @@ def _shape_error(sh: ShardedTensor, md: TensorStorageMetadata) -> str:
     )
 
 
+class KeyNotInCheckpointError(CheckpointingException, DCPCheckpointException):
+    """A requested key the checkpoint lacks, found before the read. Also torch's DCP
+    `CheckpointException`, which Megatron's load raises there (its strategy reads first), so
+    `StrictHandling.ASSUME_OK_UNEXPECTED` callers catch what they catch on Megatron."""
+
+    def __init__(self, msg: str) -> None:
+        DCPCheckpointException.__init__(self, msg, {})
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 def _precheck(sharded_tensors, object_keys, checkpoint_dir) -> None:
     """Clear errors for absent keys or wrong global shapes before DCP (which wraps errors)."""
     md_all = read_dcp_metadata(checkpoint_dir).state_dict_metadata
     for sh in sharded_tensors:
         md = md_all.get(sh.key)
         if not isinstance(md, TensorStorageMetadata):
-            raise CheckpointingException(
+            raise KeyNotInCheckpointError(
                 f"{checkpoint_dir}: tensor {sh.key!r} is not in the checkpoint"
             )
         if tuple(md.size) != tuple(sh.global_shape) and not sh.allow_shape_mismatch:
             raise CheckpointingException(f"{checkpoint_dir}: {_shape_error(sh, md)}")
     for key in object_keys:
         if not isinstance(md_all.get(key), BytesStorageMetadata):
-            raise CheckpointingException(
+            raise KeyNotInCheckpointError(
                 f"{checkpoint_dir}: object {key!r} is not in the checkpoint"
             )
 

@@ -136,10 +136,14 @@ def _check_dispatch(config, etp_size: int) -> None:
             )
         )
     if config.add_bias_linear and etp_size > 1:
+        # Megatron accepts it, but each expert-TP rank adds the whole linear_fc2 bias to its
+        # partial output before the sum over those ranks: the bias counts etp_size times.
         raise ValueError(
             _where(
-                f"add_bias_linear=True in MoE requires expert_tensor_parallel_size 1 "
-                f"(got {etp_size})"
+                f"add_bias_linear=True in MoE with expert_tensor_parallel_size {etp_size}: "
+                f"gigatron refuses it (Megatron adds the full linear_fc2 bias on each of the "
+                f"{etp_size} expert-TP ranks before their sum); use expert_tensor_parallel_size "
+                "1 or add_bias_linear=False"
             )
         )
     f = config.moe_ffn_hidden_size

@@ -229,6 +229,14 @@ def test_config_errors_name_field_and_rule():
         GroupedMLP(4, _config(add_bias_linear=True))
 
 
+def test_expert_bias_with_expert_tensor_parallelism_is_refused_naming_megatrons_sum():
+    from gigatron.core.transformer.moe._checks import check_moe_config
+
+    with pytest.raises(ValueError, match=r"expert_tensor_parallel_size 4: gigatron refuses"):
+        check_moe_config(_config(add_bias_linear=True), ep_size=1, etp_size=4)
+    check_moe_config(_config(add_bias_linear=True), ep_size=1, etp_size=1)
+
+
 def test_moe_layer_freq_pattern():
     assert moe_utils.get_moe_layer_pattern(_config(num_layers=4, moe_layer_freq=2)) == [1, 0, 1, 0]
     assert moe_utils.get_moe_layer_pattern(_config(num_layers=3, moe_layer_freq=[0, 1, 1])) == [
