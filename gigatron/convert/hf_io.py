@@ -141,6 +141,8 @@ class HFReader:
                 "checkpoints are read (no pickle)"
             )
         self._entries: dict[str, tuple[str, dict, int]] = {}
+        self.bytes_read = 0
+        """Bytes `read` has copied from the files (streaming tests and benchmarks)."""
         self.file_metadata: dict = {}
         files = sorted(set(weight_map.values())) if weight_map else [SINGLE_FNAME]
         for fname in files:  # each file the index names stays inside hf_dir
@@ -191,6 +193,32 @@ class HFReader:
             warnings.simplefilter("ignore", UserWarning)
             flat = torch.from_numpy(arr)
         return flat.view(dtype).view(shape)
+
+    def read(self, name: str, box: tuple[slice, ...] = ()) -> torch.Tensor:
+        """Tensor `name`, or its part `box` (one slice per leading dim), read into memory.
+
+        Only the byte range of rows `box[0]` is read (one `os.pread`; a tensor is stored
+        row-major, so a dim-0 slice is contiguous); later dims are sliced in memory. The bytes
+        land in a bytearray, so `tracemalloc` sees what a read holds; `bytes_read` counts them.
+        """
+        path, info, start = self._entry(name)
+        shape, dtype = tuple(info["shape"]), _dtype(info["dtype"])
+        begin = info["data_offsets"][0]
+        rows = box[0] if box and shape else slice(None)
+        r0, r1, step = rows.indices(shape[0]) if shape else (0, 1, 1)
+        if step != 1:
+            raise ValueError(f"HFReader.read({name!r}): a row slice with step {step}")
+        row_bytes = _nbytes(shape[1:], dtype)
+        buf = bytearray(max(r1 - r0, 0) * row_bytes)
+        if buf:
+            with open_regular_file(path, what="safetensors file") as f:
+                got = os.preadv(f.fileno(), [buf], start + begin + r0 * row_bytes)
+            if got != len(buf):
+                raise ValueError(f"{path}: tensor {name!r} truncated ({got} of {len(buf)} bytes)")
+        self.bytes_read += len(buf)
+        flat = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+        out = flat.view(max(r1 - r0, 0), *shape[1:]) if shape else flat.view(())
+        return out[(slice(None), *box[1:])] if len(box) > 1 else out
 
     def _entry(self, name: str):
         if name not in self._entries:

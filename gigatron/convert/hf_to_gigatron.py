@@ -16,7 +16,6 @@ memory-mapped back for the save, so peak memory is about one tensor.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import shutil
@@ -24,7 +23,7 @@ import shutil
 import torch
 
 from gigatron.convert._ckpt_layout import (
-    fill_from_full,
+    fill_from_parts,
     fill_request,
     model_request,
     one_rank_world,
@@ -222,10 +221,12 @@ def _unwrap(chunk):
 def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
     """Fill this rank's GPTModel chunks (any TP x PP x VP x EP layout) from a HF directory.
 
-    Each rank reads only the tensors of its own layers (memory-mapped) and copies the part its
-    `sharded_state_dict()` entries describe (their global offsets: TP shards, global experts).
-    Call it after the model is built and before training; with a mixed-precision optimizer
-    call `optimizer.reload_model_params()` afterwards so the fp32 main copies follow.
+    Streaming: each rank reads only the tensors of its own layers and experts, one at a time;
+    a tensor stored as is (a norm, o_proj, down_proj, a router) is read only over the rows of
+    this rank's piece, a transformed one (fused QKV, GLU fc1, padded vocabulary) whole and then
+    cut. Peak host memory is this rank's model plus one recipe's HF tensors. Call it after the
+    model is built and before training; with a mixed-precision optimizer call
+    `optimizer.reload_model_params()` afterwards so the fp32 main copies follow.
     """
     chunks = [
         _unwrap(c) for c in (model_chunks if isinstance(model_chunks, list) else [model_chunks])
@@ -241,16 +242,33 @@ def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
         by_key = {r.key: r for r in recipes_for(spec, reader.keys(), padded)}
         if spec.tied and "output_layer.weight" not in by_key:
             by_key["output_layer.weight"] = by_key["embedding.word_embeddings.weight"]
-        fill_from_full(sharded, functools.partial(_full_tensor, reader, by_key, hf_dir))
+        fill_from_parts(sharded, _PartReader(reader, by_key, hf_dir))
     return spec
 
 
-def _full_tensor(reader: HFReader, by_key: dict, hf_dir: str, name: str) -> torch.Tensor:
-    """The full (TP = EP = 1) gigatron tensor `name` made from the HF files."""
-    if name not in by_key:
-        raise ValueError(f"load_hf_into_model: {name} has no HF source in {hf_dir}")
-    recipe = by_key[name]
-    return recipe.to_gig(*_gather_inputs(reader, recipe, meta=False))
+class _PartReader:
+    """`(name, box) -> part of the full (TP = EP = 1) gigatron tensor`, read from HF files.
+
+    A recipe that stores the HF tensor as is reads only `box`'s rows; any other recipe reads
+    its inputs whole, transforms, and keeps that one result for the next piece of the same name
+    (a GLU fc1 is cut into its gate and up pieces)."""
+
+    def __init__(self, reader: HFReader, by_key: dict, hf_dir: str):
+        self.reader, self.by_key, self.hf_dir = reader, by_key, hf_dir
+        self._last: tuple[str, torch.Tensor] | None = None
+
+    def __call__(self, name: str, box: tuple) -> torch.Tensor:
+        if name not in self.by_key:
+            raise ValueError(f"load_hf_into_model: {name} has no HF source in {self.hf_dir}")
+        recipe = self.by_key[name]
+        metas = _gather_inputs(self.reader, recipe, meta=True)
+        if len(metas) == 1 and recipe.to_gig(metas[0]) is metas[0]:  # stored as is
+            return self.reader.read(recipe.hf_keys[0], box)
+        if self._last is None or self._last[0] != name:
+            self._last = None  # drop the previous tensor before reading the next
+            full = recipe.to_gig(*(self.reader.read(k) for k in recipe.hf_keys))
+            self._last = (name, full)
+        return self._last[1][box]
 
 
 def load_hf_for_training(model_chunks, optimizer, load_dir: str | None) -> bool:
