@@ -28,6 +28,7 @@ from gigatron.convert._ckpt_layout import (
     model_request,
     one_rank_world,
 )
+from gigatron.convert._part_reader import PartReader
 from gigatron.convert._recipes import recipes_for
 from gigatron.convert.hf_config import (
     MODEL_ARGS,
@@ -218,20 +219,20 @@ def _unwrap(chunk):
     return chunk
 
 
-def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
+def load_hf_into_model(model_chunks, hf_dir: str, *, reader: HFReader | None = None) -> HFModelSpec:
     """Fill this rank's GPTModel chunks (any TP x PP x VP x EP layout) from a HF directory.
 
-    Streaming: each rank reads only the tensors of its own layers and experts, one at a time;
-    a tensor stored as is (a norm, o_proj, down_proj, a router) is read only over the rows of
-    this rank's piece, a transformed one (fused QKV, GLU fc1, padded vocabulary) whole and then
-    cut. Peak host memory is this rank's model plus one recipe's HF tensors. Call it after the
-    model is built and before training; with a mixed-precision optimizer call
-    `optimizer.reload_model_params()` afterwards so the fp32 main copies follow.
+    Streaming: each rank reads only the bytes of its own pieces (its layers, experts, TP
+    slices), one piece at a time (`_part_reader`); recipes that are not row movements (GPT-2's
+    transposes) read one tensor whole. Peak host memory is this rank's model plus one piece
+    (one HF tensor at most). `reader`: an open HFReader of `hf_dir` (its byte counters).
+    Call it after the model is built and before training; with a mixed-precision optimizer
+    call `optimizer.reload_model_params()` afterwards so the fp32 main copies follow.
     """
     chunks = [
         _unwrap(c) for c in (model_chunks if isinstance(model_chunks, list) else [model_chunks])
     ]
-    reader = HFReader(hf_dir)
+    reader = reader or HFReader(hf_dir)
     spec = spec_from_hf_config(read_hf_config(hf_dir, reader))
     for chunk in chunks:
         sharded = chunk.sharded_state_dict()
@@ -242,33 +243,8 @@ def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
         by_key = {r.key: r for r in recipes_for(spec, reader.keys(), padded)}
         if spec.tied and "output_layer.weight" not in by_key:
             by_key["output_layer.weight"] = by_key["embedding.word_embeddings.weight"]
-        fill_from_parts(sharded, _PartReader(reader, by_key, hf_dir))
+        fill_from_parts(sharded, PartReader(reader, by_key, hf_dir))
     return spec
-
-
-class _PartReader:
-    """`(name, box) -> part of the full (TP = EP = 1) gigatron tensor`, read from HF files.
-
-    A recipe that stores the HF tensor as is reads only `box`'s rows; any other recipe reads
-    its inputs whole, transforms, and keeps that one result for the next piece of the same name
-    (a GLU fc1 is cut into its gate and up pieces)."""
-
-    def __init__(self, reader: HFReader, by_key: dict, hf_dir: str):
-        self.reader, self.by_key, self.hf_dir = reader, by_key, hf_dir
-        self._last: tuple[str, torch.Tensor] | None = None
-
-    def __call__(self, name: str, box: tuple) -> torch.Tensor:
-        if name not in self.by_key:
-            raise ValueError(f"load_hf_into_model: {name} has no HF source in {self.hf_dir}")
-        recipe = self.by_key[name]
-        metas = _gather_inputs(self.reader, recipe, meta=True)
-        if len(metas) == 1 and recipe.to_gig(metas[0]) is metas[0]:  # stored as is
-            return self.reader.read(recipe.hf_keys[0], box)
-        if self._last is None or self._last[0] != name:
-            self._last = None  # drop the previous tensor before reading the next
-            full = recipe.to_gig(*(self.reader.read(k) for k in recipe.hf_keys))
-            self._last = (name, full)
-        return self._last[1][box]
 
 
 def load_hf_for_training(model_chunks, optimizer, load_dir: str | None) -> bool:
