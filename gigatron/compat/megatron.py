@@ -9,7 +9,8 @@ WORLD_SIZE=1, MASTER_ADDR=127.0.0.1, a free MASTER_PORT) unless WORLD_SIZE is al
 
 or, inside Python, `import gigatron.compat.megatron as m; m.install()` before the script's own
 imports. After `install()`, `import megatron.core.X` and `import megatron.training.X` resolve to
-`gigatron.core.X` and `gigatron.training.X` (the same module objects). Nothing named `megatron`
+`gigatron.core.X` and `gigatron.training.X` (the same module objects), and `megatron.bridge` (its
+`AutoBridge`) to `gigatron.convert.bridge`. Nothing named `megatron`
 is touched unless this module is used, so gigatron installs beside the real megatron-core.
 A `megatron` module gigatron does not provide fails with ImportError naming it. On a machine
 without CUDA, a script whose CUDA call fails (`torch.cuda.set_device`, `.cuda()`, nccl, a world
@@ -28,7 +29,11 @@ import runpy
 import sys
 import types
 
-_PREFIXES = {"megatron.core": "gigatron.core", "megatron.training": "gigatron.training"}
+_PREFIXES = {
+    "megatron.core": "gigatron.core",
+    "megatron.training": "gigatron.training",
+    "megatron.bridge": "gigatron.convert.bridge",  # Megatron-Bridge's AutoBridge
+}
 
 
 def _target(fullname: str) -> str | None:
@@ -64,8 +69,8 @@ class _MegatronAliasFinder(importlib.abc.MetaPathFinder):
         dst = _target(fullname)
         if dst is None:
             raise ImportError(
-                f"{fullname} is not provided by gigatron's megatron alias (only megatron.core and "
-                "megatron.training are)",
+                f"{fullname} is not provided by gigatron's megatron alias (only megatron.core, "
+                "megatron.training and megatron.bridge are)",
                 name=fullname,
             )
         try:

@@ -95,9 +95,9 @@ def _pieces(entry) -> list:
     return built if isinstance(built, list) else [built]
 
 
-def fill_from_full(sharded_sd: dict, full_tensor) -> None:
-    """Copy into a model's `sharded_state_dict()` tensors their part of the full per-layer
-    tensors `full_tensor(name)` gives (TP / EP pieces by each entry's global offsets)."""
+def fill_from_parts(sharded_sd: dict, tensor_part) -> None:
+    """Copy into a model's `sharded_state_dict()` tensors their part `tensor_part(name, box)`
+    of each per-layer tensor (box: the TP / EP piece, by each entry's global offsets)."""
 
     with torch.no_grad():
         for entry in sharded_sd.values():
@@ -106,7 +106,7 @@ def fill_from_full(sharded_sd: dict, full_tensor) -> None:
             pieces = _pieces(entry)
             for piece in pieces:
                 for name, view, box in tensor_slices(piece):
-                    view.copy_(full_tensor(name)[box])
+                    view.copy_(tensor_part(name, box))
             if pieces[0] is not entry:  # a factory: pieces may be copies (GroupedMLP)
                 entry.data.copy_(entry.merge_fn([p.data for p in pieces]))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import weakref
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -141,6 +142,9 @@ class HFReader:
                 "checkpoints are read (no pickle)"
             )
         self._entries: dict[str, tuple[str, dict, int]] = {}
+        self.bytes_read = 0
+        """Bytes `read` has copied from the files (streaming tests and benchmarks)."""
+        self.live_bytes = self.peak_live_bytes = 0
         self.file_metadata: dict = {}
         files = sorted(set(weight_map.values())) if weight_map else [SINGLE_FNAME]
         for fname in files:  # each file the index names stays inside hf_dir
@@ -192,10 +196,72 @@ class HFReader:
             flat = torch.from_numpy(arr)
         return flat.view(dtype).view(shape)
 
+    def read(self, name: str, box: tuple[slice, ...] = ()) -> torch.Tensor:
+        """Tensor `name`, or its part `box` (one unit-step slice per leading dim), read into
+        memory: only the bytes of `box` (rows `box[0]` are one contiguous range, a 2-D column
+        range `box[1]` one read per row; later dims are sliced in memory).
+
+        `bytes_read` counts the bytes copied from the files; `live_bytes` / `peak_live_bytes`
+        the read buffers still referenced (by the returned tensor or views of it)."""
+        path, info, start = self._entry(name)
+        shape, dtype = tuple(info["shape"]), _dtype(info["dtype"])
+        if not shape:
+            box = ()
+        r0, r1 = _unit_range(box[0], shape[0], name) if box else (0, shape[0] if shape else 1)
+        c0, c1 = 0, shape[1] if len(shape) > 1 else 1
+        if len(shape) == 2 and len(box) > 1:
+            c0, c1 = _unit_range(box[1], shape[1], name)
+            box = box[:1]  # the columns are cut while reading
+        width = _nbytes((), dtype)
+        row = _nbytes(shape[1:], dtype)
+        piece = (c1 - c0) * width if len(shape) == 2 else row
+        buf = _Buffer(max(r1 - r0, 0) * piece)
+        base = start + info["data_offsets"][0]
+        if buf:
+            view = memoryview(buf)
+            with open_regular_file(path, what="safetensors file") as f:
+                if piece == row:  # whole rows: one contiguous range
+                    spans = [(view, base + r0 * row)]
+                else:
+                    spans = [
+                        (view[j * piece : (j + 1) * piece], base + r * row + c0 * width)
+                        for j, r in enumerate(range(r0, r1))
+                    ]
+                for dst, offset in spans:
+                    if os.preadv(f.fileno(), [dst], offset) != len(dst):
+                        raise ValueError(f"{path}: tensor {name!r} is truncated")
+        self._count(buf)
+        flat = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+        if not shape:
+            return flat.view(())
+        cols = (c1 - c0,) if len(shape) == 2 else shape[1:]
+        out = flat.view(max(r1 - r0, 0), *cols)
+        return out[(slice(None), *box[1:])] if len(box) > 1 else out
+
+    def _count(self, buf: bytearray) -> None:
+        self.bytes_read += len(buf)
+        self.live_bytes += len(buf)
+        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        weakref.finalize(buf, self._release, len(buf))
+
+    def _release(self, n: int) -> None:
+        self.live_bytes -= n
+
     def _entry(self, name: str):
         if name not in self._entries:
             raise KeyError(f"tensor {name!r} is not in {self.hf_dir}")
         return self._entries[name]
+
+
+class _Buffer(bytearray):
+    """A read buffer (a bytearray that can be weakly referenced, to count live bytes)."""
+
+
+def _unit_range(part: slice, size: int, name: str) -> tuple[int, int]:
+    begin, end, step = part.indices(size)
+    if step != 1:
+        raise ValueError(f"HFReader.read({name!r}): slice step {step} (only unit steps)")
+    return begin, max(begin, end)
 
 
 def _dtype(name: str) -> torch.dtype:

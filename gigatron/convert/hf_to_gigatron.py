@@ -16,7 +16,6 @@ memory-mapped back for the save, so peak memory is about one tensor.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import shutil
@@ -24,11 +23,12 @@ import shutil
 import torch
 
 from gigatron.convert._ckpt_layout import (
-    fill_from_full,
+    fill_from_parts,
     fill_request,
     model_request,
     one_rank_world,
 )
+from gigatron.convert._part_reader import PartReader
 from gigatron.convert._recipes import recipes_for
 from gigatron.convert.hf_config import (
     MODEL_ARGS,
@@ -219,18 +219,20 @@ def _unwrap(chunk):
     return chunk
 
 
-def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
+def load_hf_into_model(model_chunks, hf_dir: str, *, reader: HFReader | None = None) -> HFModelSpec:
     """Fill this rank's GPTModel chunks (any TP x PP x VP x EP layout) from a HF directory.
 
-    Each rank reads only the tensors of its own layers (memory-mapped) and copies the part its
-    `sharded_state_dict()` entries describe (their global offsets: TP shards, global experts).
+    Streaming: each rank reads only the bytes of its own pieces (its layers, experts, TP
+    slices), one piece at a time (`_part_reader`); recipes that are not row movements (GPT-2's
+    transposes) read one tensor whole. Peak host memory is this rank's model plus one piece
+    (one HF tensor at most). `reader`: an open HFReader of `hf_dir` (its byte counters).
     Call it after the model is built and before training; with a mixed-precision optimizer
     call `optimizer.reload_model_params()` afterwards so the fp32 main copies follow.
     """
     chunks = [
         _unwrap(c) for c in (model_chunks if isinstance(model_chunks, list) else [model_chunks])
     ]
-    reader = HFReader(hf_dir)
+    reader = reader or HFReader(hf_dir)
     spec = spec_from_hf_config(read_hf_config(hf_dir, reader))
     for chunk in chunks:
         sharded = chunk.sharded_state_dict()
@@ -241,16 +243,8 @@ def load_hf_into_model(model_chunks, hf_dir: str) -> HFModelSpec:
         by_key = {r.key: r for r in recipes_for(spec, reader.keys(), padded)}
         if spec.tied and "output_layer.weight" not in by_key:
             by_key["output_layer.weight"] = by_key["embedding.word_embeddings.weight"]
-        fill_from_full(sharded, functools.partial(_full_tensor, reader, by_key, hf_dir))
+        fill_from_parts(sharded, PartReader(reader, by_key, hf_dir))
     return spec
-
-
-def _full_tensor(reader: HFReader, by_key: dict, hf_dir: str, name: str) -> torch.Tensor:
-    """The full (TP = EP = 1) gigatron tensor `name` made from the HF files."""
-    if name not in by_key:
-        raise ValueError(f"load_hf_into_model: {name} has no HF source in {hf_dir}")
-    recipe = by_key[name]
-    return recipe.to_gig(*_gather_inputs(reader, recipe, meta=False))
 
 
 def load_hf_for_training(model_chunks, optimizer, load_dir: str | None) -> bool:
