@@ -137,6 +137,7 @@ def _parallel_args(p):
     _add(g, "--use-distributed-optimizer", bool, help_="shard optimizer state over DP")
     _add(g, "--overlap-grad-reduce", bool, help_="reduce gradients during backward")
     _add(g, "--overlap-param-gather", bool, help_="gather parameters during forward")
+    _fsdp_args(g)
     g.add_argument(
         "--no-gradient-accumulation-fusion",
         dest="gradient_accumulation_fusion",
@@ -154,6 +155,30 @@ def _parallel_args(p):
     )
     _add(g, "--ddp-bucket-size", int, None, "gradient bucket size (elements)")
     _add(g, "--accumulate-allreduce-grads-in-fp32", bool, help_="fp32 gradient buffers")
+
+
+def _fsdp_args(g):
+    """Megatron-FSDP's and FSDP2's flags (docs/fsdp.md); validated in `_fsdp_args.py`."""
+    dtypes = ["fp32", "bf16", "fp16", "auto"]
+    _add(g, "--data-parallel-sharding-strategy", str, "optim_grads_params",
+         "with --use-megatron-fsdp: what is sharded over DP (ZeRO-0 to 3)",
+         choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])  # fmt: skip
+    _add(g, "--megatron-fsdp-version", int, 1, "Megatron-FSDP implementation (one engine here)",
+         choices=[1, 2])  # fmt: skip
+    _add(g, "--megatron-fsdp-main-params-dtype", str, "fp32",
+         "Megatron-FSDP main (sharded) params dtype (fp32 only)", choices=dtypes)  # fmt: skip
+    _add(g, "--megatron-fsdp-main-grads-dtype", str, "auto",
+         "Megatron-FSDP grad reduction dtype (auto: fp32 with --bf16 unless "
+         "--grad-reduce-in-bf16)", choices=dtypes)  # fmt: skip
+    _add(g, "--megatron-fsdp-grad-comm-dtype", str, "auto",
+         "Megatron-FSDP grad communication dtype (auto: the main grads dtype)",
+         choices=dtypes)  # fmt: skip
+    g.add_argument(
+        "--torch-fsdp2-no-reshard-after-forward",
+        action="store_false",
+        dest="torch_fsdp2_reshard_after_forward",
+        help="with --use-torch-fsdp2: keep gathered params from forward to backward",
+    )
 
 
 def _emerging_optimizer_args(g):

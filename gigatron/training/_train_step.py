@@ -55,6 +55,9 @@ def _grad_tensors(model) -> list[torch.Tensor]:
             # and grads outside the buffers (a param frozen when DDP was built, unfrozen later)
             out += [p.grad for p in chunk.parameters() if p.grad is not None]
             continue
+        if hasattr(chunk, "local_grads"):  # FSDP: this rank's shards
+            out += chunk.local_grads()
+            continue
         for p in chunk.parameters():
             g = getattr(p, "main_grad", None)
             g = p.grad if g is None else g

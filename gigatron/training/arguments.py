@@ -28,6 +28,7 @@ from gigatron.training._flags import (
     _parallel_args,
     _training_args,
 )
+from gigatron.training._fsdp_args import check_fsdp_args
 from gigatron.training._yaml_cfg import apply_yaml
 from gigatron.training.cli_errors import known_flags as _known_flags  # noqa: F401
 from gigatron.training.cli_errors import reject_unknown, suggest_flag  # noqa: F401
@@ -353,6 +354,7 @@ def validate_args(args, world_size: int | None = None):
     if not args.mock_data:
         cli_errors.check_data_prefixes(args.data_path)
     _check_resume_flags(args)
+    check_fsdp_args(args)
     validate_compat_args(args)
     from gigatron.training._profiler import check_profile_args
     from gigatron.training._timeline import check_timeline_args

@@ -17,6 +17,11 @@ out of the save), `no_load_optim`, `no_load_rng`, `finetune`, `exit_on_missing_c
 checked on load). Loading a checkpoint saved without optimizer (RNG) state needs
 `no_load_optim` (`no_load_rng`) or `finetune`, as in Megatron.
 
+`--ckpt-format fsdp_dtensor` (Megatron-FSDP) and `torch_dcp` (FSDP2) are written and read by this
+same save, in torch_dist's layout: an FSDP rank saves the rows of each global tensor it holds
+(`core.distributed.fsdp.sharded_state_dict`), so FSDP and DDP checkpoints load into each other
+at any DP size (not Megatron's fsdp_dtensor key layout).
+
 gigatron differences: optimizer state is saved in the fully reshardable form of
 `dist_checkpointing.optimizer` (per-parameter global tensors, flat ranges for the distributed
 optimizer), so model and optimizer load at any TP/PP/DP layout; the async writer is a thread,

@@ -251,10 +251,7 @@ def add_compat_args(p) -> None:
 REFUSED_CKPT_FORMATS = {
     "torch": "Megatron's legacy per-rank torch.save files (mp_rank_XX/model_optim_rng.pt); "
     "gigatron writes and reads torch_dist (torch.distributed.checkpoint) only",
-    "torch_dcp": "gigatron's torch_dist is already written with torch.distributed.checkpoint; "
-    "the plain torch_dcp layout is not",
     "zarr": "no zarr backend",
-    "fsdp_dtensor": "no Megatron-FSDP",
 }
 
 

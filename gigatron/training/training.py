@@ -16,13 +16,20 @@ save a checkpoint before exiting on every rank.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 
 import torch
 
 from gigatron.core import parallel_state as ps
-from gigatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from gigatron.core.distributed import (
+    DistributedDataParallel,
+    FullyShardedDataParallel,
+    TorchFullyShardedDataParallel,
+    TorchFullyShardedDataParallelConfig,
+    finalize_model_grads,
+)
 from gigatron.core.num_microbatches_calculator import (
     get_num_microbatches,
     init_num_microbatches_calculator,
@@ -82,11 +89,16 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
     device = (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
     )
+    fsdp = wrap_with_ddp and (
+        getattr(args, "use_megatron_fsdp", False) or getattr(args, "use_torch_fsdp2", False)
+    )
     for chunk in chunks:
         # a model built on the meta device (`gigatron estimate`) stays there
         if device is not None and not any(p.is_meta for p in chunk.parameters()):
             chunk.to(device)
-        if args.params_dtype != torch.float32:
+        if fsdp:  # the shards are the fp32 main params; FSDP gathers compute-dtype copies
+            chunk.float()
+        elif args.params_dtype != torch.float32:
             chunk.to(args.params_dtype)
     helpers.check_moe_layer_pattern(chunks, getattr(chunks[0], "config", None))
     _compile_chunks(args, chunks)
@@ -95,6 +107,8 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
     if not wrap_with_ddp:
         return chunks
     ddp_config = get_megatron_ddp_config(args)
+    if fsdp:
+        return [_fully_shard(args, chunk, ddp_config) for chunk in chunks]
     return [
         DistributedDataParallel(
             config=chunk.config,
@@ -104,6 +118,17 @@ def get_model(model_provider_func, model_type=None, wrap_with_ddp: bool = True):
         )
         for i, chunk in enumerate(chunks)
     ]
+
+
+def _fully_shard(args, chunk, ddp_config):
+    """`--use-megatron-fsdp` / `--use-torch-fsdp2`: the chunk sharded over DP (docs/fsdp.md)."""
+    if args.use_megatron_fsdp:
+        return FullyShardedDataParallel(chunk.config, ddp_config, chunk)
+    fields = {f.name: getattr(ddp_config, f.name) for f in dataclasses.fields(ddp_config)}
+    fsdp2_config = TorchFullyShardedDataParallelConfig(
+        **fields, reshard_after_forward=args.torch_fsdp2_reshard_after_forward
+    )
+    return TorchFullyShardedDataParallel(chunk.config, fsdp2_config, chunk)
 
 
 def _compile_chunks(args, chunks) -> None:

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from gigatron.core.dist_checkpointing.core import CheckpointingException
 from gigatron.core.dist_checkpointing.mapping import (
@@ -56,7 +57,17 @@ def _units(optimizer) -> tuple[list, bool]:
         ]
         units += [(inner, p, p, 0, p.numel()) for g in optimizer.fp32_from_fp32_groups for p in g]
         return units, False
+    if getattr(optimizer, "steps_dtensor_shards", False):  # FSDP: this rank's shard of each
+        units = [
+            (inner, p, p, 0, _local(p).numel()) for g in inner.param_groups for p in g["params"]
+        ]
+        return [u for u in units if u[4]], False  # an empty shard has nothing to save
     return [(inner, p, p, 0, p.numel()) for g in inner.param_groups for p in g["params"]], False
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (an FSDP-sharded param or its Adam moment), else the tensor."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 # torch.optim param-group keys that pick the kernel, not the update's math
@@ -162,7 +173,8 @@ def optimizer_sharded_state_dict(
     layouts = _model_layouts(model_sharded_sd)
     tensors, steps = {}, set()
     for n, (torch_opt, param, main, lo, hi) in enumerate(units):
-        found = layouts.get((param.data_ptr(), tuple(param.shape)))
+        local = _local(param)
+        found = layouts.get((local.data_ptr(), tuple(local.shape)))
         if found is None:
             raise CheckpointingException(
                 f"optimizer parameter of shape {tuple(param.shape)} is not in the model's "
@@ -172,9 +184,11 @@ def optimizer_sharded_state_dict(
         state = _ensure_state(torch_opt, main)
         if getattr(torch_opt, "state_names", None) is None:  # step-counting (Adam) state
             steps.add(float(state["step"]) if "step" in state else 0.0)
-        named = {k: v for k, v in state.items() if torch.is_tensor(v) and v.shape == main.shape}
+        named = {
+            k: _local(v) for k, v in state.items() if torch.is_tensor(v) and v.shape == main.shape
+        }
         if param.dtype != torch.float32:
-            named["fp32_param"] = main.detach()
+            named["fp32_param"] = _local(main.detach())
         for name, value in sorted(named.items()):
             replica = _replica(pieces[0].replica_id, distributed)
             key = f"{prefix}state.{name}.{pieces[0].key}"

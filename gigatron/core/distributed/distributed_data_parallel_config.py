@@ -2,8 +2,9 @@
 `megatron.core.distributed.distributed_data_parallel_config`.
 
 Same field names and defaults as Megatron. Fields for features gigatron does not implement
-(Megatron-FSDP, FP8/MXFP8 param gather, NCCL user buffers, partial distributed optimizer, ...)
-are accepted at their defaults and raise ValueError when set to anything else.
+(Megatron-FSDP's double buffer, FP8/MXFP8 param gather, NCCL user buffers, partial distributed
+optimizer, ...) are accepted at their defaults and raise ValueError when set to anything else.
+Megatron-FSDP's strategy and dtypes run on FSDP2 (`fsdp/fully_shard.py`).
 """
 
 from __future__ import annotations
@@ -69,13 +70,17 @@ class DistributedDataParallelConfig:
     """MXFP8 only (not implemented; must be False)."""
 
     use_megatron_fsdp: bool = False
-    """Megatron-FSDP path (not implemented; must be False)."""
+    """Wrap the model in FullyShardedDataParallel (gigatron: on PyTorch's FSDP2)."""
 
     use_custom_fsdp: bool = False
-    """Deprecated alias of use_megatron_fsdp (must be False)."""
+    """Deprecated alias of use_megatron_fsdp."""
+
+    megatron_fsdp_version: int = 1
+    """Megatron-FSDP implementation, 1 or 2 (gigatron: the same FSDP2 engine for both)."""
 
     data_parallel_sharding_strategy: str = "no_shard"
-    """FSDP sharding strategy; only 'no_shard' (use use_distributed_optimizer for ZeRO-1)."""
+    """With use_megatron_fsdp: no_shard | optim | optim_grads | optim_grads_params (ZeRO-0 to
+    ZeRO-3; docs/fsdp.md)."""
 
     gradient_reduce_div_fusion: bool = True
     """FSDP knob; no effect here."""
@@ -127,10 +132,12 @@ class DistributedDataParallelConfig:
     """Megatron-FSDP knob; must be torch.float32."""
 
     megatron_fsdp_main_grads_dtype: Any = None
-    """Megatron-FSDP knob; must be None."""
+    """Megatron-FSDP: dtype grads are reduced in when megatron_fsdp_grad_comm_dtype is None
+    (torch.float32 / torch.bfloat16; None: the compute dtype, fp32 with grad_reduce_in_fp32);
+    the sharded grads the optimizer reads are fp32."""
 
     megatron_fsdp_grad_comm_dtype: Any = None
-    """Megatron-FSDP knob; must be None."""
+    """Megatron-FSDP: dtype of the grad reduce-scatter (None: as megatron_fsdp_main_grads_dtype)."""
 
     megatron_fsdp_use_decoupled_grad: bool = False
     """Megatron-FSDP knob; must be False."""
@@ -151,9 +158,6 @@ class DistributedDataParallelConfig:
             "reduce_scatter_with_fp32_accumulation": False,
             "fp8_param_gather": False,
             "reuse_grad_buf_for_mxfp8_param_ag": False,
-            "use_megatron_fsdp": False,
-            "use_custom_fsdp": False,
-            "data_parallel_sharding_strategy": "no_shard",
             "keep_fp8_transpose_cache": False,
             "nccl_ub": False,
             "fsdp_double_buffer": False,
@@ -164,8 +168,6 @@ class DistributedDataParallelConfig:
             "fp4_param_gather": False,
             "fsdp_db_use_persist_buf_on_alloc_fail": False,
             "megatron_fsdp_main_params_dtype": torch.float32,
-            "megatron_fsdp_main_grads_dtype": None,
-            "megatron_fsdp_grad_comm_dtype": None,
             "megatron_fsdp_use_decoupled_grad": False,
             "megatron_fsdp_cuda_graph_mode": False,
             "megatron_fsdp_enable_fine_grained_param_gather": False,
@@ -178,6 +180,7 @@ class DistributedDataParallelConfig:
                     f"DistributedDataParallelConfig.{name} ({value!r}) is not supported by "
                     f"gigatron; it must be {allowed!r} ({_FILE})"
                 )
+        self._check_fsdp()
         if tuple(self.param_name_patterns_for_fp32_local_accumulation):
             raise ValueError(
                 "DistributedDataParallelConfig.param_name_patterns_for_fp32_local_accumulation "
@@ -195,3 +198,25 @@ class DistributedDataParallelConfig:
                 "use_distributed_optimizer=True: only its params are gathered (gigatron refuses "
                 f"it here, Megatron in its arguments) ({_FILE})"
             )
+
+    def _check_fsdp(self) -> None:
+        """Megatron-FSDP's fields: the strategy and dtypes named, the version 1 or 2."""
+        strategies = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+        if self.data_parallel_sharding_strategy not in strategies:
+            raise ValueError(
+                "DistributedDataParallelConfig.data_parallel_sharding_strategy "
+                f"({self.data_parallel_sharding_strategy!r}) must be one of {strategies}"
+            )
+        if self.megatron_fsdp_version not in (1, 2):
+            raise ValueError(
+                f"DistributedDataParallelConfig.megatron_fsdp_version "
+                f"({self.megatron_fsdp_version!r}) must be 1 or 2"
+            )
+        for name in ("megatron_fsdp_main_grads_dtype", "megatron_fsdp_grad_comm_dtype"):
+            value = getattr(self, name)
+            if value not in (None, torch.float32, torch.bfloat16):
+                raise ValueError(
+                    f"DistributedDataParallelConfig.{name} ({value!r}) must be None, "
+                    "torch.float32 or torch.bfloat16 in gigatron (fp16 is not supported with "
+                    "FSDP)"
+                )

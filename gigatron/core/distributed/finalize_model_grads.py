@@ -23,6 +23,7 @@ import logging
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from gigatron.core import parallel_state as ps
 from gigatron.core.utils import get_attr_wrapped_model, get_model_config
@@ -31,8 +32,10 @@ logger = logging.getLogger(__name__)
 
 
 def _main_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
-    """Where the grad lives: `main_grad` under DDP, else `.grad`."""
-    return param.main_grad if hasattr(param, "main_grad") else param.grad
+    """Where the grad lives: `main_grad` under DDP, else `.grad` (under FSDP this rank's shard
+    of it: TP ranks hold the same DP shard of a replicated param, so they reduce shard-wise)."""
+    grad = param.main_grad if hasattr(param, "main_grad") else param.grad
+    return grad.to_local() if isinstance(grad, DTensor) else grad
 
 
 def _all_reduce_coalesced(grads: list[torch.Tensor], group) -> None:

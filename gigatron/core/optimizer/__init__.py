@@ -3,7 +3,9 @@
 `get_megatron_optimizer(config, model_chunks)` groups the params of DDP-wrapped model chunks
 (no weight decay for biases and 1-D params, decoupled lr for embedding/output params), builds a
 torch AdamW/Adam/SGD, and wraps it: FP32Optimizer (fp32), Float16OptimizerWithFloat16Params
-(bf16/fp16 with fp32 main params) or DistributedOptimizer (sharded over DP). Dense and expert
+(bf16/fp16 with fp32 main params) or DistributedOptimizer (sharded over DP); chunks wrapped
+in FullyShardedDataParallel / TorchFullyShardedDataParallel get an FP32Optimizer over their
+DTensor shards (`_fully_sharded_optimizer.py`). Dense and expert
 params get separate optimizers (different DP groups), joined by a ChainedOptimizer.
 """
 
@@ -16,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from gigatron.core import parallel_state as ps
+from gigatron.core.optimizer._fully_sharded_optimizer import FullyShardedOptimizer
 from gigatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from gigatron.core.optimizer.emerging_optimizers import (
     _EMERGING_OPTIMIZERS,
@@ -251,7 +254,16 @@ def _build(
     init_state_fn = init_state_fn or default_init_state_fn
 
     scaler = _grad_scaler(config)
-    if config.use_distributed_optimizer:
+    sharded = [getattr(c, "data_parallel_sharding_strategy", None) for c in model_chunks]
+    if any(getattr(c, "is_fully_sharded", False) for c in model_chunks):
+        if config.fp16:
+            raise ValueError(
+                f"OptimizerConfig.fp16 (True) is not supported with FSDP-sharded chunks ({_FILE})"
+            )
+        opt = FullyShardedOptimizer(inner, config, init_state_fn)
+        # shards differ on every rank; no_shard's are replicas over DP
+        opt.grad_stats_parallel_group = mp_group if "no_shard" in sharded else world
+    elif config.use_distributed_optimizer:
         attr = "expert_parallel_buffers" if expert else "buffers"
         per_model_buffers = {i: getattr(c, attr, []) for i, c in enumerate(model_chunks)}
         opt = DistributedOptimizer(

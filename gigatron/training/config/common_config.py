@@ -48,3 +48,10 @@ class DistributedInitConfig:
     local_rank: int | None = None
     """Set by old launchers; accepted, no effect: gigatron reads LOCAL_RANK / RANK from the
     environment."""
+
+    use_megatron_fsdp: bool = False
+    """Megatron-FSDP (gigatron: on PyTorch's FSDP2) with --data-parallel-sharding-strategy.
+    Cannot be used together with use_torch_fsdp2."""
+
+    use_torch_fsdp2: bool = False
+    """PyTorch's FSDP2 (`fully_shard`) over the data-parallel group; no PP, no EP."""

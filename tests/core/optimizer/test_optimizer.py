@@ -247,8 +247,14 @@ def test_config_errors():
         OptimizerConfig(overlap_param_gather=True)
     with pytest.raises(ValueError, match=r"lr \(None\)"):
         get_megatron_optimizer(OptimizerConfig(), [_mlp()])
-    with pytest.raises(ValueError, match="use_megatron_fsdp"):
-        DistributedDataParallelConfig(use_megatron_fsdp=True)
+    with pytest.raises(ValueError, match=r"data_parallel_sharding_strategy \('zero3'\)"):
+        DistributedDataParallelConfig(
+            use_megatron_fsdp=True, data_parallel_sharding_strategy="zero3"
+        )
+    with pytest.raises(ValueError, match="megatron_fsdp_grad_comm_dtype"):
+        DistributedDataParallelConfig(megatron_fsdp_grad_comm_dtype=torch.float16)
+    with pytest.raises(ValueError, match="fsdp_double_buffer"):
+        DistributedDataParallelConfig(use_megatron_fsdp=True, fsdp_double_buffer=True)
     with pytest.raises(ValueError, match="num_distributed_optimizer_instances"):
         DistributedDataParallelConfig(num_distributed_optimizer_instances=2)
     with pytest.raises(ValueError, match="overlap_param_gather"):
