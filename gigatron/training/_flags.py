@@ -329,6 +329,17 @@ def _data_args(p):
         help_="packed sequences: cu_seqlens at document bounds, no attention across them",
     )
     _add(g, "--eod-mask-loss", bool, help_="mask the loss on end-of-document tokens")
+    g = p.add_argument_group("sft")
+    _add(
+        g,
+        "--sft",
+        bool,
+        help_="Megatron SFT training: --data-path names JSONL conversations "
+        "(loss on assistant answers only, conversations of a line packed into one row)",
+    )
+    _add(g, "--sft-tokenizer-prompt-format", str, "nemotron-h-aligned",
+         "SFT prompt format (--tokenizer-type SFTTokenizer): default (the tokenizer's chat "
+         "template), identity, nemotron-h-aligned, nemotron-nano-v2")  # fmt: skip
 
 
 def _checkpoint_logging_args(p):

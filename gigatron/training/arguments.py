@@ -184,6 +184,24 @@ def _check_rerun_flags(args) -> None:
         )
 
 
+def _check_sft_flags(args) -> None:
+    """--sft reads JSONL conversations through SFTTokenizer and packs them itself (Megatron's
+    rules: no mock data, no EOD-based masks)."""
+    if args.tokenizer_type != "SFTTokenizer":
+        raise ValueError(
+            f"--sft needs --tokenizer-type SFTTokenizer (got {args.tokenizer_type}): the chat "
+            "template tells prompts from answers"
+        )
+    if args.mock_data or not args.data_path:
+        raise ValueError("--sft needs --data-path FILE.jsonl (conversations), not --mock-data")
+    for flag in ("reset_position_ids", "reset_attention_mask"):
+        if getattr(args, flag, False):
+            raise ValueError(
+                f"--sft packs conversations with their own bounds; --{flag.replace('_', '-')} "
+                "must be off"
+            )
+
+
 def _check_resume_flags(args) -> None:
     """Megatron's rules for the resume switches."""
     if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
@@ -348,9 +366,11 @@ def validate_args(args, world_size: int | None = None):
         args.accumulate_allreduce_grads_in_fp32 = False
     if args.transformer_impl != "local":
         args.transformer_impl = "local"  # no Transformer Engine: the local spec is the only one
-    if not args.mock_data and not args.data_path:
+    if args.sft:
+        _check_sft_flags(args)
+    elif not args.mock_data and not args.data_path:
         raise ValueError("give --data-path PREFIX (or --mock-data for random tokens)")
-    if not args.mock_data:
+    elif not args.mock_data:
         cli_errors.check_data_prefixes(args.data_path)
     _check_resume_flags(args)
     validate_compat_args(args)

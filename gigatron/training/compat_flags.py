@@ -270,6 +270,7 @@ TOKENIZER_TYPES = (
     "TikTokenizer",
     "BertWordPieceLowerCase",
     "BertWordPieceCase",
+    "SFTTokenizer",
 )
 
 
