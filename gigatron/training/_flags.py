@@ -342,6 +342,17 @@ def _data_args(p):
          "template), identity, nemotron-h-aligned, nemotron-nano-v2")  # fmt: skip
 
 
+def _lora_args(p):
+    g = p.add_argument_group("gigatron: LoRA (Megatron-Bridge's LoRA config as flags)")
+    _add(g, "--lora-rank", int, None, "gigatron: LoRA rank (Bridge's dim); set: base weights "
+         "frozen, adapters trained, --save writes adapter-only checkpoints")  # fmt: skip
+    _add(g, "--lora-alpha", int, 32, "gigatron: LoRA alpha (update scale alpha / rank)")
+    _add(g, "--lora-dropout", float, 0.0, "gigatron: dropout on the adapters' input")
+    _add(g, "--lora-target-modules", str, ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+         "gigatron: layers to adapt", nargs="+",
+         choices=["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])  # fmt: skip
+
+
 def _checkpoint_logging_args(p):
     g = p.add_argument_group("gigatron: checkpoints, logging and YAML")
     _add(g, "--ckpt-verify-integrity", bool, help_="check the SHA-256 manifest on load (gigatron)")

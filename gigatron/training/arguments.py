@@ -23,6 +23,7 @@ from gigatron.training._flags import (
     _checkpoint_logging_args,
     _data_args,
     _fp8_args,
+    _lora_args,
     _mla_args,
     _model_args,
     _parallel_args,
@@ -51,6 +52,7 @@ def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
         _fp8_args,
         _training_args,
         _data_args,
+        _lora_args,
         add_config_flags,
         _checkpoint_logging_args,
         add_compat_args,
@@ -366,6 +368,16 @@ def validate_args(args, world_size: int | None = None):
         args.accumulate_allreduce_grads_in_fp32 = False
     if args.transformer_impl != "local":
         args.transformer_impl = "local"  # no Transformer Engine: the local spec is the only one
+    if args.lora_rank is not None and (args.lora_rank < 1 or not 0 <= args.lora_dropout < 1):
+        raise ValueError(
+            f"--lora-rank ({args.lora_rank}) must be >= 1 and --lora-dropout "
+            f"({args.lora_dropout}) in [0, 1)"
+        )
+    if args.lora_rank is not None and args.load and not (args.finetune or args.no_load_optim):
+        raise ValueError(
+            f"--lora-rank with --load {args.load}: the checkpoint is the base model; pass "
+            "--finetune (its optimizer state is not the adapters')"
+        )
     if args.sft:
         _check_sft_flags(args)
     elif not args.mock_data and not args.data_path:

@@ -1,7 +1,8 @@
 """`gigatron train --sft` from a Hugging Face Llama directory: the loss on the answers falls
 over a few steps, and a data set of rows packing two conversations each trains exactly as the
 same conversations one per row (--calculate-per-token-loss: the step's gradient is the mean
-over all answer tokens, whatever the rows hold)."""
+over all answer tokens, whatever the rows hold). With --lora-rank the same run trains adapters
+only and --save writes an adapter-only checkpoint."""
 
 import numpy
 import pytest
@@ -48,9 +49,13 @@ def test_sft_packed_rows_train_as_unpacked_and_answer_loss_falls(tmp_path):
     convs = [conversation(rng, turns=1 + i % 2) for i in range(16)]
     packed = write_jsonl(f"{tmp}/packed.jsonl", [convs[i] + convs[i + 1] for i in range(0, 16, 2)])
     single = write_jsonl(f"{tmp}/single.jsonl", [[m for m in c] for c in convs])
+    lora = ["--lora-rank", "4", "--lora-alpha", "16", "--save", f"{tmp}/lora"]
+    lora += ["--save-interval", "4"]
     runs = {}
-    for name, data, gbs in (("packed", packed, 2), ("single", single, 4)):
-        flags = sft_flags(f"{tmp}/hf", data, tmp) + ["--global-batch-size", str(gbs)]
+    for name, data, gbs, extra in (
+        ("packed", packed, 2, []), ("single", single, 4, []), ("lora", packed, 2, lora)
+    ):  # fmt: skip
+        flags = sft_flags(f"{tmp}/hf", data, tmp) + ["--global-batch-size", str(gbs), *extra]
         result = run_pretrain_gpt(flags)
         runs[name] = [h["losses"]["lm loss"] for h in result["history"]]
     reset_globals()
@@ -59,6 +64,15 @@ def test_sft_packed_rows_train_as_unpacked_and_answer_loss_falls(tmp_path):
         assert abs(a - b) <= 1e-6 * abs(b), runs
     losses = runs["packed"]
     assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < losses[0] - 0.3, runs
+    # LoRA (B starts at zero: the base model's first loss), then only the adapters train
+    lora_losses = runs["lora"]
+    assert abs(lora_losses[0] - losses[0]) <= 1e-6 * losses[0], runs
+    assert all(b < a for a, b in zip(lora_losses, lora_losses[1:])), runs
+    from gigatron.training.peft.adapter_io import read_adapters
+
+    state, config = read_adapters(f"{tmp}/lora/lora/iter_0000004")
+    assert len(state) == 2 * 4 * 2 and config.dim == 4 and config.alpha == 16
+    assert any(v.abs().max() > 0 for k, v in state.items() if "linear_out" in k)  # B trained
 
 
 @pytest.mark.parametrize(
@@ -68,9 +82,13 @@ def test_sft_packed_rows_train_as_unpacked_and_answer_loss_falls(tmp_path):
         (["--tokenizer-type", "SFTTokenizer", "--mock-data"], "--sft needs --data-path"),
         (["--tokenizer-type", "SFTTokenizer", "--data-path", "d.jsonl", "--reset-position-ids"],
          "--reset-position-ids must be off"),
+        (["--tokenizer-type", "SFTTokenizer", "--data-path", "d.jsonl", "--lora-rank", "0"],
+         "--lora-rank \\(0\\) must be >= 1"),
+        (["--tokenizer-type", "SFTTokenizer", "--data-path", "d.jsonl", "--lora-rank", "4",
+          "--load", "base"], "pass --finetune"),
     ],
 )  # fmt: skip
-def test_sft_flag_mistakes_are_one_line_errors(extra, message):
+def test_sft_and_lora_flag_mistakes_are_one_line_errors(extra, message):
     from gigatron.training.arguments import parse_args, validate_args
 
     base = [

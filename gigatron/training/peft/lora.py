@@ -51,7 +51,7 @@ from gigatron.core.tensor_parallel.mappings import (
     reduce_from_tensor_model_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
 )
-from gigatron.core.utils import group_rank, group_size
+from gigatron.core.utils import group_rank, group_size, unwrap_model
 
 TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -109,6 +109,16 @@ class LoRA:
                     _attach(module, global_name(name, module_of=chunk), self)
             chunk.train(training)
         return model
+
+
+def lora_from_args(args) -> LoRA | None:
+    """The LoRA of `gigatron train`'s --lora-* flags (None without --lora-rank)."""
+    if not getattr(args, "lora_rank", None):
+        return None
+    return LoRA(
+        target_modules=list(args.lora_target_modules), dim=args.lora_rank,
+        alpha=args.lora_alpha, dropout=args.lora_dropout, seed=args.seed,
+    )  # fmt: skip
 
 
 def global_name(name: str, *, module_of) -> str:
@@ -262,7 +272,7 @@ def _attach(module, name: str, lora: LoRA) -> None:
 
 def adapted_layers(model):
     """(global name, layer) of every adapted layer of `model` (a module or a list of chunks)."""
-    for chunk in model if isinstance(model, list) else [model]:
+    for chunk in unwrap_model(model if isinstance(model, list) else [model]):
         for name, module in chunk.named_modules():
             if hasattr(module, "adapter") and hasattr(module, "_lora_hook"):
                 yield global_name(name, module_of=chunk), module
