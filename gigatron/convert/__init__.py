@@ -2,10 +2,12 @@
 
 `convert_hf_to_gigatron(hf_dir, out_dir)` writes a torch_dist training checkpoint that loads at
 any TP x PP layout; `convert_gigatron_to_hf(ckpt_dir, out_dir)` writes safetensors back;
-`load_hf_into_model(model_chunks, hf_dir)` fills a built (sharded) model straight from HF files.
+`load_hf_into_model(model_chunks, hf_dir)` fills a built (sharded) model straight from HF files;
+`recipes_for_keys(spec, keys)` gives the per-tensor mapping of Megatron keys to HF tensors.
 See docs/convert.md.
 """
 
+from gigatron.convert._recipes import recipes_for_keys
 from gigatron.convert.gigatron_to_hf import convert_gigatron_to_hf
 from gigatron.convert.hf_config import HFModelSpec, is_hf_dir, read_hf_config, spec_from_hf_config
 from gigatron.convert.hf_to_gigatron import (
@@ -22,5 +24,6 @@ __all__ = [
     "load_hf_for_training",
     "load_hf_into_model",
     "read_hf_config",
+    "recipes_for_keys",
     "spec_from_hf_config",
 ]

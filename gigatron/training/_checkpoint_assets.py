@@ -23,7 +23,7 @@ _TOKENIZER_FILES = {
     "Llama2Tokenizer": (("tokenizer_model", "tokenizer.model"),),
     "TikTokenizer": (("tokenizer_model", "tokenizer.json"),),
 }
-_SAVE_PRETRAINED_TYPES = ("HuggingFaceTokenizer", "MultimodalTokenizer")
+_SAVE_PRETRAINED_TYPES = ("HuggingFaceTokenizer", "MultimodalTokenizer", "SFTTokenizer")
 
 
 def _absolute(path: str) -> str:

@@ -354,6 +354,28 @@ def _data_args(p):
         help_="packed sequences: cu_seqlens at document bounds, no attention across them",
     )
     _add(g, "--eod-mask-loss", bool, help_="mask the loss on end-of-document tokens")
+    g = p.add_argument_group("sft")
+    _add(
+        g,
+        "--sft",
+        bool,
+        help_="Megatron SFT training: --data-path names JSONL conversations "
+        "(loss on assistant answers only, conversations of a line packed into one row)",
+    )
+    _add(g, "--sft-tokenizer-prompt-format", str, "nemotron-h-aligned",
+         "SFT prompt format (--tokenizer-type SFTTokenizer): default (the tokenizer's chat "
+         "template), identity, nemotron-h-aligned, nemotron-nano-v2")  # fmt: skip
+
+
+def _lora_args(p):
+    g = p.add_argument_group("gigatron: LoRA (Megatron-Bridge's LoRA config as flags)")
+    _add(g, "--lora-rank", int, None, "gigatron: LoRA rank (Bridge's dim); set: base weights "
+         "frozen, adapters trained, --save writes adapter-only checkpoints")  # fmt: skip
+    _add(g, "--lora-alpha", int, 32, "gigatron: LoRA alpha (update scale alpha / rank)")
+    _add(g, "--lora-dropout", float, 0.0, "gigatron: dropout on the adapters' input")
+    _add(g, "--lora-target-modules", str, ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+         "gigatron: layers to adapt", nargs="+",
+         choices=["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])  # fmt: skip
 
 
 def _checkpoint_logging_args(p):

@@ -23,6 +23,7 @@ from gigatron.training._flags import (
     _checkpoint_logging_args,
     _data_args,
     _fp8_args,
+    _lora_args,
     _mla_args,
     _model_args,
     _parallel_args,
@@ -52,6 +53,7 @@ def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
         _fp8_args,
         _training_args,
         _data_args,
+        _lora_args,
         add_config_flags,
         _checkpoint_logging_args,
         add_compat_args,
@@ -183,6 +185,24 @@ def _check_rerun_flags(args) -> None:
             f"--error-injection-rate {rate}: gigatron injects no errors (its rerun state "
             "machine runs only 'disabled'); leave it 0"
         )
+
+
+def _check_sft_flags(args) -> None:
+    """--sft reads JSONL conversations through SFTTokenizer and packs them itself (Megatron's
+    rules: no mock data, no EOD-based masks)."""
+    if args.tokenizer_type != "SFTTokenizer":
+        raise ValueError(
+            f"--sft needs --tokenizer-type SFTTokenizer (got {args.tokenizer_type}): the chat "
+            "template tells prompts from answers"
+        )
+    if args.mock_data or not args.data_path:
+        raise ValueError("--sft needs --data-path FILE.jsonl (conversations), not --mock-data")
+    for flag in ("reset_position_ids", "reset_attention_mask"):
+        if getattr(args, flag, False):
+            raise ValueError(
+                f"--sft packs conversations with their own bounds; --{flag.replace('_', '-')} "
+                "must be off"
+            )
 
 
 def _check_resume_flags(args) -> None:
@@ -349,9 +369,21 @@ def validate_args(args, world_size: int | None = None):
         args.accumulate_allreduce_grads_in_fp32 = False
     if args.transformer_impl != "local":
         args.transformer_impl = "local"  # no Transformer Engine: the local spec is the only one
-    if not args.mock_data and not args.data_path:
+    if args.lora_rank is not None and (args.lora_rank < 1 or not 0 <= args.lora_dropout < 1):
+        raise ValueError(
+            f"--lora-rank ({args.lora_rank}) must be >= 1 and --lora-dropout "
+            f"({args.lora_dropout}) in [0, 1)"
+        )
+    if args.lora_rank is not None and args.load and not (args.finetune or args.no_load_optim):
+        raise ValueError(
+            f"--lora-rank with --load {args.load}: the checkpoint is the base model; pass "
+            "--finetune (its optimizer state is not the adapters')"
+        )
+    if args.sft:
+        _check_sft_flags(args)
+    elif not args.mock_data and not args.data_path:
         raise ValueError("give --data-path PREFIX (or --mock-data for random tokens)")
-    if not args.mock_data:
+    elif not args.mock_data:
         cli_errors.check_data_prefixes(args.data_path)
     _check_resume_flags(args)
     check_fsdp_args(args)

@@ -267,6 +267,7 @@ TOKENIZER_TYPES = (
     "TikTokenizer",
     "BertWordPieceLowerCase",
     "BertWordPieceCase",
+    "SFTTokenizer",
 )
 
 

@@ -16,6 +16,7 @@ from gigatron.core.models.gpt.gpt_layer_specs import (
 )
 from gigatron.training import _pretrain_common as common
 from gigatron.training._config_from_args import core_transformer_config_from_args
+from gigatron.training.peft.lora import lora_from_args
 from gigatron.training.utils import args_by_name
 
 
@@ -26,6 +27,7 @@ def gpt_builder(
     With `--num-experts` the decoder comes from `get_gpt_decoder_block_spec`, as Megatron's
     pretrain_gpt builds it: MoE layers where `--moe-layer-freq` says, dense ones elsewhere.
     With `--mtp-num-layers` the last stage gets the MTP block (`get_gpt_mtp_block_spec`).
+    With `--lora-rank` the model is frozen and adapted (`gigatron.training.peft.LoRA`).
     `config` (a TransformerConfig) replaces the one the flags give; `pg_collection` is
     Megatron's argument and must be None (the groups come from parallel_state)."""
     if pg_collection is not None:
@@ -47,7 +49,7 @@ def gpt_builder(
         mtp_block_spec = get_gpt_mtp_block_spec(
             config, spec, use_transformer_engine=True, vp_stage=vp_stage
         )
-    return GPTModel(
+    model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
         mtp_block_spec=mtp_block_spec,
@@ -57,3 +59,5 @@ def gpt_builder(
         seq_len_interpolation_factor=getattr(args, "rotary_seq_len_interpolation_factor", None),
         vp_stage=vp_stage,
     )
+    lora = lora_from_args(args)
+    return model if lora is None else lora(model)

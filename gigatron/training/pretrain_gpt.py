@@ -17,6 +17,7 @@ from gigatron.core.packed_seq_params import PackedSeqParams
 from gigatron.core.transformer.enums import ModelType
 from gigatron.core.utils import flatten_batch_for_packed_sequences, get_batch_on_this_cp_rank
 from gigatron.training import _pretrain_common as common
+from gigatron.training.datasets.sft_dataset import SFTDataset
 from gigatron.training.global_vars import get_args, get_tokenizer
 from gigatron.training.gpt_builders import gpt_builder
 from gigatron.training.initialize import destroy_distributed
@@ -81,9 +82,17 @@ def forward_step(data_iterator, model):
 
 
 def train_valid_test_datasets_provider(train_val_test_num_samples, vp_stage=None):
-    """GPT datasets (or mock ones) from --data-path / --split through the blended builder."""
+    """GPT datasets (or mock ones) from --data-path / --split through the blended builder;
+    with --sft, SFTDataset rows of packed JSONL conversations."""
 
     args = get_args()
+    if args.sft:  # JSONL conversations, packed per line (always thd, as Megatron's)
+        config = GPTDatasetConfig(
+            **common.dataset_config_kwargs(args, get_tokenizer()),
+            reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+            create_attention_mask=False, context_parallel_size=args.context_parallel_size,
+        )  # fmt: skip
+        return common.build_datasets(SFTDataset, train_val_test_num_samples, config, "SFT")
     inter_document_masking = args.dataloader_inter_document_masking
     config = GPTDatasetConfig(
         **common.dataset_config_kwargs(args, get_tokenizer()),

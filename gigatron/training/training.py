@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import time
 
 import torch
@@ -65,6 +66,8 @@ from gigatron.training.data_samplers import (  # noqa: F401
 from gigatron.training.flops import num_floating_point_operations as step_flops
 from gigatron.training.global_vars import get_args, get_timers  # noqa: F401
 from gigatron.training.initialize import initialize_megatron
+from gigatron.training.peft.adapter_io import save_adapters
+from gigatron.training.peft.lora import lora_from_args
 from gigatron.training.utils import print_rank_0
 
 
@@ -286,6 +289,13 @@ def _save(iteration, model, optimizer, scheduler, flops_so_far) -> None:
     if getattr(args, "last_saved_iteration", None) == iteration:
         return  # already saved at this step (interval and end of training coincide)
     _sync_params_before_save(model)
+    lora = lora_from_args(args)
+    if lora is not None:  # adapter-only checkpoints: the base model is the one loaded
+        path = os.path.join(args.save, "lora", f"iter_{iteration:07d}")
+        save_adapters(model, lora, path)
+        args.last_saved_iteration = iteration
+        print_rank_0(f"saved LoRA adapters at iteration {iteration} to {path}")
+        return
     save_checkpoint(iteration, model, optimizer, scheduler, flops_so_far)
     args.last_saved_iteration = iteration
     if args.async_save:  # written in the background: published (and said so) when finalized

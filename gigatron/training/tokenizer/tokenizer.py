@@ -15,6 +15,7 @@ from typing import Any
 
 from gigatron.core.datasets.megatron_tokenizer import MegatronLegacyTokenizer
 from gigatron.core.tokenizers.null_tokenizer import NullTokenizer
+from gigatron.core.tokenizers.text.libraries.sft_tokenizer import SFTTokenizer
 from gigatron.training.tokenizer._bert_wordpiece import _BertWordPieceTokenizer
 from gigatron.training.tokenizer._common import (
     _import_tokenizers,
@@ -69,6 +70,11 @@ def build_tokenizer(args: Any, **kwargs: Any) -> MegatronLegacyTokenizer:
         )
     elif kind == "HuggingFaceTokenizer":
         tokenizer = _HuggingFaceTokenizer(_require(args, "tokenizer_model", kind), **kwargs)
+    elif kind == "SFTTokenizer":
+        tokenizer = SFTTokenizer(
+            _require(args, "tokenizer_model", kind),
+            getattr(args, "sft_tokenizer_prompt_format", None) or "nemotron-h-aligned",
+        )
     elif kind == "SentencePieceTokenizer":
         tokenizer = _SentencePieceTokenizer(
             _require(args, "tokenizer_model", kind),
@@ -105,7 +111,7 @@ def build_tokenizer(args: Any, **kwargs: Any) -> MegatronLegacyTokenizer:
         supported = (
             "NullTokenizer, GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
             "GPTSentencePieceTokenizer, Llama2Tokenizer, TikTokenizer, BertWordPieceLowerCase, "
-            "BertWordPieceCase"
+            "BertWordPieceCase, SFTTokenizer"
         )
         raise ValueError(f"tokenizer_type {kind!r} is not supported; use one of {supported}")
     if getattr(args, "padded_vocab_size", None) is None:

@@ -36,7 +36,9 @@ def test_padded_vocab_size_already_set_or_not_asked_is_kept():
 def test_unknown_and_missing_types():
     with pytest.raises(ValueError, match="tokenizer_type Nope is not supported"):
         build_tokenizer(_args(tokenizer_type="Nope"))
-    with pytest.raises(NotImplementedError, match="SFTTokenizer"):
+    with pytest.raises(NotImplementedError, match="MultimodalTokenizer"):
+        build_tokenizer(_args(tokenizer_type="MultimodalTokenizer"))
+    with pytest.raises(NotImplementedError, match="SFTTokenizer: build it with gigatron.training"):
         build_tokenizer(_args(tokenizer_type="SFTTokenizer"))
     with pytest.raises(NotImplementedError, match="gigatron.training.tokenizer.build_tokenizer"):
         build_tokenizer(_args(tokenizer_type="GPT2BPETokenizer"))

@@ -5,10 +5,10 @@
 "null-text": `vocab_size` as given, EOD `vocab_size - 1` or `args.null_tokenizer_eod_id`, PAD
 `args.null_tokenizer_pad_id` or -1). The file-backed types (Hugging Face, SentencePiece,
 tiktoken, GPT-2 BPE, BERT WordPiece) raise NotImplementedError naming
-`gigatron.training.tokenizer.build_tokenizer`, which builds them from the same args (gigatron's
-core does not import its training layer); "MultimodalTokenizer", "NullMultimodalTokenizer" and
-"SFTTokenizer" are Megatron types gigatron does not have (NotImplementedError); any other type is
-a ValueError.
+`gigatron.training.tokenizer.build_tokenizer`, which builds them (and "SFTTokenizer",
+`gigatron.core.tokenizers.text.libraries.sft_tokenizer`) from the same args (gigatron's core does
+not import its training layer); "MultimodalTokenizer" and "NullMultimodalTokenizer" are Megatron
+types gigatron does not have (NotImplementedError); any other type is a ValueError.
 With `args.pad_vocab_size` set, `args.padded_vocab_size` is filled in when None.
 """
 
@@ -26,7 +26,7 @@ SUPPORTED_TOKENIZERS = [
     "HuggingFaceTokenizer", "TikTokenizer", "MultimodalTokenizer", "NullTokenizer",
     "NullMultimodalTokenizer", "SFTTokenizer", *MEGATRON_TOKENIZERS, *SP_TOKENIZERS,
 ]  # fmt: skip
-_NOT_IN_GIGATRON = ("MultimodalTokenizer", "NullMultimodalTokenizer", "SFTTokenizer")
+_NOT_IN_GIGATRON = ("MultimodalTokenizer", "NullMultimodalTokenizer")
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def build_tokenizer(args: Any, **kwargs: Any):
         raise ValueError(f"tokenizer_type {kind} is not supported; "
                          f"the available tokenizers are {SUPPORTED_TOKENIZERS}")  # fmt: skip
     if kind in _NOT_IN_GIGATRON:
-        raise NotImplementedError(f"tokenizer_type {kind}: gigatron has no multimodal or SFT "
+        raise NotImplementedError(f"tokenizer_type {kind}: gigatron has no multimodal "
                                   "tokenizer")  # fmt: skip
     if kind != "NullTokenizer":
         raise NotImplementedError(f"tokenizer_type {kind}: build it with "
