@@ -85,7 +85,13 @@ LAYERS: list[list[str]] = [
     ["gigatron.core.tensor_parallel"],
     # transformer building blocks (with the RoPE the attention modules apply) and their enums;
     # fused kernels over TP layers and the attention mask types
-    ["gigatron.core.transformer", "gigatron.core.enums", "gigatron.core.fusions"],
+    # and the state-space mixers of hybrid models beside them
+    [
+        "gigatron.core.transformer",
+        "gigatron.core.enums",
+        "gigatron.core.fusions",
+        "gigatron.core.ssm",
+    ],
     # models assembled from the blocks; the Transformer Engine spec provider (TE absent) beside
     # the layer specs
     ["gigatron.core.models", "gigatron.core.extensions"],

@@ -137,6 +137,21 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     apply_rope_fusion: bool = False
     """Fused RoPE kernel (speed hint)."""
 
+    # ---- hybrid models: Mamba-2 layers (gigatron.core.ssm) ----
+    is_hybrid_model: bool = False
+    """The model mixes Mamba / attention / MLP layers by a hybrid layer pattern."""
+    mamba_state_dim: int = 128
+    """SSM state size n of the Mamba-2 layers."""
+    mamba_head_dim: int = 64
+    """Head dimension p of the Mamba-2 layers."""
+    mamba_num_groups: int = 8
+    """Number of B/C groups g of the Mamba-2 layers (heads share B and C within a group)."""
+    mamba_num_heads: int | None = None
+    """Number of Mamba-2 heads; None = 2 * hidden_size // mamba_head_dim (expand 2)."""
+    use_mamba_mem_eff_path: bool = True
+    """Megatron's fused-kernel switch; gigatron's one pure-PyTorch path computes the same math
+    either way (speed hint)."""
+
     # ---- activation recompute ----
     recompute_granularity: str | None = None
     """None, 'full' (whole layers) or 'selective' (the modules in recompute_modules)."""
