@@ -20,6 +20,7 @@ import torch
 from gigatron.testing import run_distributed
 from tests.convert.test_hf_fixtures import VOCAB, make_hf_model
 
+pytestmark = pytest.mark.multirank
 transformers = pytest.importorskip("transformers")
 B, S = 2, 8
 _SHARD = 40_000  # bytes: the tiny models are written in several files + index
