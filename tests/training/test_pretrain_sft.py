@@ -2,15 +2,18 @@
 over a few steps, and a data set of rows packing two conversations each trains exactly as the
 same conversations one per row (--calculate-per-token-loss: the step's gradient is the mean
 over all answer tokens, whatever the rows hold). With --lora-rank the same run trains adapters
-only and --save writes an adapter-only checkpoint."""
+only and --save writes an adapter-only checkpoint; at TP 2 on two gloo ranks it gives the
+one-rank losses (the adapters start from the same values at every layout)."""
 
 import numpy
 import pytest
 
+from gigatron.testing import run_distributed
 from tests._one_rank import one_rank_fixtures
 from tests.training._gpt_runs import reset_globals, run_pretrain_gpt
 from tests.training.datasets._chat_data import conversation, make_chat_tokenizer, write_jsonl
 
+pytestmark = pytest.mark.multirank
 pytest.importorskip("transformers")
 gloo_world, single_rank = one_rank_fixtures()
 
@@ -39,7 +42,12 @@ def sft_flags(hf_dir: str, data: str, tmp: str) -> list[str]:
         "--train-iters", "4", "--eval-iters", "0", "--log-interval", "100",
         "--no-progress-bar", "--num-workers", "0", "--hidden-dropout", "0",
         "--attention-dropout", "0", "--calculate-per-token-loss", "--seed", "3",
+        "--make-vocab-size-divisible-by", "32",  # 64 rows at TP 1 and 2
     ]  # fmt: skip
+
+
+def _losses(flags: list[str]) -> list[float]:
+    return [h["losses"]["lm loss"] for h in run_pretrain_gpt(flags)["history"]]
 
 
 def test_sft_packed_rows_train_as_unpacked_and_answer_loss_falls(tmp_path):
@@ -59,6 +67,11 @@ def test_sft_packed_rows_train_as_unpacked_and_answer_loss_falls(tmp_path):
         result = run_pretrain_gpt(flags)
         runs[name] = [h["losses"]["lm loss"] for h in result["history"]]
     reset_globals()
+    tp2 = sft_flags(f"{tmp}/hf", packed, tmp) + ["--global-batch-size", "2", *lora]
+    tp2 += ["--tensor-model-parallel-size", "2", "--save", f"{tmp}/lora_tp2"]
+    for rank_losses in run_distributed(_losses, 2, args=(tp2,), timeout=240):
+        for a, b in zip(rank_losses, runs["lora"], strict=True):
+            assert abs(a - b) <= 1e-5 * abs(b), (rank_losses, runs["lora"])
     assert len(runs["packed"]) == 4
     for a, b in zip(runs["packed"], runs["single"], strict=True):
         assert abs(a - b) <= 1e-6 * abs(b), runs

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from gigatron.core.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
+    get_cuda_rng_tracker,
     set_tensor_model_parallel_attributes,
 )
 from gigatron.core.tensor_parallel.mappings import (
@@ -178,7 +179,11 @@ class ParallelLinearAdapter(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: the base layer's input -> the update to add to its output (same shape)."""
         if self.dropout is not None:
-            x = self.dropout(x)
+            if self.column and not self.sequence_parallel:
+                x = self.dropout(x)  # the input is the same on every TP rank: so is the mask
+            else:  # a TP-split input: masks drawn per rank, as Megatron's for such activations
+                with get_cuda_rng_tracker().fork():
+                    x = self.dropout(x)
         h = F.linear(x, self.linear_in.weight)  # [s(/tp), b, r] (partial for a row layer)
         if self.column:
             if self.sequence_parallel:

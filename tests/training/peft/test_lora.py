@@ -73,6 +73,22 @@ def _losses_and_grads(hf_dir, tp, sp=False):
     return loss.detach(), grads, based, merged, adapters
 
 
+def test_lora_dropout_draws_masks_in_training_only(tmp_path):
+    from gigatron.core import parallel_state as ps
+    from gigatron.training.peft import LoRA
+
+    make_llama_dir(str(tmp_path), seed=2)
+    model = LoRA(dim=4, alpha=8, dropout=0.5, lora_B_init_method="normal")(_model(str(tmp_path)))
+    ids, _ = _batch()
+    with torch.no_grad():
+        train_a, train_b = model(ids, None, None), model(ids, None, None)
+        model.eval()
+        eval_a, eval_b = model(ids, None, None), model(ids, None, None)
+    ps.destroy_model_parallel()
+    assert (train_a - train_b).abs().max() > 1e-4 and (train_a - eval_a).abs().max() > 1e-4
+    torch.testing.assert_close(eval_a, eval_b, atol=0, rtol=0)
+
+
 def _tp2_and_pp2(hf_dir, ckpt):
     from gigatron.core import parallel_state as ps
     from gigatron.training.peft import LoRA
