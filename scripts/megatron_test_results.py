@@ -116,6 +116,13 @@ KNOWN_TESTS = (
         r"^FileNotFoundError: .*test_fast_builder/",
     ),
     (
+        r"data/test_builder\.py::test_builder$",
+        "deliberate difference",
+        "a split asked for 0 samples is None on every rank in gigatron (--eval-iters 0 with a "
+        "blend); Megatron builds an empty BlendedDataset there when the blend has no weights",
+        r"^AttributeError: 'NoneType' object has no attribute 'datasets'",
+    ),
+    (
         r"test_parallel_state\.py::test_different_initialize_order_unconsistency\[",
         "fails on Megatron too (marked flaky; its CI deselects it)",
         "order tp-pp-ep-dp with pp > 1 and expert data parallel size != data parallel size: "

@@ -82,7 +82,8 @@ def _not_here(fn: str):
 def _cpu_distributed() -> None:
     """Megatron's `Utils` runs unchanged on gloo CPU ranks: inside its calls, `torch.cuda`'s
     set_device / synchronize do nothing and device_count is the local world size; everywhere,
-    an nccl process group is a gloo one (with a finite timeout, so a lost rank fails a test)."""
+    an nccl process group is a gloo one (with a finite timeout, so a lost rank fails a test),
+    synchronised among its members only when created with a rank list."""
     import contextlib
 
     import torch
@@ -99,15 +100,20 @@ def _cpu_distributed() -> None:
                 args = ("gloo" if "nccl" in args[0] else args[0], *args[1:])
             if "nccl" in str(kwargs.get("backend")):
                 kwargs["backend"] = "gloo"
+                if fn is new_group and kwargs.get("ranks") is not None:
+                    # an NCCL group is created lazily, so Megatron's tests may create one on
+                    # its members only (each rank its own DP group); gloo connects at once and
+                    # needs every rank unless only the members synchronise
+                    kwargs.setdefault("use_local_synchronization", True)
             if fn is init_process_group:
                 kwargs.setdefault("timeout", timeout)
             return fn(*args, **kwargs)
 
         return call
 
-    init_process_group = dist.init_process_group
+    init_process_group, new_group = dist.init_process_group, dist.new_group
     dist.init_process_group = gloo(init_process_group)
-    dist.new_group = gloo(dist.new_group)
+    dist.new_group = gloo(new_group)
 
     @contextlib.contextmanager
     def cpu_cuda():

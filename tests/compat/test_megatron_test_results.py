@@ -126,6 +126,13 @@ def test_a_cuda_device_index_modulo_zero_device_count_needs_cuda():
     assert mtr.classify(message, nodeid=nodeid) == "needs CUDA"
 
 
+def test_a_zero_sample_split_being_none_is_not_called_a_missing_name():
+    nodeid = "tests/unit_tests/data/test_builder.py::test_builder"
+    message = "AttributeError: 'NoneType' object has no attribute 'datasets'"
+    assert mtr.classify(message, nodeid=nodeid) == "deliberate difference"
+    assert mtr.classify(message, nodeid=nodeid + "_other") == "gap: missing name"
+
+
 def test_an_unknown_message_stays_unclassified():
     assert mtr.classify("RuntimeError: something new") == mtr.UNCLASSIFIED
 
