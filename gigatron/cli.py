@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "train-bert": ("gigatron.training.pretrain_bert", "train a BERT model (pretrain_bert.py)"),
     "train-t5": ("gigatron.training.pretrain_t5", "train a T5 model (pretrain_t5.py)"),
+    "train-hybrid": (
+        "gigatron.training.pretrain_hybrid",
+        "train a hybrid Mamba-2 / attention model (pretrain_hybrid.py)",
+    ),
     "preprocess": ("gigatron.tools.preprocess_data", "tokenize JSON lines / text into .bin/.idx"),
     "merge": ("gigatron.tools.merge_datasets", "merge several .bin/.idx prefixes into one"),
     "train-tokenizer": ("gigatron.tools.train_tokenizer", "train a BPE tokenizer on a corpus"),

@@ -432,3 +432,22 @@ def _mla_args(p):
     _add(g, "--yarn-original-max-position-embeddings", int, None, "YaRN original context")
     _add(g, "--yarn-beta-fast", float, None, "YaRN beta_fast")
     _add(g, "--yarn-beta-slow", float, None, "YaRN beta_slow")
+
+
+def _hybrid_args(p):
+    """Megatron's hybrid-model flags (Mamba-2 layers; docs/hybrid.md)."""
+    g = p.add_argument_group("hybrid models (Mamba-2)")
+    _add(g, "--hybrid-layer-pattern", str, None,
+         "one symbol per layer: M mamba, * attention, - MLP, E MoE; | between pipeline stages "
+         "(e.g. 'M*M-|M-M*'); sets --num-layers")  # fmt: skip
+    _add(g, "--hybrid-override-pattern", str, None, "deprecated: --hybrid-layer-pattern")
+    spec_help = "<module> <name> of the stack spec (pretrain_hybrid only)"
+    _add(g, "--spec", str, None, spec_help, nargs="*")
+    _add(g, "--is-hybrid-model", bool, help_="the model is a hybrid (set by the pattern)")
+    _add(g, "--mamba-state-dim", int, 128, "SSM state size of the Mamba layers")
+    _add(g, "--mamba-head-dim", int, 64, "head dimension of the Mamba layers")
+    _add(g, "--mamba-num-groups", int, 8, "B/C groups of the Mamba layers")
+    _add(g, "--mamba-num-heads", int, None, "Mamba heads (None: 2 * hidden / head dim)")
+    g.add_argument("--disable-mamba-mem-eff-path", action="store_false",
+                   dest="use_mamba_mem_eff_path",
+                   help="accepted: one pure-PyTorch Mamba path either way")  # fmt: skip

@@ -17,12 +17,17 @@ import sys
 import torch
 
 from gigatron.compat.errors import ArgumentError
+from gigatron.core.models.hybrid.hybrid_layer_allocation import (
+    get_hybrid_total_layer_count,
+    parse_hybrid_pattern,
+)
 from gigatron.training import cli_errors
 from gigatron.training._config_flags import add_config_flags, add_resume_flags
 from gigatron.training._flags import (
     _checkpoint_logging_args,
     _data_args,
     _fp8_args,
+    _hybrid_args,
     _lora_args,
     _mla_args,
     _model_args,
@@ -49,6 +54,7 @@ def build_parser(extra_args_provider=None) -> argparse.ArgumentParser:
     for adder in (
         _model_args,
         _mla_args,
+        _hybrid_args,
         _parallel_args,
         _fp8_args,
         _training_args,
@@ -243,11 +249,31 @@ def _check_validation(args) -> None:
         )
 
 
+def _hybrid_pattern_sets_layers(args) -> None:
+    """Megatron's rule: --hybrid-override-pattern forwards to --hybrid-layer-pattern, which sets
+    --num-layers (its layer count) and --is-hybrid-model."""
+    override = getattr(args, "hybrid_override_pattern", None)
+    if override is not None:
+        if args.hybrid_layer_pattern is not None:
+            raise ValueError(
+                "--hybrid-override-pattern and --hybrid-layer-pattern cannot both be given "
+                "(--hybrid-override-pattern is deprecated; use --hybrid-layer-pattern)"
+            )
+        args.hybrid_layer_pattern = override
+    if getattr(args, "hybrid_layer_pattern", None) is None:
+        return
+    args.num_layers = get_hybrid_total_layer_count(
+        parse_hybrid_pattern(args.hybrid_layer_pattern).main_pattern
+    )
+    args.is_hybrid_model = True
+
+
 def validate_args(args, world_size: int | None = None):
     """Fill derived values and check the combination, raising ValueError naming the flags."""
     ws = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
     args.world_size = ws
     args.rank = int(os.environ.get("RANK", "0"))
+    _hybrid_pattern_sets_layers(args)
     for name in (
         "num_layers",
         "hidden_size",

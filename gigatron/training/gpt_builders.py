@@ -35,6 +35,11 @@ def gpt_builder(
             "gpt_builder: pg_collection must be None (gigatron builds models on parallel_state's "
             "groups)"
         )
+    if getattr(args, "spec", None) or getattr(args, "hybrid_layer_pattern", None):
+        raise ValueError(
+            "--spec / --hybrid-layer-pattern build hybrid models: run pretrain_hybrid "
+            "(gigatron train-hybrid), not pretrain_gpt"
+        )
     config = config if config is not None else core_transformer_config_from_args(args)
     if args.num_experts:
         spec = get_gpt_decoder_block_spec(

@@ -28,7 +28,10 @@ _PATH = re.compile(
 )
 _NAME = re.compile(r"\bgigatron(?:\.\w+)+")
 # names of other projects' files written in our docs on purpose (not paths of this repo)
-_FOREIGN_PATHS = {"examples/gpt3/train_gpt3_175b_distributed.sh"}  # Megatron-LM's script
+_FOREIGN_PATHS = {  # Megatron-LM's scripts
+    "examples/gpt3/train_gpt3_175b_distributed.sh",
+    "examples/mamba/train.sh",
+}
 _PLACEHOLDER_NAMES = {"gigatron.core.X"}  # README: `import megatron.core.X` -> `gigatron.core.X`
 
 

@@ -118,8 +118,9 @@ def _model_layouts(model_sharded_sd: dict) -> dict:
     return out
 
 
-def _flat_pieces(key, flat, base, pieces, lo, hi, replica_id):
-    """ShardedTensors for flat state `flat` = base.view(-1)[lo:hi] laid out like `pieces`."""
+def _flat_pieces(key_prefix, flat, base, pieces, lo, hi, replica_id):
+    """ShardedTensors `key_prefix + piece.key` for flat state `flat` = base.view(-1)[lo:hi] laid
+    out like `pieces` (a factory's pieces may have keys of their own: Mamba's in_proj parts)."""
     out = []
     for piece in pieces:
         shares = piece.data.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
@@ -136,7 +137,7 @@ def _flat_pieces(key, flat, base, pieces, lo, hi, replica_id):
             continue
         out.append(
             ShardedTensor(
-                key,
+                f"{key_prefix}{piece.key}",
                 flat[a - lo : b - lo],
                 flat.dtype,
                 piece.local_shape,
@@ -196,7 +197,8 @@ def optimizer_sharded_state_dict(
                 flat = value.detach().reshape(-1)
             else:
                 flat = value.detach().view(-1)
-            for i, sh in enumerate(_flat_pieces(key, flat, base, pieces, lo, hi, replica)):
+            key_prefix = f"{prefix}state.{name}."
+            for i, sh in enumerate(_flat_pieces(key_prefix, flat, base, pieces, lo, hi, replica)):
                 tensors[f"{key}#{n}.{i}"] = sh  # stacked layers share a key
     if len(steps) > 1:
         raise CheckpointingException(f"optimizer params disagree on 'step': {sorted(steps)}")
