@@ -111,6 +111,12 @@ def check_config_sizes(cfg: dict, shapes: dict[str, tuple], path: str) -> None:
     for key in ("num_local_experts", "num_experts"):  # Mixtral / Qwen-MoE, OLMoE
         if key in cfg and _indices(_EXPERT, names):
             _count(cfg, key, path, _indices(_EXPERT, names), "experts")
+    if family == "gpt_oss":  # experts stacked: [E, h, 2f] and [E, f, h]
+        n, x = f("num_local_experts"), "model.layers.0.mlp.experts."
+        num, inter = (lab("num_local_experts", n), n), (lab("intermediate_size", ffn), ffn)
+        two_f = (f"2 x intermediate_size ({ffn})", 2 * ffn)
+        _shape(shapes, x + "gate_up_proj", [num, hid, two_f], path)
+        _shape(shapes, x + "down_proj", [num, inter, hid], path)
     if family == "mixtral":
         moe = "model.layers.0.block_sparse_moe.experts.0.w2.weight"
         _shape(shapes, moe, [hid, (lab("intermediate_size", ffn), ffn)], path)

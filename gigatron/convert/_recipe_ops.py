@@ -10,7 +10,9 @@ converts whole checkpoints one key at a time, and fills a TP/PP/EP-sharded model
 - GLU fc1 rows [all gate; all up] (`glu`: HF gate_proj + up_proj; a fused HF gate_up_proj is
   already this layout: `same`);
 - `transposed`: GPT-2's Conv1D [in, out] <-> nn.Linear's [out, in];
-- `vocab`: embedding / output rows padded with zeros to the padded vocabulary.
+- `vocab`: embedding / output rows padded with zeros to the padded vocabulary;
+- `stacked`: one expert's slice of a HF tensor holding all E experts ([E, ...], GPT-OSS), with a
+  per-slice transform (`interleaved_glu` rows g_0, u_0, g_1, u_1 .. <-> [gate; up], transposes).
 HF Llama-style RoPE is rotate-half, Megatron's default (rotary_interleaved=False): no row
 permutation of q / k.
 """
@@ -31,6 +33,10 @@ class Recipe:
     hf_keys: tuple[str, ...]
     to_gig: Callable[..., Tensor]
     to_hf: Callable[[Tensor], tuple[Tensor, ...]]
+    stack: tuple[int, int] | None = None
+    """(e, E) for one expert of HF tensors that stack E experts on a new leading dim: `to_gig`
+    takes the whole stacked tensors, `to_hf` gives expert e's slice of each (`hf_outputs`
+    stacks the E slices back)."""
 
 
 def qkv_to_megatron(q: Tensor, k: Tensor, v: Tensor, num_heads: int, num_groups: int) -> Tensor:
@@ -107,3 +113,48 @@ def fused_qkv(key: str, hf_key: str, heads: int, groups: int) -> Recipe:
 def optional(names, recipe: Recipe) -> list[Recipe]:
     """[recipe] when every HF tensor it reads is in `names` (biases, QK norms), else []."""
     return [recipe] if all(k in names for k in recipe.hf_keys) else []
+
+
+def interleaved_glu(t: Tensor) -> Tensor:
+    """GLU rows interleaved [g_0, u_0, g_1, u_1, ..] -> Megatron's [gate; up] (dim 0)."""
+    return torch.cat([t[0::2], t[1::2]], dim=0)
+
+
+def interleave_glu(t: Tensor) -> Tensor:
+    """Inverse of interleaved_glu: [gate; up] rows -> [g_0, u_0, g_1, u_1, ..]."""
+    gate, up = t.chunk(2)
+    return torch.stack([gate, up], dim=1).reshape(t.shape)
+
+
+def stacked(
+    key: str, hf_key: str, e: int, num: int, fn: Callable = None, inverse: Callable = None
+) -> Recipe:
+    """Expert e of HF tensor [E, ...] <-> Megatron `key` = fn(slice e) (E = num; fn and its
+    exact inverse act on one slice; identity when omitted)."""
+    fn, inverse = fn or (lambda t: t), inverse or (lambda t: t)
+    return Recipe(
+        key, (hf_key,), lambda t: fn(t[e]).contiguous(), lambda t: (inverse(t).contiguous(),),
+        stack=(e, num),
+    )  # fmt: skip
+
+
+def hf_outputs(recipes, tensor_of: Callable[[str], Tensor]):
+    """(HF name, tensor) of each recipe's inverse on `tensor_of(recipe.key)`, in recipe order;
+    a stacked HF tensor comes once, when its last expert slice is made (torch.stack of the E
+    slices: one stacked tensor per name is held at a time). Works on meta tensors (plans)."""
+    pending: dict[str, list] = {}
+    for r in recipes:
+        outs = r.to_hf(tensor_of(r.key))
+        if r.stack is None:
+            yield from zip(r.hf_keys, outs)
+            continue
+        e, num = r.stack
+        for name, t in zip(r.hf_keys, outs):
+            slots = pending.setdefault(name, [None] * num)
+            slots[e] = t
+            if all(s is not None for s in slots):
+                yield name, torch.stack(pending.pop(name))
+    if pending:
+        name, slots = next(iter(pending.items()))
+        missing = [i for i, s in enumerate(slots) if s is None]
+        raise ValueError(f"{name}: stacked HF tensor lacks experts {missing[:8]}")

@@ -19,6 +19,7 @@ import torch
 
 from gigatron.convert._ckpt_layout import entry_shape, load_entry, per_layer_entries
 from gigatron.convert._hf_sizes import check_layer_count
+from gigatron.convert._recipe_ops import hf_outputs
 from gigatron.convert._recipes import _Every, family_recipes, recipes_for_keys
 from gigatron.convert.hf_config import parse_config_json, spec_from_hf_config
 from gigatron.convert.hf_io import write_safetensors
@@ -96,16 +97,14 @@ def convert_gigatron_to_hf(
     spec = spec_from_hf_config(cfg)
     recipes = recipes_for_keys(spec, entries, entry_shape(emb)[0])
     _check_complete(spec, recipes, entries)
-    plan = []
-    for r in recipes:
-        meta = torch.empty(
-            entry_shape(entries[r.key]), dtype=entries[r.key][2].dtype, device="meta"
-        )
-        plan += [(k, tuple(t.shape), t.dtype) for k, t in zip(r.hf_keys, r.to_hf(meta))]
+
+    def meta(key):
+        return torch.empty(entry_shape(entries[key]), dtype=entries[key][2].dtype, device="meta")
+
+    plan = [(k, tuple(t.shape), t.dtype) for k, t in hf_outputs(recipes, meta)]
 
     def produce():
-        for r in recipes:
-            yield from zip(r.hf_keys, r.to_hf(load_entry(entries[r.key], ckpt_dir)))
+        yield from hf_outputs(recipes, lambda key: load_entry(entries[key], ckpt_dir))
 
     os.makedirs(out_dir, exist_ok=True)
     files = write_safetensors(out_dir, plan, produce(), max_shard_bytes=max_shard_bytes)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from gigatron.convert._hf_sizes import check_config_sizes
 from gigatron.convert.families import FAMILIES, get_family
 from gigatron.convert.hf_io import HFReader
+from gigatron.core.activations import quick_gelu
 from gigatron.core.models.common.vocab_utils import vocab_size_with_padding
 from gigatron.core.models.gpt import GPTModel
 from gigatron.core.models.gpt import gpt_layer_specs as specs
@@ -97,7 +98,8 @@ class HFModelSpec:
             norm_epsilon=c["layernorm_epsilon"],
             apply_layernorm_1p=False,
             apply_residual_connection_post_layernorm=False,
-            swiglu=bool(c.get("gated_linear_unit")),
+            swiglu=bool(c.get("gated_linear_unit")) and c["activation_func"] is not quick_gelu,
+            quick_geglu=bool(c.get("gated_linear_unit")) and c["activation_func"] is quick_gelu,
             openai_gelu=_is_tanh_gelu(c["activation_func"]),
             squared_relu=False,
             disable_bias_linear=not c["add_bias_linear"],
@@ -110,6 +112,12 @@ class HFModelSpec:
             vocab_size=self.vocab_size,
             padded_vocab_size=self.padded_vocab_size,
         )
+        if m["position_embedding_type"] == "yarn":  # Megatron's flags of the yarn_* fields
+            args.update(
+                rotary_base=m["rotary_base"],
+                rotary_percent=m.get("rotary_percent", 1.0),
+                **{flag: c[field] for flag, field in _GPT_YARN_ARGS.items() if field in c},
+            )
         if m["position_embedding_type"] == "rope":
             args.update(
                 rotary_base=m["rotary_base"],
@@ -119,8 +127,9 @@ class HFModelSpec:
                 rope_scaling_factor=float(m.get("rope_scaling_factor", 8.0)),
                 rotary_seq_len_interpolation_factor=m.get("seq_len_interpolation_factor"),
             )
-        if c.get("window_size") is not None:  # Mistral / Mixtral sliding_window
+        if c.get("window_size") is not None:  # Mistral / Mixtral / GPT-OSS sliding_window
             args.update(window_size=tuple(c["window_size"]))
+        args.update({k: c[k] for k in _LAYER_ARGS if c.get(k) is not None})
         if c.get("num_moe_experts"):
             args.update(
                 num_experts=c["num_moe_experts"],
@@ -157,6 +166,19 @@ _MLA_ARGS = (
     "mscale_all_dim",
 )  # fmt: skip
 _YARN_ARGS = ("original_max_position_embeddings", "beta_fast", "beta_slow")
+# GPTModel's YaRN (position_embedding_type 'yarn'): flag -> TransformerConfig field
+_GPT_YARN_ARGS = {
+    "rotary_scaling_factor": "yarn_rotary_scaling_factor",
+    "yarn_original_max_position_embeddings": "yarn_original_max_position_embeddings",
+    "yarn_beta_fast": "yarn_beta_fast", "yarn_beta_slow": "yarn_beta_slow",
+    "mscale": "yarn_mscale", "mscale_all_dim": "yarn_mscale_all_dim",
+    "yarn_correction_range_round_to_int": "yarn_correction_range_round_to_int",
+}  # fmt: skip
+# Per-layer attention / MLP settings (GPT-OSS), config field = flag name
+_LAYER_ARGS = (
+    "window_attn_skip_freq", "softmax_type", "glu_linear_offset", "activation_func_clamp_value",
+)  # fmt: skip
+_NEGATED = {"yarn_correction_range_round_to_int"}  # False: the --no- flag
 
 # Fields of a converted checkpoint's args that are not `gigatron train` flags.
 _NOT_FLAGS = ("padded_vocab_size", "hf_model_type", "hf_config_json", "tokenizer_in_checkpoint_dir")
@@ -167,9 +189,12 @@ def args_to_flags(fields: dict) -> list[str]:
     """Argument fields (Megatron's names) as command-line flags, in the order given."""
     out = []
     for name, value in fields.items():
+        flag = "--" + name.replace("_", "-")
+        if name in _NEGATED and value is False:
+            out.append("--no-" + flag[2:])
+            continue
         if name in _NOT_FLAGS or value is None or value is False:
             continue
-        flag = "--" + name.replace("_", "-")
         if value is True:
             out.append(flag)
             continue
@@ -198,7 +223,8 @@ MODEL_ARGS = (
     "hidden_dropout", "attention_dropout", "init_method_std", "vocab_size",
     "make_vocab_size_divisible_by", "rotary_base", "rotary_percent", "rotary_interleaved",
     "use_rope_scaling", "rope_scaling_factor", "rotary_seq_len_interpolation_factor",
-    "window_size", "num_experts", "moe_router_topk",
+    "window_size", *_LAYER_ARGS, "quick_geglu", "yarn_correction_range_round_to_int",
+    "num_experts", "moe_router_topk",
     "moe_ffn_hidden_size", "moe_aux_loss_coeff", "moe_router_pre_softmax",
     "moe_router_load_balancing_type", "moe_token_dispatcher_type", *_MOE_EXTRA_ARGS,
     *_MLA_ARGS, *(f"yarn_{k}" for k in _YARN_ARGS), "tokenizer_type",

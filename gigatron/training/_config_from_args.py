@@ -34,6 +34,14 @@ def _activation(args):
     return openai_gelu if args.openai_gelu else F.gelu
 
 
+def _yarn(args, name: str):
+    """Flag `name` for a yarn_* field with --position-embedding-type yarn (not MLA, whose
+    config has YaRN fields of its own); None (the field's default) otherwise."""
+    if getattr(args, "position_embedding_type", None) != "yarn":
+        return None
+    return None if getattr(args, "multi_latent_attention", False) else getattr(args, name, None)
+
+
 def fields_from_args(cls, args, *, skip=()) -> dict:
     """{field: args.field} for each field of dataclass `cls` that `args` has (less `skip`):
     a flag fills the config field of its own name (Megatron's _default_config_from_args)."""
@@ -69,6 +77,16 @@ TRANSFORMER_EXCEPTIONS = {
     "original_max_position_embeddings": lambda a: a.yarn_original_max_position_embeddings,
     "beta_fast": lambda a: a.yarn_beta_fast,
     "beta_slow": lambda a: a.yarn_beta_slow,
+    # GPTModel's YaRN positions (Megatron's _apply_yarn_config_from_args: the same flags)
+    "yarn_rotary_scaling_factor": lambda a: _yarn(a, "rotary_scaling_factor"),
+    "yarn_original_max_position_embeddings": lambda a: _yarn(
+        a, "yarn_original_max_position_embeddings"
+    ),
+    "yarn_beta_fast": lambda a: _yarn(a, "yarn_beta_fast"),
+    "yarn_beta_slow": lambda a: _yarn(a, "yarn_beta_slow"),
+    "yarn_mscale": lambda a: _yarn(a, "mscale"),
+    "yarn_mscale_all_dim": lambda a: _yarn(a, "mscale_all_dim"),
+    "yarn_correction_range_round_to_int": lambda a: _yarn(a, "yarn_correction_range_round_to_int"),
 }
 
 # flags named like a TransformerConfig field that must not reach it: Megatron's kernel-fusion

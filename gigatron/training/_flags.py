@@ -44,8 +44,8 @@ def _model_args(p):
         "--position-embedding-type",
         str,
         "learned_absolute",
-        "learned_absolute | rope | none | relative (T5)",
-        choices=["learned_absolute", "rope", "none", "relative"],
+        "learned_absolute | rope | yarn | none | relative (T5)",
+        choices=["learned_absolute", "rope", "yarn", "none", "relative"],
     )
     _add(g, "--rotary-base", int, 10000, "RoPE base")
     _add(g, "--rotary-percent", float, 1.0, "fraction of the head dimension rotated")
@@ -417,7 +417,9 @@ def _fp8_args(p):
 
 def _mla_args(p):
     """Megatron's --multi-latent-attention group (its names and defaults; docs/mla.md). The
-    --yarn-* flags, Megatron's for YaRN positions, set MLA's YaRN too (else its defaults)."""
+    --yarn-* flags, Megatron's for YaRN positions, set MLA's YaRN too (else its defaults);
+    with --position-embedding-type yarn they, --rotary-scaling-factor, --mscale and
+    --mscale-all-dim fill the TransformerConfig's yarn_* fields (GPT-OSS)."""
     g = p.add_argument_group("multi-latent attention")
     _add(g, "--multi-latent-attention", bool, help_="DeepSeek MLA (MLATransformerConfig)")
     _add(g, "--q-lora-rank", int, None, "query latent rank (None: one full-rank q projection)")
@@ -432,6 +434,15 @@ def _mla_args(p):
     _add(g, "--yarn-original-max-position-embeddings", int, None, "YaRN original context")
     _add(g, "--yarn-beta-fast", float, None, "YaRN beta_fast")
     _add(g, "--yarn-beta-slow", float, None, "YaRN beta_slow")
+    g.add_argument(
+        "--yarn-correction-range-round-to-int",
+        action="store_true",
+        default=None,
+        help="round the YaRN ramp's channel bounds to integers (the default)",
+    )
+    g.add_argument("--no-yarn-correction-range-round-to-int", action="store_false",
+                   default=None, dest="yarn_correction_range_round_to_int",
+                   help="do not round them (GPT-OSS; HF's truncate: false)")  # fmt: skip
 
 
 def _hybrid_args(p):

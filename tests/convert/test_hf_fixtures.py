@@ -8,9 +8,11 @@ import pytest
 import torch
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
-ADAPTER_FAMILIES = ("qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "qwen2_moe")
+ADAPTER_FAMILIES = (
+    "qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "qwen2_moe", "gpt_oss",
+)  # fmt: skip
 """Families added with the adapter registry (gigatron.convert.families)."""
-MOE_FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss")
 VOCAB = 100  # padded to 128 (x TP) by gigatron: padding is exercised
 
 
@@ -63,6 +65,16 @@ def hf_config(family: str, vocab: int = VOCAB):
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.5},
             **llama_like,
+        )  # fmt: skip
+    if family == "gpt_oss":  # window 4 on layer 1, full layer 2; YaRN x4 ramping over
+        # rotary channels 3.3 .. 10.4 of 16 (truncate false: not rounded), a clamp that bites
+        return t.GptOssConfig(
+            num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=4,
+            swiglu_limit=1.5,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 50.0, "factor": 4.0,
+                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                             "original_max_position_embeddings": 1024},
+            **{**llama_like, "intermediate_size": 24},
         )  # fmt: skip
     # Gemma: sliding window 4 < the tests' sequences; layer 1 sliding, layer 2 global.
     gemma = dict(sliding_window=4, query_pre_attn_scalar=12, head_dim=16, **llama_like)
@@ -143,6 +155,7 @@ def make_hf_model(
         "gemma2": t.Gemma2ForCausalLM,
         "gemma3_text": t.Gemma3ForCausalLM,
         "qwen2_moe": t.Qwen2MoeForCausalLM,
+        "gpt_oss": t.GptOssForCausalLM,
     }[family]
     tok_vocab = len(make_tokenizer(path)) if tokenizer else VOCAB
     config = hf_config(family, vocab or tok_vocab)
@@ -151,7 +164,9 @@ def make_hf_model(
     model = cls(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 1:  # HF inits norms to 1 / biases to 0: make their mapping observable
+            # HF inits norms to 1 / biases to 0 (GPT-OSS's stacked expert biases too): make their
+            # mapping observable
+            if p.dim() == 1 or name.endswith("_bias"):
                 p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name or "ln" in name else 0))
     kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, safe_serialization=True, **kw)

@@ -84,7 +84,8 @@ def _rank_fn(hf_dir, ckpt_root, ids, tp=2, pp=2, ep=1, sources=("checkpoint", "h
     return results if last else None
 
 
-@pytest.mark.parametrize("family", FAMILIES + ADAPTER_FAMILIES)
+# GPT-OSS (expert biases: expert_tensor_parallel_size 1) runs EP2 x PP2 only (CI time).
+@pytest.mark.parametrize("family", [f for f in FAMILIES + ADAPTER_FAMILIES if f != "gpt_oss"])
 def test_convert_tp2_pp2_logits_and_bitwise_export(family, tmp_path):
     from gigatron.convert import convert_gigatron_to_hf, convert_hf_to_gigatron
     from gigatron.convert.hf_io import HFReader

@@ -31,3 +31,27 @@ def test_glu_rows_are_all_gate_then_all_up():
     fc1 = recipe.to_gig(gate, up)
     assert fc1[:3].eq(0).all() and fc1[3:].eq(1).all()
     assert all(torch.equal(a, b) for a, b in zip(recipe.to_hf(fc1), (gate, up)))
+
+
+def test_stacked_interleaved_experts_split_and_stack_back():
+    """GPT-OSS's gate_up_proj [E, h, 2f] (columns g0 u0 g1 u1 ..): expert e's fc1 is [gate; up]
+    rows of the transpose; `hf_outputs` stacks the E inverse slices back into one tensor, and a
+    missing expert is a one-line error naming the tensor."""
+    import pytest
+
+    from gigatron.convert._recipe_ops import hf_outputs, interleave_glu, interleaved_glu, stacked
+
+    num, h, f = 3, 2, 2
+    hf = torch.arange(num * h * 2 * f, dtype=torch.float32).reshape(num, h, 2 * f)
+    recipes = [
+        stacked(f"e{e}", "gate_up", e, num, lambda t: interleaved_glu(t.t()),
+                lambda t: interleave_glu(t).t())
+        for e in range(num)
+    ]  # fmt: skip
+    fc1 = {r.key: r.to_gig(hf) for r in recipes}
+    assert fc1["e1"][:f].tolist() == hf[1, :, 0::2].t().tolist()  # gate rows first
+    assert fc1["e1"][f:].tolist() == hf[1, :, 1::2].t().tolist()
+    ((name, back),) = list(hf_outputs(recipes, fc1.__getitem__))
+    assert name == "gate_up" and torch.equal(back, hf)
+    with pytest.raises(ValueError, match=r"gate_up: stacked HF tensor lacks experts \[2\]"):
+        list(hf_outputs(recipes[:2], fc1.__getitem__))

@@ -4,7 +4,8 @@
 path (`pretrain_gpt.model_provider`), the very model the converter's `spec.build_model` builds:
 same parameters, same logits with the same weights. Checked per family and for the settings the
 flags used to drop: GPT-2's tanh GELU (`--openai-gelu`), erf GELU, Llama-3.1 RoPE scaling
-(`--use-rope-scaling --rope-scaling-factor`), DeepSeek-V3's MLA and router flags. Then the
+(`--use-rope-scaling --rope-scaling-factor`), DeepSeek-V3's MLA and router flags, GPT-OSS's
+YaRN (`--position-embedding-type yarn`), sinks, windows and clamped GLU. Then the
 files a conversion writes: the flags file lists the saved args, tokenizer paths are relative
 to the (movable) checkpoint directory, command-line flags win, and `--load HF_DIR` keeps every
 vocabulary row of its config.
@@ -67,6 +68,7 @@ def global_args():
         ("qwen2", {}),
         ("mixtral", {}),
         ("deepseek_v3", {}),  # MLA, YaRN, sigmoid grouped router + expert bias, a dense layer
+        ("gpt_oss", {}),  # GPTModel YaRN (no rounding), sinks, windows, clamped quick-GEGLU
     ],
 )
 def test_saved_args_build_the_converted_model(family, changes, global_args):
@@ -95,6 +97,16 @@ def test_saved_args_build_the_converted_model(family, changes, global_args):
     err = (got - want).abs().max().item()
     print(f"{family} {sorted(changes)}: max |model_provider - spec.build_model| = {err:.1e}")
     assert err <= 2e-5, err
+    if family == "gpt_oss":
+        config = model.decoder.layers[0].config
+        for field in (
+            "yarn_rotary_scaling_factor",
+            "yarn_correction_range_round_to_int",
+            "softmax_type",
+            "window_attn_skip_freq",
+            "activation_func_clamp_value",
+        ):
+            assert getattr(config, field) == spec.config_kwargs[field], field  # fmt: skip
     if family == "gpt2":
         assert args.openai_gelu == (changes.get("activation_function") != "gelu")
     if changes.get("rope_parameters", {}).get("rope_type") == "linear":

@@ -13,6 +13,7 @@ from gigatron.convert.families import (  # noqa: F401
     deepseek,
     gemma,
     gpt2,
+    gpt_oss,
     llama,
     mixtral,
     phi3,

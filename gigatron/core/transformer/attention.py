@@ -26,6 +26,9 @@ from gigatron.core.transformer.enums import AttnMaskType
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.rope.rope_utils import apply_rotary_pos_emb
 from gigatron.core.transformer.rope.rotary_pos_embedding import RotaryEmbedding
+from gigatron.core.transformer.rope.yarn_rotary_pos_embedding import (
+    _yarn_get_concentration_factor_from_config,
+)
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
 from gigatron.core.transformer.transformer_config import MLATransformerConfig  # noqa: F401  (Megatron imports it from here)
 from gigatron.core.transformer.utils import check_attention_mask, is_layer_window_attention
@@ -94,6 +97,9 @@ class Attention(MegatronModule):
             submodules, config, core_config, layer_number, attn_mask_type, attention_type,
             cp_comm_type, config.softmax_scale,
         )  # fmt: skip
+        # YaRN's concentration factor on cos / sin (1.0 unless the config's yarn_* fields scale:
+        # Megatron's Attention caches it from the config the same way)
+        self._mscale = _yarn_get_concentration_factor_from_config(config)
         # Gemma 3: sliding-window layers rotate with their own RoPE base (no saved state: the
         # inverse frequencies are a non-persistent buffer); `_local_rotary_pos_emb` follows the
         # model's table.
@@ -205,7 +211,9 @@ class Attention(MegatronModule):
                 rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
             )  # [>= longest document, 1, 1, dim], not split over CP ranks
             cp_group = getattr(self.core_attention, "cp_group", None)
-            rope = dict(config=self.config, cu_seqlens=cu_seqlens, cp_group=cp_group)
+            rope = dict(
+                config=self.config, cu_seqlens=cu_seqlens, cp_group=cp_group, mscale=self._mscale
+            )
             query = apply_rotary_pos_emb(query, q_pos_emb, **rope)
             key = apply_rotary_pos_emb(key, k_pos_emb, **rope)
         elif rotary_pos_emb is not None:
@@ -216,8 +224,8 @@ class Attention(MegatronModule):
                 start = inference_context.sequence_len_offset
                 q_pos_emb = q_pos_emb[start : start + query.size(0)]
                 k_pos_emb = k_pos_emb[start : start + key.size(0)]
-            query = apply_rotary_pos_emb(query, q_pos_emb, config=self.config)
-            key = apply_rotary_pos_emb(key, k_pos_emb, config=self.config)
+            query = apply_rotary_pos_emb(query, q_pos_emb, config=self.config, mscale=self._mscale)
+            key = apply_rotary_pos_emb(key, k_pos_emb, config=self.config, mscale=self._mscale)
         if inference_context is not None:
             key, value = self._adjust_key_value_for_inference(inference_context, key, value)
         context = self._core_attention(

@@ -277,6 +277,25 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """GLU clamp: gate clamped to <= value, linear half to [-value, value] before the
     activation (GPT-OSS's clamped SwiGLU; with silu, MoE only, as in Megatron)."""
 
+    # ---- YaRN positions of GPTModel(position_embedding_type="yarn") (GPT-OSS) ----
+    # Megatron's GPTModel reads these off the config (set by its training arguments or the
+    # GPT-OSS builder, not declared fields); gigatron declares them with those defaults.
+    yarn_rotary_scaling_factor: float = 1.0
+    """YaRN context extension factor; the attention multiplies cos/sin by its concentration
+    factor (1 at 1.0, so the default changes nothing)."""
+    yarn_original_max_position_embeddings: int = 4096
+    """YaRN: context length of the unscaled model."""
+    yarn_beta_fast: float = 32.0
+    """YaRN: channels turning more than beta_fast times over the original context are kept."""
+    yarn_beta_slow: float = 1.0
+    """YaRN: channels turning fewer than beta_slow times are divided by the factor."""
+    yarn_mscale: float = 1.0
+    """YaRN concentration factor numerator's mscale."""
+    yarn_mscale_all_dim: float = 0.0
+    """YaRN concentration factor denominator's mscale."""
+    yarn_correction_range_round_to_int: bool = True
+    """Round the YaRN ramp's channel bounds outward to integers (GPT-OSS: False)."""
+
     # ---- Megatron features gigatron does not implement (must stay at the default) ----
     fp8_param: bool = False
     """Keep parameters in FP8 (Transformer Engine only)."""

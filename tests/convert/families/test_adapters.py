@@ -73,6 +73,12 @@ def test_convert_then_export_is_bitwise(family, tmp_path):
         ({"model_type": "qwen3", "attention_bias": True}, "attention_bias/mlp_bias"),
         ({"model_type": "qwen3_moe", "decoder_sparse_step": 2}, "decoder_sparse_step (2)"),
         ({"model_type": "phi3", "rope_parameters": {"rope_type": "longrope"}}, "rope_type"),
+        ({"model_type": "gpt_oss", "swiglu_alpha": 1.5}, "swiglu_alpha (1.5)"),
+        ({"model_type": "gpt_oss", "attention_bias": False}, "attention_bias (False)"),
+        (
+            {"model_type": "gpt_oss", "rope_parameters": {"rope_type": "yarn", "factor": 2.0}},
+            "original_max_position_embeddings",
+        ),
     ],
 )
 def test_unsupported_config_is_a_one_line_error(cfg, message):

@@ -29,7 +29,7 @@ from gigatron.core.transformer.multi_token_prediction import (
 from gigatron.core.transformer.transformer_block import TransformerBlock
 from gigatron.core.transformer.utils import check_attention_mask, logit_softcapping
 
-_POSITION_TYPES = ("learned_absolute", "rope", "none")
+_POSITION_TYPES = ("learned_absolute", "rope", "yarn", "none")
 
 
 def _check_integer_ids(name: str, ids) -> None:
@@ -91,6 +91,10 @@ class GPTModel(LanguageModule):
                 rotary_base=rotary_base,
                 rope_scaling=rope_scaling,
                 rope_scaling_factor=rope_scaling_factor,
+            )
+        elif position_embedding_type == "yarn":
+            self._build_yarn_rotary_pos_emb(
+                rotary_percent, seq_len_interpolation_factor, rotary_base=rotary_base
             )
         self.decoder = TransformerBlock(
             config=config,

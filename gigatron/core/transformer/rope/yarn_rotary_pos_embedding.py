@@ -1,4 +1,5 @@
-"""YaRN rotary embeddings (DeepSeek-V2/V3's long-context RoPE), for multi-latent attention.
+"""YaRN rotary embeddings (DeepSeek-V2/V3's and GPT-OSS's long-context RoPE): multi-latent
+attention's own, and GPTModel's with position_embedding_type="yarn" (config `yarn_*` fields).
 
 Mirrors `megatron.core.models.common.embeddings.yarn_rotary_pos_embedding` (YarnRotaryEmbedding,
 _yarn_get_mscale); the math is YaRN's (Peng et al. 2023) as DeepSeek and Hugging Face's `yarn`
@@ -31,11 +32,40 @@ def _yarn_find_correction_dim(rotations: float, dim: int, base: float, max_pos: 
 
 
 def _yarn_find_correction_range(
-    beta_fast: float, beta_slow: float, dim: int, base: float, max_pos: int
-) -> tuple[int, int]:
-    low = math.floor(_yarn_find_correction_dim(beta_fast, dim, base, max_pos))
-    high = math.ceil(_yarn_find_correction_dim(beta_slow, dim, base, max_pos))
+    beta_fast: float,
+    beta_slow: float,
+    dim: int,
+    base: float,
+    max_pos: int,
+    round_to_int: bool = True,
+) -> tuple[float, float]:
+    """The ramp's channel bounds, rounded outward to integers unless round_to_int is False
+    (HF's `truncate: false`, GPT-OSS), clamped to [0, dim - 1]."""
+    low = _yarn_find_correction_dim(beta_fast, dim, base, max_pos)
+    high = _yarn_find_correction_dim(beta_slow, dim, base, max_pos)
+    if round_to_int:
+        low, high = math.floor(low), math.ceil(high)
     return max(low, 0), min(high, dim - 1)
+
+
+def _yarn_get_concentration_factor(
+    scaling_factor: float, mscale: float | None, mscale_all_dim: float | None
+) -> float:
+    """The factor on cos/sin (HF's attention_factor): mscale(f, mscale) / mscale(f,
+    mscale_all_dim), or mscale(f) when either is None."""
+    if mscale is None or mscale_all_dim is None:
+        return _yarn_get_mscale(scaling_factor)
+    num = _yarn_get_mscale(scaling_factor, mscale)
+    return num / _yarn_get_mscale(scaling_factor, mscale_all_dim)
+
+
+def _yarn_get_concentration_factor_from_config(config) -> float:
+    """The concentration factor of a config's `yarn_*` fields (1.0 at their defaults)."""
+    return _yarn_get_concentration_factor(
+        getattr(config, "yarn_rotary_scaling_factor", 1.0),
+        getattr(config, "yarn_mscale", None),
+        getattr(config, "yarn_mscale_all_dim", None),
+    )
 
 
 def _yarn_linear_ramp_mask(low: float, high: float, n: int) -> Tensor:
@@ -61,6 +91,7 @@ class YarnRotaryEmbedding(RotaryEmbedding):
         beta_slow: float = 1.0,
         mscale: float = 1.0,
         mscale_all_dim: float = 0.0,
+        correction_range_round_to_int: bool = True,
         cp_group=None,
     ) -> None:
         if rotary_interleaved:
@@ -76,13 +107,16 @@ class YarnRotaryEmbedding(RotaryEmbedding):
         extra = self.inv_freq  # base^(-2i/dim): extrapolated (kept) frequencies
         inter = extra / scaling_factor  # interpolated frequencies
         low, high = _yarn_find_correction_range(
-            beta_fast, beta_slow, dim, rotary_base, original_max_position_embeddings
+            beta_fast,
+            beta_slow,
+            dim,
+            rotary_base,
+            original_max_position_embeddings,
+            correction_range_round_to_int,
         )
         keep = 1.0 - _yarn_linear_ramp_mask(low, high, dim // 2)  # 1: keep, 0: interpolate
         self.inv_freq = inter * (1 - keep) + extra * keep
-        self.mscale = _yarn_get_mscale(scaling_factor, mscale) / _yarn_get_mscale(
-            scaling_factor, mscale_all_dim
-        )
+        self.mscale = _yarn_get_concentration_factor(scaling_factor, mscale, mscale_all_dim)
 
     def forward(
         self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, cp_group=None

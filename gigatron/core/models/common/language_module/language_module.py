@@ -23,6 +23,7 @@ from gigatron.core import parallel_state, tensor_parallel
 from gigatron.core.layout_invariant_init import init_rng_scope
 from gigatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from gigatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from gigatron.core.models.common.embeddings.yarn_rotary_pos_embedding import YarnRotaryEmbedding
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.multi_token_prediction import tie_word_embeddings_state_dict
 from gigatron.core.utils import make_tp_sharded_tensor_for_checkpoint
@@ -98,6 +99,29 @@ class LanguageModule(MegatronModule):
             use_cpu_initialization=self.config.use_cpu_initialization,
         )
 
+    def _build_yarn_rotary_pos_emb(
+        self, rotary_percent: float, seq_len_interpolation_factor: float | None, rotary_base
+    ) -> None:
+        """`self.rotary_pos_emb` for position_embedding_type 'yarn': YaRN frequencies from the
+        config's `yarn_*` fields (Megatron's GPTModel reads the same names off its config); the
+        attention applies the concentration factor to cos/sin."""
+        c = self.config
+        self.rotary_pos_emb = YarnRotaryEmbedding(
+            kv_channels=c.kv_channels,
+            rotary_percent=rotary_percent,
+            rotary_interleaved=c.rotary_interleaved,
+            seq_len_interpolation_factor=seq_len_interpolation_factor,
+            rotary_base=rotary_base,
+            use_cpu_initialization=c.use_cpu_initialization,
+            scaling_factor=c.yarn_rotary_scaling_factor,
+            original_max_position_embeddings=c.yarn_original_max_position_embeddings,
+            beta_fast=c.yarn_beta_fast,
+            beta_slow=c.yarn_beta_slow,
+            mscale=c.yarn_mscale,
+            mscale_all_dim=c.yarn_mscale_all_dim,
+            correction_range_round_to_int=c.yarn_correction_range_round_to_int,
+        )
+
     def _build_output_layer(self, *, bias: bool) -> None:
         """`self.output_layer`: [s, b, h] -> [s, b, V/tp] (V with parallel_output=False); no
         weight of its own where it borrows the word embedding's (tied, on the first stage)."""
@@ -141,12 +165,14 @@ class LanguageModule(MegatronModule):
         (and None for multi-latent attention, which applies its own). With packed_seq_params the
         whole table, never split over CP ranks (attention picks each token's in-document
         position)."""
-        if self.position_embedding_type != "rope" or self.config.multi_latent_attention:
+        kind = self.position_embedding_type
+        if kind not in ("rope", "yarn") or (kind == "rope" and self.config.multi_latent_attention):
             return None
         seq_len = self.rotary_pos_emb.get_rotary_seq_len(
             inference_context, block, block_input, self.config
         )
-        return self.rotary_pos_emb(seq_len, packed_seq=packed_seq_params is not None)
+        angles = self.rotary_pos_emb(seq_len, packed_seq=packed_seq_params is not None)
+        return angles[0] if kind == "yarn" else angles  # yarn: (angles, concentration factor)
 
     def compute_language_model_loss(self, labels: Tensor, logits: Tensor) -> Tensor:
         """labels [b, s], logits [s, b, V/tp] -> per-token fp32 loss [b, s] (no mask, no mean)."""
