@@ -20,6 +20,7 @@ import torch
 from gigatron.testing import run_distributed
 from tests.convert.test_hf_fixtures import VOCAB, make_hf_model
 
+pytestmark = pytest.mark.multirank
 transformers = pytest.importorskip("transformers")
 B, S = 2, 8
 _SHARD = 40_000  # bytes: the tiny models are written in several files + index
@@ -61,7 +62,6 @@ def _files(path):
     return {n: open(os.path.join(path, n), "rb").read() for n in sorted(os.listdir(path))}
 
 
-@pytest.mark.multirank
 def test_autobridge_tp2_matches_transformers_and_saves_bitwise(tmp_path):
     from gigatron.convert.bridge import AutoBridge
     from gigatron.convert.hf_io import INDEX_FNAME
