@@ -10,8 +10,9 @@ time three phases, sampling their memory (/proc/self/status VmRSS and RssAnon, e
 
 - import: `load_hf_into_model` (each rank reads only its pieces);
 - export: `AutoBridge.save_hf_weights` (every rank streams, rank 0 writes shards + index);
-- export_ckpt: after the ranks save a torch_dist checkpoint (untimed), one fresh process turns
-  it into HF safetensors with `AutoBridge.export_ckpt` (no model built).
+- export_ckpt: after the ranks save a torch_dist checkpoint (untimed), one fresh process (forked
+  from run_distributed's server, gigatron imported) turns it into HF safetensors with
+  `AutoBridge.export_ckpt` (no model built).
 
 Per phase and rank: seconds, the RSS before, the peak during and the growth (peak - before), next
 to the rank's model bytes, the largest HF tensor and the whole checkpoint; `verified`: the
@@ -26,7 +27,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -151,16 +151,14 @@ def _rank(hf_dir, out_dir, ckpt_dir, tp, pp, dtype_name, max_shard_bytes):
     return out
 
 
-_EXPORT_CKPT = r"""
-import json, sys
-sys.path.insert(0, sys.argv[4])
-from bench.convert.bench_streaming import _Peak
-from gigatron.convert.bridge import AutoBridge
-bridge = AutoBridge.from_hf_pretrained(sys.argv[1])
-with _Peak() as m:
-    bridge.export_ckpt(sys.argv[2], sys.argv[3], False, max_shard_bytes=int(sys.argv[5]))
-print(json.dumps(m.report()))
-"""
+def _export_ckpt(hf_dir, ckpt_dir, out_dir, max_shard_bytes):
+    """A fresh process (no model built): torch_dist checkpoint -> HF safetensors."""
+    from gigatron.convert.bridge import AutoBridge
+
+    bridge = AutoBridge.from_hf_pretrained(hf_dir)
+    with _Peak() as m:
+        bridge.export_ckpt(ckpt_dir, out_dir, False, max_shard_bytes=max_shard_bytes)
+    return m.report()
 
 
 def same_tensors(a: str, b: str) -> bool:
@@ -205,11 +203,9 @@ def main(argv=None) -> dict:
     ranks = run_distributed(
         _rank, a.tp * a.pp, args=(hf, out, ckpt, a.tp, a.pp, a.dtype, shard), timeout=a.timeout
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    run = subprocess.run(
-        [sys.executable, "-c", _EXPORT_CKPT, hf, ckpt, out2, root, str(shard)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    (export_ckpt,) = run_distributed(
+        _export_ckpt, 1, args=(hf, ckpt, out2, shard), timeout=a.timeout
+    )
     result = dict(
         bench="convert_streaming",
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -220,7 +216,7 @@ def main(argv=None) -> dict:
         params=sum(torch.Size(s).numel() for s in shapes.values()),
         checkpoint_mb=round(sum(sizes) / _MB, 1), largest_tensor_mb=round(max(sizes) / _MB, 1),
         write_seconds=round(write_s, 3), ranks=ranks,
-        export_ckpt=json.loads(run.stdout.strip().splitlines()[-1]),
+        export_ckpt=export_ckpt,
         verified=same_tensors(hf, out) and same_tensors(hf, out2),
     )  # fmt: skip
     if a.dir is None:

@@ -106,7 +106,8 @@ _FINDER = _MegatronAliasFinder()
 
 
 def install() -> None:
-    """Make `megatron.core` / `megatron.training` imports resolve to gigatron (idempotent)."""
+    """Make `megatron.core` / `megatron.training` / `megatron.bridge` imports resolve to gigatron
+    (idempotent)."""
     loaded = [m for m in sys.modules if m == "megatron" or m.startswith("megatron.")]
     real = [m for m in loaded if not _is_alias(sys.modules[m])]
     if real:

@@ -86,10 +86,9 @@ def full_tensor(name: str, shape: tuple, dtype: torch.dtype, pieces: dict, group
         covered += view.numel()
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         count = torch.tensor([covered], dtype=torch.int64)
-        flat = full.view(-1).view(torch.uint8) if full.numel() else full
         dist.all_reduce(count, group=group)
-        if full.numel():
-            dist.all_reduce(flat, group=group)
+        if full.numel():  # the bytes, not the values: owner's bytes + zeros, -0.0 kept
+            dist.all_reduce(full.view(-1).view(torch.uint8), group=group)
         covered = int(count)
     if covered != full.numel():
         raise ValueError(

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from gigatron.convert import _model_export as mx
 from gigatron.convert.families import FAMILIES
-from gigatron.convert.gigatron_to_hf import _check_complete, convert_gigatron_to_hf
+from gigatron.convert.gigatron_to_hf import check_complete, convert_gigatron_to_hf
 from gigatron.convert.gpt_provider import GPTModelProvider
 from gigatron.convert.hf_config import (
     HFModelSpec,
@@ -253,7 +253,7 @@ class AutoBridge:
 
     def _recipes(self, shapes: dict) -> list:
         recipes = mx.plan_recipes(self._spec, shapes)
-        _check_complete(self._spec, recipes, shapes)
+        check_complete(self._spec, recipes, shapes)
         return recipes
 
     def _write_side_files(self, path: str) -> None:

@@ -96,7 +96,7 @@ def convert_gigatron_to_hf(
     check_layer_count(cfg, layers, source)  # before a recipe is planned per declared layer
     spec = spec_from_hf_config(cfg)
     recipes = recipes_for_keys(spec, entries, entry_shape(emb)[0])
-    _check_complete(spec, recipes, entries)
+    check_complete(spec, recipes, entries)
 
     def meta(key):
         return torch.empty(entry_shape(entries[key]), dtype=entries[key][2].dtype, device="meta")
@@ -116,7 +116,7 @@ def convert_gigatron_to_hf(
     return files
 
 
-def _check_complete(spec, recipes, entries) -> None:
+def check_complete(spec, recipes, entries) -> None:
     """Every model tensor of the checkpoint must be exported (none silently dropped)."""
     fn = family_recipes(spec.family)
     possible = {r.key for r in fn(spec, _Every(), spec.padded_vocab_size)}

@@ -3,8 +3,11 @@
 No counterpart in megatron.core (Megatron's HF bridges load whole state dicts). The safetensors
 format is an 8-byte little-endian header length, a JSON header
 `{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}` padded with
-spaces to a multiple of 8, then the raw little-endian bytes. Reading maps each tensor's byte
-range with NumPy (`np.memmap`), so a tensor costs page cache, not process memory; writing plans
+spaces to a multiple of 8, then the raw little-endian bytes. `HFReader.get` maps a tensor's byte
+range with NumPy (`np.memmap`), so a tensor costs page cache, not process memory; `HFReader.read`
+copies only a box of it (a row range, or a column range per row: what one TP / EP piece owns)
+with `os.preadv`, the bytes the safetensors library's `safe_open(...).get_slice` would read,
+and counts them (the streaming tests and benchmark). Writing plans
 every file's header from (name, shape, dtype) first and then streams the bytes, so a model larger
 than memory converts. Sharded models use `model.safetensors.index.json`
 (`{"metadata": {"total_size"}, "weight_map": {name: file}}`), as transformers writes it.

@@ -62,7 +62,6 @@ def _files(path):
     return {n: open(os.path.join(path, n), "rb").read() for n in sorted(os.listdir(path))}
 
 
-@pytest.mark.multirank
 def test_autobridge_tp2_matches_transformers_and_saves_bitwise(tmp_path):
     from gigatron.convert.bridge import AutoBridge
     from gigatron.convert.hf_io import INDEX_FNAME

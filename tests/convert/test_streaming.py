@@ -7,8 +7,9 @@ reader copies from the files (`bytes_read`) and the largest amount of read buffe
 replicated norms read by both TP ranks; a rank holding only vocabulary padding reads none of
 the embedding), the two ranks together read at least the whole
 checkpoint once, and the buffers alive at any time stay under the largest HF tensor: memory does
-not grow with the checkpoint. (The values loaded this way are checked against transformers'
-logits in test_bridge.py and test_hf_parity.py.)
+not grow with the checkpoint. The PP 2 model exported with `save_hf_weights` (streamed from both
+stages, in shards) holds bitwise the source tensors. (The values loaded this way are checked
+against transformers' logits in test_bridge.py and test_hf_parity.py.)
 """
 
 import os
@@ -22,8 +23,9 @@ pytestmark = pytest.mark.multirank
 transformers = pytest.importorskip("transformers")
 
 
-def _rank_fn(hf_dir):
+def _rank_fn(hf_dir, out_dir):
     from gigatron.convert import load_hf_into_model, read_hf_config, spec_from_hf_config
+    from gigatron.convert.bridge import AutoBridge
     from gigatron.convert.hf_io import HFReader
     from gigatron.core import parallel_state as ps
 
@@ -42,6 +44,10 @@ def _rank_fn(hf_dir):
         out[(tp, pp)] = dict(
             read=reader.bytes_read, peak=reader.peak_live_bytes, held=held, live=reader.live_bytes
         )
+        if pp == 2:  # export streamed from the two stages (tensors held by one rank each)
+            AutoBridge.from_hf_pretrained(hf_dir).save_hf_weights(
+                [model], out_dir, False, max_shard_bytes=100_000
+            )
         ps.destroy_model_parallel()
     return out
 
@@ -63,7 +69,8 @@ def test_each_rank_reads_only_its_pieces_with_bounded_buffers(tmp_path):
     sizes = {k: reader.read(k).numel() * 4 for k in reader.keys()}
     total, largest = sum(sizes.values()), max(sizes.values())
 
-    per_rank = run_distributed(_rank_fn, 2, args=(hf_dir,), timeout=240)
+    out_dir = str(tmp_path / "out")
+    per_rank = run_distributed(_rank_fn, 2, args=(hf_dir, out_dir), timeout=240)
     for layout in ((2, 1), (1, 2)):
         got = [r[layout] for r in per_rank]
         for rank, g in enumerate(got):
@@ -72,3 +79,7 @@ def test_each_rank_reads_only_its_pieces_with_bounded_buffers(tmp_path):
             assert g["live"] == 0  # no read buffer outlives the load
         assert sum(g["read"] for g in got) >= total
         assert max(g["read"] for g in got) < 0.7 * total
+    exported = HFReader(out_dir)
+    assert sorted(exported.keys()) == sorted(reader.keys())
+    for name in reader.keys():
+        assert torch.equal(exported.get(name), reader.get(name)), name
