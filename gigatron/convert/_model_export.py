@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gigatron.convert._ckpt_layout import _pieces, index_axes, tensor_slices
+from gigatron.convert._recipe_ops import hf_outputs
 from gigatron.convert._recipes import recipes_for_keys
 from gigatron.core.dist_checkpointing import ShardedObject
 
@@ -106,17 +107,15 @@ def plan_recipes(spec, shapes: dict) -> list:
 
 def hf_plan(recipes: list, shapes: dict) -> list[tuple[str, tuple, torch.dtype]]:
     """[(HF name, shape, dtype)] of what `iter_hf_tensors` yields, from meta tensors."""
-    plan = []
-    for r in recipes:
-        shape, dtype = shapes[r.key]
-        meta = torch.empty(shape, dtype=dtype, device="meta")
-        plan += [(k, tuple(t.shape), t.dtype) for k, t in zip(r.hf_keys, r.to_hf(meta))]
-    return plan
+
+    def meta(key):
+        shape, dtype = shapes[key]
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    return [(k, tuple(t.shape), t.dtype) for k, t in hf_outputs(recipes, meta)]
 
 
 def iter_hf_tensors(chunks: list, recipes: list, shapes: dict) -> Iterator[tuple[str, Tensor]]:
     """(HF name, full tensor) in recipe order; every rank must iterate it to the end."""
     pieces = local_pieces(chunks)
-    for r in recipes:
-        shape, dtype = shapes[r.key]
-        yield from zip(r.hf_keys, r.to_hf(full_tensor(r.key, shape, dtype, pieces)))
+    yield from hf_outputs(recipes, lambda key: full_tensor(key, *shapes[key], pieces))

@@ -66,6 +66,8 @@ class PartReader:
         if name not in self.by_key:
             raise ValueError(f"load_hf_into_model: {name} has no HF source in {self.hf_dir}")
         recipe = self.by_key[name]
+        if recipe.stack is not None:  # one expert's slice of stacked HF tensors: read whole
+            return self._whole(name, recipe)[box]
         metas = [self.reader.meta(k) for k in recipe.hf_keys]
         if name not in self._sources:
             rows_ok = all(m.dim() >= 1 for m in metas)

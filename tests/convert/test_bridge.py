@@ -26,8 +26,8 @@ B, S = 2, 8
 _SHARD = 40_000  # bytes: the tiny models are written in several files + index
 
 
-def _rank_fn(cases, ids):
-    """For each (hf_dir, out_dir, ckpt_dir): TP2 logits and export-weights names."""
+def _rank_fn(cases, ids, tp=2):
+    """For each (hf_dir, out_dir, ckpt_dir): TP `tp` logits and export-weights names."""
     import torch.distributed as dist
 
     import gigatron.compat.megatron as alias
@@ -41,13 +41,13 @@ def _rank_fn(cases, ids):
     for hf_dir, out_dir, ckpt_dir in cases:
         bridge = AutoBridge.from_hf_pretrained(hf_dir)
         provider = bridge.to_megatron_provider(load_weights=True)
-        provider.tensor_model_parallel_size = 2
+        provider.tensor_model_parallel_size = tp
         provider.finalize()
         provider.initialize_model_parallel(seed=7)
         model = provider.provide_distributed_model(wrap_with_ddp=False)
         with torch.no_grad():
             logits = model[0].eval()(ids, None, None)  # [b, s, v/tp]
-        parts = [torch.empty_like(logits) for _ in range(2)]
+        parts = [torch.empty_like(logits) for _ in range(tp)]
         dist.all_gather(parts, logits.contiguous(), group=ps.get_tensor_model_parallel_group())
         bridge.save_hf_pretrained(model, out_dir, show_progress=False, max_shard_bytes=_SHARD)
         os.makedirs(ckpt_dir, exist_ok=True)
@@ -62,24 +62,28 @@ def _files(path):
     return {n: open(os.path.join(path, n), "rb").read() for n in sorted(os.listdir(path))}
 
 
-def test_autobridge_tp2_matches_transformers_and_saves_bitwise(tmp_path):
+@pytest.mark.parametrize(
+    "families,tp",
+    [(("llama", "mixtral"), 2), (("gpt_oss",), 1)],  # GPT-OSS: stacked experts, one rank
+    ids=["tp2", "gpt_oss"],
+)
+def test_autobridge_matches_transformers_and_saves_bitwise(tmp_path, families, tp):
     from gigatron.convert.bridge import AutoBridge
     from gigatron.convert.hf_io import INDEX_FNAME
 
-    families = ("llama", "mixtral")
     ids = torch.randint(0, VOCAB, (B, S), generator=torch.Generator().manual_seed(5))
     models, cases = {}, []
     for family in families:
         d = {n: str(tmp_path / family / n) for n in ("hf", "out", "ckpt", "out2")}
         models[family] = (make_hf_model(family, d["hf"], seed=2), d)
         cases.append((d["hf"], d["out"], d["ckpt"]))
-    per_rank = run_distributed(_rank_fn, 2, args=(cases, ids), timeout=240)
+    per_rank = run_distributed(_rank_fn, tp, args=(cases, ids, tp), timeout=240)
 
     for i, family in enumerate(families):
         hf, d = models[family]
         with torch.no_grad():
             ref = hf(input_ids=ids).logits
-        (got, names), (got1, names1) = per_rank[0][i], per_rank[1][i]
+        (got, names), (got1, names1) = per_rank[0][i], per_rank[-1][i]
         for logits in (got, got1):
             err = (logits - ref).abs().max().item()
             assert err <= 1e-5, f"{family}: max |logits - transformers| = {err}"
