@@ -56,6 +56,9 @@ format: setup  ## ruff format and ruff check --fix
 	$(BIN)/ruff check --fix gigatron tests bench examples scripts
 
 test: setup lint oracle  ## lint, then the test suite with the megatron-core oracle (what CI runs)
+	@# byte-compiled once here: the suite starts hundreds of interpreters (ranks, `gigatron train`),
+	@# and under PYTHONDONTWRITEBYTECODE each would compile gigatron's sources again (~1 s each)
+	$(BIN)/python -m compileall -q -j 0 gigatron tests > /dev/null
 	MEGATRON_ORACLE=$(ORACLE) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 train: setup  ## the demo: tokenizer, data, GPT with TP=2 on 2 ranks, sample (DEMO_ITERS=400)

@@ -56,6 +56,7 @@ _PRELOAD = (
     "gigatron.core.pipeline_parallel",
     "gigatron.training",
     "gigatron.training.checkpointing",
+    "gigatron.training.pretrain_gpt",  # the training tests' ranks run pretrain_gpt (+ its flags)
     "gigatron.convert",  # initialize_megatron reads it; its layer specs import torch._dynamo
 )
 

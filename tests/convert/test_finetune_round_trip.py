@@ -52,17 +52,9 @@ def _cli(args: list[str], cwd: str) -> str:
 
 
 def _finetune(argv: list[str]):
-    from gigatron.training import pretrain_gpt
-    from gigatron.training.training import pretrain
+    from tests.training._gpt_runs import run_pretrain_gpt
 
-    result = pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        pretrain_gpt.model_provider,
-        None,
-        pretrain_gpt.forward_step,
-        argv=argv,
-    )
-    return result["iteration"]
+    return run_pretrain_gpt(argv)["iteration"]
 
 
 def _gigatron_logits(load: str, ids: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,11 @@ so no thread pool exists yet), then forks a child per request. The child becomes
 workers re-import it exactly as when the snippet runs as a script), runs it with its output in
 files beside it, and exits with 0 or 1.
 
+`run_distributed` starts its ranks from a forkserver that imports torch and gigatron (seconds of
+CPU). This process starts that forkserver once and every child reuses it: a rank still gets the
+child's working directory, `sys.path` and `__main__` (multiprocessing sends them with each
+request), so it runs as under a forkserver of its own.
+
 Protocol: one JSON object per line on stdin, {"script": path}; one line back, {"rc": int}.
 """
 
@@ -23,6 +28,7 @@ def _run(script: str) -> int:
     if pid == 0:  # the child: the snippet as a script run from its folder
         code = 1
         try:
+            _reuse_parent_forkserver()
             os.chdir(folder)
             out = os.open(os.path.join(folder, "stdout.txt"), os.O_WRONLY | os.O_CREAT, 0o644)
             err = os.open(os.path.join(folder, "stderr.txt"), os.O_WRONLY | os.O_CREAT, 0o644)
@@ -49,11 +55,31 @@ def _run(script: str) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
+def _start_forkserver() -> None:
+    """Start run_distributed's forkserver (with its preloaded modules) in this process."""
+    from multiprocessing import forkserver
+
+    from gigatron.testing.distributed import _context
+
+    _context()  # sets the forkserver's preload list
+    forkserver.ensure_running()
+
+
+def _reuse_parent_forkserver() -> None:
+    """In a forked child: use the parent's forkserver (alive as long as the parent is). The
+    stock check would `waitpid` the server, which is the parent's child, not this process's."""
+    from multiprocessing import forkserver, resource_tracker
+
+    forkserver._forkserver.ensure_running = resource_tracker.ensure_running
+
+
 def main() -> None:
     import torch  # noqa: F401  (imported once, before any fork)
 
     import gigatron  # noqa: F401
     import gigatron.testing  # noqa: F401
+
+    _start_forkserver()
 
     for line in sys.stdin:
         request = json.loads(line)

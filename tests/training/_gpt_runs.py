@@ -1,5 +1,7 @@
 """pretrain_gpt on a tiny mock-data GPT, as the training tests run it on their spawned ranks."""
 
+import contextlib
+
 ARGS = [
     "--num-layers",
     "2",
@@ -47,17 +49,46 @@ def reset_globals():
     ps.destroy_model_parallel()
 
 
-def run_pretrain_gpt(argv: list[str], forward_step=None, *, model_provider=None) -> dict:
+# Documents of the mock corpus in these runs. Megatron's MockGPTLowLevelDataset has 100,000 of up
+# to 4,096 tokens: at --seq-length 16 every rank builds and shuffles ~12.8M sample indices per
+# run (3-10 s of CPU) for runs that read a few dozen samples. The full-size corpus is built by
+# tests/core/datasets/test_gpt_dataset.py and by the `gigatron train --mock-data` runs.
+MOCK_DOCUMENTS = 1000
+
+
+@contextlib.contextmanager
+def small_mock_corpus(documents: int | None = MOCK_DOCUMENTS):
+    """`--mock-data` reads a corpus of `documents` mock documents inside the block (None:
+    Megatron's 100,000)."""
+    from gigatron.core.datasets.gpt_dataset import MockGPTLowLevelDataset
+
+    size = MockGPTLowLevelDataset.size
+    MockGPTLowLevelDataset.size = size if documents is None else documents
+    try:
+        yield
+    finally:
+        MockGPTLowLevelDataset.size = size
+
+
+def run_pretrain_gpt(
+    argv: list[str],
+    forward_step=None,
+    *,
+    model_provider=None,
+    mock_documents: int | None = MOCK_DOCUMENTS,
+) -> dict:
     """`pretrain` with pretrain_gpt's providers (`forward_step` / `model_provider` in place of its
-    own when given), from fresh globals; returns pretrain's result."""
+    own when given), from fresh globals, on a `small_mock_corpus(mock_documents)`; returns
+    pretrain's result."""
     from gigatron.training import pretrain_gpt
     from gigatron.training.training import pretrain
 
     reset_globals()
-    return pretrain(
-        pretrain_gpt.train_valid_test_datasets_provider,
-        model_provider or pretrain_gpt.model_provider,
-        None,
-        forward_step or pretrain_gpt.forward_step,
-        argv=argv,
-    )
+    with small_mock_corpus(mock_documents):
+        return pretrain(
+            pretrain_gpt.train_valid_test_datasets_provider,
+            model_provider or pretrain_gpt.model_provider,
+            None,
+            forward_step or pretrain_gpt.forward_step,
+            argv=argv,
+        )

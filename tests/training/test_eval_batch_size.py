@@ -10,6 +10,7 @@ import pytest
 
 from gigatron.compat.errors import ArgumentError
 from gigatron.testing import run_distributed
+from tests.training._gpt_runs import small_mock_corpus
 from tests.training.test_final_eval import ARGS, _pretrain
 
 pytestmark = pytest.mark.multirank
@@ -22,7 +23,8 @@ def _valid_loss_by_hand(model, num_samples: int) -> float:
     from gigatron.training import pretrain_gpt, training
 
     sizes = training.get_train_valid_test_num_samples()
-    _, valid_ds, _ = pretrain_gpt.train_valid_test_datasets_provider(sizes)
+    with small_mock_corpus():  # the corpus run_pretrain_gpt trained and evaluated on
+        _, valid_ds, _ = pretrain_gpt.train_valid_test_datasets_provider(sizes)
     samples = [valid_ds[i] for i in range(num_samples)]
     batch = {k: torch.stack([s[k] for s in samples]) for k in ("tokens", "labels", "loss_mask")}
     module = model[0].module

@@ -8,7 +8,7 @@ rounds to no sequences under the default --split 969,30,1 stops with an error na
 import pytest
 
 from gigatron.testing import run_distributed
-from tests.training._gpt_runs import run_pretrain_gpt
+from tests.training._gpt_runs import run_pretrain_gpt, small_mock_corpus
 
 pytestmark = pytest.mark.multirank
 
@@ -45,7 +45,8 @@ def _test_loss_by_hand(model, eval_iters: int) -> float:
 
     args = get_args()
     sizes = training.get_train_valid_test_num_samples()
-    _, _, test_ds = pretrain_gpt.train_valid_test_datasets_provider(sizes)
+    with small_mock_corpus():  # the corpus run_pretrain_gpt trained and evaluated on
+        _, _, test_ds = pretrain_gpt.train_valid_test_datasets_provider(sizes)
     samples = [test_ds[i] for i in range(eval_iters * args.global_batch_size)]
     batch = {k: torch.stack([s[k] for s in samples]) for k in ("tokens", "labels", "loss_mask")}
     module = model[0].module

@@ -7,6 +7,7 @@ import pytest
 
 from gigatron.testing import run_distributed
 from gigatron.training.pretrain_gpt import train_valid_test_datasets_provider as _GPT_PROVIDER
+from tests.training._gpt_runs import small_mock_corpus
 from tests.training.test_final_eval import ARGS, _pretrain
 
 pytestmark = pytest.mark.multirank
@@ -49,7 +50,8 @@ def _run():
     flags += ["--full-validation", "--multiple-validation-sets", "--validation-set-names", "a", "b"]
     with mock.patch.object(pretrain_gpt, "train_valid_test_datasets_provider", _provider):
         lines, result = _pretrain(ARGS + flags)
-        _, valid_sets, _ = _provider([4, None, 4])
+        with small_mock_corpus():  # the corpus run_pretrain_gpt evaluated on
+            _, valid_sets, _ = _provider([4, None, 4])
     by_hand = [_loss_by_hand(result["model"], ds) for ds in valid_sets]
     evals = [ln.split(" | ")[0] for ln in lines if " loss at " in ln]
     return get_args().eval_iters, [v["lm loss"] for v in result["valid"]], by_hand, evals

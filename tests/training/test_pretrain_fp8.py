@@ -37,22 +37,10 @@ FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
 def _runs(ckpt_dir):
     """(losses, last iteration) of: FP8 3 steps saved, bf16 3 steps saved, then each checkpoint
     resumed for a 4th step with FP8 toggled."""
-    from gigatron.core import parallel_state as ps
-    from gigatron.core.num_microbatches_calculator import unset_num_microbatches_calculator
-    from gigatron.training import global_vars, pretrain_gpt
-    from gigatron.training.training import pretrain
+    from tests.training._gpt_runs import run_pretrain_gpt
 
     def run(extra, layout=TP2):
-        unset_num_microbatches_calculator()
-        global_vars.destroy_global_vars()
-        ps.destroy_model_parallel()
-        result = pretrain(
-            pretrain_gpt.train_valid_test_datasets_provider,
-            pretrain_gpt.model_provider,
-            None,
-            pretrain_gpt.forward_step,
-            argv=ARGS + layout + extra,
-        )
+        result = run_pretrain_gpt(ARGS + layout + extra)
         # the last pipeline stage reports the loss (rank 1 under PP 2)
         losses = [h["losses"].get("lm loss") for h in result["history"]]
         return losses, result["iteration"]
