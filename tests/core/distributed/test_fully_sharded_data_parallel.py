@@ -3,8 +3,8 @@ DDP + the distributed optimizer does: same losses, grad norms and updated params
 over 3 AdamW steps of 2 microbatches with clipping. One spawn of 4 ranks: DP 4, then TP 2 + SP
 x DP 2 for each strategy; at DP 4 under optim_grads_params a rank's param + grad + optimizer
 storage is within 10% of a quarter of the replicated figure. Both sides give each DP rank the
-same microbatches, so the only difference is the reduction (DDP: scale by 1/dp then sum; FSDP2: sum then divide), a last-bit
-effect."""
+same microbatches, so the only difference is the reduction (DDP: scale by 1/dp then sum;
+FSDP2: sum then divide), a last-bit effect."""
 
 import pytest
 import torch
