@@ -2,7 +2,8 @@
 DDP + the distributed optimizer does: same losses, grad norms and updated params (fp32, 1e-6)
 over 3 AdamW steps of 2 microbatches with clipping. One spawn of 4 ranks: DP 4, then TP 2 + SP
 x DP 2 for each strategy; at DP 4 under optim_grads_params a rank's param + grad + optimizer
-storage is within 10% of a quarter of the replicated figure. Both sides give each DP rank the
+storage is within 10% of a quarter of the replicated figure, and a NaN in one rank's grad shard
+skips the step on every rank. Both sides give each DP rank the
 same microbatches, so the only difference is the reduction (DDP: scale by 1/dp then sum;
 FSDP2: sum then divide), a last-bit effect."""
 
@@ -140,9 +141,32 @@ def _compare(tp: int, wraps: dict) -> list[str]:
     return checked
 
 
+def _nan_on_one_shard_skips_every_rank():
+    """A NaN in the last rank's grad shard makes the clipping norm NaN on every rank: the step
+    (the training loop's NaN check, `step(check_grad_norm=True)`) is skipped everywhere."""
+    model = _megatron_fsdp("optim_grads_params")(_gpt(1))
+    config = OptimizerConfig(
+        optimizer="adam", lr=1e-2, clip_grad=1.0, use_distributed_optimizer=True
+    )
+    opt = get_megatron_optimizer(config, [model])
+    tokens, labels = _batches(ps.get_data_parallel_rank())
+    model(
+        tokens[0, 0], torch.arange(SEQ).expand(MBS, SEQ), None, labels=labels[0, 0]
+    ).mean().backward()
+    finalize_model_grads([model])
+    if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
+        next(model.parameters()).grad.to_local().view(-1)[0] = float("nan")
+    before = [p.to_local().clone() for p in model.parameters()]
+    ok, norm, _ = opt.step(check_grad_norm=True)
+    assert not ok and norm != norm, (ok, norm)
+    for p, old in zip(model.parameters(), before):
+        assert torch.equal(p.to_local(), old)
+
+
 def _body():
     checked = []
     ps.initialize_model_parallel(1)
+    _nan_on_one_shard_skips_every_rank()
     checked += _compare(1, {"dp4:optim_grads_params": _megatron_fsdp("optim_grads_params")})
     ps.destroy_model_parallel()
     ps.initialize_model_parallel(2)
