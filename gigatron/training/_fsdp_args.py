@@ -21,6 +21,15 @@ def check_fsdp_args(args) -> None:
         "megatron_fsdp_grad_comm_dtype",
     ):
         setattr(args, name, _dtype(getattr(args, name)))
+    if args.megatron_fsdp_main_params_dtype not in (None, torch.float32):
+        raise ValueError(
+            "--megatron-fsdp-main-params-dtype must be fp32 in gigatron (the sharded params "
+            "are the fp32 main params)"
+        )
+    for name in ("megatron_fsdp_main_grads_dtype", "megatron_fsdp_grad_comm_dtype"):
+        if getattr(args, name) is torch.float16:
+            raise ValueError(f"--{name.replace('_', '-')} fp16 is not supported (fp32 or bf16)")
+    args.megatron_fsdp_main_params_dtype = torch.float32  # "auto": the fp32 model params
     check_fsdp_ckpt_format(args)
     mfsdp, tfsdp = args.use_megatron_fsdp, args.use_torch_fsdp2
     if mfsdp and tfsdp:

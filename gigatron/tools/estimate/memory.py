@@ -14,6 +14,9 @@ them and the flags:
                  group (expert parameters: the expert-DP group) with --use-distributed-optimizer
     activations  `activations.py` per chunk, times the microbatches the schedule holds at once
                  (`schedule_plan.peak_in_flight`)
+    FSDP         (--use-megatron-fsdp / --use-torch-fsdp2) fp32 shards of params, grads and
+                 moments divided over DP x CP (not with no_shard), plus the compute-dtype
+                 copies FSDP gathers (`_fsdp_state`) counted with the transients
     peak         all of the above, plus the largest transient of backward (on the last stage the
                  cross entropy's: the fp32 logits' gradient, or with --cross-entropy-loss-fusion
                  its chunk buffers; one layer's gradients otherwise; a recomputed chunk's
@@ -150,6 +153,42 @@ def _is_expert(param) -> bool:
     return not getattr(param, "allreduce", True)
 
 
+def fsdp_strategy_of(args) -> str | None:
+    """The FSDP sharding strategy of the flags (`--use-torch-fsdp2`: optim_grads_params), or
+    None without FSDP."""
+    if getattr(args, "use_torch_fsdp2", False):
+        return "optim_grads_params"
+    if getattr(args, "use_megatron_fsdp", False):
+        return args.data_parallel_sharding_strategy
+    return None
+
+
+def _fsdp_state(args, chunks, prec: Precision, strategy: str) -> tuple[int, int, int, int]:
+    """(param, grad, optimizer bytes at rest, bytes of gathered compute copies) under FSDP
+    (docs/fsdp.md): fp32 shards of ceil(rows / dp) rows each (FSDP2 pads every param to that)
+    for param, grad and the optimizer's moments; the gathered copies in the compute dtype: the
+    whole model from forward to backward, or under optim_grads_params two layers (the one
+    computing, the one prefetched) plus the root's params."""
+    from gigatron.core.transformer.transformer_layer import TransformerLayer
+
+    dp = (
+        1 if strategy == "no_shard" else ps.get_data_parallel_world_size(with_context_parallel=True)
+    )
+    params = [p for c in chunks for p in c.parameters()]
+    local = sum(-(-p.shape[0] // dp) * (p.numel() // max(p.shape[0], 1)) for p in params)
+    total = sum(p.numel() for p in params)
+    compute = 2 if args.bf16 else 4
+    if strategy == "optim_grads_params":
+        layers = [m for c in chunks for m in c.modules() if isinstance(m, TransformerLayer)]
+        per_layer = [sum(p.numel() for p in m.parameters()) for m in layers] or [0]
+        root = total - sum(per_layer)
+        gathered = compute * (root + 2 * max(per_layer))
+    else:
+        gathered = compute * total
+    moments = prec.moments * 4
+    return 4 * local, 4 * local, moments * local, gathered
+
+
 def rank_memory(args, chunks: list[torch.nn.Module], precision: Precision | None = None) -> dict:
     """This rank's memory in bytes (inside `world.fake_rank`, for `world.build_chunks`);
     `precision` defaults to the flags' (`precision_of`)."""
@@ -164,6 +203,10 @@ def rank_memory(args, chunks: list[torch.nn.Module], precision: Precision | None
         optimizer = o_bytes * (dense // dp_cp + expert // expt_dp)
     else:
         optimizer = o_bytes * (dense + expert)
+    strategy = fsdp_strategy_of(args)
+    gathered = 0
+    if strategy is not None:
+        param_bytes, grad_bytes, optimizer, gathered = _fsdp_state(args, chunks, prec, strategy)
     sh = shape_of(args, chunks[0].config)
     per_chunk = [_chunk_activation_bytes(args, c, sh) for c in chunks]
     num_mb = args.global_batch_size // (args.micro_batch_size * args.data_parallel_size)
@@ -174,12 +217,14 @@ def rank_memory(args, chunks: list[torch.nn.Module], precision: Precision | None
         num_model_chunks=len(chunks),
     )
     activations = peak_in_flight(steps, [a for a, _ in per_chunk])
-    transient = max(t for _, t in per_chunk)
+    transient = max(t for _, t in per_chunk) + gathered
+    if strategy is None:
+        param_bytes, grad_bytes = (dense + expert) * p_bytes, (dense + expert) * g_bytes
     out = {
         "params": dense + expert,
         "expert_params": expert,
-        "param_bytes": (dense + expert) * p_bytes,
-        "grad_bytes": (dense + expert) * g_bytes,
+        "param_bytes": param_bytes,
+        "grad_bytes": grad_bytes,
         "optimizer_bytes": optimizer,
         "activation_bytes": activations,
         "transient_bytes": transient,

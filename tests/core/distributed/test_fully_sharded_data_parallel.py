@@ -1,9 +1,11 @@
 """Every Megatron-FSDP sharding strategy (and `--use-torch-fsdp2`) trains a tiny GPT exactly as
 DDP + the distributed optimizer does: same losses, grad norms and updated params (fp32, 1e-6)
 over 3 AdamW steps of 2 microbatches with clipping. One spawn of 4 ranks: DP 4, then TP 2 + SP
-x DP 2 for each strategy. Both sides give each DP rank the same microbatches, so the only
-difference is the reduction (DDP: scale by 1/dp then sum; FSDP2: sum then divide), a last-bit
-effect."""
+x DP 2 for each strategy; at DP 4 under optim_grads_params a rank's param + grad + optimizer
+storage is within 10% of a quarter of the replicated figure, and a NaN in one rank's grad shard
+skips the step on every rank. Both sides give each DP rank the
+same microbatches, so the only difference is the reduction (DDP: scale by 1/dp then sum;
+FSDP2: sum then divide), a last-bit effect."""
 
 import pytest
 import torch
@@ -81,7 +83,20 @@ def _train(wrap, tp: int):
     params = {}
     for name, p in model.module.named_parameters():
         params[name] = p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
-    return torch.stack(losses), torch.tensor(norms), params
+    return torch.stack(losses), torch.tensor(norms), params, _state_bytes(model, opt)
+
+
+def _state_bytes(model, opt) -> int:
+    """Bytes of the storages behind this rank's params, grads and optimizer state (each
+    storage once: a DTensor counts its local shard's storage, padding included)."""
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters()]
+    tensors += [v for st in opt.optimizer.state.values() for v in st.values()]
+    storages = {}
+    for t in tensors:
+        if torch.is_tensor(t) and t.dim() > 0:  # Adam's step counts are 0-dim
+            local = t.to_local() if hasattr(t, "to_local") else t
+            storages[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
+    return sum(storages.values())
 
 
 def _ddp(module):
@@ -108,23 +123,50 @@ def _torch_fsdp2(module):
 
 
 def _compare(tp: int, wraps: dict) -> list[str]:
-    ref_losses, ref_norms, ref_params = _train(_ddp, tp)
+    ref_losses, ref_norms, ref_params, _ = _train(_ddp, tp)
     checked = []
     for label, wrap in wraps.items():
-        losses, norms, params = _train(wrap, tp)
+        losses, norms, params, state_bytes = _train(wrap, tp)
         torch.testing.assert_close(losses, ref_losses, rtol=1e-6, atol=1e-6, msg=label)
         torch.testing.assert_close(norms, ref_norms, rtol=1e-6, atol=1e-6, msg=label)
         assert params.keys() == ref_params.keys()
         for name, ref in ref_params.items():
             # the updates moved the params: an unchanged copy would not pass
             torch.testing.assert_close(params[name], ref, rtol=1e-6, atol=1e-6, msg=label + name)
+        if label == "dp4:optim_grads_params":
+            # fp32 param + grad + Adam's two moments, replicated: 16 bytes per element
+            replicated = 16 * sum(p.numel() for p in ref_params.values())
+            assert abs(state_bytes / (replicated / 4) - 1) < 0.10, (state_bytes, replicated)
         checked.append(f"tp{tp}:{label}")
     return checked
+
+
+def _nan_on_one_shard_skips_every_rank():
+    """A NaN in the last rank's grad shard makes the clipping norm NaN on every rank: the step
+    (the training loop's NaN check, `step(check_grad_norm=True)`) is skipped everywhere."""
+    model = _megatron_fsdp("optim_grads_params")(_gpt(1))
+    config = OptimizerConfig(
+        optimizer="adam", lr=1e-2, clip_grad=1.0, use_distributed_optimizer=True
+    )
+    opt = get_megatron_optimizer(config, [model])
+    tokens, labels = _batches(ps.get_data_parallel_rank())
+    model(
+        tokens[0, 0], torch.arange(SEQ).expand(MBS, SEQ), None, labels=labels[0, 0]
+    ).mean().backward()
+    finalize_model_grads([model])
+    if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
+        next(model.parameters()).grad.to_local().view(-1)[0] = float("nan")
+    before = [p.to_local().clone() for p in model.parameters()]
+    ok, norm, _ = opt.step(check_grad_norm=True)
+    assert not ok and norm != norm, (ok, norm)
+    for p, old in zip(model.parameters(), before):
+        assert torch.equal(p.to_local(), old)
 
 
 def _body():
     checked = []
     ps.initialize_model_parallel(1)
+    _nan_on_one_shard_skips_every_rank()
     checked += _compare(1, {"dp4:optim_grads_params": _megatron_fsdp("optim_grads_params")})
     ps.destroy_model_parallel()
     ps.initialize_model_parallel(2)
