@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import MISSING, field, fields, make_dataclass
 
 _TE = "needs Transformer Engine (FP4 / FP8 attention / userbuffers / TE modules)"
-_DELAYED = "delayed FP8 scaling is not implemented (gigatron's recipes use current scaling)"
 _EP_OVERLAP = "EP all-to-all / weight-gradient overlap is not implemented"
 _OFFLOAD = "CPU / activation offloading is not implemented"
 _ATTN = "this attention variant (QK-clip, NoPE, DSA, gated delta net, mRoPE) is not implemented"
@@ -104,12 +103,8 @@ TRANSFORMER: dict[str, tuple[object, str]] = {
     "use_fused_weighted_squared_relu": (False, _TE),
     "fused_single_qkv_rope": (False, _TE),
     "fp8_quantizer_factory": (None, _TE),
-    "fp8_interval": (1, _DELAYED),
-    "fp8_amax_history_len": (1, _DELAYED),
-    "fp8_amax_compute_algo": ("most_recent", _DELAYED),
     "fp8_dot_product_attention": (False, _TE),
     "fp8_multi_head_attention": (False, _TE),
-    "tp_only_amax_red": (False, _TE),
     "use_kitchen_attention": (False, "kitchen quantisation is not implemented"),
     "kitchen_attention_backend": ("sdpa", "kitchen quantisation is not implemented"),
     "fp4_recipe": ("nvfp4", _TE),
@@ -299,8 +294,8 @@ DECLARED_TRANSFORMER: dict[str, str] = {
 # Megatron fields accepted with only some of Megatron's values: name -> which
 RESTRICTED: dict[str, str] = {
     "fp8": "'e4m3' and 'hybrid', on gigatron's own linears through torchao (docs/fp8.md)",
-    "fp8_recipe": "'tensorwise' and torchao's 'rowwise' / 'rowwise_with_gw_hp'; 'delayed' "
-    "(Megatron's default), 'mxfp8', 'blockwise' and 'custom' raise when fp8 is set",
+    "fp8_recipe": "'delayed' (Megatron's default), 'tensorwise' and torchao's 'rowwise' / "
+    "'rowwise_with_gw_hp'; 'mxfp8', 'blockwise' and 'custom' raise when fp8 is set",
     "cross_entropy_fusion_impl": "'native' and gigatron's 'native_grad_in_forward'; 'te' "
     "(Transformer Engine) raises",
 }

@@ -11,8 +11,10 @@ transformer layers run in FP8 (the output layer and embeddings stay in the model
 `torchao` is an optional extra (`pip install gigatron[fp8]`), imported only here and only when
 `TransformerConfig.fp8` is set: `Fp8Recipe` is the one adapter to it.
 
-Recipes (`fp8_recipe`), all *current* scaling (the scale comes from the tensor being cast,
-amax reduced over the TP group where the tensor is split, so TP never changes the numbers):
+Recipes (`fp8_recipe`): `delayed` (Megatron's default, Transformer Engine's `DelayedScaling`:
+one scale per tensor from an amax history, `tensor_parallel/fp8_delayed.py`), and *current*
+scaling (the scale comes from the tensor being cast, amax reduced over the TP group where the
+tensor is split, so TP never changes the numbers):
 - `tensorwise`: one scale per tensor (torchao's `tensorwise`, TE's `Float8CurrentScaling`);
 - `rowwise`: one scale per row of each GEMM operand, powers of two (torchao's `rowwise`);
 - `rowwise_with_gw_hp`: rowwise, weight gradient in high precision (torchao's).
@@ -24,16 +26,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import warnings
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
 
 SUPPORTED_FP8_FORMATS = ("e4m3", "hybrid")
-SUPPORTED_FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+SUPPORTED_FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "rowwise_with_gw_hp")
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 # Megatron's choices gigatron does not implement, and why
 UNSUPPORTED_FP8_RECIPES = {
-    "delayed": "delayed scaling keeps an amax history in Transformer Engine",
     "mxfp8": "MXFP8 block scaling needs Blackwell GPUs and Transformer Engine",
     "blockwise": "128x128 block scaling needs Transformer Engine",
     "custom": "a custom quantizer factory needs Transformer Engine",
@@ -74,6 +77,12 @@ class Fp8Recipe:
     """`fp8_margin`: scales are divided by 2**margin (headroom above the current amax)."""
     ao: SimpleNamespace
     """torchao functions: `amax_to_scale`, `to_fp8_saturated`, `addmm_float8_unwrapped`."""
+    delayed: bool = False
+    """Delayed scaling: casts use each linear's `Fp8DelayedState` scales (per tensor)."""
+    amax_history_len: int = 1
+    """`fp8_amax_history_len` (delayed scaling)."""
+    amax_compute_algo: str = "most_recent"
+    """`fp8_amax_compute_algo` (delayed scaling): 'max' or 'most_recent'."""
     keep_input: bool = field(init=False)
     """forward's FP8 input serves the weight gradient (same per-tensor cast): saved instead of
     the input."""
@@ -165,7 +174,11 @@ def get_fp8_recipe(config) -> Fp8Recipe | None:
     if getattr(config, "fp8", None) is None:
         return None
     ao_config, float8_ops, float8_utils = _torchao()
-    ao = ao_config.Float8LinearConfig.from_recipe_name(config.fp8_recipe)
+    delayed = config.fp8_recipe == "delayed"
+    # delayed scaling casts what the per-tensor recipe casts; only where the scales come from
+    ao = ao_config.Float8LinearConfig.from_recipe_name(
+        "tensorwise" if delayed else config.fp8_recipe
+    )
     grad_dtype = torch.float8_e5m2 if config.fp8 == "hybrid" else torch.float8_e4m3fn
     casts = {}
     for role, (attr, is_grad) in _ROLES.items():
@@ -200,6 +213,9 @@ def get_fp8_recipe(config) -> Fp8Recipe | None:
             to_fp8_saturated=float8_utils.to_fp8_saturated,
             addmm_float8_unwrapped=float8_ops.addmm_float8_unwrapped,
         ),
+        delayed=delayed,
+        amax_history_len=int(getattr(config, "fp8_amax_history_len", 1)),
+        amax_compute_algo=getattr(config, "fp8_amax_compute_algo", "most_recent"),
     )
 
 
@@ -215,8 +231,9 @@ def is_first_last_bf16_layer(config, layer_number: int) -> bool:
 
 
 def set_fp8(module: torch.nn.Module, recipe: Fp8Recipe | None) -> None:
-    """Run every `ColumnParallelLinear` / `RowParallelLinear` under `module` with `recipe`
-    (None: in the model dtype). The transformer block calls this on each layer it builds."""
+    """Run every `ColumnParallelLinear` / `RowParallelLinear` (and `GroupedMLP`) under `module`
+    with `recipe` (None: in the model dtype). The transformer block calls this on each layer it
+    builds (and, under delayed scaling, `tensor_parallel.fp8_delayed.attach_delayed_states`)."""
     for m in module.modules():
         if hasattr(m, "fp8_recipe"):
             m.fp8_recipe = recipe
@@ -244,6 +261,7 @@ def check_fp8_config(config) -> None:
         )
     if not isinstance(config.fp8_margin, int) or config.fp8_margin < 0:
         raise ValueError(f"fp8_margin ({config.fp8_margin!r}) must be an int >= 0")
+    _check_delayed(config)
     if config.first_last_layers_bf16:
         start, end = config.num_layers_at_start_in_bf16, config.num_layers_at_end_in_bf16
         if start < 0 or end < 0 or start + end > config.num_layers:
@@ -251,6 +269,37 @@ def check_fp8_config(config) -> None:
                 f"num_layers_at_start_in_bf16 ({start}) and num_layers_at_end_in_bf16 ({end}) "
                 f"must be >= 0 and add up to at most num_layers ({config.num_layers})"
             )
+
+
+def _check_delayed(config) -> None:
+    """The delayed-scaling fields (checked whatever the recipe, as Megatron's TE recipe would)."""
+    n = config.fp8_amax_history_len
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"fp8_amax_history_len ({n!r}) must be an int >= 1")
+    if config.fp8_amax_compute_algo not in AMAX_COMPUTE_ALGOS:
+        raise ValueError(
+            f"fp8_amax_compute_algo ({config.fp8_amax_compute_algo!r}) must be one of "
+            f"{AMAX_COMPUTE_ALGOS}"
+        )
+    if config.fp8_recipe != "delayed":
+        return
+    if config.first_last_layers_bf16:  # Megatron's rule
+        raise ValueError(
+            "first_last_layers_bf16=True: delayed scaling (fp8_recipe='delayed') does not "
+            "support first / last layers in BF16"
+        )
+    bad = {"moe_act", "layernorm"} & set(config.recompute_modules or ())
+    if config.recompute_granularity == "selective" and bad:  # Megatron's rule
+        raise ValueError(
+            f"recompute_modules {sorted(bad)}: delayed scaling (fp8_recipe='delayed') does not "
+            "support moe_act and layernorm recompute for fp8"
+        )
+    if config.fp8_interval != 1:  # Megatron warns: Transformer Engine >= 1.8 ignores it
+        warnings.warn(
+            f"fp8_interval ({config.fp8_interval}) is deprecated and ignored (as by Transformer "
+            "Engine >= 1.8): the scales are updated after every forward and backward",
+            stacklevel=3,
+        )
 
 
 def get_fp8_context(config, layer_no: int = -1, is_init: bool = False):

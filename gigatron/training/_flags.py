@@ -400,12 +400,19 @@ def _fp8_args(p):
     )  # fmt: skip
     _add(
         g, "--fp8-recipe", str, "delayed",
-        "tensorwise | rowwise | rowwise_with_gw_hp (current scaling); Megatron's delayed "
-        "(its default), mxfp8, blockwise and custom are refused",
+        "delayed (amax history, Megatron's default) | tensorwise | rowwise | rowwise_with_gw_hp "
+        "(current scaling); mxfp8, blockwise and custom are refused",
         choices=["tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed", "mxfp8", "blockwise",
                  "custom"],
     )  # fmt: skip
     _add(g, "--fp8-margin", int, 0, "scales are divided by 2**margin")
+    _add(g, "--fp8-interval", int, 1, "deprecated, ignored with a warning (as by TE >= 1.8)")
+    _add(g, "--fp8-amax-history-len", int, 1, "delayed scaling: amaxes kept per tensor")
+    _add(
+        g, "--fp8-amax-compute-algo", str, "most_recent",
+        "delayed scaling: the amax a scale comes from", choices=["max", "most_recent"],
+    )  # fmt: skip
+    _add(g, "--tp-only-amax-red", bool, help_="delayed scaling: reduce amaxes over TP (x CP) only")
     g.add_argument(
         "--no-fp8-wgrad", dest="fp8_wgrad", action="store_false",
         help="weight-gradient GEMM in the model dtype",

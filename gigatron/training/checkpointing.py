@@ -516,16 +516,34 @@ def _rng_layout_matches(ckpt_dir: str) -> bool:
     return ok
 
 
+def _set_extra_state(module, name: str, value) -> None:
+    """Hand a loaded `_extra_state` to the module that owns `name` (its path under `module` or
+    under the wrappers' `.module`); names with no such module (GroupedMLP's per-expert
+    objects) carry nothing gigatron keeps."""
+    path = name[: -len("._extra_state")]
+    while module is not None:
+        try:
+            owner = module.get_submodule(path)
+        except AttributeError:
+            module = getattr(module, "module", None)
+            continue
+        owner.set_extra_state(value)
+        return
+
+
 def _restore(state, request, model, optimizer, opt_param_scheduler, with_optim, with_rng):
     import torch
 
-    for key in cs.model_keys(_unwrap(model)):
+    for key, module in zip(cs.model_keys(_unwrap(model)), _unwrap(model)):
         loaded = state.get(key, {})
         with torch.no_grad():
             for name, sh in request[key].items():
                 value = loaded.get(name)
-                if not torch.is_tensor(value):  # `_extra_state` objects carry nothing here; a
-                    continue  # tensor dropped as "unexpected" by a non-strict load is absent
+                if name.endswith("._extra_state"):  # FP8 delayed-scaling state, else nothing
+                    _set_extra_state(module, name, value)
+                    continue
+                if not torch.is_tensor(value):  # a tensor dropped as "unexpected" by a
+                    continue  # non-strict load is absent
                 if sh.data.data_ptr() != value.data_ptr():
                     sh.data.copy_(value)
     if with_optim and optimizer is not None and _reshardable(optimizer):

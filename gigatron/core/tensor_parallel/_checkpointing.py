@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from gigatron.core.tensor_parallel._rng_tracker import get_cuda_rng_tracker
+from gigatron.core.tensor_parallel.fp8_delayed import recompute_phase
 from gigatron.core.tensor_parallel.utils import (
     gather_split_1d_tensor,
     split_tensor_into_1d_equal_chunks,
@@ -72,7 +73,7 @@ class CheckpointFunction(torch.autograd.Function):
         ctx.run_function = run_function
         ctx.distribute_saved_activations = distribute_saved_activations
         ctx.rng_states = _get_all_rng_states()
-        with torch.no_grad():
+        with torch.no_grad(), recompute_phase("first"):
             outputs = run_function(*args)
         if distribute_saved_activations:
             # Keep only this TP rank's 1-D chunk of the first input until backward (Megatron
@@ -96,7 +97,7 @@ class CheckpointFunction(torch.autograd.Function):
         current = _get_all_rng_states()
         _set_all_rng_states(ctx.rng_states)
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), recompute_phase("recompute"):
                 outputs = ctx.run_function(*args)
         finally:
             _set_all_rng_states(current)
@@ -111,7 +112,7 @@ def checkpoint(function, distribute_saved_activations: bool, *args):
 class _CheckpointWithoutOutputFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, run_function, checkpoint_obj, *args):
-        with torch.no_grad():
+        with torch.no_grad(), recompute_phase("first"):
             outputs = run_function(*args)
         _pack(ctx, args)
         checkpoint_obj.ctx = ctx
@@ -178,7 +179,7 @@ class CheckpointWithoutOutput:
         current = _get_all_rng_states()
         _set_all_rng_states(self.rng_states)
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), recompute_phase("recompute"):
                 outputs = self.run_function(*args)
         finally:
             _set_all_rng_states(current)

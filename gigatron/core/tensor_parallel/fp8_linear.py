@@ -76,6 +76,23 @@ def _quantize(recipe, x: torch.Tensor, cast, *, dim: int, split_dim: int | None,
     return recipe.ao.to_fp8_saturated(x.float() * scale, cast.dtype), scale
 
 
+def delayed_args(state):
+    """The `delayed` argument of `Fp8LinearFunction` for `state` (an `Fp8DelayedState` or None):
+    (state, this forward's scales, record amaxes?)."""
+    return None if state is None else (state, *state.forward_scales())
+
+
+def _quantize_delayed(recipe, x: torch.Tensor, cast, state, role: int, scales, record: bool):
+    """`x` -> FP8 `(data, scale)` with the delayed-scaling scale `scales[role]` (kept apart from
+    the state, which the block's update rewrites before backward); its amax goes into the
+    state's history when `record` (reduced over the amax group at the update, not here)."""
+    if record:
+        amax = x.abs().max().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
+        state.record(role, amax)
+    scale = scales[role].clone()
+    return recipe.ao.to_fp8_saturated(x.float() * scale, cast.dtype), scale
+
+
 def _row_major(x: torch.Tensor) -> torch.Tensor:
     """`x [r, c]` laid out row-major; a transposed view is copied by `fp8_transpose` (its own
     kernel, not fused into the cast that made `x`)."""
@@ -113,7 +130,9 @@ class Fp8LinearFunction(torch.autograd.Function):
     """`y = x W^T + b` with its three GEMMs in FP8 and the TP communication of `_linear.py`.
 
     `parallel`: "column" (W `[o/tp, h]`, x whole or `[s/tp, b, h]` under SP) or "row"
-    (W `[o, h/tp]`, x `[s, b, h/tp]`; the caller reduces the partial output).
+    (W `[o, h/tp]`, x `[s, b, h/tp]`; the caller reduces the partial output). `delayed`:
+    None (current scaling) or `delayed_args(state)` (delayed scaling, decided by the caller:
+    autograd runs this forward without grad, so it cannot tell training from evaluation).
     forward:  x -(SP: cast, all-gather FP8 dim 0)-> [s, b, h] @ W^T -> [s, b, o] (model dtype)
     backward: dgrad = dY @ W in FP8 -> all-reduce (allreduce_dgrad) / reduce-scatter (SP),
               overlapped with dW = dY^T @ X in FP8, added into `main_grad` under
@@ -132,21 +151,21 @@ class Fp8LinearFunction(torch.autograd.Function):
         allreduce_dgrad,
         sequence_parallel,
         tp_group,
+        delayed=None,
     ):
         column = parallel == "column"
         casts = recipe.casts
         x = input_.reshape(-1, input_.size(-1))  # [n(/tp under SP), h]
-        if sequence_parallel:  # cast the local rows once, gather FP8 bytes
-            xq_local = _quantize(recipe, x, casts["input"], dim=1, split_dim=0, group=tp_group)
-            xq = _gather_fp8(xq_local, tp_group)  # [n, h]
+        fp8_state = None
+        if delayed is not None:  # delayed scaling: stored scales, no collective here
+            fp8_state, scales, record = delayed
+            xq_local = _quantize_delayed(recipe, x, casts["input"], fp8_state, 0, scales, record)
+            xq = _gather_fp8(xq_local, tp_group) if sequence_parallel else xq_local
+            wq = _quantize_delayed(recipe, weight, casts["weight"], fp8_state, 1, scales, record)
         else:
-            split = None if column else 1
-            xq = xq_local = _quantize(
-                recipe, x, casts["input"], dim=1, split_dim=split, group=tp_group
+            xq, xq_local, wq = _quantize_input_weight(
+                recipe, x, weight, column, sequence_parallel, tp_group
             )
-        wq = _quantize(
-            recipe, weight, casts["weight"], dim=1, split_dim=0 if column else 1, group=tp_group
-        )
         out = _mm(recipe, xq, _t(wq), input_.dtype, "output")  # [n, o]
         if bias is not None:
             out = out + bias
@@ -156,6 +175,7 @@ class Fp8LinearFunction(torch.autograd.Function):
         saved_w = wq if recipe.keep_weight else (weight, weight)
         ctx.save_for_backward(*saved_x, *saved_w, weight)
         ctx.recipe, ctx.column, ctx.tp_group = recipe, column, tp_group
+        ctx.fp8_state = fp8_state
         ctx.use_bias = bias is not None
         ctx.gradient_accumulation_fusion = gradient_accumulation_fusion
         ctx.allreduce_dgrad, ctx.sequence_parallel = allreduce_dgrad, sequence_parallel
@@ -178,8 +198,7 @@ class Fp8LinearFunction(torch.autograd.Function):
 
         gq = grad_input = dgrad_comm = None
         if need_dgrad:
-            split = 1 if column else None
-            gq = _quantize(recipe, gy, casts["grad_output"], dim=1, split_dim=split, group=group)
+            gq = _quantize_grad_output(ctx, gy)
             if recipe.keep_weight:
                 wq = (w_a, w_b)
             else:
@@ -204,7 +223,32 @@ class Fp8LinearFunction(torch.autograd.Function):
 
         if dgrad_comm is not None:
             grad_input = _finish(*dgrad_comm)  # [s/tp, b, h] (SP) or [s, b, h]
-        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None
+
+
+def _quantize_input_weight(recipe, x, weight, column, sequence_parallel, group):
+    """Current scaling: (FP8 input `[n, h]`, its local rows, FP8 weight), scales from the
+    tensors themselves (amaxes over a split dimension all-reduced over TP)."""
+    casts = recipe.casts
+    if sequence_parallel:  # cast the local rows once, gather FP8 bytes
+        xq_local = _quantize(recipe, x, casts["input"], dim=1, split_dim=0, group=group)
+        xq = _gather_fp8(xq_local, group)  # [n, h]
+    else:
+        split = None if column else 1
+        xq = xq_local = _quantize(recipe, x, casts["input"], dim=1, split_dim=split, group=group)
+    split = 0 if column else 1
+    wq = _quantize(recipe, weight, casts["weight"], dim=1, split_dim=split, group=group)
+    return xq, xq_local, wq
+
+
+def _quantize_grad_output(ctx, gy):
+    """`dY [n, o]` cast for the input gradient (and, per tensor, the weight gradient)."""
+    cast = ctx.recipe.casts["grad_output"]
+    if ctx.fp8_state is not None:  # delayed scaling: the state's current gradient scale
+        state = ctx.fp8_state
+        return _quantize_delayed(ctx.recipe, gy, cast, state, 2, state.scale, True)
+    split = 1 if ctx.column else None
+    return _quantize(ctx.recipe, gy, cast, dim=1, split_dim=split, group=ctx.tp_group)
 
 
 def _weight_grad(ctx, weight, gy, gq, x):
@@ -215,6 +259,8 @@ def _weight_grad(ctx, weight, gy, gq, x):
     if recipe.hp_grad_weight:  # high-precision weight gradient
         return weight_grad(ctx, weight, gy, x)
     casts = recipe.casts
+    if gq is None and ctx.fp8_state is not None:  # no input gradient: cast dY here
+        gq = _quantize_grad_output(ctx, gy)
     if gq is None or not recipe.reuse_grad_output:
         c_go = casts["grad_output_for_grad_weight"]
         gq = _quantize(recipe, gy, c_go, dim=0, split_dim=1 if column else None, group=group)

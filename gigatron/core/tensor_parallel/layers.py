@@ -35,7 +35,8 @@ from gigatron.core.tensor_parallel._param_init import (
     set_defaults_if_not_set_tensor_model_parallel_attributes,
     set_tensor_model_parallel_attributes,
 )
-from gigatron.core.tensor_parallel.fp8_linear import Fp8LinearFunction
+from gigatron.core.tensor_parallel.fp8_delayed import load_extra, state_to_extra
+from gigatron.core.tensor_parallel.fp8_linear import Fp8LinearFunction, delayed_args
 from gigatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -107,10 +108,13 @@ class _ExtraStateMixin:
     _TP_AXES: dict[str, int] = {}
 
     def get_extra_state(self):
-        return None
+        """None, or under FP8 delayed scaling the amax history and scales (TE's keys)."""
+        state = getattr(self, "fp8_state", None)
+        return None if state is None else state_to_extra(state)
 
     def set_extra_state(self, state) -> None:
-        pass
+        if getattr(self, "fp8_state", None) is not None:
+            load_extra(self.fp8_state, state)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
         return make_sharded_tensors_for_checkpoint(
@@ -234,6 +238,7 @@ class ColumnParallelLinear(_ExtraStateMixin, torch.nn.Module):
         self.gradient_accumulation_fusion = config.gradient_accumulation_fusion
         # gigatron.core.fp8_utils.Fp8Recipe: run the GEMMs in FP8 (set by the transformer block)
         self.fp8_recipe = None
+        self.fp8_state = None  # tensor_parallel.fp8_delayed.Fp8DelayedState (delayed scaling)
 
     def forward(
         self,
@@ -286,7 +291,7 @@ class ColumnParallelLinear(_ExtraStateMixin, torch.nn.Module):
             output_parallel = Fp8LinearFunction.apply(
                 input_parallel, weight, bias, self.fp8_recipe, "column",
                 self.gradient_accumulation_fusion, allreduce_dgrad and multi_rank,
-                sequence_parallel and multi_rank, self.tp_group,
+                sequence_parallel and multi_rank, self.tp_group, delayed_args(self.fp8_state),
             )  # fmt: skip
         else:
             output_parallel = linear_with_grad_accumulation_and_async_allreduce(
@@ -404,6 +409,7 @@ class RowParallelLinear(_ExtraStateMixin, torch.nn.Module):
             self.register_parameter("bias", None)
         # gigatron.core.fp8_utils.Fp8Recipe: run the GEMMs in FP8 (set by the transformer block)
         self.fp8_recipe = None
+        self.fp8_state = None  # tensor_parallel.fp8_delayed.Fp8DelayedState (delayed scaling)
 
     def forward(self, input_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`[s, b, h/tp]` (or `[s, b, h]`) -> `([s, b, o] or [s/tp, b, o] under SP, bias/None)`."""
@@ -421,6 +427,7 @@ class RowParallelLinear(_ExtraStateMixin, torch.nn.Module):
                 Fp8LinearFunction.apply(
                     input_parallel, self.weight, gemm_bias, self.fp8_recipe, "row",
                     self.gradient_accumulation_fusion, False, False, self.tp_group,
+                    delayed_args(self.fp8_state),
                 )  # [s, b, o] partial sums
             )  # fmt: skip
         elif self._overlaps_reduce_scatter():  # matmul and reduce-scatter pipelined

@@ -23,6 +23,10 @@ from gigatron.core.packed_seq_params import (  # PackedSeqParams: Megatron's nam
     PackedSeqParams,  # noqa: F401
     check_packed_seq_params,
 )
+from gigatron.core.tensor_parallel.fp8_delayed import (
+    attach_delayed_states,
+    delayed_scaling_region,
+)
 from gigatron.core.transformer.mlp import MLP
 from gigatron.core.transformer.module import MegatronModule
 from gigatron.core.transformer.spec_utils import ModuleSpec, build_module
@@ -130,6 +134,7 @@ class TransformerBlock(MegatronModule):
 
         offset = get_transformer_layer_offset(self.config, vp_stage)
         fp8_recipe = get_fp8_recipe(self.config)
+        self._fp8_delayed = _DelayedScaling(fp8_recipe, self.config)  # Fp8DelayedStates below
         layers = []
         for i, spec in enumerate(self.submodules.layer_specs):
             # Seeded by the global layer number: the same layer gets the same weights whatever
@@ -141,6 +146,7 @@ class TransformerBlock(MegatronModule):
             # FP8 GEMMs in the layer's linears, as Megatron's fp8 context around each layer
             if fp8_recipe is not None and not is_first_last_bf16_layer(self.config, offset + i + 1):
                 set_fp8(layers[-1], fp8_recipe)
+                self._fp8_delayed.states += attach_delayed_states(layers[-1], fp8_recipe)
         return torch.nn.ModuleList(layers)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None) -> dict:
@@ -276,7 +282,13 @@ class TransformerBlock(MegatronModule):
             packed_seq_params=packed_seq_params,
             inference_context=inference_context,
         )
-        with self._rng_context():
+        delayed = getattr(self, "_fp8_delayed", None) or _DelayedScaling(None, self.config)
+        with (
+            self._rng_context(),
+            delayed_scaling_region(
+                hidden_states, delayed.states, delayed.recipe, delayed.group
+            ) as hidden_states,
+        ):
             if self.config.recompute_granularity == "full" and self.training:
                 hidden_states = self._checkpointed_forward(hidden_states, context, **kw)
             elif getattr(self, "_run_compiled_layer_groups", None):  # compile_transformer_layers
@@ -290,3 +302,20 @@ class TransformerBlock(MegatronModule):
             hidden_states = self.final_layernorm(hidden_states)
             hidden_states = make_viewless_tensor(hidden_states, requires_grad=True, keep_graph=True)
         return hidden_states
+
+
+class _DelayedScaling:
+    """The block's FP8 delayed-scaling states and the group their amaxes are reduced over
+    (Megatron's `get_amax_reduction_group(with_context_parallel=True, tp_only_amax_red)`;
+    None before model parallelism is initialized). Empty unless fp8_recipe='delayed'."""
+
+    def __init__(self, recipe, config):
+        self.recipe, self.states, self.group = recipe, [], None
+        if recipe is None or not recipe.delayed:
+            return
+        from gigatron.core import parallel_state
+
+        if parallel_state.model_parallel_is_initialized():
+            self.group = parallel_state.get_amax_reduction_group(
+                with_context_parallel=True, tp_only_amax_red=config.tp_only_amax_red
+            )

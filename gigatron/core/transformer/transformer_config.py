@@ -243,10 +243,20 @@ class TransformerConfig(ModelParallelConfig, megatron_only_fields.MegatronOnlyTr
     """FP8 GEMMs in the transformer layers' linears: 'e4m3' (gradients too) or 'hybrid' (e5m2
     gradients); None: off. Needs the `fp8` extra (torchao)."""
     fp8_recipe: str = "delayed"
-    """Scaling recipe: 'tensorwise', 'rowwise' or 'rowwise_with_gw_hp' (current scaling);
-    Megatron's default 'delayed' and 'mxfp8' / 'blockwise' / 'custom' raise when fp8 is set."""
+    """Scaling recipe: 'delayed' (Megatron's default: scales from an amax history, TE's
+    DelayedScaling), 'tensorwise', 'rowwise' or 'rowwise_with_gw_hp' (current scaling);
+    'mxfp8' / 'blockwise' / 'custom' raise when fp8 is set."""
     fp8_margin: int = 0
-    """Scales are divided by 2**fp8_margin (headroom above the current amax)."""
+    """Scales are divided by 2**fp8_margin (headroom above the amax)."""
+    fp8_interval: int = 1
+    """Deprecated (ignored by Transformer Engine >= 1.8, a warning when not 1): scales are
+    updated after every forward and backward."""
+    fp8_amax_history_len: int = 1
+    """Delayed scaling: amaxes kept per tensor (the window the scale is computed over)."""
+    fp8_amax_compute_algo: str = "most_recent"
+    """Delayed scaling: the amax a scale comes from, 'max' over the history or 'most_recent'."""
+    tp_only_amax_red: bool = False
+    """Delayed scaling: reduce amaxes over TP (x CP) only instead of TP x DP x CP."""
     fp8_wgrad: bool = True
     """Weight-gradient GEMM in FP8; False keeps it in the model dtype."""
     first_last_layers_bf16: bool = False

@@ -118,3 +118,9 @@ class TokenizerConfig:
 
     tokenizer_model: str | None = None
     """Tokenizer model file or directory."""
+
+    tiktoken_pattern: Literal["v1", "v2"] | None = None
+    """TikTokenizer's pre-tokenization regex: v1 or v2 (read by TikTokenizer only)."""
+
+    tiktoken_num_special_tokens: int = 1000
+    """TikTokenizer: ids reserved for special tokens before the BPE ranks."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gigatron.core.tensor_parallel.fp8_linear import Fp8LinearFunction
+from gigatron.core.tensor_parallel.fp8_linear import Fp8LinearFunction, delayed_args
 from gigatron.core.transformer.mlp import glu_activation
 
 
@@ -29,17 +29,31 @@ def fp8_grouped_mlp(
     `probs [N]` -> `[N, h]` (partial over expert TP, as GroupedMLP's bf16 output)."""
     cfg, recipe, group = module.config, module.fp8_recipe, module.tp_group
     counts = tokens_per_expert.tolist()
+    # delayed scaling: each expert GEMM has its own amax history (fc1, fc2 of expert e)
+    states = getattr(module, "fp8_states", None) or [None] * (2 * len(counts))
     outputs = []
     for e, (x_e, p_e) in enumerate(zip(torch.split(x, counts), torch.split(probs, counts))):
         fc1 = Fp8LinearFunction.apply(
-            x_e, w1[e].t(), None, recipe, "column", False, False, False, group
-        )  # [n_e, glu*f/etp]
+            x_e, w1[e].t(), None, recipe, "column", False, False, False, group,
+            delayed_args(states[2 * e]),
+        )  # fmt: skip  # [n_e, glu*f/etp]
         if cfg.gated_linear_unit:
             act = glu_activation(fc1, cfg, module.activation_func)
         else:
             act = module.activation_func(fc1)
         act = (act * p_e.unsqueeze(-1)).to(x.dtype)
         outputs.append(
-            Fp8LinearFunction.apply(act, w2[e].t(), None, recipe, "row", False, False, False, group)
+            Fp8LinearFunction.apply(
+                act,
+                w2[e].t(),
+                None,
+                recipe,
+                "row",
+                False,
+                False,
+                False,
+                group,
+                delayed_args(states[2 * e + 1]),
+            )
         )  # [n_e, h]
     return torch.cat(outputs, dim=0)
